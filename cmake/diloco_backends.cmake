@@ -1,0 +1,117 @@
+# Finds the optional backends according to DILOCO_ENABLE_<X> (ON/OFF/AUTO)
+# and sets DILOCO_HAVE_<X>. A backend asked for with ON that is not found is
+# a configure error; AUTO skips it with a status line.
+
+function(_diloco_resolve name found)
+  if(DILOCO_ENABLE_${name} STREQUAL "ON" AND NOT ${found})
+    message(FATAL_ERROR "diloco: DILOCO_ENABLE_${name}=ON but ${name} was not found")
+  endif()
+  if(${found} AND NOT DILOCO_ENABLE_${name} STREQUAL "OFF")
+    set(DILOCO_HAVE_${name} ON PARENT_SCOPE)
+  else()
+    set(DILOCO_HAVE_${name} OFF PARENT_SCOPE)
+    if(NOT DILOCO_ENABLE_${name} STREQUAL "OFF")
+      message(STATUS "diloco: ${name} not found, skipping it")
+    endif()
+  endif()
+endfunction()
+
+# OpenMP: the host executor's threads.
+set(_found OFF)
+if(NOT DILOCO_ENABLE_OPENMP STREQUAL "OFF")
+  find_package(OpenMP COMPONENTS CXX QUIET)
+  set(_found ${OpenMP_CXX_FOUND})
+endif()
+_diloco_resolve(OPENMP _found)
+
+# CUDA: the device backend, its tests, example and benchmark.
+set(_found OFF)
+if(NOT DILOCO_ENABLE_CUDA STREQUAL "OFF")
+  if(NOT DEFINED CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    # No GPU is needed to build: default to Hopper (sm_90) unless told.
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 90)
+    endif()
+    enable_language(CUDA)
+    find_package(CUDAToolkit QUIET)
+    set(_found ${CUDAToolkit_FOUND})
+  endif()
+endif()
+_diloco_resolve(CUDA _found)
+
+# MPI: the mpi communicator.
+set(_found OFF)
+if(NOT DILOCO_ENABLE_MPI STREQUAL "OFF")
+  find_package(MPI COMPONENTS CXX QUIET)
+  set(_found ${MPI_CXX_FOUND})
+endif()
+_diloco_resolve(MPI _found)
+
+# Gloo: the TCP communicator.
+set(_found OFF)
+if(NOT DILOCO_ENABLE_GLOO STREQUAL "OFF")
+  find_package(Gloo CONFIG QUIET)
+  set(_found ${Gloo_FOUND})
+endif()
+_diloco_resolve(GLOO _found)
+
+# NCCL: the GPU communicator (needs CUDA).
+set(_found OFF)
+if(NOT DILOCO_ENABLE_NCCL STREQUAL "OFF" AND DILOCO_HAVE_CUDA)
+  find_path(DILOCO_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
+  find_library(DILOCO_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
+  if(DILOCO_NCCL_INCLUDE_DIR AND DILOCO_NCCL_LIBRARY)
+    set(_found ON)
+  endif()
+endif()
+_diloco_resolve(NCCL _found)
+unset(_found)
+
+# nvcc 13 with CMake < 3.28 cannot take C++20 through CUDA_STANDARD; pass the
+# flag ourselves and stop CMake adding its default -std=c++17 after it.
+function(diloco_cuda_cxx20 target)
+  if(CMAKE_VERSION VERSION_LESS 3.28)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20>)
+  else()
+    set_target_properties(${target} PROPERTIES CUDA_STANDARD 20 CUDA_STANDARD_REQUIRED ON)
+  endif()
+endfunction()
+if(DILOCO_HAVE_CUDA AND CMAKE_VERSION VERSION_LESS 3.28)
+  set(CMAKE_CUDA_STANDARD_DEFAULT "")
+endif()
+
+# Component targets: diloco::mpi, diloco::gloo, diloco::nccl, diloco::cuda.
+# Each is an INTERFACE target on top of diloco::diloco that brings its
+# dependency; the communicator headers are usable only through them.
+macro(diloco_add_backend_targets)
+  if(DILOCO_HAVE_MPI)
+    add_library(diloco_mpi INTERFACE)
+    add_library(diloco::mpi ALIAS diloco_mpi)
+    set_target_properties(diloco_mpi PROPERTIES EXPORT_NAME mpi)
+    target_link_libraries(diloco_mpi INTERFACE diloco MPI::MPI_CXX)
+  endif()
+  if(DILOCO_HAVE_GLOO)
+    add_library(diloco_gloo INTERFACE)
+    add_library(diloco::gloo ALIAS diloco_gloo)
+    set_target_properties(diloco_gloo PROPERTIES EXPORT_NAME gloo)
+    target_link_libraries(diloco_gloo INTERFACE diloco gloo)
+  endif()
+  if(DILOCO_HAVE_CUDA)
+    add_library(diloco_cuda INTERFACE)
+    add_library(diloco::cuda ALIAS diloco_cuda)
+    set_target_properties(diloco_cuda PROPERTIES EXPORT_NAME cuda)
+    target_link_libraries(diloco_cuda INTERFACE diloco CUDA::cudart)
+  endif()
+  if(DILOCO_HAVE_NCCL)
+    add_library(diloco_nccl INTERFACE)
+    add_library(diloco::nccl ALIAS diloco_nccl)
+    set_target_properties(diloco_nccl PROPERTIES EXPORT_NAME nccl)
+    target_link_libraries(diloco_nccl INTERFACE diloco_cuda "$<BUILD_INTERFACE:${DILOCO_NCCL_LIBRARY}>"
+                                                 "$<INSTALL_INTERFACE:nccl>")
+  endif()
+endmacro()

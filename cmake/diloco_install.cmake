@@ -1,0 +1,27 @@
+# Install the headers and an exported CMake package:
+#   find_package(diloco CONFIG REQUIRED [COMPONENTS mpi gloo cuda nccl])
+include(CMakePackageConfigHelpers)
+
+set(_targets diloco)
+foreach(comp mpi gloo cuda nccl)
+  if(TARGET diloco_${comp})
+    list(APPEND _targets diloco_${comp})
+    list(APPEND DILOCO_INSTALLED_COMPONENTS ${comp})
+  endif()
+endforeach()
+
+install(TARGETS ${_targets} EXPORT dilocoTargets)
+install(DIRECTORY include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+
+set(DILOCO_CMAKE_DIR ${CMAKE_INSTALL_DATADIR}/cmake/diloco)
+install(EXPORT dilocoTargets NAMESPACE diloco:: DESTINATION ${DILOCO_CMAKE_DIR})
+configure_package_config_file(cmake/dilocoConfig.cmake.in
+  ${CMAKE_CURRENT_BINARY_DIR}/dilocoConfig.cmake
+  INSTALL_DESTINATION ${DILOCO_CMAKE_DIR})
+write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/dilocoConfigVersion.cmake
+  COMPATIBILITY SameMinorVersion ARCH_INDEPENDENT)
+install(FILES
+  ${CMAKE_CURRENT_BINARY_DIR}/dilocoConfig.cmake
+  ${CMAKE_CURRENT_BINARY_DIR}/dilocoConfigVersion.cmake
+  DESTINATION ${DILOCO_CMAKE_DIR})
+unset(_targets)

@@ -1,0 +1,431 @@
+#pragma once
+
+// diloco::algorithm: DiLoCo assembled from an inner optimizer, an outer
+// optimizer, a compressor and a communicator. Each worker owns one instance
+// over its own replica (the user's tensors).
+
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <ranges>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "diloco/core/concepts.hpp"
+#include "diloco/core/error.hpp"
+#include "diloco/core/stats.hpp"
+#include "diloco/core/validate.hpp"
+#include "diloco/exec/host.hpp"
+#include "diloco/kernels/inner_step.hpp"
+#include "diloco/kernels/outer_apply.hpp"
+#include "diloco/kernels/pseudo_gradient.hpp"
+#include "diloco/tensor/buffer.hpp"
+#include "diloco/tensor/parameter_set.hpp"
+
+namespace diloco {
+
+// Hyper-parameters of one algorithm instance. Algorithmic choices are the
+// template's types; numbers live here, with designated-initializer defaults.
+template <class Inner, class Outer, class Compressor>
+struct algorithm_options {
+  std::size_t inner_steps = 500;  // H: inner steps between outer rounds
+  typename Inner::options inner{};
+  typename Outer::options outer{};
+  typename Compressor::options compress{};
+  // At construction, rank 0's parameters are broadcast so every replica
+  // starts from the same theta_global. Turn off only if the replicas are
+  // already identical.
+  bool broadcast_initial = true;
+  // Host threads per worker for the fused passes; 0 = the cores divided
+  // among the workers that share this process.
+  int host_threads = 0;
+};
+
+namespace detail {
+
+enum class space_id { host, device };
+template <class Space>
+inline constexpr space_id space_id_v = std::is_same_v<Space, host_space> ? space_id::host : space_id::device;
+
+// A gradient as the type-erased engine receives it.
+struct raw_tensor {
+  const float* data;
+  std::size_t size;
+};
+
+// The executor that runs passes over memory of a space. The CUDA backend
+// adds the device_space specialization (exec/cuda.hpp).
+template <class Space>
+struct executor_for;
+template <>
+struct executor_for<host_space> {
+  using type = exec::host;
+};
+
+template <class Comm>
+int workers_in_process(const Comm& c) {
+  if constexpr (requires { c.workers_in_process(); })
+    return c.workers_in_process();
+  else
+    return 1;
+}
+
+template <class Options>
+float max_grad_norm_of(const Options& o) {
+  if constexpr (requires { o.max_grad_norm; })
+    return o.max_grad_norm;
+  else
+    return 0.0f;
+}
+
+// What the algorithm front end calls; one implementation per memory space,
+// instantiated only for the space the user's tensors live in.
+struct engine_base {
+  virtual ~engine_base() = default;
+  virtual space_id space() const = 0;
+  virtual void inner_step(std::span<const raw_tensor> grads) = 0;
+  virtual void outer_round() = 0;
+  virtual void reset_inner_state() = 0;
+  virtual const float* global_data() const = 0;
+  virtual std::size_t parameter_count() const = 0;
+  virtual std::size_t tensor_count() const = 0;
+  virtual std::size_t steps_in_round() const = 0;
+  virtual const diloco::stats& statistics() const = 0;
+};
+
+template <class Inner, class Outer, class Compressor, class Comm, class Space>
+class engine final : public engine_base {
+ public:
+  using options = algorithm_options<Inner, Outer, Compressor>;
+  using executor = typename executor_for<Space>::type;
+  using clock = std::chrono::steady_clock;
+
+  engine(parameter_set<float, Space> params, Comm& comm, const options& opts)
+      : comm_(comm), opts_(opts), params_(std::move(params)), world_(comm.size()), rank_(comm.rank()) {
+    const std::size_t n = params_.total();
+    inner_slots_ = Inner::state_slots(opts_.inner);
+    outer_slots_ = Outer::state_slots(opts_.outer);
+    global_ = buffer<float, Space>(n);
+    inner_state_ = buffer<float, Space>(n * inner_slots_);
+    outer_state_ = buffer<float, Space>(n * outer_slots_);
+    // The wire: the pseudo-gradient, then one norm slot per rank. Each rank
+    // writes its own norm into its slot and zeros elsewhere, so after the
+    // sum every rank knows every rank's norm and all reject a bad round
+    // together.
+    if (world_ > 1) wire_ = buffer<float, Space>(n + static_cast<std::size_t>(world_));
+    const int cores = executor{}.threads();
+    exec_.set_threads(opts_.host_threads > 0 ? opts_.host_threads
+                                             : std::max(1, cores / std::max(1, workers_in_process(comm_))));
+    if (opts_.broadcast_initial && world_ > 1) {
+      const auto traffic0 = comm_.traffic();
+      const auto t0 = clock::now();
+      for (std::size_t k = 0; k < params_.count(); ++k) {
+        auto& p = params_[k];
+        comm_.broadcast(std::span<float>(p.data(), p.size()), 0);
+      }
+      stats_.comm_seconds += seconds_since(t0);
+      add_traffic(traffic0, false);
+    }
+    copy_local_to_global();
+  }
+
+  space_id space() const override { return space_id_v<Space>; }
+  const float* global_data() const override { return global_.data(); }
+  std::size_t parameter_count() const override { return params_.total(); }
+  std::size_t tensor_count() const override { return params_.count(); }
+  std::size_t steps_in_round() const override { return steps_in_round_; }
+  const diloco::stats& statistics() const override { return stats_; }
+
+  void reset_inner_state() override {
+    inner_state_ = buffer<float, Space>(params_.total() * inner_slots_);
+    inner_step_count_ = 0;
+  }
+
+  void inner_step(std::span<const raw_tensor> grads) override {
+    if (grads.size() != params_.count())
+      raise<config_error>("inner step: got ", grads.size(), " gradient tensors, expected ", params_.count(),
+                          " (one per parameter tensor)");
+    for (std::size_t k = 0; k < grads.size(); ++k)
+      if (grads[k].size != params_[k].size())
+        raise<config_error>("inner step: gradient ", k, " has ", grads[k].size, " elements, parameter ", k, " has ",
+                            params_[k].size());
+
+    float scale = 1.0f;
+    if (const float max_norm = max_grad_norm_of(opts_.inner); max_norm > 0.0f) {
+      double sq = 0.0;
+      for (const auto& g : grads) sq += exec_.transform_reduce(g.size, kernels::squares{g.data});
+      // torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), clamped to 1.
+      const double coef = static_cast<double>(max_norm) / (std::sqrt(sq) + 1e-6);
+      scale = static_cast<float>(std::min(coef, 1.0));
+    }
+    const auto update = Inner::make_update(opts_.inner, ++inner_step_count_);
+    const std::size_t stride = params_.total();
+    for (std::size_t k = 0; k < grads.size(); ++k) {
+      const std::size_t off = params_.offset(k);
+      exec_.for_each(grads[k].size, kernels::inner_step<typename Inner::update>{
+                                        update, params_[k].data(), grads[k].data, scale,
+                                        inner_slots_ ? inner_state_.data() + off : nullptr, stride});
+    }
+    ++steps_in_round_;
+    ++stats_.inner_steps;
+  }
+
+  void outer_round() override {
+    const auto t_round = clock::now();
+    const std::size_t n = params_.total();
+    const auto update = Outer::make_update(opts_.outer, stats_.rounds + 1);
+    float* state = outer_slots_ ? outer_state_.data() : nullptr;
+
+    if (world_ == 1) {
+      double sq = 0.0;
+      for (std::size_t k = 0; k < params_.count(); ++k)
+        sq += exec_.transform_reduce(params_[k].size(), kernels::pseudo_gradient_sq{global_.data() + params_.offset(k),
+                                                                                     params_[k].data()});
+      stats_.pseudo_gradient_norm = std::sqrt(sq);
+      if (!std::isfinite(stats_.pseudo_gradient_norm)) reject(std::string("rank 0 (norm nan/inf)"));
+      for (std::size_t k = 0; k < params_.count(); ++k) {
+        const std::size_t off = params_.offset(k);
+        exec_.for_each(params_[k].size(), kernels::outer_apply_local<typename Outer::update>{
+                                              update, global_.data() + off, state ? state + off : nullptr, n,
+                                              params_[k].data()});
+      }
+      stats_.last_round_bytes_sent = stats_.last_round_bytes_received = 0;
+      stats_.last_round_comm_seconds = 0.0;
+    } else {
+      double sq = 0.0;
+      for (std::size_t k = 0; k < params_.count(); ++k) {
+        const std::size_t off = params_.offset(k);
+        sq += exec_.transform_reduce(params_[k].size(), kernels::pseudo_gradient{global_.data() + off,
+                                                                                  params_[k].data(),
+                                                                                  wire_.data() + off});
+      }
+      stats_.pseudo_gradient_norm = std::sqrt(sq);
+      std::vector<float>& norms = norm_slots_;
+      norms.assign(static_cast<std::size_t>(world_), 0.0f);
+      norms[static_cast<std::size_t>(rank_)] = static_cast<float>(stats_.pseudo_gradient_norm);
+      copy_to_wire_tail(norms);
+
+      const auto traffic0 = comm_.traffic();
+      const auto t0 = clock::now();
+      comm_.all_reduce(std::span<float>(wire_.data(), wire_.size()), reduce_op::sum);
+      stats_.last_round_comm_seconds = seconds_since(t0);
+      stats_.comm_seconds += stats_.last_round_comm_seconds;
+      add_traffic(traffic0, true);
+
+      read_wire_tail(norms);
+      double total = 0.0;
+      std::string bad;
+      for (int r = 0; r < world_; ++r) {
+        const float v = norms[static_cast<std::size_t>(r)];
+        if (!std::isfinite(v)) bad += concat(bad.empty() ? "" : ", ", "rank ", r, " (norm ", v, ")");
+        total += v;
+      }
+      if (bad.empty() && !(total <= std::numeric_limits<float>::max()))
+        bad = concat("all ranks together (sum of norms ", total, " overflows fp32)");
+      if (!bad.empty()) reject(bad);
+
+      const float scale = 1.0f / static_cast<float>(world_);
+      for (std::size_t k = 0; k < params_.count(); ++k) {
+        const std::size_t off = params_.offset(k);
+        exec_.for_each(params_[k].size(), kernels::outer_apply<typename Outer::update>{
+                                              update, wire_.data() + off, scale, global_.data() + off,
+                                              state ? state + off : nullptr, n, params_[k].data()});
+      }
+    }
+    ++stats_.rounds;
+    steps_in_round_ = 0;
+    stats_.outer_seconds += seconds_since(t_round);
+  }
+
+ private:
+  static double seconds_since(clock::time_point t0) {
+    return std::chrono::duration<double>(clock::now() - t0).count();
+  }
+
+  void add_traffic(const traffic_counters& before, bool is_round) {
+    const auto after = comm_.traffic();
+    const std::uint64_t sent = after.bytes_sent - before.bytes_sent;
+    const std::uint64_t received = after.bytes_received - before.bytes_received;
+    stats_.bytes_sent += sent;
+    stats_.bytes_received += received;
+    if (is_round) {
+      stats_.last_round_bytes_sent = sent;
+      stats_.last_round_bytes_received = received;
+    }
+  }
+
+  void copy_local_to_global() {
+    for (std::size_t k = 0; k < params_.count(); ++k)
+      exec_.for_each(params_[k].size(), kernels::copy{params_[k].data(), global_.data() + params_.offset(k)});
+  }
+
+  void copy_global_to_local() {
+    for (std::size_t k = 0; k < params_.count(); ++k)
+      exec_.for_each(params_[k].size(), kernels::copy{global_.data() + params_.offset(k), params_[k].data()});
+  }
+
+  // The per-rank norm slots behind the pseudo-gradient on the wire.
+  void copy_to_wire_tail(const std::vector<float>& norms) {
+    float* tail = wire_.data() + params_.total();
+    for (std::size_t r = 0; r < norms.size(); ++r) tail[r] = norms[r];
+  }
+  void read_wire_tail(std::vector<float>& norms) const {
+    const float* tail = wire_.data() + params_.total();
+    for (std::size_t r = 0; r < norms.size(); ++r) norms[r] = tail[r];
+  }
+
+  // Refuses the round: theta_global and the outer state stay as they were,
+  // every replica restarts from theta_global, and the caller learns which
+  // ranks produced non-finite pseudo-gradients.
+  [[noreturn]] void reject(const std::string& culprits) {
+    copy_global_to_local();
+    steps_in_round_ = 0;
+    ++stats_.rejected_rounds;
+    raise<numeric_error>("outer round ", stats_.rounds + 1, " rejected: non-finite pseudo-gradient from ", culprits,
+                         "; theta_global is unchanged and the replica was reset to it");
+  }
+
+  Comm& comm_;
+  options opts_;
+  parameter_set<float, Space> params_;
+  int world_;
+  int rank_;
+  executor exec_;
+  std::size_t inner_slots_ = 0;
+  std::size_t outer_slots_ = 0;
+  buffer<float, Space> global_;
+  buffer<float, Space> inner_state_;
+  buffer<float, Space> outer_state_;
+  buffer<float, Space> wire_;
+  std::vector<float> norm_slots_;
+  std::uint64_t inner_step_count_ = 0;
+  std::size_t steps_in_round_ = 0;
+  diloco::stats stats_;
+};
+
+}  // namespace detail
+
+// DiLoCo. Every worker constructs one instance over its replica (a list of
+// its parameter tensors, or a single tensor) and calls step() with its
+// gradients after each backward pass; every `inner_steps` steps the workers
+// average their pseudo-gradients and apply the outer optimizer together.
+//
+// Construction and outer rounds are collective: every rank of the
+// communicator must take part. The instance keeps pointers into the user's
+// tensors; they must outlive it and must not move.
+template <inner_optimizer Inner, outer_optimizer Outer, compressor Compressor, communicator Comm>
+class algorithm {
+ public:
+  using inner_type = Inner;
+  using outer_type = Outer;
+  using compressor_type = Compressor;
+  using comm_type = Comm;
+  using options = algorithm_options<Inner, Outer, Compressor>;
+
+  // `params`: a range of fp32 tensors, or one fp32 tensor.
+  template <class Params>
+    requires(tensor_range<Params> || float_tensor<Params>)
+  algorithm(Params&& params, Comm& comm, options opts = {}) : opts_(opts) {
+    validate(comm);
+    if constexpr (float_tensor<Params>) {
+      init(std::span<std::remove_reference_t<Params>>(&params, 1), comm);
+    } else {
+      init(params, comm);
+    }
+  }
+
+  algorithm(const algorithm&) = delete;
+  algorithm& operator=(const algorithm&) = delete;
+  algorithm(algorithm&&) noexcept = default;
+  algorithm& operator=(algorithm&&) noexcept = default;
+
+  // One inner step with this worker's gradients (same count and sizes as
+  // the parameters), then an outer round if H inner steps have passed since
+  // the last one. Returns true when an outer round ran.
+  template <class Grads>
+    requires(tensor_range<Grads> || float_tensor<Grads>)
+  bool step(Grads&& grads) {
+    inner_step(std::forward<Grads>(grads));
+    if (engine_->steps_in_round() < opts_.inner_steps) return false;
+    engine_->outer_round();
+    return true;
+  }
+
+  // One inner step only; no outer round, whatever the step count.
+  template <class Grads>
+    requires(tensor_range<Grads> || float_tensor<Grads>)
+  void inner_step(Grads&& grads) {
+    raw_grads_.clear();
+    if constexpr (float_tensor<Grads>) {
+      check_space<tensor_space_t<Grads>>();
+      raw_grads_.push_back({tensor_data(grads), tensor_size(grads)});
+    } else {
+      check_space<tensor_space_t<std::ranges::range_reference_t<Grads>>>();
+      for (auto&& g : grads) raw_grads_.push_back({tensor_data(g), tensor_size(g)});
+    }
+    engine_->inner_step(raw_grads_);
+  }
+
+  // An outer round now, whatever the step count (collective). Throws
+  // numeric_error, leaving theta_global unchanged, if any worker's
+  // pseudo-gradient is not finite.
+  void outer_round() { engine_->outer_round(); }
+
+  // Forgets the inner optimizer's state (moments) and step count.
+  void reset_inner_state() { engine_->reset_inner_state(); }
+
+  const diloco::stats& stats() const { return engine_->statistics(); }
+  const options& settings() const { return opts_; }
+  std::size_t parameter_count() const { return engine_->parameter_count(); }
+  std::size_t steps_in_round() const { return engine_->steps_in_round(); }
+
+  // theta_global as a flat view (tensor k at the offsets of the parameter
+  // list), in the parameters' memory space.
+  template <class Space = host_space>
+  tensor_view<const float, Space> global_parameters() const {
+    check_space<Space>();
+    return {engine_->global_data(), engine_->parameter_count()};
+  }
+
+ private:
+  void validate(const Comm& comm) const {
+    if (opts_.inner_steps == 0)
+      detail::raise<config_error>("inner_steps (H) must be at least 1, got 0");
+    if (comm.size() < 1) detail::raise<config_error>("the communicator has ", comm.size(), " workers; need at least 1");
+    if (opts_.host_threads < 0)
+      detail::raise<config_error>("host_threads must be >= 0 (0 = automatic), got ", opts_.host_threads);
+    Inner::validate(opts_.inner);
+    Outer::validate(opts_.outer);
+  }
+
+  template <class R>
+  void init(R&& params, Comm& comm) {
+    using Space = tensor_space_t<std::ranges::range_reference_t<R>>;
+    static_assert(mutable_float_tensor<std::ranges::range_reference_t<R>>,
+                  "diloco::algorithm: parameters must be writable fp32 tensors (the algorithm updates them in place)");
+    static_assert(requires { typename detail::executor_for<Space>::type; },
+                  "diloco::algorithm: these tensors live in device memory; include <diloco/cuda.hpp> and compile "
+                  "with nvcc to use the CUDA backend");
+    parameter_set<float, Space> set(params);
+    if (set.total() == 0) detail::raise<config_error>("the parameter list is empty (0 elements); nothing to train");
+    engine_ = std::make_unique<detail::engine<Inner, Outer, Compressor, Comm, Space>>(std::move(set), comm, opts_);
+  }
+
+  template <class Space>
+  void check_space() const {
+    if (engine_->space() != detail::space_id_v<Space>)
+      detail::raise<config_error>("tensors in ", Space::name, " memory passed to an algorithm whose parameters live in ",
+                                  engine_->space() == detail::space_id::host ? "host" : "device", " memory");
+  }
+
+  options opts_;
+  std::unique_ptr<detail::engine_base> engine_;
+  std::vector<detail::raw_tensor> raw_grads_;
+};
+
+}  // namespace diloco

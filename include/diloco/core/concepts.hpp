@@ -1,0 +1,101 @@
+#pragma once
+
+// The concepts a policy must satisfy. Each algorithm template parameter is
+// constrained by one of them, so a type that does not fit is rejected where
+// the user names it, with the concept's name in the compiler's message.
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <ranges>
+#include <span>
+#include <type_traits>
+
+#include "diloco/core/comm_types.hpp"
+#include "diloco/core/memory_space.hpp"
+#include "diloco/tensor/tensor_traits.hpp"
+
+namespace diloco {
+
+// ---------------------------------------------------------------- tensors
+// A type whose tensor_traits give a contiguous buffer of elements in a known
+// memory space.
+template <class T>
+concept tensor = requires(std::remove_cvref_t<T>& t) {
+  typename tensor_traits_of<T>::value_type;
+  typename tensor_traits_of<T>::memory_space;
+  { tensor_traits_of<T>::data(t) } -> std::convertible_to<const typename tensor_traits_of<T>::value_type*>;
+  { tensor_traits_of<T>::size(t) } -> std::convertible_to<std::size_t>;
+} && is_memory_space_v<typename tensor_traits_of<T>::memory_space>;
+
+// Parameters and gradients are fp32: that is the precision the outer state
+// and the inner optimizers keep.
+template <class T>
+concept float_tensor = tensor<T> && std::same_as<tensor_value_t<T>, float>;
+
+// A tensor whose elements can be written (parameters are updated in place).
+template <class T>
+concept mutable_float_tensor = float_tensor<T> && requires(std::remove_cvref_t<T>& t) {
+  { tensor_traits_of<T>::data(t) } -> std::convertible_to<float*>;
+};
+
+// A list of tensors (a model's parameters or gradients).
+template <class R>
+concept tensor_range = std::ranges::forward_range<R> && float_tensor<std::ranges::range_reference_t<R>>;
+
+// ------------------------------------------------------------ optimizers
+// The per-element update of an optimizer: p is the parameter, g its gradient
+// (already scaled by any clipping), s points at the element's first state
+// slot, slot k at s[k * stride]. Trivially copyable so it can be passed by
+// value to a CUDA kernel.
+template <class U>
+concept update_functor =
+    std::is_trivially_copyable_v<U> && requires(const U& u, float& p, float g, float* s, std::size_t stride) {
+      { u(p, g, s, stride) };
+    };
+
+// An optimizer policy: an options struct of hyper-parameters, validation that
+// throws config_error, the number of fp32 state slots per parameter, and a
+// factory for the step's update functor (step counts from 1).
+template <class O>
+concept optimizer_policy = requires(const typename O::options& o, std::uint64_t step) {
+  typename O::options;
+  { O::name } -> std::convertible_to<const char*>;
+  { O::validate(o) };
+  { O::state_slots(o) } -> std::convertible_to<std::size_t>;
+  { O::make_update(o, step) } -> update_functor;
+};
+
+// The optimizer each worker runs on its replica between rounds.
+template <class O>
+concept inner_optimizer = optimizer_policy<O>;
+
+// The optimizer applied to the global parameters with the averaged
+// pseudo-gradient as its gradient.
+template <class O>
+concept outer_optimizer = optimizer_policy<O>;
+
+// ----------------------------------------------------------- compressors
+// What a pseudo-gradient becomes before it travels. `lossless` codecs are
+// reduced with the communicator's own all-reduce.
+template <class C>
+concept compressor = requires {
+  typename C::options;
+  { C::name } -> std::convertible_to<const char*>;
+  { C::lossless } -> std::convertible_to<bool>;
+};
+
+// ---------------------------------------------------------- communicators
+// A member of a group of workers that can reduce and broadcast fp32 buffers
+// together.
+template <class C>
+concept communicator = requires(C& c, const C& cc, std::span<float> buf, reduce_op op) {
+  { cc.rank() } -> std::convertible_to<int>;
+  { cc.size() } -> std::convertible_to<int>;
+  { c.all_reduce(buf, op) };
+  { c.broadcast(buf, 0) };
+  { c.barrier() };
+  { cc.traffic() } -> std::convertible_to<traffic_counters>;
+};
+
+}  // namespace diloco

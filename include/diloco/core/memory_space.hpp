@@ -1,0 +1,20 @@
+#pragma once
+
+#include <type_traits>
+
+namespace diloco {
+
+// Where a tensor's elements live. The space is part of a tensor's type, and
+// the executor that runs a pass is chosen from it at compile time.
+struct host_space {
+  static constexpr const char* name = "host";
+};
+struct device_space {
+  static constexpr const char* name = "device";
+};
+
+template <class S>
+inline constexpr bool is_memory_space_v =
+    std::is_same_v<S, host_space> || std::is_same_v<S, device_space>;
+
+}  // namespace diloco

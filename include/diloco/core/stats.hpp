@@ -1,0 +1,23 @@
+#pragma once
+
+#include <cstdint>
+
+namespace diloco {
+
+// What an algorithm instance has done so far, for logs and dashboards.
+// Byte counts are this worker's, as its communicator accounts them.
+struct stats {
+  std::uint64_t inner_steps = 0;      // inner optimizer steps taken
+  std::uint64_t rounds = 0;           // outer rounds applied
+  std::uint64_t rejected_rounds = 0;  // rounds refused for non-finite pseudo-gradients
+  std::uint64_t bytes_sent = 0;       // everything sent, the initial broadcast included
+  std::uint64_t bytes_received = 0;
+  std::uint64_t last_round_bytes_sent = 0;
+  std::uint64_t last_round_bytes_received = 0;
+  double pseudo_gradient_norm = 0.0;  // ||theta_global - theta_local|| of this worker, last round
+  double comm_seconds = 0.0;          // wall time spent inside the communicator
+  double last_round_comm_seconds = 0.0;
+  double outer_seconds = 0.0;  // wall time of outer rounds, communication included
+};
+
+}  // namespace diloco

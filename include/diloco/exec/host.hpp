@@ -1,0 +1,108 @@
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <vector>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+namespace diloco::exec {
+
+// Runs DILOCO_HD element functors on the CPU: serially, or with OpenMP when
+// the library is built with it (target diloco::diloco links OpenMP when the
+// DILOCO_ENABLE_OPENMP option finds it).
+//
+// Reductions are deterministic: the index range is cut into fixed chunks
+// whose partial sums are combined in chunk order, so the result is the same
+// bits whatever the number of threads.
+class host {
+ public:
+  // Below this many elements a pass runs on the calling thread: starting a
+  // parallel region costs more than it saves.
+  static constexpr std::size_t parallel_threshold = std::size_t{1} << 15;
+  // Elements per reduction chunk; part of the reduction's definition.
+  static constexpr std::size_t reduce_chunk = 8192;
+  // Independent accumulators inside a chunk (lets the compiler vectorize
+  // the sum without reassociating it).
+  static constexpr std::size_t reduce_lanes = 8;
+
+  // threads == 0: OpenMP's default team size.
+  explicit host(int threads = 0) : threads_(threads) {}
+
+  int threads() const {
+#if defined(_OPENMP)
+    return threads_ > 0 ? threads_ : omp_get_max_threads();
+#else
+    return 1;
+#endif
+  }
+  void set_threads(int threads) { threads_ = threads; }
+
+  // f(i) for every i in [0, n).
+  template <class F>
+  void for_each(std::size_t n, const F& f) const {
+#if defined(_OPENMP)
+    const int team = threads();
+    if (n >= parallel_threshold && team > 1) {
+      const auto sn = static_cast<std::ptrdiff_t>(n);
+#pragma omp parallel for schedule(static) num_threads(team)
+      for (std::ptrdiff_t i = 0; i < sn; ++i) f(static_cast<std::size_t>(i));
+      return;
+    }
+#endif
+    for (std::size_t i = 0; i < n; ++i) f(i);
+  }
+
+  // Runs f(i) for every i in [0, n) and returns the sum of what it returns
+  // (as double). f may also write: this is how a pass fuses its side
+  // effects with a norm.
+  template <class F>
+  double transform_reduce(std::size_t n, const F& f) {
+    if (n <= reduce_chunk) return chunk_sum(0, n, f);
+    const std::size_t chunks = (n + reduce_chunk - 1) / reduce_chunk;
+    if (partials_.size() < chunks) partials_.resize(chunks);
+    double* partials = partials_.data();
+#if defined(_OPENMP)
+    const int team = threads();
+    if (n >= parallel_threshold && team > 1) {
+      const auto sc = static_cast<std::ptrdiff_t>(chunks);
+#pragma omp parallel for schedule(static) num_threads(team)
+      for (std::ptrdiff_t c = 0; c < sc; ++c) {
+        const auto lo = static_cast<std::size_t>(c) * reduce_chunk;
+        partials[c] = chunk_sum(lo, std::min(n, lo + reduce_chunk), f);
+      }
+    } else
+#endif
+    {
+      for (std::size_t c = 0; c < chunks; ++c) {
+        const std::size_t lo = c * reduce_chunk;
+        partials[c] = chunk_sum(lo, std::min(n, lo + reduce_chunk), f);
+      }
+    }
+    double total = 0.0;
+    for (std::size_t c = 0; c < chunks; ++c) total += partials[c];
+    return total;
+  }
+
+  // The fixed-order sum of f over [lo, hi): lane l accumulates the indices
+  // congruent to l modulo reduce_lanes, then the lanes are added pairwise.
+  template <class F>
+  static double chunk_sum(std::size_t lo, std::size_t hi, const F& f) {
+    double lane[reduce_lanes] = {};
+    std::size_t i = lo;
+    for (; i + reduce_lanes <= hi; i += reduce_lanes)
+      for (std::size_t l = 0; l < reduce_lanes; ++l) lane[l] += static_cast<double>(f(i + l));
+    for (std::size_t l = 0; i < hi; ++i, ++l) lane[l] += static_cast<double>(f(i));
+    for (std::size_t width = reduce_lanes / 2; width > 0; width /= 2)
+      for (std::size_t l = 0; l < width; ++l) lane[l] += lane[l + width];
+    return lane[0];
+  }
+
+ private:
+  int threads_ = 0;
+  std::vector<double> partials_;
+};
+
+}  // namespace diloco::exec

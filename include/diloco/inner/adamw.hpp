@@ -1,0 +1,59 @@
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "diloco/core/validate.hpp"
+#include "diloco/kernels/adamw_update.hpp"
+
+namespace diloco::inner {
+
+// AdamW with PyTorch's semantics (torch.optim.AdamW, amsgrad=False). The
+// defaults are DiLoCo's inner optimizer: lr 4e-4, betas (0.9, 0.95),
+// weight decay 0.1, eps 1e-8.
+struct adamw {
+  struct options {
+    float lr = 4e-4f;
+    float beta1 = 0.9f;
+    float beta2 = 0.95f;
+    float eps = 1e-8f;
+    float weight_decay = 0.1f;
+    // Global-norm gradient clipping as torch.nn.utils.clip_grad_norm_ does
+    // it, over all parameters of the worker; 0 disables it.
+    float max_grad_norm = 0.0f;
+  };
+
+  static constexpr const char* name = "adamw";
+  using update = kernels::adamw_update;
+
+  static void validate(const options& o) {
+    detail::require_non_negative(o.lr, "adamw: lr");
+    detail::require_unit_interval(o.beta1, "adamw: beta1");
+    detail::require_unit_interval(o.beta2, "adamw: beta2");
+    detail::require_non_negative(o.eps, "adamw: eps");
+    detail::require_non_negative(o.weight_decay, "adamw: weight_decay");
+    detail::require_non_negative(o.max_grad_norm, "adamw: max_grad_norm");
+  }
+
+  static std::size_t state_slots(const options&) { return 2; }
+
+  // `step` counts this optimizer's steps from 1.
+  static update make_update(const options& o, std::uint64_t step) {
+    const double t = static_cast<double>(step);
+    const double lr = o.lr;
+    const double bias_correction1 = 1.0 - std::pow(static_cast<double>(o.beta1), t);
+    const double bias_correction2 = 1.0 - std::pow(static_cast<double>(o.beta2), t);
+    update u;
+    u.decay = static_cast<float>(1.0 - lr * static_cast<double>(o.weight_decay));
+    u.one_minus_beta1 = static_cast<float>(1.0 - static_cast<double>(o.beta1));
+    u.beta2 = o.beta2;
+    u.one_minus_beta2 = static_cast<float>(1.0 - static_cast<double>(o.beta2));
+    u.step_size = static_cast<float>(lr / bias_correction1);
+    u.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+    u.eps = o.eps;
+    return u;
+  }
+};
+
+}  // namespace diloco::inner

@@ -1,0 +1,34 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "diloco/kernels/sgd_policy.hpp"
+
+namespace diloco::inner {
+
+// SGD with PyTorch's semantics (torch.optim.SGD): momentum, dampening,
+// Nesterov, L2 weight decay added to the gradient.
+struct sgd {
+  struct options {
+    float lr = 1e-3f;
+    float momentum = 0.0f;
+    float dampening = 0.0f;
+    float weight_decay = 0.0f;
+    bool nesterov = false;
+    // Global-norm gradient clipping (torch.nn.utils.clip_grad_norm_); 0 disables it.
+    float max_grad_norm = 0.0f;
+  };
+
+  static constexpr const char* name = "sgd";
+  using update = kernels::sgd_update;
+
+  static void validate(const options& o) {
+    kernels::validate_sgd(o, "inner sgd");
+    detail::require_non_negative(o.max_grad_norm, "inner sgd: max_grad_norm");
+  }
+  static std::size_t state_slots(const options& o) { return o.momentum != 0.0f ? 1 : 0; }
+  static update make_update(const options& o, std::uint64_t step) { return kernels::make_sgd_update(o, step); }
+};
+
+}  // namespace diloco::inner

@@ -1,0 +1,36 @@
+#pragma once
+
+#include <cstdint>
+
+#include "diloco/core/validate.hpp"
+#include "diloco/kernels/sgd_update.hpp"
+
+namespace diloco::kernels {
+
+// What inner::sgd, outer::sgd and outer::nesterov share: PyTorch's SGD
+// checks and the update functor built from an options struct with the
+// fields lr, momentum, dampening, weight_decay, nesterov.
+template <class Options>
+void validate_sgd(const Options& o, const char* who) {
+  detail::require_non_negative(o.lr, detail::concat(who, ": lr").c_str());
+  detail::require_non_negative(o.momentum, detail::concat(who, ": momentum").c_str());
+  detail::require_non_negative(o.dampening, detail::concat(who, ": dampening").c_str());
+  detail::require_non_negative(o.weight_decay, detail::concat(who, ": weight_decay").c_str());
+  if (o.nesterov && (o.momentum <= 0.0f || o.dampening != 0.0f))
+    detail::raise<config_error>(who, ": Nesterov momentum requires momentum > 0 and dampening == 0 (got momentum ",
+                                o.momentum, ", dampening ", o.dampening, ")");
+}
+
+template <class Options>
+sgd_update make_sgd_update(const Options& o, std::uint64_t step) {
+  sgd_update u;
+  u.lr = o.lr;
+  u.momentum = o.momentum;
+  u.one_minus_dampening = static_cast<float>(1.0 - static_cast<double>(o.dampening));
+  u.weight_decay = o.weight_decay;
+  u.nesterov = o.nesterov;
+  u.first_step = step <= 1;
+  return u;
+}
+
+}  // namespace diloco::kernels

@@ -1,0 +1,36 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "diloco/kernels/sgd_policy.hpp"
+
+namespace diloco::outer {
+
+// DiLoCo's outer optimizer: SGD with Nesterov momentum exactly as
+// torch.optim.SGD(nesterov=True, dampening=0) applies it to the averaged
+// pseudo-gradient d:
+//   b <- mu*b + d  (b = d on the first round)
+//   theta_global <- theta_global - lr * (d + mu*b)
+// Defaults lr 0.7, momentum 0.9 (DiLoCo, arXiv 2311.08105).
+struct nesterov {
+  struct options {
+    float lr = 0.7f;
+    float momentum = 0.9f;
+  };
+
+  static constexpr const char* name = "outer nesterov";
+  using update = kernels::sgd_update;
+
+  struct sgd_view {
+    float lr, momentum, dampening, weight_decay;
+    bool nesterov;
+  };
+  static sgd_view as_sgd(const options& o) { return {o.lr, o.momentum, 0.0f, 0.0f, true}; }
+
+  static void validate(const options& o) { kernels::validate_sgd(as_sgd(o), "outer nesterov"); }
+  static std::size_t state_slots(const options&) { return 1; }
+  static update make_update(const options& o, std::uint64_t step) { return kernels::make_sgd_update(as_sgd(o), step); }
+};
+
+}  // namespace diloco::outer

@@ -1,0 +1,31 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "diloco/kernels/sgd_policy.hpp"
+
+namespace diloco::outer {
+
+// Outer SGD over the averaged pseudo-gradient, PyTorch semantics. The
+// defaults (lr 1, no momentum) make the outer step plain model averaging:
+// theta_global <- theta_global - mean(theta_global - theta_local) =
+// mean(theta_local), i.e. FedAvg.
+struct sgd {
+  struct options {
+    float lr = 1.0f;
+    float momentum = 0.0f;
+    float dampening = 0.0f;
+    float weight_decay = 0.0f;
+    bool nesterov = false;
+  };
+
+  static constexpr const char* name = "outer sgd";
+  using update = kernels::sgd_update;
+
+  static void validate(const options& o) { kernels::validate_sgd(o, "outer sgd"); }
+  static std::size_t state_slots(const options& o) { return o.momentum != 0.0f ? 1 : 0; }
+  static update make_update(const options& o, std::uint64_t step) { return kernels::make_sgd_update(o, step); }
+};
+
+}  // namespace diloco::outer

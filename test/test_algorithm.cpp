@@ -1,0 +1,236 @@
+// Full DiLoCo runs with 4 worker threads on linear regression, against a
+// reference simulation of the algorithm's definition written here in
+// double precision with plain loops.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <diloco/diloco.hpp>
+#include <mutex>
+#include <random>
+#include <vector>
+
+namespace dc = diloco;
+
+namespace {
+
+constexpr int workers = 4;
+constexpr std::size_t features = 6;
+constexpr std::size_t rows = 16;  // per worker
+
+// Worker m's data: y = X w* + noise, a different X per worker.
+struct dataset {
+  std::vector<std::vector<double>> x;  // [worker][row * features + j]
+  std::vector<std::vector<double>> y;  // [worker][row]
+};
+
+dataset make_data() {
+  std::mt19937 rng(123);
+  std::normal_distribution<double> n01(0.0, 1.0);
+  std::vector<double> w_star(features);
+  for (auto& w : w_star) w = n01(rng);
+  dataset d;
+  for (int m = 0; m < workers; ++m) {
+    d.x.emplace_back(rows * features);
+    d.y.emplace_back(rows);
+    for (auto& v : d.x.back()) v = static_cast<float>(n01(rng));  // values exactly representable in fp32
+    for (std::size_t r = 0; r < rows; ++r) {
+      double s = 0;
+      for (std::size_t j = 0; j < features; ++j) s += d.x.back()[r * features + j] * w_star[j];
+      d.y.back()[r] = static_cast<float>(s + 0.1 * n01(rng));
+    }
+  }
+  return d;
+}
+
+// Gradient of (1 / 2 rows) ||X w - y||^2 for worker m, in double.
+template <class W>
+std::vector<double> gradient(const dataset& d, int m, const W& w) {
+  std::vector<double> g(features, 0.0);
+  const auto& x = d.x[static_cast<std::size_t>(m)];
+  const auto& y = d.y[static_cast<std::size_t>(m)];
+  for (std::size_t r = 0; r < rows; ++r) {
+    double pred = 0;
+    for (std::size_t j = 0; j < features; ++j) pred += x[r * features + j] * static_cast<double>(w[j]);
+    const double err = pred - y[r];
+    for (std::size_t j = 0; j < features; ++j) g[j] += err * x[r * features + j] / rows;
+  }
+  return g;
+}
+
+// The algorithm's definition, step by step, in double: M replicas with
+// their own SGD-momentum state; every H steps Delta_m = global - local,
+// mean, Nesterov on global, replicas <- global.
+std::vector<std::vector<double>> reference_rounds(const dataset& d, const std::vector<double>& w0, int rounds, int h,
+                                                  double inner_lr, double inner_mu, double outer_lr,
+                                                  double outer_mu) {
+  std::vector<double> global = w0, outer_b(features, 0.0);
+  std::vector<std::vector<double>> local(workers, w0), inner_b(workers, std::vector<double>(features, 0.0));
+  std::vector<std::vector<double>> out;
+  int inner_t = 0;
+  for (int round = 1; round <= rounds; ++round) {
+    for (int s = 0; s < h; ++s) {
+      ++inner_t;
+      for (int m = 0; m < workers; ++m) {
+        auto& w = local[static_cast<std::size_t>(m)];
+        auto& b = inner_b[static_cast<std::size_t>(m)];
+        const auto g = gradient(d, m, w);
+        for (std::size_t j = 0; j < features; ++j) {
+          b[j] = inner_t == 1 ? g[j] : inner_mu * b[j] + g[j];
+          w[j] -= inner_lr * b[j];
+        }
+      }
+    }
+    for (std::size_t j = 0; j < features; ++j) {
+      double delta = 0;
+      for (int m = 0; m < workers; ++m) delta += global[j] - local[static_cast<std::size_t>(m)][j];
+      delta /= workers;
+      outer_b[j] = round == 1 ? delta : outer_mu * outer_b[j] + delta;
+      global[j] -= outer_lr * (delta + outer_mu * outer_b[j]);
+    }
+    for (auto& w : local) w = global;
+    out.push_back(global);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("4 workers: after every round all replicas equal the reference theta_global") {
+  const auto data = make_data();
+  const std::vector<double> w0(features, 0.0);
+  constexpr int h = 5, rounds = 6;
+  const double inner_lr = 0.05, inner_mu = 0.9, outer_lr = 0.7, outer_mu = 0.9;
+  const auto want = reference_rounds(data, w0, rounds, h, inner_lr, inner_mu, outer_lr, outer_mu);
+
+  std::vector<std::vector<std::vector<float>>> seen(workers);  // [rank][round] replica after the round
+  std::mutex mu;
+  dc::comm::threads::world world(workers);
+  world.run([&](dc::comm::threads& comm) {
+    const int m = comm.rank();
+    // Rank 0 starts from w0, the others from garbage: the initial broadcast
+    // must make them all start from rank 0's parameters.
+    std::vector<float> w(features, m == 0 ? 0.0f : 42.0f + static_cast<float>(m));
+    dc::algorithm<dc::inner::sgd, dc::outer::nesterov, dc::compress::none, dc::comm::threads> t(
+        w, comm,
+        {.inner_steps = h,
+         .inner = {.lr = static_cast<float>(inner_lr), .momentum = static_cast<float>(inner_mu)},
+         .outer = {.lr = static_cast<float>(outer_lr), .momentum = static_cast<float>(outer_mu)}});
+    std::vector<float> g(features);
+    int round = 0;
+    for (int step = 0; step < h * rounds; ++step) {
+      const auto gd = gradient(data, m, w);
+      for (std::size_t j = 0; j < features; ++j) g[j] = static_cast<float>(gd[j]);
+      if (t.step(g)) {
+        ++round;
+        std::lock_guard lock(mu);
+        seen[static_cast<std::size_t>(m)].push_back(w);
+      }
+    }
+    CHECK(round == rounds);
+    CHECK(t.stats().rounds == static_cast<std::uint64_t>(rounds));
+    CHECK(t.stats().inner_steps == static_cast<std::uint64_t>(h * rounds));
+    // One fp32 all-reduce of the parameters plus the per-rank norm slots per
+    // round, counted as a ring all-reduce; and the initial broadcast.
+    const std::uint64_t per_round = dc::ring_all_reduce_bytes((features + workers) * sizeof(float), workers);
+    CHECK(t.stats().last_round_bytes_sent == per_round);
+    const std::uint64_t bcast_sent = m == workers - 1 ? 0 : features * sizeof(float);
+    CHECK(t.stats().bytes_sent == per_round * rounds + bcast_sent);
+    CHECK(t.stats().pseudo_gradient_norm > 0.0);
+  });
+
+  for (int r = 0; r < rounds; ++r) {
+    CAPTURE(r);
+    for (int m = 0; m < workers; ++m) {
+      const auto& got = seen[static_cast<std::size_t>(m)][static_cast<std::size_t>(r)];
+      // Identical replicas, bit for bit.
+      CHECK(std::memcmp(got.data(), seen[0][static_cast<std::size_t>(r)].data(), features * sizeof(float)) == 0);
+      // fp32 against the fp64 reference after up to 30 momentum steps.
+      for (std::size_t j = 0; j < features; ++j)
+        CHECK(got[j] == doctest::Approx(want[static_cast<std::size_t>(r)][j]).epsilon(2e-5));
+    }
+  }
+}
+
+TEST_CASE("H = 1 with outer SGD lr 1 and inner SGD is synchronous data-parallel SGD") {
+  const auto data = make_data();
+  constexpr int steps = 12;
+  constexpr float lr = 0.1f;
+  // Data parallel SGD: w <- w - lr * mean_m grad_m(w), in double.
+  std::vector<double> dp(features, 0.0);
+  std::vector<std::vector<double>> dp_trace;
+  for (int s = 0; s < steps; ++s) {
+    std::vector<double> mean(features, 0.0);
+    for (int m = 0; m < workers; ++m) {
+      const auto g = gradient(data, m, dp);
+      for (std::size_t j = 0; j < features; ++j) mean[j] += g[j] / workers;
+    }
+    for (std::size_t j = 0; j < features; ++j) dp[j] -= lr * mean[j];
+    dp_trace.push_back(dp);
+  }
+
+  dc::comm::threads::world world(workers);
+  world.run([&](dc::comm::threads& comm) {
+    const int m = comm.rank();
+    std::vector<float> w(features, 0.0f);
+    dc::algorithm<dc::inner::sgd, dc::outer::sgd, dc::compress::none, dc::comm::threads> t(
+        w, comm, {.inner_steps = 1, .inner = {.lr = lr}});
+    std::vector<float> g(features);
+    for (int s = 0; s < steps; ++s) {
+      const auto gd = gradient(data, m, w);
+      for (std::size_t j = 0; j < features; ++j) g[j] = static_cast<float>(gd[j]);
+      REQUIRE(t.step(g));
+      for (std::size_t j = 0; j < features; ++j)
+        REQUIRE(w[j] == doctest::Approx(dp_trace[static_cast<std::size_t>(s)][j]).epsilon(1e-5));
+    }
+  });
+}
+
+TEST_CASE("AdamW inner, Nesterov outer, several tensors: replicas agree and the loss falls") {
+  const auto data = make_data();
+  std::vector<double> loss_first(workers), loss_last(workers);
+  dc::comm::threads::world world(workers);
+  world.run([&](dc::comm::threads& comm) {
+    const int m = comm.rank();
+    // The weights split over three tensors of sizes 1, 2 and 3.
+    std::vector<std::vector<float>> parts{std::vector<float>(1, 0.0f), std::vector<float>(2, 0.0f),
+                                          std::vector<float>(3, 0.0f)};
+    dc::algorithm<dc::inner::adamw, dc::outer::nesterov, dc::compress::none, dc::comm::threads> t(
+        parts, comm, {.inner_steps = 10, .inner = {.lr = 0.02f, .weight_decay = 0.0f}});
+    auto flat = [&] {
+      std::vector<float> w;
+      for (auto& p : parts) w.insert(w.end(), p.begin(), p.end());
+      return w;
+    };
+    auto loss = [&](const std::vector<float>& w) {
+      double l = 0;
+      for (int k = 0; k < workers; ++k) {
+        for (std::size_t r = 0; r < rows; ++r) {
+          double pred = 0;
+          for (std::size_t j = 0; j < features; ++j) pred += data.x[k][r * features + j] * w[j];
+          l += (pred - data.y[k][r]) * (pred - data.y[k][r]) / (2.0 * rows * workers);
+        }
+      }
+      return l;
+    };
+    loss_first[static_cast<std::size_t>(m)] = loss(flat());
+    std::vector<std::vector<float>> grads{std::vector<float>(1), std::vector<float>(2), std::vector<float>(3)};
+    for (int step = 0; step < 200; ++step) {
+      const auto gd = gradient(data, m, flat());
+      grads[0][0] = static_cast<float>(gd[0]);
+      for (std::size_t j = 0; j < 2; ++j) grads[1][j] = static_cast<float>(gd[1 + j]);
+      for (std::size_t j = 0; j < 3; ++j) grads[2][j] = static_cast<float>(gd[3 + j]);
+      t.step(grads);
+    }
+    loss_last[static_cast<std::size_t>(m)] = loss(flat());
+    // theta_global is the concatenation of the tensors, which equal it.
+    const auto global = t.global_parameters();
+    const auto w = flat();
+    REQUIRE(global.size() == w.size());
+    for (std::size_t j = 0; j < w.size(); ++j) CHECK(global[j] == w[j]);
+  });
+  for (int m = 0; m < workers; ++m) {
+    CHECK(loss_last[static_cast<std::size_t>(m)] == loss_last[0]);
+    CHECK(loss_last[static_cast<std::size_t>(m)] < 0.1 * loss_first[static_cast<std::size_t>(m)]);
+  }
+}

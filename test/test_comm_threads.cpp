@@ -1,0 +1,159 @@
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <diloco/diloco.hpp>
+#include <mutex>
+#include <random>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+namespace dc = diloco;
+using dc::comm::threads;
+
+TEST_CASE("all_reduce sum and mean equal the closed form") {
+  for (int m : {1, 2, 3, 5}) {
+    for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1000}}) {
+      CAPTURE(m);
+      CAPTURE(n);
+      threads::world world(m);
+      world.run([&](threads& comm) {
+        const int r = comm.rank();
+        // x_r[i] = 1000 r + i: sums are integers below 2^24, exact in fp32.
+        std::vector<float> sum(n), mean(n);
+        for (std::size_t i = 0; i < n; ++i) sum[i] = mean[i] = static_cast<float>(1000 * r) + static_cast<float>(i);
+        comm.all_reduce(sum, dc::reduce_op::sum);
+        comm.all_reduce(mean, dc::reduce_op::mean);
+        for (std::size_t i = 0; i < n; ++i) {
+          const double want = 1000.0 * m * (m - 1) / 2.0 + static_cast<double>(m) * static_cast<double>(i);
+          REQUIRE(sum[i] == static_cast<float>(want));
+          REQUIRE(mean[i] == doctest::Approx(want / m).epsilon(1e-7));
+        }
+        const auto bytes = 2 * dc::ring_all_reduce_bytes(n * sizeof(float), m);
+        CHECK(comm.traffic().bytes_sent == bytes);
+        CHECK(comm.traffic().bytes_received == bytes);
+      });
+    }
+  }
+}
+
+TEST_CASE("all_reduce is bitwise deterministic over 50 repetitions") {
+  constexpr int m = 4;
+  constexpr std::size_t n = 4099;
+  std::vector<std::vector<std::uint32_t>> first(m);
+  threads::world world(m);
+  for (int rep = 0; rep < 50; ++rep) {
+    world.run([&](threads& comm) {
+      const auto r = static_cast<std::size_t>(comm.rank());
+      // Values of mixed magnitude, where the summation order changes the bits.
+      std::mt19937 rng(static_cast<unsigned>(r) + 11);
+      std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+      std::vector<float> x(n);
+      for (auto& v : x) v = u(rng) * std::pow(10.0f, static_cast<float>(rng() % 9) - 4.0f);
+      // Stagger the ranks so arrival order differs between repetitions.
+      std::this_thread::sleep_for(std::chrono::microseconds((rng() + static_cast<unsigned>(rep) * 7919u) % 300));
+      comm.all_reduce(x, dc::reduce_op::sum);
+      std::vector<std::uint32_t> bits(n);
+      std::memcpy(bits.data(), x.data(), n * sizeof(float));
+      if (rep == 0) {
+        first[r] = bits;
+      } else {
+        REQUIRE(bits == first[r]);
+      }
+    });
+  }
+  for (int r = 1; r < m; ++r) CHECK(first[static_cast<std::size_t>(r)] == first[0]);  // same on every rank
+}
+
+TEST_CASE("broadcast copies the root's buffer to every rank") {
+  for (int root = 0; root < 3; ++root) {
+    threads::world world(3);
+    world.run([&](threads& comm) {
+      std::vector<float> x(5, static_cast<float>(comm.rank()));
+      comm.broadcast(x, root);
+      for (float v : x) REQUIRE(v == static_cast<float>(root));
+    });
+  }
+}
+
+TEST_CASE("barrier holds every rank until all arrive") {
+  std::atomic<int> before{0};
+  threads::world world(4);
+  world.run([&](threads& comm) {
+    before.fetch_add(1);
+    comm.barrier();
+    CHECK(before.load() == 4);
+  });
+}
+
+TEST_CASE("buffers of different sizes on different ranks give comm_error") {
+  threads::world world(2);
+  CHECK_THROWS_WITH_AS(world.run([&](threads& comm) {
+    std::vector<float> x(comm.rank() == 0 ? 4 : 5);
+    comm.all_reduce(x, dc::reduce_op::sum);
+  }),
+                       doctest::Contains("buffer sizes differ across ranks"), dc::comm_error);
+}
+
+TEST_CASE("ranks calling different collectives give comm_error") {
+  threads::world world(2);
+  CHECK_THROWS_WITH_AS(world.run([&](threads& comm) {
+    std::vector<float> x(4);
+    if (comm.rank() == 0)
+      comm.all_reduce(x, dc::reduce_op::sum);
+    else
+      comm.broadcast(x, 0);
+  }),
+                       doctest::Contains("every rank must call the same collective"), dc::comm_error);
+}
+
+TEST_CASE("a rank that leaves early releases the others with comm_error") {
+  threads::world world(3);
+  CHECK_THROWS_WITH_AS(world.run([&](threads& comm) {
+    if (comm.rank() == 1) return;  // leaves without taking part
+    std::vector<float> x(8);
+    comm.all_reduce(x, dc::reduce_op::sum);
+  }),
+                       doctest::Contains("rank 1 has left the group"), dc::comm_error);
+}
+
+TEST_CASE("a rank that throws releases the others and its error is the one reported") {
+  threads::world world(3);
+  std::atomic<int> released{0};
+  CHECK_THROWS_WITH_AS(world.run([&](threads& comm) {
+    if (comm.rank() == 2) throw std::invalid_argument("boom on rank 2");
+    try {
+      comm.barrier();
+    } catch (const dc::comm_error&) {
+      released.fetch_add(1);
+      throw;
+    }
+  }),
+                       "boom on rank 2", std::invalid_argument);
+  CHECK(released.load() == 2);
+}
+
+TEST_CASE("a rank that never arrives times out with comm_error naming it") {
+  threads::world world(2, std::chrono::milliseconds(200));
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(world.run([&](threads& comm) {
+    if (comm.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    comm.barrier();
+  }),
+                       doctest::Contains("timed out after 200 ms waiting for rank(s) 1"), dc::comm_error);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(waited < 10.0);
+}
+
+TEST_CASE("bad world arguments are config errors") {
+  CHECK_THROWS_WITH_AS(threads::world(0), doctest::Contains("at least 1 worker, got 0"), dc::config_error);
+  CHECK_THROWS_AS(threads::world(2, std::chrono::milliseconds(0)), dc::config_error);
+  threads::world world(2);
+  CHECK_THROWS_WITH_AS(world.run([&](threads& comm) {
+    std::vector<float> x(3);
+    comm.broadcast(x, 2);
+  }),
+                       doctest::Contains("root 2 is not a rank"), dc::config_error);
+}
