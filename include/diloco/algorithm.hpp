@@ -21,9 +21,9 @@
 #include "diloco/core/stats.hpp"
 #include "diloco/core/validate.hpp"
 #include "diloco/exec/host.hpp"
-#include "diloco/kernels/inner_step.hpp"
 #include "diloco/kernels/outer_apply.hpp"
 #include "diloco/kernels/pseudo_gradient.hpp"
+#include "diloco/optimizer.hpp"
 #include "diloco/tensor/buffer.hpp"
 #include "diloco/tensor/parameter_set.hpp"
 
@@ -52,12 +52,6 @@ enum class space_id { host, device };
 template <class Space>
 inline constexpr space_id space_id_v = std::is_same_v<Space, host_space> ? space_id::host : space_id::device;
 
-// A gradient as the type-erased engine receives it.
-struct raw_tensor {
-  const float* data;
-  std::size_t size;
-};
-
 // The executor that runs passes over memory of a space. The CUDA backend
 // adds the device_space specialization (exec/cuda.hpp).
 template <class Space>
@@ -75,14 +69,6 @@ int workers_in_process(const Comm& c) {
     return 1;
 }
 
-template <class Options>
-float max_grad_norm_of(const Options& o) {
-  if constexpr (requires { o.max_grad_norm; })
-    return o.max_grad_norm;
-  else
-    return 0.0f;
-}
-
 // What the algorithm front end calls; one implementation per memory space,
 // instantiated only for the space the user's tensors live in.
 struct engine_base {
@@ -91,6 +77,8 @@ struct engine_base {
   virtual void inner_step(std::span<const raw_tensor> grads) = 0;
   virtual void outer_round() = 0;
   virtual void reset_inner_state() = 0;
+  virtual void set_inner_lr(float lr) = 0;
+  virtual float inner_lr() const = 0;
   virtual const float* global_data() const = 0;
   virtual std::size_t parameter_count() const = 0;
   virtual std::size_t tensor_count() const = 0;
@@ -108,10 +96,9 @@ class engine final : public engine_base {
   engine(parameter_set<float, Space> params, Comm& comm, const options& opts)
       : comm_(comm), opts_(opts), params_(std::move(params)), world_(comm.size()), rank_(comm.rank()) {
     const std::size_t n = params_.total();
-    inner_slots_ = Inner::state_slots(opts_.inner);
     outer_slots_ = Outer::state_slots(opts_.outer);
     global_ = buffer<float, Space>(n);
-    inner_state_ = buffer<float, Space>(n * inner_slots_);
+    inner_ = optimizer_core<Inner, Space>(n, opts_.inner);
     outer_state_ = buffer<float, Space>(n * outer_slots_);
     // The wire: the pseudo-gradient, then one norm slot per rank. Each rank
     // writes its own norm into its slot and zeros elsewhere, so after the
@@ -141,36 +128,12 @@ class engine final : public engine_base {
   std::size_t steps_in_round() const override { return steps_in_round_; }
   const diloco::stats& statistics() const override { return stats_; }
 
-  void reset_inner_state() override {
-    inner_state_ = buffer<float, Space>(params_.total() * inner_slots_);
-    inner_step_count_ = 0;
-  }
+  void reset_inner_state() override { inner_.reset(); }
+  void set_inner_lr(float lr) override { inner_.set_lr(lr); }
+  float inner_lr() const override { return inner_.settings().lr; }
 
   void inner_step(std::span<const raw_tensor> grads) override {
-    if (grads.size() != params_.count())
-      raise<config_error>("inner step: got ", grads.size(), " gradient tensors, expected ", params_.count(),
-                          " (one per parameter tensor)");
-    for (std::size_t k = 0; k < grads.size(); ++k)
-      if (grads[k].size != params_[k].size())
-        raise<config_error>("inner step: gradient ", k, " has ", grads[k].size, " elements, parameter ", k, " has ",
-                            params_[k].size());
-
-    float scale = 1.0f;
-    if (const float max_norm = max_grad_norm_of(opts_.inner); max_norm > 0.0f) {
-      double sq = 0.0;
-      for (const auto& g : grads) sq += exec_.transform_reduce(g.size, kernels::squares{g.data});
-      // torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), clamped to 1.
-      const double coef = static_cast<double>(max_norm) / (std::sqrt(sq) + 1e-6);
-      scale = static_cast<float>(std::min(coef, 1.0));
-    }
-    const auto update = Inner::make_update(opts_.inner, ++inner_step_count_);
-    const std::size_t stride = params_.total();
-    for (std::size_t k = 0; k < grads.size(); ++k) {
-      const std::size_t off = params_.offset(k);
-      exec_.for_each(grads[k].size, kernels::inner_step<typename Inner::update>{
-                                        update, params_[k].data(), grads[k].data, scale,
-                                        inner_slots_ ? inner_state_.data() + off : nullptr, stride});
-    }
+    inner_.step(exec_, params_, grads);
     ++steps_in_round_;
     ++stats_.inner_steps;
   }
@@ -296,14 +259,12 @@ class engine final : public engine_base {
   int world_;
   int rank_;
   executor exec_;
-  std::size_t inner_slots_ = 0;
   std::size_t outer_slots_ = 0;
   buffer<float, Space> global_;
-  buffer<float, Space> inner_state_;
+  optimizer_core<Inner, Space> inner_;
   buffer<float, Space> outer_state_;
   buffer<float, Space> wire_;
   std::vector<float> norm_slots_;
-  std::uint64_t inner_step_count_ = 0;
   std::size_t steps_in_round_ = 0;
   diloco::stats stats_;
 };
@@ -360,14 +321,11 @@ class algorithm {
   template <class Grads>
     requires(tensor_range<Grads> || float_tensor<Grads>)
   void inner_step(Grads&& grads) {
-    raw_grads_.clear();
-    if constexpr (float_tensor<Grads>) {
+    if constexpr (float_tensor<Grads>)
       check_space<tensor_space_t<Grads>>();
-      raw_grads_.push_back({tensor_data(grads), tensor_size(grads)});
-    } else {
+    else
       check_space<tensor_space_t<std::ranges::range_reference_t<Grads>>>();
-      for (auto&& g : grads) raw_grads_.push_back({tensor_data(g), tensor_size(g)});
-    }
+    detail::collect(std::forward<Grads>(grads), raw_grads_);
     engine_->inner_step(raw_grads_);
   }
 
@@ -378,6 +336,11 @@ class algorithm {
 
   // Forgets the inner optimizer's state (moments) and step count.
   void reset_inner_state() { engine_->reset_inner_state(); }
+
+  // Learning-rate schedules for the inner optimizer: the next inner step
+  // uses `lr` (validated like the option).
+  void set_inner_lr(float lr) { engine_->set_inner_lr(lr); }
+  float inner_lr() const { return engine_->inner_lr(); }
 
   const diloco::stats& stats() const { return engine_->statistics(); }
   const options& settings() const { return opts_; }

@@ -19,5 +19,7 @@
 #include "diloco/outer/nesterov.hpp"
 #include "diloco/outer/sgd.hpp"
 #include "diloco/compress/none.hpp"
+#include "diloco/comm/local.hpp"
 #include "diloco/comm/threads.hpp"
+#include "diloco/optimizer.hpp"
 #include "diloco/algorithm.hpp"

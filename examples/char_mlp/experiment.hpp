@@ -1,0 +1,232 @@
+#pragma once
+
+// The demo's experiment: one model trained three ways on the same data and
+// the same number of samples: one worker; synchronous data parallel over M
+// workers (gradients all-reduced every step); DiLoCo over M workers with H
+// inner steps. Every global step consumes the same `batch` samples, split
+// evenly over the workers, so all methods see exactly the same data.
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <diloco/diloco.hpp>
+#include <string>
+#include <vector>
+
+#include "corpus.hpp"
+#include "model.hpp"
+
+namespace char_mlp {
+
+struct config {
+  int workers = 4;
+  int steps = 2000;        // global steps; each consumes `batch` samples
+  int batch = 256;         // global batch, split over the workers
+  int inner_steps = 50;    // DiLoCo's H
+  float lr = 3e-3f;        // AdamW peak lr, every method
+  float final_lr_fraction = 0.1f;  // cosine decay from lr to lr * this over the run
+  int warmup_steps = 100;
+  // Off by default: DiLoCo's outer Nesterov step amplifies the decoupled
+  // decay carried in the pseudo-gradient (its steady-state gain is about
+  // lr/(1-momentum) = 7), which on this small model and short run costs
+  // DiLoCo several percent of loss. Try --weight-decay 0.1 to see it.
+  float weight_decay = 0.0f;
+  float outer_lr = 0.7f;
+  float outer_momentum = 0.9f;
+  shape dims{};            // vocab is filled in from the corpus
+  std::uint64_t seed = 1;
+  std::size_t corpus_chars = 400000;
+  std::string corpus_path;  // empty: the built-in synthetic corpus
+  std::size_t eval_windows = 4096;
+  int log_every = 500;      // 0: quiet
+};
+
+struct result {
+  std::string method;
+  double held_out_loss = 0.0;
+  std::uint64_t bytes_per_worker = 0;  // sent by one worker over the whole run
+  std::uint64_t rounds = 0;            // communication rounds
+  double seconds = 0.0;
+};
+
+inline dataset load_dataset(const config& c) {
+  return c.corpus_path.empty() ? synthetic_dataset(c.corpus_chars, c.seed) : file_dataset(c.corpus_path);
+}
+
+// Samples [first, first + count) of global step `step`: a pure function of
+// the seed, so the split over workers does not change the data.
+struct batch_buffer {
+  std::vector<std::uint8_t> contexts, targets;
+  void fill(const dataset& d, const config& c, int step, int first, int count) {
+    const auto k = static_cast<std::size_t>(c.dims.context);
+    contexts.resize(static_cast<std::size_t>(count) * k);
+    targets.resize(static_cast<std::size_t>(count));
+    const std::size_t span = d.train.size() - k;
+    for (int j = 0; j < count; ++j) {
+      const std::uint64_t id = static_cast<std::uint64_t>(step) * static_cast<std::uint64_t>(c.batch) +
+                               static_cast<std::uint64_t>(first + j);
+      const std::size_t pos = mix(c.seed ^ mix(id)) % span;
+      std::copy_n(d.train.begin() + static_cast<std::ptrdiff_t>(pos), k,
+                  contexts.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(j) * k));
+      targets[static_cast<std::size_t>(j)] = d.train[pos + k];
+    }
+  }
+};
+
+// Mean cross-entropy (nats per character) on evenly spaced held-out windows.
+inline double held_out_loss(model& m, const dataset& d, const config& c) {
+  const auto k = static_cast<std::size_t>(c.dims.context);
+  const std::size_t avail = d.held_out.size() - k;
+  const std::size_t n = std::min(c.eval_windows, avail);
+  std::vector<std::uint8_t> ctx, tgt;
+  double total = 0.0;
+  constexpr std::size_t chunk = 256;
+  for (std::size_t first = 0; first < n; first += chunk) {
+    const std::size_t count = std::min(chunk, n - first);
+    ctx.resize(count * k);
+    tgt.resize(count);
+    for (std::size_t j = 0; j < count; ++j) {
+      const std::size_t pos = (first + j) * avail / n;
+      std::copy_n(d.held_out.begin() + static_cast<std::ptrdiff_t>(pos), k,
+                  ctx.begin() + static_cast<std::ptrdiff_t>(j * k));
+      tgt[j] = d.held_out[pos + k];
+    }
+    total += m.forward(ctx.data(), tgt.data(), static_cast<int>(count), false) * static_cast<double>(count);
+  }
+  return total / static_cast<double>(n);
+}
+
+inline diloco::inner::adamw::options inner_options(const config& c) {
+  return {.lr = c.lr, .weight_decay = c.weight_decay};
+}
+
+// Linear warmup, then cosine decay to final_lr_fraction * lr: the same
+// schedule for every method.
+inline float lr_at(const config& c, int step) {
+  if (step < c.warmup_steps) return c.lr * static_cast<float>(step + 1) / static_cast<float>(c.warmup_steps);
+  const double t = static_cast<double>(step - c.warmup_steps) / std::max(1, c.steps - c.warmup_steps);
+  const double lo = c.final_lr_fraction;
+  return static_cast<float>(c.lr * (lo + (1.0 - lo) * 0.5 * (1.0 + std::cos(3.141592653589793 * t))));
+}
+
+// Progress every log_every steps: mean training loss since the last line.
+struct progress {
+  const config& c;
+  const char* label;
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  double sum = 0.0;
+  int count = 0;
+  void add(int step, double loss, bool print) {
+    sum += loss;
+    ++count;
+    if (c.log_every > 0 && print && ((step + 1) % c.log_every == 0 || step + 1 == c.steps)) {
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::printf("  [%s] step %5d/%d  train loss %.4f  (%.1f s)\n", label, step + 1, c.steps, sum / count, secs);
+      std::fflush(stdout);
+      sum = 0.0;
+      count = 0;
+    }
+  }
+  double seconds() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+};
+
+inline void check(const config& c) {
+  if (c.workers < 1) throw diloco::config_error("demo: --workers must be at least 1");
+  if (c.batch % c.workers != 0)
+    throw diloco::config_error("demo: --batch (" + std::to_string(c.batch) + ") must be a multiple of --workers (" +
+                               std::to_string(c.workers) + ")");
+  if (c.steps < 1 || c.inner_steps < 1) throw diloco::config_error("demo: --steps and --inner-steps must be >= 1");
+}
+
+// One worker, the whole batch every step.
+inline result run_single(const config& c, const dataset& d) {
+  model m(c.dims, c.seed);
+  diloco::optimizer<diloco::inner::adamw> opt(m.parameters(), inner_options(c));
+  batch_buffer b;
+  progress log{c, "single"};
+  for (int step = 0; step < c.steps; ++step) {
+    b.fill(d, c, step, 0, c.batch);
+    log.add(step, m.forward(b.contexts.data(), b.targets.data(), c.batch, true), true);
+    opt.set_lr(lr_at(c, step));
+    opt.step(m.gradients());
+  }
+  return {"single worker", held_out_loss(m, d, c), 0, 0, log.seconds()};
+}
+
+// Synchronous data parallel: each worker's gradient on its share of the
+// batch, averaged by an all-reduce every step, then the same AdamW step on
+// every replica.
+template <class Comm>
+result run_data_parallel(const config& c, const dataset& d, Comm& comm) {
+  model m(c.dims, c.seed);
+  diloco::optimizer<diloco::inner::adamw> opt(m.parameters(), inner_options(c));
+  const int share = c.batch / comm.size();
+  batch_buffer b;
+  progress log{c, "data parallel"};
+  const auto traffic0 = comm.traffic();
+  for (int step = 0; step < c.steps; ++step) {
+    b.fill(d, c, step, comm.rank() * share, share);
+    log.add(step, m.forward(b.contexts.data(), b.targets.data(), share, true), comm.rank() == 0);
+    comm.all_reduce(m.flat_gradients(), diloco::reduce_op::mean);
+    opt.set_lr(lr_at(c, step));
+    opt.step(m.gradients());
+  }
+  const auto sent = comm.traffic().bytes_sent - traffic0.bytes_sent;
+  return {"data parallel", held_out_loss(m, d, c), sent, static_cast<std::uint64_t>(c.steps), log.seconds()};
+}
+
+// DiLoCo: each worker's AdamW on its share of the batch, an outer Nesterov
+// round every H steps.
+template <class Compressor, class Comm>
+result run_diloco(const config& c, const dataset& d, Comm& comm, const std::string& label,
+                  typename Compressor::options compress = {}) {
+  model m(c.dims, c.seed);
+  using trainer = diloco::algorithm<diloco::inner::adamw, diloco::outer::nesterov, Compressor, Comm>;
+  trainer t(m.parameters(), comm,
+            {.inner_steps = static_cast<std::size_t>(c.inner_steps),
+             .inner = inner_options(c),
+             .outer = {.lr = c.outer_lr, .momentum = c.outer_momentum},
+             .compress = compress});
+  const int share = c.batch / comm.size();
+  batch_buffer b;
+  progress log{c, label.c_str()};
+  for (int step = 0; step < c.steps; ++step) {
+    b.fill(d, c, step, comm.rank() * share, share);
+    log.add(step, m.forward(b.contexts.data(), b.targets.data(), share, true), comm.rank() == 0);
+    t.set_inner_lr(lr_at(c, step));
+    t.step(m.gradients());
+  }
+  // Steps beyond the last round would leave the replicas apart: finish with
+  // a round so the evaluated model is theta_global.
+  if (t.steps_in_round() != 0) t.outer_round();
+  return {label, held_out_loss(m, d, c), t.stats().bytes_sent, t.stats().rounds, log.seconds()};
+}
+
+// Runs a per-worker function on an in-process world and returns rank 0's result.
+template <class F>
+result on_threads(int workers, F&& fn) {
+  result out;
+  diloco::comm::threads::world world(workers);
+  world.run([&](diloco::comm::threads& comm) {
+    result r = fn(comm);
+    if (comm.rank() == 0) out = r;
+  });
+  return out;
+}
+
+inline void print_table(const std::vector<result>& rows) {
+  std::printf("\n%-22s %14s %18s %8s %9s\n", "method", "held-out loss", "bytes per worker", "rounds", "seconds");
+  for (const auto& r : rows) {
+    char bytes[32];
+    if (r.bytes_per_worker >= 1'000'000)
+      std::snprintf(bytes, sizeof bytes, "%.2f MB", static_cast<double>(r.bytes_per_worker) / 1e6);
+    else
+      std::snprintf(bytes, sizeof bytes, "%.1f kB", static_cast<double>(r.bytes_per_worker) / 1e3);
+    std::printf("%-22s %14.4f %18s %8llu %9.1f\n", r.method.c_str(), r.held_out_loss, bytes,
+                static_cast<unsigned long long>(r.rounds), r.seconds);
+  }
+}
+
+}  // namespace char_mlp

@@ -1,0 +1,163 @@
+#pragma once
+
+// A next-character MLP with hand-written forward and backward passes:
+//   x = concat(embedding[c_1..c_K]) ; h = tanh(x W1 + b1) ; logits = h W2 + b2
+// trained with softmax cross-entropy. Parameters and gradients each live in
+// one contiguous vector, exposed as one span per tensor.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+namespace char_mlp {
+
+struct shape {
+  int vocab = 0;
+  int context = 8;
+  int embed = 16;
+  int hidden = 96;
+};
+
+class model {
+ public:
+  model(shape s, std::uint64_t seed) : s_(s) {
+    const auto v = static_cast<std::size_t>(s.vocab), k = static_cast<std::size_t>(s.context),
+               e = static_cast<std::size_t>(s.embed), h = static_cast<std::size_t>(s.hidden);
+    sizes_ = {v * e, k * e * h, h, h * v, v};
+    std::size_t total = 0;
+    for (auto n : sizes_) total += n;
+    params_.assign(total, 0.0f);
+    grads_.assign(total, 0.0f);
+    std::size_t off = 0;
+    for (auto n : sizes_) {
+      param_views_.emplace_back(params_.data() + off, n);
+      grad_views_.emplace_back(grads_.data() + off, n);
+      const_grad_views_.emplace_back(grads_.data() + off, n);
+      off += n;
+    }
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (auto& x : param_views_[0]) x = normal(rng);  // embedding
+    const float a1 = 1.0f / std::sqrt(static_cast<float>(k * e));
+    for (auto& x : param_views_[1]) x = a1 * normal(rng);
+    const float a2 = 0.5f / std::sqrt(static_cast<float>(h));
+    for (auto& x : param_views_[3]) x = a2 * normal(rng);
+  }
+
+  const shape& dims() const { return s_; }
+  std::size_t parameter_count() const { return params_.size(); }
+  std::vector<std::span<float>>& parameters() { return param_views_; }
+  const std::vector<std::span<const float>>& gradients() const { return const_grad_views_; }
+  std::span<float> flat_gradients() { return grads_; }
+  std::span<const float> flat_parameters() const { return params_; }
+
+  // Mean cross-entropy over the batch; fills the gradients when `backward`.
+  // contexts: batch * context ids; targets: batch ids.
+  double forward(const std::uint8_t* contexts, const std::uint8_t* targets, int batch, bool backward) {
+    const int V = s_.vocab, K = s_.context, E = s_.embed, H = s_.hidden, KE = K * E;
+    const auto B = static_cast<std::size_t>(batch);
+    x_.resize(B * static_cast<std::size_t>(KE));
+    h_.resize(B * static_cast<std::size_t>(H));
+    p_.resize(B * static_cast<std::size_t>(V));
+    const float* emb = param_views_[0].data();
+    const float* w1 = param_views_[1].data();
+    const float* b1 = param_views_[2].data();
+    const float* w2 = param_views_[3].data();
+    const float* b2 = param_views_[4].data();
+
+    double loss = 0.0;
+    for (int b = 0; b < batch; ++b) {
+      float* x = &x_[static_cast<std::size_t>(b * KE)];
+      for (int k = 0; k < K; ++k) std::copy_n(emb + contexts[b * K + k] * E, E, x + k * E);
+      float* h = &h_[static_cast<std::size_t>(b * H)];
+      std::copy_n(b1, H, h);
+      for (int i = 0; i < KE; ++i) {
+        const float xi = x[i];
+        const float* row = w1 + static_cast<std::ptrdiff_t>(i) * H;
+        for (int j = 0; j < H; ++j) h[j] += xi * row[j];
+      }
+      for (int j = 0; j < H; ++j) h[j] = std::tanh(h[j]);
+      float* p = &p_[static_cast<std::size_t>(b * V)];
+      std::copy_n(b2, V, p);
+      for (int j = 0; j < H; ++j) {
+        const float hj = h[j];
+        const float* row = w2 + static_cast<std::ptrdiff_t>(j) * V;
+        for (int v = 0; v < V; ++v) p[v] += hj * row[v];
+      }
+      const float mx = *std::max_element(p, p + V);
+      double z = 0.0;
+      for (int v = 0; v < V; ++v) z += std::exp(static_cast<double>(p[v] - mx));
+      loss += std::log(z) - static_cast<double>(p[targets[b]] - mx);
+      if (backward) {
+        const auto inv = static_cast<float>(1.0 / z);
+        for (int v = 0; v < V; ++v) p[v] = std::exp(p[v] - mx) * inv;
+      }
+    }
+    if (backward) backprop(contexts, targets, batch);
+    return loss / batch;
+  }
+
+ private:
+  void backprop(const std::uint8_t* contexts, const std::uint8_t* targets, int batch) {
+    const int V = s_.vocab, K = s_.context, E = s_.embed, H = s_.hidden, KE = K * E;
+    std::fill(grads_.begin(), grads_.end(), 0.0f);
+    float* gemb = grad_views_[0].data();
+    float* gw1 = grad_views_[1].data();
+    float* gb1 = grad_views_[2].data();
+    float* gw2 = grad_views_[3].data();
+    float* gb2 = grad_views_[4].data();
+    const float* w1 = param_views_[1].data();
+    const float* w2 = param_views_[3].data();
+    dh_.resize(static_cast<std::size_t>(H));
+    dx_.resize(static_cast<std::size_t>(KE));
+    const float inv_b = 1.0f / static_cast<float>(batch);
+    for (int b = 0; b < batch; ++b) {
+      float* dlogits = &p_[static_cast<std::size_t>(b * V)];  // p - onehot, scaled by 1/B
+      dlogits[targets[b]] -= 1.0f;
+      for (int v = 0; v < V; ++v) dlogits[v] *= inv_b;
+      const float* h = &h_[static_cast<std::size_t>(b * H)];
+      for (int v = 0; v < V; ++v) gb2[v] += dlogits[v];
+      for (int j = 0; j < H; ++j) {
+        const float hj = h[j];
+        float* grow = gw2 + static_cast<std::ptrdiff_t>(j) * V;
+        const float* row = w2 + static_cast<std::ptrdiff_t>(j) * V;
+        float acc = 0.0f;
+        for (int v = 0; v < V; ++v) {
+          grow[v] += hj * dlogits[v];
+          acc += dlogits[v] * row[v];
+        }
+        dh_[static_cast<std::size_t>(j)] = acc * (1.0f - hj * hj);  // through tanh
+      }
+      for (int j = 0; j < H; ++j) gb1[j] += dh_[static_cast<std::size_t>(j)];
+      const float* x = &x_[static_cast<std::size_t>(b * KE)];
+      for (int i = 0; i < KE; ++i) {
+        const float xi = x[i];
+        float* grow = gw1 + static_cast<std::ptrdiff_t>(i) * H;
+        const float* row = w1 + static_cast<std::ptrdiff_t>(i) * H;
+        float acc = 0.0f;
+        for (int j = 0; j < H; ++j) {
+          grow[j] += xi * dh_[static_cast<std::size_t>(j)];
+          acc += dh_[static_cast<std::size_t>(j)] * row[j];
+        }
+        dx_[static_cast<std::size_t>(i)] = acc;
+      }
+      for (int k = 0; k < K; ++k) {
+        float* g = gemb + contexts[b * K + k] * E;
+        for (int e = 0; e < E; ++e) g[e] += dx_[static_cast<std::size_t>(k * E + e)];
+      }
+    }
+  }
+
+  shape s_;
+  std::vector<std::size_t> sizes_;
+  std::vector<float> params_, grads_;
+  std::vector<std::span<float>> param_views_;
+  std::vector<std::span<float>> grad_views_;
+  std::vector<std::span<const float>> const_grad_views_;
+  std::vector<float> x_, h_, p_, dh_, dx_;
+};
+
+}  // namespace char_mlp

@@ -1,0 +1,153 @@
+#pragma once
+
+// diloco::optimizer: an optimizer policy applied on its own to a list of
+// tensors, with global-norm clipping, for users who want the fused step
+// without DiLoCo (a synchronous data-parallel baseline, a single worker).
+// diloco::algorithm runs its inner steps through the same core.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "diloco/core/concepts.hpp"
+#include "diloco/core/error.hpp"
+#include "diloco/exec/host.hpp"
+#include "diloco/kernels/inner_step.hpp"
+#include "diloco/kernels/pseudo_gradient.hpp"
+#include "diloco/tensor/buffer.hpp"
+#include "diloco/tensor/parameter_set.hpp"
+
+namespace diloco {
+
+namespace detail {
+
+// A gradient as the type-erased layers pass it on.
+struct raw_tensor {
+  const float* data;
+  std::size_t size;
+};
+
+template <class Options>
+float max_grad_norm_of(const Options& o) {
+  if constexpr (requires { o.max_grad_norm; })
+    return o.max_grad_norm;
+  else
+    return 0.0f;
+}
+
+// The state of one optimizer over one parameter set, and its step: clip
+// (one reduction over all gradients), then one fused pass per tensor.
+template <class Opt, class Space>
+class optimizer_core {
+ public:
+  optimizer_core() = default;
+  optimizer_core(std::size_t total, const typename Opt::options& opts)
+      : opts_(opts), slots_(Opt::state_slots(opts)), total_(total), state_(total * slots_) {}
+
+  template <class Exec>
+  void step(Exec& exec, const parameter_set<float, Space>& params, std::span<const raw_tensor> grads) {
+    if (grads.size() != params.count())
+      raise<config_error>(Opt::name, " step: got ", grads.size(), " gradient tensors, expected ", params.count(),
+                          " (one per parameter tensor)");
+    for (std::size_t k = 0; k < grads.size(); ++k)
+      if (grads[k].size != params[k].size())
+        raise<config_error>(Opt::name, " step: gradient ", k, " has ", grads[k].size, " elements, parameter ", k,
+                            " has ", params[k].size());
+
+    float scale = 1.0f;
+    if (const float max_norm = max_grad_norm_of(opts_); max_norm > 0.0f) {
+      double sq = 0.0;
+      for (const auto& g : grads) sq += exec.transform_reduce(g.size, kernels::squares{g.data});
+      // torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), clamped to 1.
+      const double coef = static_cast<double>(max_norm) / (std::sqrt(sq) + 1e-6);
+      scale = static_cast<float>(std::min(coef, 1.0));
+    }
+    const auto update = Opt::make_update(opts_, ++steps_);
+    for (std::size_t k = 0; k < grads.size(); ++k) {
+      const std::size_t off = params.offset(k);
+      exec.for_each(grads[k].size,
+                    kernels::inner_step<typename Opt::update>{update, params[k].data(), grads[k].data, scale,
+                                                              slots_ ? state_.data() + off : nullptr, total_});
+    }
+  }
+
+  void reset() {
+    state_ = buffer<float, Space>(total_ * slots_);
+    steps_ = 0;
+  }
+  // Learning-rate schedules: the next step uses `lr`.
+  void set_lr(float lr) {
+    auto next = opts_;
+    next.lr = lr;
+    Opt::validate(next);
+    opts_ = next;
+  }
+  std::uint64_t steps() const { return steps_; }
+  const typename Opt::options& settings() const { return opts_; }
+
+ private:
+  typename Opt::options opts_{};
+  std::size_t slots_ = 0;
+  std::size_t total_ = 0;
+  buffer<float, Space> state_;
+  std::uint64_t steps_ = 0;
+};
+
+// Collects a tensor or a range of tensors as raw views into `out`.
+template <class Grads>
+void collect(Grads&& grads, std::vector<raw_tensor>& out) {
+  out.clear();
+  if constexpr (float_tensor<Grads>) {
+    out.push_back({tensor_data(grads), tensor_size(grads)});
+  } else {
+    for (auto&& g : grads) out.push_back({tensor_data(g), tensor_size(g)});
+  }
+}
+
+}  // namespace detail
+
+// An optimizer policy over host tensors: optimizer<inner::adamw> opt(params);
+// then opt.step(grads) after each backward pass.
+template <optimizer_policy Opt, class Exec = exec::host>
+class optimizer {
+ public:
+  template <class Params>
+    requires(tensor_range<Params> || float_tensor<Params>)
+  explicit optimizer(Params&& params, typename Opt::options opts = {}) {
+    Opt::validate(opts);
+    if constexpr (float_tensor<Params>) {
+      static_assert(mutable_float_tensor<Params>, "diloco::optimizer: parameters must be writable fp32 tensors");
+      params_ = parameter_set<float, host_space>(std::span<std::remove_reference_t<Params>>(&params, 1));
+    } else {
+      static_assert(mutable_float_tensor<std::ranges::range_reference_t<Params>>,
+                    "diloco::optimizer: parameters must be writable fp32 tensors");
+      params_ = parameter_set<float, host_space>(params);
+    }
+    core_ = detail::optimizer_core<Opt, host_space>(params_.total(), opts);
+  }
+
+  template <class Grads>
+    requires(tensor_range<Grads> || float_tensor<Grads>)
+  void step(Grads&& grads) {
+    detail::collect(std::forward<Grads>(grads), raw_);
+    core_.step(exec_, params_, raw_);
+  }
+
+  std::uint64_t steps() const { return core_.steps(); }
+  void reset() { core_.reset(); }
+  // For learning-rate schedules: the next step uses `lr` (validated).
+  void set_lr(float lr) { core_.set_lr(lr); }
+  float lr() const { return core_.settings().lr; }
+  Exec& executor() { return exec_; }
+
+ private:
+  parameter_set<float, host_space> params_;
+  detail::optimizer_core<Opt, host_space> core_;
+  Exec exec_;
+  std::vector<detail::raw_tensor> raw_;
+};
+
+}  // namespace diloco

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The whole test suite: a warnings-as-errors release build with every
+# backend that is installed, then the host tests again under ASan+UBSan and
+# the threaded tests under TSan. Exits non-zero on the first failure.
+set -euo pipefail
+cd "$(dirname "$0")"
+scripts/install-deps.sh
+jobs=$(nproc)
+
+echo "== release build, all tests"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DDILOCO_WARNINGS_AS_ERRORS=ON
+cmake --build build -j"$jobs"
+ctest --test-dir build --output-on-failure -j"$jobs"
+
+echo "== ASan + UBSan"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DDILOCO_WARNINGS_AS_ERRORS=ON \
+  -DDILOCO_SANITIZE=address,undefined -DDILOCO_ENABLE_CUDA=OFF -DDILOCO_BUILD_BENCHMARKS=OFF
+cmake --build build-asan -j"$jobs"
+ctest --test-dir build-asan --output-on-failure -j"$jobs" -L unit -LE "slow|packaging|compile"
+
+echo "== TSan (threads communicator)"
+# OpenMP is off here: libgomp is not instrumented and would report its own
+# synchronization as races.
+cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DDILOCO_WARNINGS_AS_ERRORS=ON \
+  -DDILOCO_SANITIZE=thread -DDILOCO_ENABLE_CUDA=OFF -DDILOCO_ENABLE_OPENMP=OFF -DDILOCO_BUILD_BENCHMARKS=OFF
+cmake --build build-tsan -j"$jobs"
+ctest --test-dir build-tsan --output-on-failure -j"$jobs" -L threads -LE slow
+
+echo "== all test suites passed"
