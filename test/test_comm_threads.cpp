@@ -10,6 +10,8 @@
 #include <thread>
 #include <vector>
 
+#include "comm_conformance.hpp"
+
 namespace dc = diloco;
 using dc::comm::threads;
 
@@ -67,12 +69,55 @@ TEST_CASE("all_reduce is bitwise deterministic over 50 repetitions") {
   for (int r = 1; r < m; ++r) CHECK(first[static_cast<std::size_t>(r)] == first[0]);  // same on every rank
 }
 
+TEST_CASE("every operation, blocking and non-blocking, for M = 1..4") {
+  static_assert(dc::communicator<threads>);
+  static_assert(dc::communicator<dc::comm::local>);
+  for (int m = 1; m <= 4; ++m) {
+    CAPTURE(m);
+    threads::world world(m);
+    world.run([](threads& comm) {
+      conformance::check_all_operations(comm);
+      conformance::check_deterministic(comm, 10);
+    });
+  }
+}
+
+TEST_CASE("the local communicator passes the same checks") {
+  dc::comm::local comm;
+  conformance::check_all_operations(comm);
+}
+
+TEST_CASE("bad byte-buffer arguments are config errors") {
+  threads::world world(2);
+  world.run([](threads& comm) {
+    std::vector<std::byte> send(5), recv(5);
+    CHECK_THROWS_WITH_AS(comm.all_to_all(send, recv), doctest::Contains("not a multiple of the world size"),
+                         dc::config_error);
+    std::vector<std::byte> small(3);
+    CHECK_THROWS_WITH_AS(comm.all_gather(send, small), doctest::Contains("recv has 3 bytes, expected 10"),
+                         dc::config_error);
+    std::vector<std::byte> both(8);
+    CHECK_THROWS_WITH_AS(comm.all_gather(std::span<const std::byte>(both.data(), 4), std::span<std::byte>(both)),
+                         doctest::Contains("overlap"), dc::config_error);
+  });
+}
+
+TEST_CASE("an error in a non-blocking operation surfaces at wait()") {
+  threads::world world(2, std::chrono::milliseconds(300));
+  CHECK_THROWS_AS(world.run([](threads& comm) {
+    std::vector<float> x(comm.rank() == 0 ? 3 : 4);
+    auto req = comm.iall_reduce(x, dc::reduce_op::sum);
+    req.wait();
+  }),
+                  dc::comm_error);
+}
+
 TEST_CASE("broadcast copies the root's buffer to every rank") {
   for (int root = 0; root < 3; ++root) {
     threads::world world(3);
     world.run([&](threads& comm) {
       std::vector<float> x(5, static_cast<float>(comm.rank()));
-      comm.broadcast(x, root);
+      comm.broadcast(std::span<float>(x), root);
       for (float v : x) REQUIRE(v == static_cast<float>(root));
     });
   }
@@ -104,7 +149,7 @@ TEST_CASE("ranks calling different collectives give comm_error") {
     if (comm.rank() == 0)
       comm.all_reduce(x, dc::reduce_op::sum);
     else
-      comm.broadcast(x, 0);
+      comm.broadcast(std::span<float>(x), 0);
   }),
                        doctest::Contains("every rank must call the same collective"), dc::comm_error);
 }
@@ -153,7 +198,7 @@ TEST_CASE("bad world arguments are config errors") {
   threads::world world(2);
   CHECK_THROWS_WITH_AS(world.run([&](threads& comm) {
     std::vector<float> x(3);
-    comm.broadcast(x, 2);
+    comm.broadcast(std::span<float>(x), 2);
   }),
                        doctest::Contains("root 2 is not a rank"), dc::config_error);
 }

@@ -105,9 +105,11 @@ class engine final : public engine_base {
     // sum every rank knows every rank's norm and all reject a bad round
     // together.
     if (world_ > 1) wire_ = buffer<float, Space>(n + static_cast<std::size_t>(world_));
-    const int cores = executor{}.threads();
-    exec_.set_threads(opts_.host_threads > 0 ? opts_.host_threads
-                                             : std::max(1, cores / std::max(1, workers_in_process(comm_))));
+    if constexpr (requires { exec_.set_threads(1); }) {
+      const int cores = executor{}.threads();
+      exec_.set_threads(opts_.host_threads > 0 ? opts_.host_threads
+                                               : std::max(1, cores / std::max(1, workers_in_process(comm_))));
+    }
     if (opts_.broadcast_initial && world_ > 1) {
       const auto traffic0 = comm_.traffic();
       const auto t0 = clock::now();
@@ -234,12 +236,10 @@ class engine final : public engine_base {
 
   // The per-rank norm slots behind the pseudo-gradient on the wire.
   void copy_to_wire_tail(const std::vector<float>& norms) {
-    float* tail = wire_.data() + params_.total();
-    for (std::size_t r = 0; r < norms.size(); ++r) tail[r] = norms[r];
+    exec_.from_host(wire_.data() + params_.total(), norms.data(), norms.size());
   }
-  void read_wire_tail(std::vector<float>& norms) const {
-    const float* tail = wire_.data() + params_.total();
-    for (std::size_t r = 0; r < norms.size(); ++r) norms[r] = tail[r];
+  void read_wire_tail(std::vector<float>& norms) {
+    exec_.to_host(norms.data(), wire_.data() + params_.total(), norms.size());
   }
 
   // Refuses the round: theta_global and the outer state stay as they were,

@@ -1,5 +1,7 @@
 #pragma once
 
+#include <cstddef>
+#include <cstring>
 #include <span>
 
 #include "diloco/core/comm_types.hpp"
@@ -8,18 +10,45 @@
 namespace diloco::comm {
 
 // A world of one worker and no communication: every collective is the
-// identity. DiLoCo over it is the inner optimizer with periodic outer steps
-// on its own trajectory (with outer::sgd at lr 1, the inner optimizer alone).
+// identity (all-to-all and all-gather copy send to recv). DiLoCo over it is
+// the inner optimizer with periodic outer steps on its own trajectory (with
+// outer::sgd at lr 1, the inner optimizer alone).
 class local {
  public:
+  // Operations complete when issued.
+  struct request {
+    void wait() {}
+    bool test() { return true; }
+  };
+
   int rank() const { return 0; }
   int size() const { return 1; }
   traffic_counters traffic() const { return {}; }
+
   void all_reduce(std::span<float>, reduce_op) {}
-  void broadcast(std::span<float>, int root) {
+  void broadcast(std::span<float>, int root) { check_root(root); }
+  void broadcast(std::span<std::byte>, int root) { check_root(root); }
+  void all_to_all(std::span<const std::byte> send, std::span<std::byte> recv) { copy("all_to_all", send, recv); }
+  void all_gather(std::span<const std::byte> send, std::span<std::byte> recv) { copy("all_gather", send, recv); }
+  void barrier() {}
+
+  request iall_reduce(std::span<float> b, reduce_op op) { return all_reduce(b, op), request{}; }
+  request ibroadcast(std::span<float> b, int root) { return broadcast(b, root), request{}; }
+  request ibroadcast(std::span<std::byte> b, int root) { return broadcast(b, root), request{}; }
+  request iall_to_all(std::span<const std::byte> s, std::span<std::byte> r) { return all_to_all(s, r), request{}; }
+  request iall_gather(std::span<const std::byte> s, std::span<std::byte> r) { return all_gather(s, r), request{}; }
+  request ibarrier() { return request{}; }
+
+ private:
+  static void check_root(int root) {
     if (root != 0) diloco::detail::raise<config_error>("comm::local broadcast: root ", root, " is not rank 0");
   }
-  void barrier() {}
+  static void copy(const char* op, std::span<const std::byte> send, std::span<std::byte> recv) {
+    if (send.size() != recv.size())
+      diloco::detail::raise<config_error>("comm::local ", op, ": recv has ", recv.size(), " bytes, expected ",
+                                          send.size());
+    if (!send.empty() && send.data() != recv.data()) std::memmove(recv.data(), send.data(), send.size());
+  }
 };
 
 }  // namespace diloco::comm

@@ -8,7 +8,9 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <cstddef>
 #include <cstring>
+#include <functional>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -20,6 +22,7 @@
 
 #include "diloco/core/comm_types.hpp"
 #include "diloco/core/error.hpp"
+#include "diloco/comm/detail/async.hpp"
 
 namespace diloco::comm {
 
@@ -28,8 +31,9 @@ namespace detail_threads {
 // What one rank announced for the collective it entered.
 struct slot {
   const char* op = nullptr;  // operation name, for messages and agreement checks
-  void* data = nullptr;
-  std::size_t count = 0;  // elements
+  const void* send = nullptr;
+  void* data = nullptr;   // the buffer written (in place for all_reduce/broadcast)
+  std::size_t count = 0;  // elements (bytes for byte operations)
   int arg = 0;            // reduce_op or root
 };
 
@@ -122,6 +126,8 @@ struct group {
 
 class threads {
  public:
+  using request = async_request;
+
   // A group of `size` workers living in this process.
   class world {
    public:
@@ -147,9 +153,9 @@ class threads {
       workers.reserve(static_cast<std::size_t>(size()));
       for (int r = 0; r < size(); ++r) {
         workers.emplace_back([this, r, &fn] {
-          threads comm(group_, r);
+          std::unique_ptr<threads> comm(new threads(group_, r));
           try {
-            fn(comm);
+            fn(*comm);
           } catch (...) {
             std::lock_guard lock(group_->mutex);
             if (!group_->broken) {
@@ -165,6 +171,9 @@ class threads {
             }
             group_->cv.notify_all();
           }
+          // Finishes (or, on a broken group, aborts) operations still queued
+          // on this rank's progress thread before the rank counts as gone.
+          comm.reset();
           std::lock_guard lock(group_->mutex);
           group_->departed[static_cast<std::size_t>(r)] = 1;
           group_->cv.notify_all();
@@ -178,23 +187,143 @@ class threads {
     std::shared_ptr<detail_threads::group> group_;
   };
 
+  threads(const threads&) = delete;
+  threads& operator=(const threads&) = delete;
+
   int rank() const { return rank_; }
   int size() const { return group_->size; }
   // How many workers share this process (and its cores).
   int workers_in_process() const { return group_->size; }
   traffic_counters traffic() const { return traffic_; }
 
+  // ------------------------------------------------------------ blocking
   // In-place all-reduce of fp32 buffers. Deterministic: rank r sums its
   // 1/M slice of every buffer in rank order and writes the result back into
   // all of them, so the bits never depend on thread timing.
   void all_reduce(std::span<float> buf, reduce_op op) {
-    enter("all_reduce", buf.data(), buf.size(), static_cast<int>(op));
+    account_all_reduce(buf.size());
+    blocking([&] { do_all_reduce(buf, op); });
+  }
+  // Copies root's buffer into every rank's buffer.
+  void broadcast(std::span<float> buf, int root) {
+    check_root(root);
+    account_broadcast(buf.size_bytes(), root);
+    blocking([&] { do_broadcast(buf.data(), buf.size_bytes(), root); });
+  }
+  void broadcast(std::span<std::byte> buf, int root) {
+    check_root(root);
+    account_broadcast(buf.size(), root);
+    blocking([&] { do_broadcast(buf.data(), buf.size(), root); });
+  }
+  // send holds M equal blocks, block k for rank k; recv receives block
+  // `rank` of every rank's send, in rank order.
+  void all_to_all(std::span<const std::byte> send, std::span<std::byte> recv) {
+    check_exchange("all_to_all", send, recv, send.size());
+    account_exchange(send.size() / static_cast<std::size_t>(size()));
+    blocking([&] { do_all_to_all(send, recv); });
+  }
+  // recv receives every rank's send, in rank order (M blocks).
+  void all_gather(std::span<const std::byte> send, std::span<std::byte> recv) {
+    check_exchange("all_gather", send, recv, send.size() * static_cast<std::size_t>(size()));
+    account_exchange(send.size());
+    blocking([&] { do_all_gather(send, recv); });
+  }
+  void barrier() {
+    blocking([&] { group_->arrive_and_wait(rank_, "barrier"); });
+  }
+
+  // -------------------------------------------------------- non-blocking
+  // Each returns at once; the operation runs on this rank's progress thread
+  // in issue order. Buffers must stay untouched until wait() returns.
+  request iall_reduce(std::span<float> buf, reduce_op op) {
+    account_all_reduce(buf.size());
+    return queue_.submit([this, buf, op] { do_all_reduce(buf, op); });
+  }
+  request ibroadcast(std::span<float> buf, int root) {
+    check_root(root);
+    account_broadcast(buf.size_bytes(), root);
+    return queue_.submit([this, buf, root] { do_broadcast(buf.data(), buf.size_bytes(), root); });
+  }
+  request ibroadcast(std::span<std::byte> buf, int root) {
+    check_root(root);
+    account_broadcast(buf.size(), root);
+    return queue_.submit([this, buf, root] { do_broadcast(buf.data(), buf.size(), root); });
+  }
+  request iall_to_all(std::span<const std::byte> send, std::span<std::byte> recv) {
+    check_exchange("all_to_all", send, recv, send.size());
+    account_exchange(send.size() / static_cast<std::size_t>(size()));
+    return queue_.submit([this, send, recv] { do_all_to_all(send, recv); });
+  }
+  request iall_gather(std::span<const std::byte> send, std::span<std::byte> recv) {
+    check_exchange("all_gather", send, recv, send.size() * static_cast<std::size_t>(size()));
+    account_exchange(send.size());
+    return queue_.submit([this, send, recv] { do_all_gather(send, recv); });
+  }
+  request ibarrier() {
+    return queue_.submit([this] { group_->arrive_and_wait(rank_, "barrier"); });
+  }
+
+ private:
+  threads(std::shared_ptr<detail_threads::group> g, int rank) : group_(std::move(g)), rank_(rank) {}
+
+  // A blocking operation runs on the caller's thread unless non-blocking
+  // ones are still pending, which it must not overtake.
+  template <class F>
+  void blocking(F&& f) {
+    if (queue_.idle())
+      f();
+    else
+      queue_.submit(std::function<void()>(std::forward<F>(f))).wait();
+  }
+
+  void check_root(int root) const {
+    if (root < 0 || root >= size())
+      diloco::detail::raise<config_error>("threads broadcast: root ", root, " is not a rank of a world of ", size());
+  }
+
+  void check_exchange(const char* op, std::span<const std::byte> send, std::span<std::byte> recv,
+                      std::size_t want_recv) const {
+    const auto m = static_cast<std::size_t>(size());
+    if (std::strcmp(op, "all_to_all") == 0 && send.size() % m != 0)
+      diloco::detail::raise<config_error>("threads all_to_all: send has ", send.size(),
+                                          " bytes, not a multiple of the world size ", m);
+    if (recv.size() != want_recv)
+      diloco::detail::raise<config_error>("threads ", op, ": recv has ", recv.size(), " bytes, expected ", want_recv,
+                                          " for ", send.size(), " bytes sent by each of ", m, " ranks");
+    const auto* s0 = send.data();
+    const auto* r0 = recv.data();
+    if (!send.empty() && !recv.empty() && s0 < r0 + recv.size() && r0 < s0 + send.size())
+      diloco::detail::raise<config_error>("threads ", op, ": send and recv buffers overlap");
+  }
+
+  void account_all_reduce(std::size_t n) {
+    const std::uint64_t bytes = ring_all_reduce_bytes(n * sizeof(float), size());
+    traffic_.bytes_sent += bytes;
+    traffic_.bytes_received += bytes;
+  }
+  // A pipelined chain root -> root+1 -> ...: every rank but the last
+  // forwards the buffer once, every rank but the root receives it once.
+  void account_broadcast(std::size_t bytes, int root) {
+    if (size() == 1) return;
+    if (rank_ != root) traffic_.bytes_received += bytes;
+    if (rank_ != (root + size() - 1) % size()) traffic_.bytes_sent += bytes;
+  }
+  // All-to-all and all-gather: M-1 blocks out, M-1 blocks in.
+  void account_exchange(std::size_t block) {
+    const std::uint64_t bytes = static_cast<std::uint64_t>(size() - 1) * block;
+    traffic_.bytes_sent += bytes;
+    traffic_.bytes_received += bytes;
+  }
+
+  void do_all_reduce(std::span<float> buf, reduce_op op) {
+    enter("all_reduce", nullptr, buf.data(), buf.size(), static_cast<int>(op));
     const int m = size();
     const std::size_t n = buf.size();
     const std::size_t lo = n * static_cast<std::size_t>(rank_) / static_cast<std::size_t>(m);
     const std::size_t hi = n * static_cast<std::size_t>(rank_ + 1) / static_cast<std::size_t>(m);
     std::vector<float*> ptrs(static_cast<std::size_t>(m));
-    for (int k = 0; k < m; ++k) ptrs[static_cast<std::size_t>(k)] = static_cast<float*>(group_->slots[static_cast<std::size_t>(k)].data);
+    for (int k = 0; k < m; ++k)
+      ptrs[static_cast<std::size_t>(k)] = static_cast<float*>(group_->slots[static_cast<std::size_t>(k)].data);
     const auto fm = static_cast<float>(m);
     for (std::size_t i = lo; i < hi; ++i) {
       float s = ptrs[0][i];
@@ -203,53 +332,55 @@ class threads {
       for (int k = 0; k < m; ++k) ptrs[static_cast<std::size_t>(k)][i] = s;
     }
     group_->arrive_and_wait(rank_, "all_reduce");
-    const std::uint64_t bytes = ring_all_reduce_bytes(n * sizeof(float), m);
-    traffic_.bytes_sent += bytes;
-    traffic_.bytes_received += bytes;
   }
 
-  // Copies root's buffer into every rank's buffer.
-  void broadcast(std::span<float> buf, int root) {
-    if (root < 0 || root >= size())
-      diloco::detail::raise<config_error>("threads broadcast: root ", root, " is not a rank of a world of ", size());
-    enter("broadcast", buf.data(), buf.size(), root);
-    if (rank_ != root && !buf.empty())
-      std::memcpy(buf.data(), group_->slots[static_cast<std::size_t>(root)].data, buf.size() * sizeof(float));
+  void do_broadcast(void* data, std::size_t bytes, int root) {
+    enter("broadcast", nullptr, data, bytes, root);
+    if (rank_ != root && bytes != 0)
+      std::memcpy(data, group_->slots[static_cast<std::size_t>(root)].data, bytes);
     group_->arrive_and_wait(rank_, "broadcast");
-    // A pipelined chain root -> root+1 -> ...: every rank but the last
-    // forwards the buffer once, every rank but the root receives it once.
-    const std::uint64_t bytes = buf.size() * sizeof(float);
-    if (size() > 1) {
-      if (rank_ != root) traffic_.bytes_received += bytes;
-      if (rank_ != (root + size() - 1) % size()) traffic_.bytes_sent += bytes;
-    }
   }
 
-  void barrier() { group_->arrive_and_wait(rank_, "barrier"); }
+  void do_all_to_all(std::span<const std::byte> send, std::span<std::byte> recv) {
+    enter("all_to_all", send.data(), recv.data(), send.size(), 0);
+    const std::size_t block = send.size() / static_cast<std::size_t>(size());
+    for (int k = 0; k < size(); ++k) {
+      const auto* src = static_cast<const std::byte*>(group_->slots[static_cast<std::size_t>(k)].send);
+      if (block) std::memcpy(recv.data() + static_cast<std::size_t>(k) * block, src + static_cast<std::size_t>(rank_) * block, block);
+    }
+    group_->arrive_and_wait(rank_, "all_to_all");
+  }
 
- private:
-  threads(std::shared_ptr<detail_threads::group> g, int rank) : group_(std::move(g)), rank_(rank) {}
+  void do_all_gather(std::span<const std::byte> send, std::span<std::byte> recv) {
+    enter("all_gather", send.data(), recv.data(), send.size(), 0);
+    const std::size_t block = send.size();
+    for (int k = 0; k < size(); ++k) {
+      const auto* src = static_cast<const std::byte*>(group_->slots[static_cast<std::size_t>(k)].send);
+      if (block) std::memcpy(recv.data() + static_cast<std::size_t>(k) * block, src, block);
+    }
+    group_->arrive_and_wait(rank_, "all_gather");
+  }
 
   // Publishes this rank's arguments, waits for the others, and checks that
   // all ranks entered the same operation with the same sizes.
-  void enter(const char* op, void* data, std::size_t count, int arg) {
+  void enter(const char* op, const void* send, void* data, std::size_t count, int arg) {
     auto& g = *group_;
     {
       std::lock_guard lock(g.mutex);
-      g.slots[static_cast<std::size_t>(rank_)] = detail_threads::slot{op, data, count, arg};
+      g.slots[static_cast<std::size_t>(rank_)] = detail_threads::slot{op, send, data, count, arg};
     }
     g.arrive_and_wait(rank_, op);
     // Every rank runs the same check on the same published slots, so all of
     // them reach the same verdict and none is left waiting.
+    const auto& mine = g.slots[static_cast<std::size_t>(rank_)];
     for (int k = 0; k < g.size; ++k) {
       const auto& s = g.slots[static_cast<std::size_t>(k)];
-      const auto& mine = g.slots[static_cast<std::size_t>(rank_)];
       if (std::strcmp(s.op, op) != 0)
         diloco::detail::raise<comm_error>("threads ", op, " on rank ", rank_, ": rank ", k, " entered ", s.op,
                                           " instead; every rank must call the same collective in the same order");
       if (s.count != mine.count)
         diloco::detail::raise<comm_error>("threads ", op, " on rank ", rank_, ": buffer sizes differ across ranks (rank ",
-                                          k, " has ", s.count, " elements, rank ", rank_, " has ", mine.count, ")");
+                                          k, " has ", s.count, ", rank ", rank_, " has ", mine.count, ")");
       if (s.arg != mine.arg)
         diloco::detail::raise<comm_error>("threads ", op, " on rank ", rank_, ": ranks disagree on the ",
                                           std::strcmp(op, "broadcast") == 0 ? "root" : "reduction", " (rank ", k,
@@ -260,6 +391,9 @@ class threads {
   std::shared_ptr<detail_threads::group> group_;
   int rank_ = 0;
   traffic_counters traffic_{};
+  // Last member: destroyed first, so its thread is joined while the rest of
+  // the communicator is still alive.
+  detail::progress_queue queue_;
 };
 
 }  // namespace diloco::comm

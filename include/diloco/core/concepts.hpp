@@ -86,16 +86,38 @@ concept compressor = requires {
 };
 
 // ---------------------------------------------------------- communicators
-// A member of a group of workers that can reduce and broadcast fp32 buffers
-// together.
+// The handle of a non-blocking collective.
+template <class R>
+concept comm_request = std::movable<R> && requires(R& r) {
+  { r.wait() };
+  { r.test() } -> std::convertible_to<bool>;
+};
+
+// A member of a group of workers exchanging host buffers: fp32 all-reduce
+// (sum or mean) and broadcast; byte all-to-all and all-gather, where
+// compressed payloads travel; a barrier. Every operation also comes
+// non-blocking (i-prefixed), returning a request to wait() on. traffic()
+// counts this rank's bytes.
 template <class C>
-concept communicator = requires(C& c, const C& cc, std::span<float> buf, reduce_op op) {
+concept communicator = requires(C& c, const C& cc, std::span<float> f, std::span<std::byte> b,
+                                std::span<const std::byte> cb, reduce_op op) {
+  typename C::request;
+  requires comm_request<typename C::request>;
   { cc.rank() } -> std::convertible_to<int>;
   { cc.size() } -> std::convertible_to<int>;
-  { c.all_reduce(buf, op) };
-  { c.broadcast(buf, 0) };
-  { c.barrier() };
   { cc.traffic() } -> std::convertible_to<traffic_counters>;
+  { c.all_reduce(f, op) };
+  { c.broadcast(f, 0) };
+  { c.broadcast(b, 0) };
+  { c.all_to_all(cb, b) };
+  { c.all_gather(cb, b) };
+  { c.barrier() };
+  { c.iall_reduce(f, op) } -> std::same_as<typename C::request>;
+  { c.ibroadcast(f, 0) } -> std::same_as<typename C::request>;
+  { c.ibroadcast(b, 0) } -> std::same_as<typename C::request>;
+  { c.iall_to_all(cb, b) } -> std::same_as<typename C::request>;
+  { c.iall_gather(cb, b) } -> std::same_as<typename C::request>;
+  { c.ibarrier() } -> std::same_as<typename C::request>;
 };
 
 }  // namespace diloco

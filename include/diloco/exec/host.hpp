@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstring>
 #include <vector>
 
 #if defined(_OPENMP)
@@ -13,6 +14,14 @@ namespace diloco::exec {
 // Runs DILOCO_HD element functors on the CPU: serially, or with OpenMP when
 // the library is built with it (target diloco::diloco links OpenMP when the
 // DILOCO_ENABLE_OPENMP option finds it).
+//
+// The executor interface the engine relies on (exec::cuda has the same):
+//   for_each(n, f)            f(i) for i in [0, n)
+//   transform_reduce(n, f)    the same, returning the sum of f(i) as double
+//   copy(dst, src, n)         within the executor's memory space
+//   to_host(dst, src, n)      from the executor's space into host memory
+//   from_host(dst, src, n)    from host memory into the executor's space
+//   synchronize()             wait for everything issued so far
 //
 // Reductions are deterministic: the index range is cut into fixed chunks
 // whose partial sums are combined in chunk order, so the result is the same
@@ -85,6 +94,20 @@ class host {
     for (std::size_t c = 0; c < chunks; ++c) total += partials[c];
     return total;
   }
+
+  template <class T>
+  static void copy(T* dst, const T* src, std::size_t n) {
+    if (n) std::memcpy(dst, src, n * sizeof(T));
+  }
+  template <class T>
+  static void to_host(T* dst, const T* src, std::size_t n) {
+    copy(dst, src, n);
+  }
+  template <class T>
+  static void from_host(T* dst, const T* src, std::size_t n) {
+    copy(dst, src, n);
+  }
+  static void synchronize() {}
 
   // The fixed-order sum of f over [lo, hi): lane l accumulates the indices
   // congruent to l modulo reduce_lanes, then the lanes are added pairwise.

@@ -1,0 +1,159 @@
+#pragma once
+
+// Non-blocking collectives for communicators whose transport is blocking
+// (threads, Gloo): one progress thread per communicator runs the operations
+// in the order they were issued, and each returns a request to wait() on.
+
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+namespace diloco::comm {
+
+namespace detail {
+
+struct request_state {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool done = false;
+  std::exception_ptr error;
+
+  void finish(std::exception_ptr e) {
+    std::lock_guard lock(mutex);
+    error = std::move(e);
+    done = true;
+    cv.notify_all();
+  }
+};
+
+}  // namespace detail
+
+// The handle of a non-blocking collective. wait() blocks until the operation
+// has completed and rethrows its error; test() polls. The buffers passed to
+// the operation must stay alive and untouched until then. A request that is
+// destroyed unwaited waits in its destructor (its error is dropped there:
+// call wait() to see it).
+class async_request {
+ public:
+  async_request() = default;
+  explicit async_request(std::shared_ptr<detail::request_state> s) : state_(std::move(s)) {}
+  async_request(async_request&&) noexcept = default;
+  async_request& operator=(async_request&& other) noexcept {
+    if (this != &other) {
+      drain();
+      state_ = std::move(other.state_);
+    }
+    return *this;
+  }
+  async_request(const async_request&) = delete;
+  async_request& operator=(const async_request&) = delete;
+  ~async_request() { drain(); }
+
+  bool valid() const { return state_ != nullptr; }
+
+  void wait() {
+    if (!state_) return;
+    auto s = std::move(state_);
+    std::unique_lock lock(s->mutex);
+    s->cv.wait(lock, [&] { return s->done; });
+    if (s->error) std::rethrow_exception(s->error);
+  }
+
+  bool test() {
+    if (!state_) return true;
+    {
+      std::lock_guard lock(state_->mutex);
+      if (!state_->done) return false;
+    }
+    wait();
+    return true;
+  }
+
+ private:
+  void drain() noexcept {
+    try {
+      wait();
+    } catch (...) {
+    }
+  }
+  std::shared_ptr<detail::request_state> state_;
+};
+
+namespace detail {
+
+// Runs tasks one at a time, in submission order, on its own thread, started
+// on first use. Only the owning communicator's thread submits.
+class progress_queue {
+ public:
+  progress_queue() = default;
+  progress_queue(const progress_queue&) = delete;
+  progress_queue& operator=(const progress_queue&) = delete;
+  ~progress_queue() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+      cv_.notify_all();
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+  // True when no task is queued or running: a blocking operation may then
+  // run on the caller's thread without reordering anything.
+  bool idle() {
+    std::lock_guard lock(mutex_);
+    return tasks_.empty() && !running_;
+  }
+
+  async_request submit(std::function<void()> task) {
+    auto state = std::make_shared<request_state>();
+    {
+      std::lock_guard lock(mutex_);
+      if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+      tasks_.push_back({std::move(task), state});
+      cv_.notify_all();
+    }
+    return async_request(state);
+  }
+
+ private:
+  struct item {
+    std::function<void()> task;
+    std::shared_ptr<request_state> state;
+  };
+
+  void loop() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;  // stop requested and nothing left
+      item it = std::move(tasks_.front());
+      tasks_.pop_front();
+      running_ = true;
+      lock.unlock();
+      std::exception_ptr error;
+      try {
+        it.task();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      it.state->finish(std::move(error));
+      lock.lock();
+      running_ = false;
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<item> tasks_;
+  bool running_ = false;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace detail
+}  // namespace diloco::comm
