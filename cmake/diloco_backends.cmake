@@ -106,6 +106,9 @@ macro(diloco_add_backend_targets)
     add_library(diloco::cuda ALIAS diloco_cuda)
     set_target_properties(diloco_cuda PROPERTIES EXPORT_NAME cuda)
     target_link_libraries(diloco_cuda INTERFACE diloco CUDA::cudart)
+    # Host code (g++) may use the CUDA runtime too: device-buffer staging in
+    # the communicators is compiled where this is defined.
+    target_compile_definitions(diloco_cuda INTERFACE DILOCO_WITH_CUDA=1)
   endif()
   if(DILOCO_HAVE_NCCL)
     add_library(diloco_nccl INTERFACE)

@@ -120,4 +120,30 @@ concept communicator = requires(C& c, const C& cc, std::span<float> f, std::span
   { c.ibarrier() } -> std::same_as<typename C::request>;
 };
 
+// A communicator that takes device memory: the same operations over
+// tensor_view<..., device_space> (NCCL natively; MPI when CUDA-aware or
+// staging through pinned host memory). A communicator may model both.
+template <class C>
+concept device_communicator =
+    requires(C& c, const C& cc, tensor_view<float, device_space> f, tensor_view<std::byte, device_space> b,
+             tensor_view<const std::byte, device_space> cb, reduce_op op) {
+      typename C::request;
+      requires comm_request<typename C::request>;
+      { cc.rank() } -> std::convertible_to<int>;
+      { cc.size() } -> std::convertible_to<int>;
+      { cc.traffic() } -> std::convertible_to<traffic_counters>;
+      { c.all_reduce(f, op) };
+      { c.broadcast(f, 0) };
+      { c.broadcast(b, 0) };
+      { c.all_to_all(cb, b) };
+      { c.all_gather(cb, b) };
+      { c.barrier() };
+      { c.iall_reduce(f, op) } -> std::same_as<typename C::request>;
+      { c.ibroadcast(f, 0) } -> std::same_as<typename C::request>;
+      { c.ibroadcast(b, 0) } -> std::same_as<typename C::request>;
+      { c.iall_to_all(cb, b) } -> std::same_as<typename C::request>;
+      { c.iall_gather(cb, b) } -> std::same_as<typename C::request>;
+      { c.ibarrier() } -> std::same_as<typename C::request>;
+    };
+
 }  // namespace diloco

@@ -49,6 +49,8 @@ struct tensor_view {
 
 template <class T>
 using host_view = tensor_view<T, host_space>;
+template <class T>
+using device_view = tensor_view<T, device_space>;
 
 template <class T, class Space>
 struct tensor_traits<tensor_view<T, Space>> {
