@@ -34,10 +34,13 @@ void usage() {
       "  --final-lr X        cosine decay ends at lr * X (default 0.1)\n"
       "  --weight-decay X    AdamW weight decay (default 0)\n"
       "  --methods LIST      which of single,ddp,diloco to run (default all)\n"
+      "  --compress LIST     DiLoCo rows, any of none,bf16,int8,int4,topk (default none,bf16,int8,int4):\n"
+      "                      bf16 cast; int8/int4 block-wise (B=128) and top-k (1%) with error feedback\n"
       "  corpus.txt          train on this text file instead of the built-in corpus");
 }
 
 std::string methods = "single,ddp,diloco";
+std::string compressors = "none,bf16,int8,int4";
 
 bool wanted(const char* m) { return methods.find(m) != std::string::npos; }
 
@@ -64,6 +67,7 @@ char_mlp::config parse(int argc, char** argv) {
     else if (a == "--final-lr") c.final_lr_fraction = std::strtof(value(), nullptr);
     else if (a == "--weight-decay") c.weight_decay = std::strtof(value(), nullptr);
     else if (a == "--methods") methods = value();
+    else if (a == "--compress") compressors = value();
     else if (a == "-h" || a == "--help") { usage(); std::exit(0); }
     else if (!a.empty() && a[0] == '-') throw diloco::config_error("demo: unknown option " + a);
     else c.corpus_path = a;
@@ -88,7 +92,7 @@ int main(int argc, char** argv) {
     std::vector<char_mlp::result> rows;
     const char_mlp::result* ddp = nullptr;
     const char_mlp::result* dl = nullptr;
-    rows.reserve(3);
+    rows.reserve(8);
     if (wanted("single")) rows.push_back(char_mlp::run_single(c, data));
     if (wanted("ddp")) {
       rows.push_back(
@@ -96,10 +100,24 @@ int main(int argc, char** argv) {
       ddp = &rows.back();
     }
     if (wanted("diloco")) {
-      const std::string label = "diloco (H=" + std::to_string(c.inner_steps) + ")";
-      rows.push_back(char_mlp::on_threads(
-          c.workers, [&](auto& comm) { return char_mlp::run_diloco<diloco::compress::none>(c, data, comm, label); }));
-      dl = &rows.back();
+      namespace cp = diloco::compress;
+      const std::string h = "(H=" + std::to_string(c.inner_steps) + ")";
+      auto row = [&](const char* name, auto run) {
+        if (compressors.find(name) == std::string::npos) return;
+        rows.push_back(char_mlp::on_threads(c.workers, run));
+        if (std::string(name) == "none") dl = &rows.back();
+      };
+      row("none", [&](auto& comm) { return char_mlp::run_diloco<cp::none>(c, data, comm, "diloco " + h); });
+      row("bf16", [&](auto& comm) { return char_mlp::run_diloco<cp::cast<diloco::bf16>>(c, data, comm, "diloco+bf16"); });
+      row("int8", [&](auto& comm) {
+        return char_mlp::run_diloco<cp::error_feedback<cp::blockwise<diloco::int8>>>(c, data, comm, "diloco+int8+ef");
+      });
+      row("int4", [&](auto& comm) {
+        return char_mlp::run_diloco<cp::error_feedback<cp::blockwise<diloco::int4>>>(c, data, comm, "diloco+int4+ef");
+      });
+      row("topk", [&](auto& comm) {
+        return char_mlp::run_diloco<cp::error_feedback<cp::topk<>>>(c, data, comm, "diloco+top10%+ef", {.fraction = 0.1f});
+      });
     }
     char_mlp::print_table(rows);
     if (ddp && dl)

@@ -49,6 +49,7 @@ struct result {
   std::uint64_t bytes_per_worker = 0;  // sent by one worker over the whole run
   std::uint64_t rounds = 0;            // communication rounds
   double seconds = 0.0;
+  double encoded_bytes_per_parameter = 0.0;  // DiLoCo with a lossy codec: its encoding's size
 };
 
 inline dataset load_dataset(const config& c) {
@@ -201,7 +202,8 @@ result run_diloco(const config& c, const dataset& d, Comm& comm, const std::stri
   // Steps beyond the last round would leave the replicas apart: finish with
   // a round so the evaluated model is theta_global.
   if (t.steps_in_round() != 0) t.outer_round();
-  return {label, held_out_loss(m, d, c), t.stats().bytes_sent, t.stats().rounds, log.seconds()};
+  return {label, held_out_loss(m, d, c), t.stats().bytes_sent, t.stats().rounds, log.seconds(),
+          t.stats().encoded_bytes_per_parameter};
 }
 
 // Runs a per-worker function on an in-process world and returns rank 0's result.

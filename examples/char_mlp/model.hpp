@@ -49,6 +49,7 @@ class model {
 
   const shape& dims() const { return s_; }
   std::size_t parameter_count() const { return params_.size(); }
+  const std::vector<std::size_t>& tensor_sizes() const { return sizes_; }
   std::vector<std::span<float>>& parameters() { return param_views_; }
   const std::vector<std::span<const float>>& gradients() const { return const_grad_views_; }
   std::span<float> flat_gradients() { return grads_; }

@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "diloco/compress/compressed_mean.hpp"
 #include "diloco/core/concepts.hpp"
 #include "diloco/core/error.hpp"
 #include "diloco/core/stats.hpp"
@@ -80,6 +81,7 @@ struct engine_base {
   virtual void set_inner_lr(float lr) = 0;
   virtual float inner_lr() const = 0;
   virtual const float* global_data() const = 0;
+  virtual tensor_view<const float, host_space> residual_data() const = 0;
   virtual std::size_t parameter_count() const = 0;
   virtual std::size_t tensor_count() const = 0;
   virtual std::size_t steps_in_round() const = 0;
@@ -104,7 +106,12 @@ class engine final : public engine_base {
     // writes its own norm into its slot and zeros elsewhere, so after the
     // sum every rank knows every rank's norm and all reject a bad round
     // together.
-    if (world_ > 1) wire_ = buffer<float, Space>(n + static_cast<std::size_t>(world_));
+    if constexpr (Compressor::lossless) {
+      if (world_ > 1) wire_ = buffer<float, Space>(n + static_cast<std::size_t>(world_));
+    } else {
+      Compressor::validate(opts_.compress);
+      reducer_ = std::make_unique<reducer_type>(params_, world_, rank_, opts_.compress);
+    }
     if constexpr (requires { exec_.set_threads(1); }) {
       const int cores = executor{}.threads();
       exec_.set_threads(opts_.host_threads > 0 ? opts_.host_threads
@@ -125,6 +132,14 @@ class engine final : public engine_base {
 
   space_id space() const override { return space_id_v<Space>; }
   const float* global_data() const override { return global_.data(); }
+  tensor_view<const float, host_space> residual_data() const override {
+    if constexpr (Compressor::has_error_feedback) {
+      const auto r = reducer_->residual();
+      return {r.data(), r.size()};
+    } else {
+      return {};
+    }
+  }
   std::size_t parameter_count() const override { return params_.total(); }
   std::size_t tensor_count() const override { return params_.count(); }
   std::size_t steps_in_round() const override { return steps_in_round_; }
@@ -142,72 +157,107 @@ class engine final : public engine_base {
 
   void outer_round() override {
     const auto t_round = clock::now();
-    const std::size_t n = params_.total();
     const auto update = Outer::make_update(opts_.outer, stats_.rounds + 1);
     float* state = outer_slots_ ? outer_state_.data() : nullptr;
 
-    if (world_ == 1) {
-      double sq = 0.0;
-      for (std::size_t k = 0; k < params_.count(); ++k)
-        sq += exec_.transform_reduce(params_[k].size(), kernels::pseudo_gradient_sq{global_.data() + params_.offset(k),
-                                                                                     params_[k].data()});
-      stats_.pseudo_gradient_norm = std::sqrt(sq);
-      if (!std::isfinite(stats_.pseudo_gradient_norm)) reject(std::string("rank 0 (norm nan/inf)"));
-      for (std::size_t k = 0; k < params_.count(); ++k) {
-        const std::size_t off = params_.offset(k);
-        exec_.for_each(params_[k].size(), kernels::outer_apply_local<typename Outer::update>{
-                                              update, global_.data() + off, state ? state + off : nullptr, n,
-                                              params_[k].data()});
-      }
-      stats_.last_round_bytes_sent = stats_.last_round_bytes_received = 0;
-      stats_.last_round_comm_seconds = 0.0;
-    } else {
-      double sq = 0.0;
-      for (std::size_t k = 0; k < params_.count(); ++k) {
-        const std::size_t off = params_.offset(k);
-        sq += exec_.transform_reduce(params_[k].size(), kernels::pseudo_gradient{global_.data() + off,
-                                                                                  params_[k].data(),
-                                                                                  wire_.data() + off});
-      }
-      stats_.pseudo_gradient_norm = std::sqrt(sq);
-      std::vector<float>& norms = norm_slots_;
-      norms.assign(static_cast<std::size_t>(world_), 0.0f);
-      norms[static_cast<std::size_t>(rank_)] = static_cast<float>(stats_.pseudo_gradient_norm);
-      copy_to_wire_tail(norms);
-
-      const auto traffic0 = comm_.traffic();
-      const auto t0 = clock::now();
-      comm_.all_reduce(std::span<float>(wire_.data(), wire_.size()), reduce_op::sum);
-      stats_.last_round_comm_seconds = seconds_since(t0);
-      stats_.comm_seconds += stats_.last_round_comm_seconds;
-      add_traffic(traffic0, true);
-
-      read_wire_tail(norms);
-      double total = 0.0;
-      std::string bad;
-      for (int r = 0; r < world_; ++r) {
-        const float v = norms[static_cast<std::size_t>(r)];
-        if (!std::isfinite(v)) bad += concat(bad.empty() ? "" : ", ", "rank ", r, " (norm ", v, ")");
-        total += v;
-      }
-      if (bad.empty() && !(total <= std::numeric_limits<float>::max()))
-        bad = concat("all ranks together (sum of norms ", total, " overflows fp32)");
-      if (!bad.empty()) reject(bad);
-
-      const float scale = 1.0f / static_cast<float>(world_);
-      for (std::size_t k = 0; k < params_.count(); ++k) {
-        const std::size_t off = params_.offset(k);
-        exec_.for_each(params_[k].size(), kernels::outer_apply<typename Outer::update>{
-                                              update, wire_.data() + off, scale, global_.data() + off,
-                                              state ? state + off : nullptr, n, params_[k].data()});
-      }
-    }
+    if constexpr (!Compressor::lossless)
+      compressed_round(update, state);
+    else if (world_ == 1)
+      local_round(update, state);
+    else
+      all_reduce_round(update, state);
+    stats_.wire_bytes_per_parameter =
+        static_cast<double>(stats_.last_round_bytes_sent) / static_cast<double>(params_.total());
     ++stats_.rounds;
     steps_in_round_ = 0;
     stats_.outer_seconds += seconds_since(t_round);
   }
 
  private:
+  // A world of one, nothing travels: the norm check, then the outer step
+  // with the pseudo-gradient computed in the same pass.
+  template <class Update>
+  void local_round(const Update& update, float* state) {
+    const std::size_t n = params_.total();
+    double sq = 0.0;
+    for (std::size_t k = 0; k < params_.count(); ++k)
+      sq += exec_.transform_reduce(params_[k].size(), kernels::pseudo_gradient_sq{global_.data() + params_.offset(k),
+                                                                                   params_[k].data()});
+    stats_.pseudo_gradient_norm = std::sqrt(sq);
+    if (!std::isfinite(stats_.pseudo_gradient_norm))
+      reject(concat("non-finite pseudo-gradient from rank 0 (norm ", stats_.pseudo_gradient_norm, ")"), false);
+    for (std::size_t k = 0; k < params_.count(); ++k) {
+      const std::size_t off = params_.offset(k);
+      exec_.for_each(params_[k].size(), kernels::outer_apply_local<typename Outer::update>{
+                                            update, global_.data() + off, state ? state + off : nullptr, n,
+                                            params_[k].data()});
+    }
+    stats_.last_round_bytes_sent = stats_.last_round_bytes_received = 0;
+    stats_.last_round_comm_seconds = 0.0;
+  }
+
+  // fp32 on the wire: pseudo-gradient pass, all-reduce (sum), outer pass.
+  template <class Update>
+  void all_reduce_round(const Update& update, float* state) {
+    const std::size_t n = params_.total();
+    double sq = 0.0;
+    for (std::size_t k = 0; k < params_.count(); ++k) {
+      const std::size_t off = params_.offset(k);
+      sq += exec_.transform_reduce(params_[k].size(), kernels::pseudo_gradient{global_.data() + off,
+                                                                                params_[k].data(),
+                                                                                wire_.data() + off});
+    }
+    stats_.pseudo_gradient_norm = std::sqrt(sq);
+    std::vector<float>& norms = norm_slots_;
+    norms.assign(static_cast<std::size_t>(world_), 0.0f);
+    norms[static_cast<std::size_t>(rank_)] = static_cast<float>(stats_.pseudo_gradient_norm);
+    copy_to_wire_tail(norms);
+
+    const auto traffic0 = comm_.traffic();
+    const auto t0 = clock::now();
+    comm_.all_reduce(std::span<float>(wire_.data(), wire_.size()), reduce_op::sum);
+    stats_.last_round_comm_seconds = seconds_since(t0);
+    stats_.comm_seconds += stats_.last_round_comm_seconds;
+    add_traffic(traffic0, true);
+
+    read_wire_tail(norms);
+    double total = 0.0;
+    std::string bad;
+    for (int r = 0; r < world_; ++r) {
+      const float v = norms[static_cast<std::size_t>(r)];
+      if (!std::isfinite(v)) bad += concat(bad.empty() ? "" : ", ", "rank ", r, " (norm ", v, ")");
+      total += v;
+    }
+    if (bad.empty() && !(total <= std::numeric_limits<float>::max()))
+      bad = concat("all ranks together (sum of norms ", total, " overflows fp32)");
+    if (!bad.empty()) reject(concat("non-finite pseudo-gradient from ", bad), false);
+
+    const float scale = 1.0f / static_cast<float>(world_);
+    for (std::size_t k = 0; k < params_.count(); ++k) {
+      const std::size_t off = params_.offset(k);
+      exec_.for_each(params_[k].size(), kernels::outer_apply<typename Outer::update>{
+                                            update, wire_.data() + off, scale, global_.data() + off,
+                                            state ? state + off : nullptr, n, params_[k].data()});
+    }
+  }
+
+  // A round through the compressed mean (compress/compressed_mean.hpp).
+  template <class Update>
+  void compressed_round(const Update& update, float* state) {
+    const auto traffic0 = comm_.traffic();
+    const auto t0 = clock::now();
+    const auto res = reducer_->exchange(exec_, comm_, global_.data(), stats_.rounds + 1);
+    stats_.last_round_comm_seconds = seconds_since(t0);
+    stats_.comm_seconds += stats_.last_round_comm_seconds;
+    add_traffic(traffic0, true);
+    stats_.pseudo_gradient_norm = res.delta_norm;
+    stats_.compression_error_norm = res.error_norm;
+    stats_.encoded_bytes_per_parameter =
+        static_cast<double>(res.encoded_bytes) / static_cast<double>(params_.total());
+    if (!res.accepted) reject(res.problem, res.corrupt);
+    reducer_->apply(exec_, update, global_.data(), state, params_.total());
+  }
+
   static double seconds_since(clock::time_point t0) {
     return std::chrono::duration<double>(clock::now() - t0).count();
   }
@@ -242,15 +292,18 @@ class engine final : public engine_base {
     exec_.to_host(norms.data(), wire_.data() + params_.total(), norms.size());
   }
 
-  // Refuses the round: theta_global and the outer state stay as they were,
-  // every replica restarts from theta_global, and the caller learns which
-  // ranks produced non-finite pseudo-gradients.
-  [[noreturn]] void reject(const std::string& culprits) {
+  // Refuses the round: theta_global, the outer state and any error-feedback
+  // residual stay as they were, every replica restarts from theta_global,
+  // and the caller learns why (numeric_error for non-finite values,
+  // format_error for corrupt bytes).
+  [[noreturn]] void reject(const std::string& problem, bool corrupt) {
     copy_global_to_local();
     steps_in_round_ = 0;
     ++stats_.rejected_rounds;
-    raise<numeric_error>("outer round ", stats_.rounds + 1, " rejected: non-finite pseudo-gradient from ", culprits,
-                         "; theta_global is unchanged and the replica was reset to it");
+    const auto msg = concat("outer round ", stats_.rounds + 1, " rejected: ", problem,
+                            "; theta_global is unchanged and the replica was reset to it");
+    if (corrupt) raise<format_error>(msg);
+    raise<numeric_error>(msg);
   }
 
   Comm& comm_;
@@ -264,6 +317,8 @@ class engine final : public engine_base {
   optimizer_core<Inner, Space> inner_;
   buffer<float, Space> outer_state_;
   buffer<float, Space> wire_;
+  using reducer_type = std::conditional_t<Compressor::lossless, int, compress::compressed_mean<Compressor, Space>>;
+  std::unique_ptr<reducer_type> reducer_;
   std::vector<float> norm_slots_;
   std::size_t steps_in_round_ = 0;
   diloco::stats stats_;
@@ -346,6 +401,10 @@ class algorithm {
   const options& settings() const { return opts_; }
   std::size_t parameter_count() const { return engine_->parameter_count(); }
   std::size_t steps_in_round() const { return engine_->steps_in_round(); }
+
+  // The error-feedback residual in flat layout (empty without error
+  // feedback): part of the algorithm's state.
+  tensor_view<const float, host_space> compression_residual() const { return engine_->residual_data(); }
 
   // theta_global as a flat view (tensor k at the offsets of the parameter
   // list), in the parameters' memory space.

@@ -8,6 +8,7 @@ struct none {
   struct options {};
   static constexpr const char* name = "none";
   static constexpr bool lossless = true;
+  static constexpr bool has_error_feedback = false;
 };
 
 }  // namespace diloco::compress

@@ -11,6 +11,7 @@
 #include <span>
 #include <type_traits>
 
+#include "diloco/compress/codec.hpp"
 #include "diloco/core/comm_types.hpp"
 #include "diloco/core/memory_space.hpp"
 #include "diloco/tensor/tensor_traits.hpp"
@@ -77,13 +78,14 @@ concept outer_optimizer = optimizer_policy<O>;
 
 // ----------------------------------------------------------- compressors
 // What a pseudo-gradient becomes before it travels. `lossless` codecs are
-// reduced with the communicator's own all-reduce.
+// reduced with the communicator's own all-reduce; lossy ones provide a block
+// codec (compress/codec.hpp) and travel through the compressed mean.
 template <class C>
 concept compressor = requires {
   typename C::options;
   { C::name } -> std::convertible_to<const char*>;
   { C::lossless } -> std::convertible_to<bool>;
-};
+} && (C::lossless || compress::lossy_compressor<C>);
 
 // ---------------------------------------------------------- communicators
 // The handle of a non-blocking collective.

@@ -15,6 +15,13 @@ struct stats {
   std::uint64_t last_round_bytes_sent = 0;
   std::uint64_t last_round_bytes_received = 0;
   double pseudo_gradient_norm = 0.0;  // ||theta_global - theta_local|| of this worker, last round
+  // Lossy compressors, last round: ||v - decode(encode(v))|| of this worker's
+  // stage-1 encoding (v = pseudo-gradient + error-feedback residual), and
+  // the bytes of that encoding per parameter (headers and scales included).
+  double compression_error_norm = 0.0;
+  double encoded_bytes_per_parameter = 0.0;
+  // Bytes this worker sent in the last round per parameter of the model.
+  double wire_bytes_per_parameter = 0.0;
   double comm_seconds = 0.0;          // wall time spent inside the communicator
   double last_round_comm_seconds = 0.0;
   double outer_seconds = 0.0;  // wall time of outer rounds, communication included

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #if defined(_OPENMP)
@@ -28,6 +29,11 @@ namespace diloco::exec {
 // bits whatever the number of threads.
 class host {
  public:
+  // What transform_reduce accumulates for a functor F.
+  template <class F>
+  using sum_type = std::conditional_t<std::is_arithmetic_v<std::invoke_result_t<const F&, std::size_t>>, double,
+                                      std::invoke_result_t<const F&, std::size_t>>;
+
   // Below this many elements a pass runs on the calling thread: starting a
   // parallel region costs more than it saves.
   static constexpr std::size_t parallel_threshold = std::size_t{1} << 15;
@@ -64,15 +70,24 @@ class host {
     for (std::size_t i = 0; i < n; ++i) f(i);
   }
 
-  // Runs f(i) for every i in [0, n) and returns the sum of what it returns
-  // (as double). f may also write: this is how a pass fuses its side
-  // effects with a norm.
+  // Runs f(i) for every i in [0, n) and returns the sum of what it returns:
+  // as double when f returns a number, else as f's own type (a struct of
+  // several sums with += and a zero default). f may also write: this is how
+  // a pass fuses its side effects with its norms.
   template <class F>
-  double transform_reduce(std::size_t n, const F& f) {
+  auto transform_reduce(std::size_t n, const F& f) {
+    using R = sum_type<F>;
     if (n <= reduce_chunk) return chunk_sum(0, n, f);
     const std::size_t chunks = (n + reduce_chunk - 1) / reduce_chunk;
-    if (partials_.size() < chunks) partials_.resize(chunks);
-    double* partials = partials_.data();
+    std::vector<R> local;
+    R* partials;
+    if constexpr (std::is_same_v<R, double>) {
+      if (partials_.size() < chunks) partials_.resize(chunks);
+      partials = partials_.data();
+    } else {
+      local.resize(chunks);
+      partials = local.data();
+    }
 #if defined(_OPENMP)
     const int team = threads();
     if (n >= parallel_threshold && team > 1) {
@@ -90,7 +105,7 @@ class host {
         partials[c] = chunk_sum(lo, std::min(n, lo + reduce_chunk), f);
       }
     }
-    double total = 0.0;
+    R total{};
     for (std::size_t c = 0; c < chunks; ++c) total += partials[c];
     return total;
   }
@@ -112,12 +127,13 @@ class host {
   // The fixed-order sum of f over [lo, hi): lane l accumulates the indices
   // congruent to l modulo reduce_lanes, then the lanes are added pairwise.
   template <class F>
-  static double chunk_sum(std::size_t lo, std::size_t hi, const F& f) {
-    double lane[reduce_lanes] = {};
+  static sum_type<F> chunk_sum(std::size_t lo, std::size_t hi, const F& f) {
+    using R = sum_type<F>;
+    R lane[reduce_lanes] = {};
     std::size_t i = lo;
     for (; i + reduce_lanes <= hi; i += reduce_lanes)
-      for (std::size_t l = 0; l < reduce_lanes; ++l) lane[l] += static_cast<double>(f(i + l));
-    for (std::size_t l = 0; i < hi; ++i, ++l) lane[l] += static_cast<double>(f(i));
+      for (std::size_t l = 0; l < reduce_lanes; ++l) lane[l] += static_cast<R>(f(i + l));
+    for (std::size_t l = 0; i < hi; ++i, ++l) lane[l] += static_cast<R>(f(i));
     for (std::size_t width = reduce_lanes / 2; width > 0; width /= 2)
       for (std::size_t l = 0; l < width; ++l) lane[l] += lane[l + width];
     return lane[0];

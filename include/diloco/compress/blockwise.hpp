@@ -1,0 +1,103 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "diloco/compress/codec.hpp"
+#include "diloco/compress/formats.hpp"
+#include "diloco/core/macros.hpp"
+#include "diloco/kernels/quantize.hpp"
+#include "diloco/kernels/random.hpp"
+
+namespace diloco::compress {
+
+// Block-wise symmetric integer quantization: per block of B elements one
+// fp32 factor (the block's largest magnitude) and B values of Format::bits
+// bits (int4: two per byte, element 2i in the low nibble). Bytes per
+// parameter: (4 + B * bits / 8) / B, e.g. 1.03 for int8 and 0.53 for int4
+// at B = 128.
+template <class Format, std::size_t B, class Rounding>
+struct blockwise_codec {
+  static_assert(Format::bits == 8 || Format::bits == 4, "blockwise: Format must be diloco::int8 or diloco::int4");
+  static_assert(B >= 2 && B % 2 == 0 && B <= 4096, "blockwise: block size B must be even and in [2, 4096]");
+  static constexpr std::size_t block = B;
+  static constexpr codec_id id = Format::bits == 8 ? codec_id::int8 : codec_id::int4;
+  static constexpr std::size_t value_bytes = Format::bits == 8 ? B : B / 2;
+
+  DILOCO_HD static constexpr std::size_t stride() { return 4 + value_bytes; }
+
+  DILOCO_HD void encode(const float* v, std::size_t len, std::byte* out, float* dq, std::uint64_t stream,
+                        std::uint64_t index0) const {
+    float amax = 0.0f;
+    for (std::size_t j = 0; j < len; ++j) amax = kernels::amax_step(amax, v[j]);
+    std::memcpy(out, &amax, 4);
+    const auto s = kernels::quant_scale::make(amax, Format::levels);
+    std::byte* q = out + 4;
+    for (std::size_t j = 0; j < len; ++j) {
+      const float u = Rounding::stochastic ? kernels::random_unit(stream, index0 + j) : -1.0f;
+      const int qi = s.quantize(v[j], u);
+      dq[j] = kernels::dequantize(qi, amax, Format::levels);
+      if constexpr (Format::bits == 8) {
+        q[j] = static_cast<std::byte>(static_cast<std::int8_t>(qi));
+      } else {
+        const auto nibble = static_cast<unsigned>(qi) & 0xfu;
+        if (j % 2 == 0)
+          q[j / 2] = static_cast<std::byte>(nibble);
+        else
+          q[j / 2] |= static_cast<std::byte>(nibble << 4);
+      }
+    }
+    // Unused bytes of a partial block are zero, so equal inputs give equal bytes.
+    for (std::size_t b = (Format::bits == 8 ? len : (len + 1) / 2); b < value_bytes; ++b) q[b] = std::byte{0};
+  }
+
+  DILOCO_HD void decode(const std::byte* in, std::size_t len, float* dq) const {
+    float amax;
+    std::memcpy(&amax, in, 4);
+    const std::byte* q = in + 4;
+    for (std::size_t j = 0; j < len; ++j) dq[j] = kernels::dequantize(value(q, j), amax, Format::levels);
+  }
+
+  // Values outside [-L, L] (int8's -128, int4's -8) are never written, and
+  // padding beyond a partial block is zero.
+  const char* check(const std::byte* in, std::size_t len) const {
+    const std::byte* q = in + 4;
+    for (std::size_t j = 0; j < len; ++j)
+      if (value(q, j) < -static_cast<int>(Format::levels)) return "quantized value out of range";
+    if constexpr (Format::bits == 4)
+      if (len % 2 == 1 && (static_cast<unsigned>(q[len / 2]) >> 4) != 0) return "non-zero int4 padding nibble";
+    for (std::size_t b = (Format::bits == 8 ? len : (len + 1) / 2); b < value_bytes; ++b)
+      if (q[b] != std::byte{0}) return "non-zero padding after a partial block";
+    return nullptr;
+  }
+
+ private:
+  DILOCO_HD static int value(const std::byte* q, std::size_t j) {
+    if constexpr (Format::bits == 8) {
+      return static_cast<std::int8_t>(q[j]);
+    } else {
+      const unsigned nibble = (static_cast<unsigned>(q[j / 2]) >> ((j % 2) * 4)) & 0xfu;
+      return static_cast<int>(nibble ^ 8u) - 8;  // sign-extend 4 bits
+    }
+  }
+};
+
+struct codec_options {
+  std::uint64_t seed = 0;  // stochastic rounding stream
+};
+
+// The compressor policy: blockwise<int8, 128> or blockwise<int4, 64, stochastic_rounding>.
+template <class Format, std::size_t B = 128, class Rounding = round_nearest>
+struct blockwise {
+  using options = codec_options;
+  using codec = blockwise_codec<Format, B, Rounding>;
+  static constexpr const char* name = Format::bits == 8 ? "blockwise int8" : "blockwise int4";
+  static constexpr bool lossless = false;
+  static constexpr bool has_error_feedback = false;
+  static constexpr bool stochastic = Rounding::stochastic;
+  static void validate(const options&) {}
+  static codec make_codec(const options&) { return {}; }
+};
+
+}  // namespace diloco::compress

@@ -1,0 +1,70 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "diloco/compress/blockwise.hpp"
+#include "diloco/compress/codec.hpp"
+#include "diloco/compress/formats.hpp"
+#include "diloco/kernels/float_formats.hpp"
+#include "diloco/kernels/random.hpp"
+
+namespace diloco::compress {
+
+// fp32 -> 16-bit float (bf16 or fp16), 2 bytes per parameter, each element
+// rounded to nearest even (error <= half an ulp of the format) or
+// stochastically. fp16 values beyond 65504 become inf, which the round's
+// finiteness checks reject; prefer bf16 (fp32's range) for pseudo-gradients.
+// Blocks of 64 elements keep the padding at a tensor's end small.
+template <class Format, class Rounding, std::size_t B = 64>
+struct cast_codec {
+  static_assert(std::is_same_v<Format, bf16> || std::is_same_v<Format, fp16>,
+                "cast: Format must be diloco::bf16 or diloco::fp16");
+  using bits_format = std::conditional_t<std::is_same_v<Format, bf16>, kernels::bf16_format, kernels::fp16_format>;
+  static constexpr std::size_t block = B;
+  static constexpr codec_id id = std::is_same_v<Format, bf16> ? codec_id::bf16 : codec_id::fp16;
+
+  DILOCO_HD static constexpr std::size_t stride() { return 2 * B; }
+
+  DILOCO_HD void encode(const float* v, std::size_t len, std::byte* out, float* dq, std::uint64_t stream,
+                        std::uint64_t index0) const {
+    for (std::size_t j = 0; j < len; ++j) {
+      const float u = Rounding::stochastic ? kernels::random_unit(stream, index0 + j) : -1.0f;
+      const std::uint16_t h = kernels::encode_float16<bits_format>(v[j], u);
+      std::memcpy(out + 2 * j, &h, 2);
+      dq[j] = bits_format::decode(h);
+    }
+    if (len < B) std::memset(out + 2 * len, 0, 2 * (B - len));
+  }
+
+  DILOCO_HD void decode(const std::byte* in, std::size_t len, float* dq) const {
+    for (std::size_t j = 0; j < len; ++j) {
+      std::uint16_t h;
+      std::memcpy(&h, in + 2 * j, 2);
+      dq[j] = bits_format::decode(h);
+    }
+  }
+
+  const char* check(const std::byte* in, std::size_t len) const {
+    for (std::size_t b = 2 * len; b < stride(); ++b)
+      if (in[b] != std::byte{0}) return "non-zero padding after a partial block";
+    return nullptr;
+  }
+};
+
+// The compressor policy: cast<bf16> or cast<fp16, stochastic_rounding>.
+template <class Format, class Rounding = round_nearest>
+struct cast {
+  using options = codec_options;
+  using codec = cast_codec<Format, Rounding>;
+  static constexpr const char* name = std::is_same_v<Format, bf16> ? "cast bf16" : "cast fp16";
+  static constexpr bool lossless = false;
+  static constexpr bool has_error_feedback = false;
+  static constexpr bool stochastic = Rounding::stochastic;
+  static void validate(const options&) {}
+  static codec make_codec(const options&) { return {}; }
+};
+
+}  // namespace diloco::compress

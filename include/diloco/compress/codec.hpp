@@ -1,0 +1,48 @@
+#pragma once
+
+// The shape every lossy codec has. A codec works on blocks: a block of up to
+// `block` consecutive elements of one tensor is encoded into a fixed
+// `stride` of bytes (a partial block at a tensor's end keeps the stride), so
+// any block's bytes are found by index, blocks encode in parallel, and the
+// CUDA backend can give each block to a thread block.
+//
+//   codec.encode(v, len, out, dq, stream, index0)  v[0, len) -> out[0, stride);
+//                                                   dq receives decode(out)
+//   codec.decode(in, len, dq)                       in -> dq[0, len)
+//   codec.check(in, len) -> const char*             nullptr if the block's
+//                                                   bytes are well formed,
+//                                                   else what is wrong
+// `stream` and `index0 + j` seed stochastic rounding of element j.
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "diloco/compress/formats.hpp"
+
+namespace diloco::compress {
+
+template <class C>
+concept block_codec = std::is_trivially_copyable_v<C> &&
+                      requires(const C& c, const float* v, float* dq, std::byte* out, const std::byte* in,
+                               std::size_t n, std::uint64_t s) {
+                        { C::block } -> std::convertible_to<std::size_t>;
+                        { C::id } -> std::convertible_to<codec_id>;
+                        { c.stride() } -> std::convertible_to<std::size_t>;
+                        { c.encode(v, n, out, dq, s, s) };
+                        { c.decode(in, n, dq) };
+                        { c.check(in, n) } -> std::convertible_to<const char*>;
+                      };
+
+// A lossy compressor policy: options, validation, and the codec built from
+// them. error_feedback<C> sets `has_error_feedback`.
+template <class C>
+concept lossy_compressor = requires(const typename C::options& o) {
+  requires !C::lossless;
+  { C::has_error_feedback } -> std::convertible_to<bool>;
+  { C::validate(o) };
+  { C::make_codec(o) } -> block_codec;
+};
+
+}  // namespace diloco::compress

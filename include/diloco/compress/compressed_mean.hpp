@@ -1,0 +1,258 @@
+#pragma once
+
+// The mean of the workers' pseudo-gradients under a lossy codec, without
+// ever adding quantized values that have different scales:
+//   1. each rank encodes its pseudo-gradient (plus error-feedback residual)
+//      shard by shard: shard k is meant for rank k            (fused pass)
+//   2. all-to-all: rank r receives every rank's encoding of shard r
+//   3+4. rank r decodes them, sums in fp32 in rank order, divides by M, and
+//      re-encodes its reduced shard                          (fused pass)
+//   5. all-gather: every rank receives every reduced shard
+//   6. agreement: a tiny all-reduce of each rank's verdict (corrupt bytes,
+//      non-finite values), so all ranks apply or reject the round together
+//   7. decode + outer step + copy-back                       (fused pass)
+// Traffic per rank: 2 (M-1)/M times the encoded size, plus headers.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "diloco/compress/block_layout.hpp"
+#include "diloco/compress/codec.hpp"
+#include "diloco/compress/segment.hpp"
+#include "diloco/compress/wire_format.hpp"
+#include "diloco/core/error.hpp"
+#include "diloco/kernels/compressed_passes.hpp"
+#include "diloco/kernels/random.hpp"
+#include "diloco/tensor/buffer.hpp"
+#include "diloco/tensor/parameter_set.hpp"
+
+namespace diloco::compress {
+
+// What a round's exchange found.
+struct exchange_result {
+  bool accepted = true;
+  bool corrupt = false;        // rejected for bad bytes (format_error) rather than bad numbers
+  std::string problem;         // why it was rejected
+  double delta_norm = 0.0;     // this rank's ||pseudo-gradient||
+  double error_norm = 0.0;     // this rank's ||v - decode(encode(v))|| in stage 1
+  std::size_t encoded_bytes = 0;  // this rank's stage-1 segments, headers included
+};
+
+template <class Compressor, class Space>
+class compressed_mean {
+ public:
+  using codec_type = typename Compressor::codec;
+  static_assert(std::is_same_v<Space, host_space>,
+                "diloco: compressed pseudo-gradients currently run on host tensors only");
+
+  compressed_mean(const parameter_set<float, Space>& params, int world, int rank,
+                  const typename Compressor::options& opts)
+      : codec_(Compressor::make_codec(opts)), seed_(seed_of(opts)), world_(world), rank_(rank) {
+    std::vector<std::size_t> sizes;
+    for (std::size_t k = 0; k < params.count(); ++k) {
+      sizes.push_back(params[k].size());
+      local_.push_back(params[k].data());
+      offset_.push_back(params.offset(k));
+    }
+    layout_ = block_layout(sizes, codec_type::block, world);
+    stride_ = codec_.stride();
+    std::size_t largest = 0;
+    for (int s = 0; s < world; ++s) largest = std::max(largest, layout_.blocks_in(s) * stride_);
+    slot_ = (wire::header_bytes + largest + 63) / 64 * 64;
+    const auto m = static_cast<std::size_t>(world);
+    send_ = host_buffer<std::byte>(m * slot_);
+    recv_ = host_buffer<std::byte>(m * slot_);
+    reduced_ = host_buffer<std::byte>(slot_);
+    gathered_ = host_buffer<std::byte>(m * slot_);
+    verdict_.assign(m, 0.0f);
+    received_.assign(m, nullptr);
+    if constexpr (Compressor::has_error_feedback) {
+      residual_ = host_buffer<float>(params.total());
+      next_residual_ = host_buffer<float>(params.total());
+    }
+  }
+
+  const block_layout& layout() const { return layout_; }
+  std::size_t slot_bytes() const { return slot_; }
+  // The error-feedback residual (empty without error feedback).
+  std::span<const float> residual() const { return {residual_.data(), residual_.size()}; }
+
+  // Stages 1-6. `global` is theta_global in flat layout. Every rank must
+  // call it for the same round.
+  template <class Exec, class Comm>
+  exchange_result exchange(Exec& exec, Comm& comm, const float* global, std::uint64_t round) {
+    exchange_result out;
+    const kernels::tensor_table table{local_.data(), offset_.data()};
+    const std::uint8_t flags = static_cast<std::uint8_t>((Compressor::stochastic ? wire::flag_stochastic : 0) |
+                                                         (Compressor::has_error_feedback ? wire::flag_error_feedback : 0));
+
+    // 1. encode every shard.
+    const std::uint64_t stream1 = kernels::make_stream(seed_, round, static_cast<std::uint64_t>(rank_), 1);
+    kernels::sums2 sums;
+    for (int s = 0; s < world_; ++s) {
+      std::byte* seg = send_.data() + static_cast<std::size_t>(s) * slot_;
+      sums += exec.transform_reduce(
+          layout_.blocks_in(s),
+          kernels::encode_pseudo_gradient<codec_type>{codec_, layout_.blocks() + layout_.first_block(s), table, global,
+                                                      Compressor::has_error_feedback ? residual_.data() : nullptr,
+                                                      Compressor::has_error_feedback ? next_residual_.data() : nullptr,
+                                                      seg + wire::header_bytes, stride_, stream1});
+    }
+    out.delta_norm = std::sqrt(sums.a);
+    out.error_norm = std::sqrt(sums.b);
+    for (int s = 0; s < world_; ++s) {
+      const std::size_t payload = layout_.blocks_in(s) * stride_;
+      wire::write_header(send_.data() + static_cast<std::size_t>(s) * slot_,
+                         {codec_type::id, flags, static_cast<std::uint32_t>(codec_type::block),
+                          static_cast<std::uint32_t>(rank_), layout_.elements_in(s), payload, round,
+                          static_cast<float>(out.delta_norm), 0});
+      out.encoded_bytes += wire::header_bytes + payload;
+    }
+
+    // 2. shard r of every rank to rank r.
+    comm.all_to_all(std::span<const std::byte>(send_.data(), send_.size()), std::span<std::byte>(recv_.data(), recv_.size()));
+
+    // 3+4. validate, reduce and re-encode this rank's shard.
+    std::string local_problem;
+    std::string bad_senders;
+    std::uint32_t status = 0;
+    const std::size_t my_payload = layout_.blocks_in(rank_) * stride_;
+    for (int k = 0; k < world_ && status == 0; ++k) {
+      const std::byte* seg = recv_.data() + static_cast<std::size_t>(k) * slot_;
+      try {
+        const auto h = check_segment(seg, {codec_type::id, flags, static_cast<std::uint32_t>(codec_type::block),
+                                           static_cast<std::uint32_t>(k), layout_.elements_in(rank_), my_payload,
+                                           round},
+                                     rank_, "stage-1 segment");
+        if (!std::isfinite(h.norm)) bad_senders += diloco::detail::concat(bad_senders.empty() ? "" : ", ", "rank ", k, " (norm ", h.norm, ")");
+        received_[static_cast<std::size_t>(k)] = seg + wire::header_bytes;
+      } catch (const format_error& e) {
+        local_problem = e.what();
+        status = 1 + static_cast<std::uint32_t>(k);
+      }
+    }
+    double reduced_norm = 0.0;
+    if (status == 0) {
+      const std::uint64_t stream2 = kernels::make_stream(seed_, round, static_cast<std::uint64_t>(rank_), 2);
+      reduced_norm = std::sqrt(exec.transform_reduce(
+          layout_.blocks_in(rank_),
+          kernels::reduce_shard<codec_type>{codec_, layout_.blocks() + layout_.first_block(rank_), offset_.data(),
+                                            received_.data(), world_, reduced_.data() + wire::header_bytes, stride_,
+                                            stream2}));
+    }
+    wire::write_header(reduced_.data(), {codec_type::id, flags, static_cast<std::uint32_t>(codec_type::block),
+                                         static_cast<std::uint32_t>(rank_), layout_.elements_in(rank_),
+                                         status == 0 ? my_payload : 0, round, static_cast<float>(reduced_norm), status});
+
+    // 5. every reduced shard to every rank.
+    comm.all_gather(std::span<const std::byte>(reduced_.data(), slot_), std::span<std::byte>(gathered_.data(), gathered_.size()));
+    std::string bad_shards;
+    std::string reporters;
+    for (int k = 0; k < world_ && local_problem.empty(); ++k) {
+      const std::byte* seg = gathered_.data() + static_cast<std::size_t>(k) * slot_;
+      try {
+        // A shard whose owner reported a problem carries a status and no
+        // payload.
+        const std::uint64_t payload = layout_.blocks_in(k) * stride_;
+        const auto h = check_segment(seg, {codec_type::id, flags, static_cast<std::uint32_t>(codec_type::block),
+                                           static_cast<std::uint32_t>(k), layout_.elements_in(k), payload, round},
+                                     k, "reduced segment", true);
+        if (h.status != 0)
+          reporters += diloco::detail::concat(reporters.empty() ? "" : ", ", "rank ", k, " (about data from rank ",
+                                              h.status - 1, ")");
+        else if (!std::isfinite(h.norm))
+          bad_shards += diloco::detail::concat(bad_shards.empty() ? "" : ", ", "shard ", k);
+      } catch (const format_error& e) {
+        local_problem = e.what();
+      }
+    }
+
+    // 6. agree: 0 = apply, 1 = non-finite numbers, 2 = corrupt bytes.
+    // A rank votes "corrupt" only for bytes it found bad itself; a shard
+    // owner's report (status) is seen by all through the all-gather, and the
+    // owner votes for it.
+    const bool numeric = !bad_senders.empty() || !bad_shards.empty();
+    const bool corrupt = !local_problem.empty();
+    std::fill(verdict_.begin(), verdict_.end(), 0.0f);
+    verdict_[static_cast<std::size_t>(rank_)] = corrupt ? 2.0f : (numeric ? 1.0f : 0.0f);
+    comm.all_reduce(std::span<float>(verdict_), reduce_op::sum);
+    std::string corrupt_ranks;
+    bool any = false;
+    for (int k = 0; k < world_; ++k) {
+      const float v = verdict_[static_cast<std::size_t>(k)];
+      any = any || v != 0.0f;
+      if (v == 2.0f) corrupt_ranks += diloco::detail::concat(corrupt_ranks.empty() ? "" : ", ", k);
+    }
+    if (!any) return out;
+    out.accepted = false;
+    if (!corrupt_ranks.empty()) {
+      out.corrupt = true;
+      out.problem = local_problem.empty()
+                        ? diloco::detail::concat("rank(s) ", corrupt_ranks, " received corrupt compressed data",
+                                                 reporters.empty() ? "" : " (", reporters, reporters.empty() ? "" : ")")
+                        : local_problem;
+    } else if (!bad_senders.empty()) {
+      out.problem = diloco::detail::concat("non-finite pseudo-gradient from ", bad_senders);
+    } else {
+      out.problem = diloco::detail::concat("the compressed mean of ", bad_shards,
+                                           " is not finite (values beyond the codec's range?)");
+    }
+    return out;
+  }
+
+  // Stage 7: decode the mean, outer step, copy-back; then keep the new
+  // error-feedback residual.
+  template <class Exec, class Update>
+  void apply(Exec& exec, const Update& update, float* global, float* state, std::size_t state_stride) {
+    const kernels::tensor_table table{local_.data(), offset_.data()};
+    for (int s = 0; s < world_; ++s) {
+      exec.for_each(layout_.blocks_in(s),
+                    kernels::decode_apply<codec_type, Update>{
+                        codec_, update, layout_.blocks() + layout_.first_block(s), table,
+                        gathered_.data() + static_cast<std::size_t>(s) * slot_ + wire::header_bytes, stride_, global,
+                        state, state_stride});
+    }
+    if constexpr (Compressor::has_error_feedback) std::swap(residual_, next_residual_);
+  }
+
+ private:
+  static std::uint64_t seed_of(const typename Compressor::options& o) {
+    if constexpr (requires { o.seed; })
+      return o.seed;
+    else
+      return 0;
+  }
+
+  wire::header check_segment(const std::byte* seg, const wire::expectation& want, int shard, const char* what,
+                             bool allow_status = false) const {
+    const std::string where = diloco::detail::concat("compressed round ", want.round, ", ", what, " from rank ",
+                                                     want.sender, " on rank ", rank_);
+    return validate_segment(codec_, std::span<const std::byte>(seg, slot_), want,
+                            layout_.blocks() + layout_.first_block(shard), layout_.blocks_in(shard), where.c_str(),
+                            allow_status, world_);
+  }
+
+  codec_type codec_;
+  std::uint64_t seed_;
+  int world_;
+  int rank_;
+  block_layout layout_;
+  std::vector<float*> local_;
+  std::vector<std::size_t> offset_;
+  std::size_t stride_ = 0;
+  std::size_t slot_ = 0;
+  host_buffer<std::byte> send_, recv_, reduced_, gathered_;
+  host_buffer<float> residual_, next_residual_;
+  std::vector<float> verdict_;
+  std::vector<const std::byte*> received_;
+};
+
+}  // namespace diloco::compress

@@ -1,0 +1,30 @@
+#pragma once
+
+#include "diloco/compress/codec.hpp"
+
+namespace diloco::compress {
+
+// Error feedback around any lossy compressor: each worker keeps the residual
+//   e <- (delta + e) - decode(encode(delta + e))
+// and adds it to the next round's pseudo-gradient, so what compression drops
+// is delayed, not lost: over R rounds the decoded transmissions sum to the
+// sum of the true deltas minus the final residual. The residual is part of
+// the algorithm's state (4 bytes per parameter, twice: a round writes the
+// new residual beside the old one and keeps it only if the round is
+// applied, so a rejected round leaves the state as it was).
+template <class C>
+struct error_feedback {
+  static_assert(!C::lossless, "error_feedback<C>: C must be a lossy compressor; a lossless one has no error to feed back");
+  static_assert(!C::has_error_feedback, "error_feedback<C>: C already has error feedback");
+  using inner = C;
+  using options = typename C::options;
+  using codec = typename C::codec;
+  static constexpr const char* name = C::name;
+  static constexpr bool lossless = false;
+  static constexpr bool has_error_feedback = true;
+  static constexpr bool stochastic = C::stochastic;
+  static void validate(const options& o) { C::validate(o); }
+  static codec make_codec(const options& o) { return C::make_codec(o); }
+};
+
+}  // namespace diloco::compress

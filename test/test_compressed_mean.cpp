@@ -1,0 +1,252 @@
+// The compressed mean over the threads communicator: within each codec's
+// error bound of the exact mean for M = 1, 2, 3, 4, 7; non-finite values and
+// corrupt bytes reject the round on every rank and change no state.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <diloco/diloco.hpp>
+#include <limits>
+#include <mutex>
+#include <random>
+#include <vector>
+
+namespace dc = diloco;
+namespace cp = diloco::compress;
+
+namespace {
+
+const std::vector<std::size_t> sizes{1, 37, 300, 129};
+constexpr std::size_t B = 128;
+
+// Rank r's pseudo-gradient for tensor t: unit normals scaled per tensor, so
+// blocks of different magnitudes meet in the mean.
+std::vector<std::vector<float>> deltas(int r, unsigned salt) {
+  std::mt19937 rng(static_cast<unsigned>(r) * 1000u + salt);
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  std::vector<std::vector<float>> g;
+  float scale = 1.0f;
+  for (auto n : sizes) {
+    g.emplace_back(n);
+    for (auto& x : g.back()) x = scale * n01(rng);
+    scale *= 0.01f;
+  }
+  return g;
+}
+
+template <class C>
+using trainer = dc::algorithm<dc::inner::sgd, dc::outer::sgd, C, dc::comm::threads>;
+
+// One round from theta = 0 with inner SGD lr 1 and outer SGD lr 1: the
+// replica gets -grad exactly, so delta_r = grad_r, and theta afterwards is
+// minus the decoded mean. Returns rank 0's theta per tensor.
+template <class C>
+std::vector<std::vector<float>> run_round(int m, unsigned salt, typename C::options opts = {}) {
+  std::vector<std::vector<std::vector<float>>> seen(static_cast<std::size_t>(m));
+  dc::comm::threads::world world(m);
+  world.run([&](dc::comm::threads& comm) {
+    std::vector<std::vector<float>> theta;
+    for (auto n : sizes) theta.emplace_back(n, 0.0f);
+    trainer<C> t(theta, comm, {.inner_steps = 1, .inner = {.lr = 1.0f}, .compress = opts});
+    CHECK(t.step(deltas(comm.rank(), salt)));
+    seen[static_cast<std::size_t>(comm.rank())] = theta;
+  });
+  for (int r = 1; r < m; ++r)
+    for (std::size_t k = 0; k < sizes.size(); ++k)  // every replica identical, bit for bit
+      REQUIRE(std::memcmp(seen[static_cast<std::size_t>(r)][k].data(), seen[0][k].data(), sizes[k] * 4) == 0);
+  return seen[0];
+}
+
+// Block-wise bound, from the definition: stage 1 adds at most
+// (1/M) sum_r amax_b(delta_r) / L / 2 to each element of the mean, stage 2
+// at most amax_b(stage-1 mean) / L / 2 <= (amax_b(mean) + stage-1 bound) / L / 2.
+void check_blockwise(int m, unsigned salt, const std::vector<std::vector<float>>& got, float levels) {
+  std::vector<std::vector<std::vector<float>>> d;
+  for (int r = 0; r < m; ++r) d.push_back(deltas(r, salt));
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    for (std::size_t b0 = 0; b0 < sizes[t]; b0 += B) {
+      const std::size_t b1 = std::min(sizes[t], b0 + B);
+      double stage1 = 0.0, mean_amax = 0.0;
+      for (int r = 0; r < m; ++r) {
+        double amax = 0.0;
+        for (std::size_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(static_cast<double>(d[static_cast<std::size_t>(r)][t][i])));
+        stage1 += amax / levels / 2.0 / m;
+      }
+      std::vector<double> mean(b1 - b0, 0.0);
+      for (std::size_t i = b0; i < b1; ++i) {
+        for (int r = 0; r < m; ++r) mean[i - b0] += d[static_cast<std::size_t>(r)][t][i];
+        mean[i - b0] /= m;
+        mean_amax = std::max(mean_amax, std::fabs(mean[i - b0]));
+      }
+      const double stage2 = (mean_amax + stage1) / levels / 2.0;
+      for (std::size_t i = b0; i < b1; ++i) {
+        const double err = std::fabs(-static_cast<double>(got[t][i]) - mean[i - b0]);
+        CAPTURE(t);
+        CAPTURE(i);
+        REQUIRE(err <= (stage1 + stage2) * (1 + 1e-5) + 1e-6 * mean_amax);
+      }
+    }
+  }
+}
+
+// Cast bound: half an ulp of a p-bit mantissa is at most |x| 2^-(p+1), at
+// each of the two stages (plus fp16's subnormal spacing 2^-24 / 2).
+void check_cast(int m, unsigned salt, const std::vector<std::vector<float>>& got, int p, double tiny) {
+  std::vector<std::vector<std::vector<float>>> d;
+  for (int r = 0; r < m; ++r) d.push_back(deltas(r, salt));
+  const double h = std::ldexp(1.0, -(p + 1));
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    for (std::size_t i = 0; i < sizes[t]; ++i) {
+      double mean = 0.0, abs_mean = 0.0;
+      for (int r = 0; r < m; ++r) {
+        mean += d[static_cast<std::size_t>(r)][t][i];
+        abs_mean += std::fabs(static_cast<double>(d[static_cast<std::size_t>(r)][t][i]));
+      }
+      mean /= m;
+      abs_mean /= m;
+      const double stage1 = abs_mean * h + tiny;
+      const double stage2 = (std::fabs(mean) + stage1) * h + tiny;
+      CAPTURE(t);
+      CAPTURE(i);
+      REQUIRE(std::fabs(-static_cast<double>(got[t][i]) - mean) <= (stage1 + stage2) * (1 + 1e-5) + 1e-7 * abs_mean);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("compressed mean within the codec's bound of the exact mean, M = 1, 2, 3, 4, 7") {
+  for (int m : {1, 2, 3, 4, 7}) {
+    CAPTURE(m);
+    check_blockwise(m, 1, run_round<cp::blockwise<dc::int8, B>>(m, 1), 127.0f);
+    check_blockwise(m, 2, run_round<cp::blockwise<dc::int4, B>>(m, 2), 7.0f);
+    check_blockwise(m, 3, run_round<cp::error_feedback<cp::blockwise<dc::int4, B>>>(m, 3), 7.0f);
+    check_cast(m, 4, run_round<cp::cast<dc::bf16>>(m, 4), 7, 0.0);
+    check_cast(m, 5, run_round<cp::cast<dc::fp16>>(m, 5), 10, std::ldexp(1.0, -25));
+    // Top-k keeping everything is the exact mean up to fp32 summation.
+    const auto all = run_round<cp::topk<64>>(m, 6, {.fraction = 1.0f});
+    check_cast(m, 6, all, 22, 0.0);
+  }
+}
+
+TEST_CASE("the bytes on the wire are what the codec promises") {
+  constexpr int m = 4;
+  dc::comm::threads::world world(m);
+  world.run([&](dc::comm::threads& comm) {
+    std::vector<std::vector<float>> theta;
+    for (auto n : sizes) theta.emplace_back(n, 0.0f);
+    trainer<cp::error_feedback<cp::blockwise<dc::int8, B>>> t(theta, comm, {.inner_steps = 1, .inner = {.lr = 1.0f}});
+    t.step(deltas(comm.rank(), 7));
+    // Blocks per tensor of 1, 37, 300, 129 elements at B = 128: 1 + 1 + 3 + 2
+    // = 7, each 4 + 128 bytes; plus one 64-byte header per shard.
+    const double total = 1 + 37 + 300 + 129;
+    CHECK(t.stats().encoded_bytes_per_parameter == doctest::Approx((7 * 132 + m * 64) / total));
+    // All-to-all and all-gather of equal slots: 2 (M - 1) slots sent.
+    CHECK(t.stats().last_round_bytes_sent % (2 * (m - 1)) == 0);
+    CHECK(t.stats().compression_error_norm > 0.0);
+    CHECK(t.stats().compression_error_norm < 0.05 * t.stats().pseudo_gradient_norm);
+  });
+}
+
+TEST_CASE("compressed rounds reject NaN on every rank and leave all state unchanged") {
+  constexpr int m = 4;
+  dc::comm::threads::world world(m);
+  world.run([&](dc::comm::threads& comm) {
+    std::vector<std::vector<float>> theta;
+    for (auto n : sizes) theta.emplace_back(n, 0.0f);
+    trainer<cp::error_feedback<cp::blockwise<dc::int8, B>>> t(theta, comm, {.inner_steps = 1, .inner = {.lr = 1.0f}});
+    CHECK(t.step(deltas(comm.rank(), 8)));  // a good round builds residuals
+    const auto g = t.global_parameters();
+    const auto e = t.compression_residual();
+    REQUIRE(e.size() == g.size());
+    const std::vector<float> g0(g.data(), g.data() + g.size()), e0(e.data(), e.data() + e.size());
+    auto bad = deltas(comm.rank(), 9);
+    if (comm.rank() == 1) bad[2][17] = std::numeric_limits<float>::quiet_NaN();
+    CHECK_THROWS_WITH_AS(t.step(bad), doctest::Contains("non-finite pseudo-gradient from rank 1"), dc::numeric_error);
+    CHECK(std::memcmp(g.data(), g0.data(), g0.size() * 4) == 0);
+    CHECK(std::memcmp(e.data(), e0.data(), e0.size() * 4) == 0);
+    CHECK(t.step(deltas(comm.rank(), 10)));
+  });
+}
+
+TEST_CASE("fp16 overflow in the mean is rejected, not applied") {
+  dc::comm::threads::world world(2);
+  world.run([&](dc::comm::threads& comm) {
+    std::vector<float> theta(10, 0.0f);
+    trainer<cp::cast<dc::fp16>> t(theta, comm, {.inner_steps = 1, .inner = {.lr = 1.0f}});
+    std::vector<float> g(10, 1.0f);
+    g[3] = 1e6f;  // beyond fp16's range
+    CHECK_THROWS_AS(t.step(g), dc::numeric_error);
+    for (float x : theta) CHECK(x == 0.0f);
+  });
+}
+
+namespace {
+
+// A threads communicator whose all-to-all delivers one flipped byte to
+// `victim` on the round numbered `on_call` (fault injection on a real
+// exchange).
+class flaky_link {
+ public:
+  using request = dc::comm::threads::request;
+  flaky_link(dc::comm::threads& c, int victim, int on_call) : c_(c), victim_(victim), on_call_(on_call) {}
+  int rank() const { return c_.rank(); }
+  int size() const { return c_.size(); }
+  dc::traffic_counters traffic() const { return c_.traffic(); }
+  void all_reduce(std::span<float> b, dc::reduce_op op) { c_.all_reduce(b, op); }
+  void broadcast(std::span<float> b, int root) { c_.broadcast(b, root); }
+  void broadcast(std::span<std::byte> b, int root) { c_.broadcast(b, root); }
+  void all_to_all(std::span<const std::byte> s, std::span<std::byte> r) {
+    c_.all_to_all(s, r);
+    // Byte 100 of the slot from rank 1: inside its segment's payload.
+    if (++calls_ == on_call_ && rank() == victim_) r[r.size() / static_cast<std::size_t>(size()) + 100] ^= std::byte{0x10};
+  }
+  void all_gather(std::span<const std::byte> s, std::span<std::byte> r) { c_.all_gather(s, r); }
+  void barrier() { c_.barrier(); }
+  request iall_reduce(std::span<float> b, dc::reduce_op op) { return c_.iall_reduce(b, op); }
+  request ibroadcast(std::span<float> b, int root) { return c_.ibroadcast(b, root); }
+  request ibroadcast(std::span<std::byte> b, int root) { return c_.ibroadcast(b, root); }
+  request iall_to_all(std::span<const std::byte> s, std::span<std::byte> r) { return c_.iall_to_all(s, r); }
+  request iall_gather(std::span<const std::byte> s, std::span<std::byte> r) { return c_.iall_gather(s, r); }
+  request ibarrier() { return c_.ibarrier(); }
+
+ private:
+  dc::comm::threads& c_;
+  int victim_, on_call_, calls_ = 0;
+};
+
+}  // namespace
+
+TEST_CASE("corrupt bytes in transit: every rank rejects the round with format_error") {
+  constexpr int m = 3;
+  std::atomic<int> precise{0};
+  dc::comm::threads::world world(m);
+  world.run([&](dc::comm::threads& inner) {
+    flaky_link comm(inner, 2, 2);
+    std::vector<float> theta(500, 0.0f);
+    dc::algorithm<dc::inner::sgd, dc::outer::nesterov, cp::error_feedback<cp::blockwise<dc::int8>>, flaky_link> t(
+        theta, comm, {.inner_steps = 1, .inner = {.lr = 1.0f}});
+    std::vector<float> g(500);
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = std::sin(static_cast<float>(i + 1) * static_cast<float>(comm.rank() + 1));
+    CHECK(t.step(g));
+    const auto gl = t.global_parameters();
+    const std::vector<float> before(gl.data(), gl.data() + gl.size());
+    try {
+      t.step(g);
+      FAIL("the corrupt round was applied");
+    } catch (const dc::format_error& e) {
+      const std::string what = e.what();
+      if (comm.rank() == 2) {
+        if (what.find("checksum mismatch") != std::string::npos) precise.fetch_add(1);
+      } else {
+        CHECK(what.find("rank(s) 2 received corrupt compressed data") != std::string::npos);
+      }
+    }
+    CHECK(std::memcmp(gl.data(), before.data(), before.size() * 4) == 0);
+    CHECK(std::memcmp(theta.data(), before.data(), before.size() * 4) == 0);
+    CHECK(t.step(g));  // the next round goes through
+  });
+  CHECK(precise.load() == 1);
+}
