@@ -57,13 +57,21 @@ class host {
 
   // f(i) for every i in [0, n).
   template <class F>
-  void for_each(std::size_t n, const F& f) const {
+  void for_each(std::size_t n, const F& functor) const {
+    // A local copy: its fields (flags, scalars, pointers) cannot alias the
+    // floats the loop stores, so the compiler hoists the functor's uniform
+    // branches out of the loop and vectorizes it.
+    const F f = functor;
 #if defined(_OPENMP)
     const int team = threads();
     if (n >= parallel_threshold && team > 1) {
       const auto sn = static_cast<std::ptrdiff_t>(n);
-#pragma omp parallel for schedule(static) num_threads(team)
-      for (std::ptrdiff_t i = 0; i < sn; ++i) f(static_cast<std::size_t>(i));
+#pragma omp parallel num_threads(team)
+      {
+        const F mine = f;  // per thread, for the same reason as above
+#pragma omp for schedule(static)
+        for (std::ptrdiff_t i = 0; i < sn; ++i) mine(static_cast<std::size_t>(i));
+      }
       return;
     }
 #endif
@@ -75,8 +83,9 @@ class host {
   // several sums with += and a zero default). f may also write: this is how
   // a pass fuses its side effects with its norms.
   template <class F>
-  auto transform_reduce(std::size_t n, const F& f) {
+  auto transform_reduce(std::size_t n, const F& functor) {
     using R = sum_type<F>;
+    const F f = functor;  // see for_each
     if (n <= reduce_chunk) return chunk_sum(0, n, f);
     const std::size_t chunks = (n + reduce_chunk - 1) / reduce_chunk;
     std::vector<R> local;

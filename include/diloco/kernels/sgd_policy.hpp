@@ -28,8 +28,11 @@ sgd_update make_sgd_update(const Options& o, std::uint64_t step) {
   u.momentum = o.momentum;
   u.one_minus_dampening = static_cast<float>(1.0 - static_cast<double>(o.dampening));
   u.weight_decay = o.weight_decay;
-  u.nesterov = o.nesterov;
-  u.first_step = step <= 1;
+  const bool first = step <= 1;
+  u.carry = first ? 0.0f : o.momentum;
+  u.gain = first ? 1.0f : u.one_minus_dampening;
+  u.keep = o.nesterov ? 1.0f : 0.0f;
+  u.through = o.nesterov ? o.momentum : 1.0f;
   return u;
 }
 

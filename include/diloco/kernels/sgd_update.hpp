@@ -17,15 +17,23 @@ struct sgd_update {
   float momentum = 0.0f;
   float one_minus_dampening = 1.0f;
   float weight_decay = 0.0f;
-  bool nesterov = false;
-  bool first_step = true;
+  // Derived per step by make_sgd_update, so the element math has no
+  // data-dependent branches and vectorizes:
+  //   b = carry * b_old + gain * g        (carry 0, gain 1 on the first step:
+  //                                        b = g, the zeroed slot times 0)
+  //   g = keep * g + through * b          (Nesterov: keep 1, through mu;
+  //                                        plain momentum: keep 0, through 1)
+  float carry = 0.0f;
+  float gain = 1.0f;
+  float keep = 0.0f;
+  float through = 1.0f;
 
   DILOCO_HD DILOCO_FORCEINLINE void operator()(float& p, float g, float* s, std::size_t /*stride*/) const {
     if (weight_decay != 0.0f) g = g + weight_decay * p;
     if (momentum != 0.0f) {
-      const float b = first_step ? g : momentum * s[0] + one_minus_dampening * g;
+      const float b = carry * s[0] + gain * g;
       s[0] = b;
-      g = nesterov ? g + momentum * b : b;
+      g = keep * g + through * b;
     }
     p = p - lr * g;
   }

@@ -1,0 +1,63 @@
+#pragma once
+
+// Shared by the host benchmarks: timing (median of repetitions), argument
+// parsing, and `name: value` output.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+namespace bench {
+
+inline int threads() {
+#if defined(_OPENMP)
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+// Median wall time of `reps` calls of f (after one warm-up call).
+template <class F>
+double median_seconds(int reps, F&& f) {
+  f();
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+inline void print(const std::string& name, double value) { std::printf("%s: %.6g\n", name.c_str(), value); }
+inline void print(const std::string& name, const std::string& value) { std::printf("%s: %s\n", name.c_str(), value.c_str()); }
+
+// --name value flags with integer values.
+struct args {
+  int argc;
+  char** argv;
+  long get(const char* name, long fallback) const {
+    for (int i = 1; i + 1 < argc; ++i)
+      if (std::strcmp(argv[i], name) == 0) return std::strtol(argv[i + 1], nullptr, 10);
+    return fallback;
+  }
+};
+
+// Parallel first touch, the way the passes will use the pages.
+inline void fill(std::vector<float>& v, float base) {
+  const auto n = static_cast<std::ptrdiff_t>(v.size());
+#pragma omp parallel for schedule(static)
+  for (std::ptrdiff_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = base + 1e-7f * static_cast<float>(i % 1000);
+}
+
+}  // namespace bench
