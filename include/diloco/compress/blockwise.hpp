@@ -29,34 +29,40 @@ struct blockwise_codec {
 
   DILOCO_HD void encode(const float* v, std::size_t len, std::byte* out, float* dq, std::uint64_t stream,
                         std::uint64_t index0) const {
-    float amax = 0.0f;
-    for (std::size_t j = 0; j < len; ++j) amax = kernels::amax_step(amax, v[j]);
+    len = len < B ? len : B;  // blocks never exceed B; saying so bounds the padding loops for the compiler
+    const float amax = kernels::block_amax(v, len);
     std::memcpy(out, &amax, 4);
-    const auto s = kernels::quant_scale::make(amax, Format::levels);
-    std::byte* q = out + 4;
-    for (std::size_t j = 0; j < len; ++j) {
-      const float u = Rounding::stochastic ? kernels::random_unit(stream, index0 + j) : -1.0f;
-      const int qi = s.quantize(v[j], u);
-      dq[j] = kernels::dequantize(qi, amax, Format::levels);
-      if constexpr (Format::bits == 8) {
-        q[j] = static_cast<std::byte>(static_cast<std::int8_t>(qi));
-      } else {
-        const auto nibble = static_cast<unsigned>(qi) & 0xfu;
-        if (j % 2 == 0)
-          q[j / 2] = static_cast<std::byte>(nibble);
-        else
-          q[j / 2] |= static_cast<std::byte>(nibble << 4);
-      }
+    float q[B];
+    if constexpr (Rounding::stochastic)
+      kernels::quantize_block<true>(v, len, amax, Format::levels, q, dq,
+                                    [&](std::size_t j) { return kernels::random_unit(stream, index0 + j); });
+    else
+      kernels::quantize_block<false>(v, len, amax, Format::levels, q, dq, [](std::size_t) { return 0.0f; });
+    auto* bytes = reinterpret_cast<unsigned char*>(out + 4);
+    if constexpr (Format::bits == 8) {
+      for (std::size_t j = 0; j < len; ++j) bytes[j] = static_cast<unsigned char>(static_cast<int>(q[j]));
+      if (len < value_bytes) std::memset(bytes + len, 0, value_bytes - len);  // padding of a partial block
+    } else {
+      const std::size_t pairs = len / 2;
+      for (std::size_t p = 0; p < pairs; ++p)
+        bytes[p] = static_cast<unsigned char>((static_cast<unsigned>(static_cast<int>(q[2 * p])) & 0xfu) |
+                                              ((static_cast<unsigned>(static_cast<int>(q[2 * p + 1])) & 0xfu) << 4));
+      std::size_t used = pairs;
+      if (len % 2) bytes[used++] = static_cast<unsigned char>(static_cast<unsigned>(static_cast<int>(q[len - 1])) & 0xfu);
+      if (used < value_bytes) std::memset(bytes + used, 0, value_bytes - used);
     }
-    // Unused bytes of a partial block are zero, so equal inputs give equal bytes.
-    for (std::size_t b = (Format::bits == 8 ? len : (len + 1) / 2); b < value_bytes; ++b) q[b] = std::byte{0};
   }
 
   DILOCO_HD void decode(const std::byte* in, std::size_t len, float* dq) const {
     float amax;
     std::memcpy(&amax, in, 4);
     const std::byte* q = in + 4;
-    for (std::size_t j = 0; j < len; ++j) dq[j] = kernels::dequantize(value(q, j), amax, Format::levels);
+    const float scale = amax / Format::levels;
+    if (kernels::scale_is_normal(amax, Format::levels) || !(amax - amax == 0.0f)) {
+      for (std::size_t j = 0; j < len; ++j) dq[j] = static_cast<float>(value(q, j)) * scale;
+    } else {
+      for (std::size_t j = 0; j < len; ++j) dq[j] = kernels::dequantize(value(q, j), amax, Format::levels);
+    }
   }
 
   // Values outside [-L, L] (int8's -128, int4's -8) are never written, and

@@ -13,6 +13,26 @@
 
 namespace diloco::kernels {
 
+// The sum of squares of f(j) over j in [0, len), in 8 fixed fp32 lanes
+// (so the loop vectorizes without reassociating anything: deterministic),
+// returned in double. f may write as it goes: this is how a block's pass
+// fuses its stores with its norms.
+template <class F>
+DILOCO_HD DILOCO_FORCEINLINE double lane_squares(std::size_t len, F&& f) {
+  float acc[8] = {};
+  std::size_t j = 0;
+  for (; j + 8 <= len; j += 8)
+    for (std::size_t l = 0; l < 8; ++l) {
+      const float x = f(j + l);
+      acc[l] += x * x;
+    }
+  for (std::size_t l = 0; j < len; ++j, ++l) {
+    const float x = f(j);
+    acc[l] += x * x;
+  }
+  return static_cast<double>(((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7])));
+}
+
 // Two sums from one pass.
 struct sums2 {
   double a = 0.0;
@@ -51,24 +71,38 @@ struct encode_pseudo_gradient {
   DILOCO_HD sums2 operator()(std::size_t b) const {
     const compress::block_ref blk = blocks[b];
     const std::size_t off = tensors.offset[blk.tensor] + blk.start;
-    const float* local = tensors.local[blk.tensor] + blk.start;
-    // Value-initialized: the codec reads only [0, len), which the compiler
-    // cannot see.
-    float v[Codec::block]{};
+    const float* DILOCO_RESTRICT local = tensors.local[blk.tensor] + blk.start;
+    float v[Codec::block];
     float dq[Codec::block];
-    sums2 out;
-    for (std::size_t j = 0; j < blk.len; ++j) {
-      const float d = global[off + j] - local[j];
-      out.a += static_cast<double>(d) * static_cast<double>(d);
-      v[j] = residual ? d + residual[off + j] : d;
+    const float* DILOCO_RESTRICT g = global + off;
+    double delta_sq;
+    if (residual) {
+      const float* DILOCO_RESTRICT e = residual + off;
+      delta_sq = lane_squares(blk.len, [&](std::size_t j) {
+        const float d = g[j] - local[j];
+        v[j] = d + e[j];
+        return d;
+      });
+    } else {
+      delta_sq = lane_squares(blk.len, [&](std::size_t j) {
+        const float d = g[j] - local[j];
+        v[j] = d;
+        return d;
+      });
     }
     codec.encode(v, blk.len, payload + b * stride, dq, stream, off);
-    for (std::size_t j = 0; j < blk.len; ++j) {
-      const float e = v[j] - dq[j];
-      out.b += static_cast<double>(e) * static_cast<double>(e);
-      if (new_residual) new_residual[off + j] = e;
+    double error_sq;
+    if (new_residual) {
+      float* DILOCO_RESTRICT e = new_residual + off;
+      error_sq = lane_squares(blk.len, [&](std::size_t j) {
+        const float err = v[j] - dq[j];
+        e[j] = err;
+        return err;
+      });
+    } else {
+      error_sq = lane_squares(blk.len, [&](std::size_t j) { return v[j] - dq[j]; });
     }
-    return out;
+    return {delta_sq, error_sq};
   }
 };
 
@@ -99,9 +133,7 @@ struct reduce_shard {
     const auto m = static_cast<float>(world);
     for (std::size_t j = 0; j < blk.len; ++j) acc[j] = acc[j] / m;
     codec.encode(acc, blk.len, payload + b * stride, dq, stream, offset[blk.tensor] + blk.start);
-    double sq = 0.0;
-    for (std::size_t j = 0; j < blk.len; ++j) sq += static_cast<double>(dq[j]) * static_cast<double>(dq[j]);
-    return sq;
+    return lane_squares(blk.len, [&](std::size_t j) { return dq[j]; });
   }
 };
 

@@ -1,0 +1,119 @@
+// The compressed round's fused passes on the host against STREAM triad on
+// the same sizes, in one run: stage-1 encode (pseudo-gradient + residual ->
+// encoded shard + new residual), the shard reduction (decode M encodings,
+// sum, re-encode) and decode + outer step + copy-back. Communication is
+// excluded. Bytes are the minimum each pass must move per parameter.
+//
+//   bench_compress_step [--log2 24] [--reps 7] [--workers 4]
+
+#include <diloco/diloco.hpp>
+#include <string>
+#include <vector>
+
+#include "bench_common.hpp"
+
+namespace dc = diloco;
+namespace cp = diloco::compress;
+
+namespace {
+
+template <class Compressor>
+void run(const char* name, std::size_t n, int world, int reps, double triad_gbps) {
+  using codec = typename Compressor::codec;
+  const codec c = Compressor::make_codec({});
+  const cp::block_layout layout({n}, codec::block, world);
+  const std::size_t stride = c.stride();
+  const double enc = static_cast<double>(layout.block_count() * stride) / static_cast<double>(n);  // encoded B/param
+  std::vector<float> global(n), local(n), residual(n), next(n), momentum(n);
+  bench::fill(global, 1.0f);
+  bench::fill(local, 0.999f);
+  bench::fill(residual, 0.0f);
+  bench::fill(next, 0.0f);
+  bench::fill(momentum, 0.0f);
+  std::vector<std::byte> payload(layout.block_count() * stride);
+  std::vector<float*> ptrs{local.data()};
+  std::vector<std::size_t> offsets{0};
+  const dc::kernels::tensor_table table{ptrs.data(), offsets.data()};
+  dc::exec::host ex(bench::threads());
+  constexpr bool ef = Compressor::has_error_feedback;
+
+  // Stage 1 over all shards: read global, local (+ residual), write the
+  // encoding (+ the new residual).
+  const double t_encode = bench::median_seconds(reps, [&] {
+    ex.transform_reduce(layout.block_count(),
+                        dc::kernels::encode_pseudo_gradient<codec>{c, layout.blocks(), table, global.data(),
+                                                                   ef ? residual.data() : nullptr,
+                                                                   ef ? next.data() : nullptr, payload.data(), stride, 1});
+  });
+  const double encode_bytes = (ef ? 16.0 : 8.0) + enc;
+
+  // Stages 3+4 for one shard: read M encodings of the shard, write one.
+  const int shard = 0;
+  const std::size_t shard_blocks = layout.blocks_in(shard);
+  std::vector<std::byte> out(shard_blocks * stride);
+  std::vector<const std::byte*> received(static_cast<std::size_t>(world), payload.data());
+  const double t_reduce = bench::median_seconds(reps, [&] {
+    ex.transform_reduce(shard_blocks, dc::kernels::reduce_shard<codec>{c, layout.blocks(), offsets.data(),
+                                                                       received.data(), world, out.data(), stride, 2});
+  });
+  const double shard_elements = static_cast<double>(layout.elements_in(shard));
+  const double reduce_bytes = (world + 1) * enc;
+
+  // Stage 7 over all shards: read the mean's encoding, momentum and global,
+  // write momentum, global and local.
+  const auto nesterov = dc::outer::nesterov::make_update({}, 2);
+  const double t_apply = bench::median_seconds(reps, [&] {
+    for (int s = 0; s < world; ++s)
+      ex.for_each(layout.blocks_in(s),
+                  dc::kernels::decode_apply<codec, dc::kernels::sgd_update>{
+                      c, nesterov, layout.blocks() + layout.first_block(s), table,
+                      payload.data() + layout.first_block(s) * stride, stride, global.data(), momentum.data(), n});
+  });
+  const double apply_bytes = 20.0 + enc;
+
+  const double gn = static_cast<double>(n) / 1e9;
+  const std::string p = std::string(name) + ".";
+  bench::print(p + "encoded_bytes_per_param", enc);
+  bench::print(p + "encode_bytes_per_param", encode_bytes);
+  bench::print(p + "encode_gbps", encode_bytes * gn / t_encode);
+  bench::print(p + "encode_vs_triad", encode_bytes * gn / t_encode / triad_gbps);
+  bench::print(p + "reduce_bytes_per_param", reduce_bytes);
+  bench::print(p + "reduce_gbps", reduce_bytes * shard_elements / 1e9 / t_reduce);
+  bench::print(p + "reduce_vs_triad", reduce_bytes * shard_elements / 1e9 / t_reduce / triad_gbps);
+  bench::print(p + "decode_apply_bytes_per_param", apply_bytes);
+  bench::print(p + "decode_apply_gbps", apply_bytes * gn / t_apply);
+  bench::print(p + "decode_apply_vs_triad", apply_bytes * gn / t_apply / triad_gbps);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bench::args a{argc, argv};
+  const std::size_t n = std::size_t{1} << a.get("--log2", 24);
+  const int reps = static_cast<int>(a.get("--reps", 7));
+  const int world = static_cast<int>(a.get("--workers", 4));
+  bench::print("threads", bench::threads());
+  bench::print("parameters", static_cast<double>(n));
+
+  std::vector<float> x(n), y(n), z(n);
+  bench::fill(x, 1.0f);
+  bench::fill(y, 2.0f);
+  bench::fill(z, 0.0f);
+  const auto sn = static_cast<std::ptrdiff_t>(n);
+  float* zp = z.data();
+  const float* xp = x.data();
+  const float* yp = y.data();
+  const double t_triad = bench::median_seconds(reps, [&] {
+#pragma omp parallel for schedule(static)
+    for (std::ptrdiff_t i = 0; i < sn; ++i) zp[i] = xp[i] + 0.5f * yp[i];
+  });
+  const double triad_gbps = 12.0 * static_cast<double>(n) / 1e9 / t_triad;
+  bench::print("triad_gbps", triad_gbps);
+
+  run<cp::cast<dc::bf16>>("bf16", n, world, reps, triad_gbps);
+  run<cp::error_feedback<cp::cast<dc::bf16>>>("bf16_ef", n, world, reps, triad_gbps);
+  run<cp::blockwise<dc::int8>>("int8", n, world, reps, triad_gbps);
+  run<cp::error_feedback<cp::blockwise<dc::int8>>>("int8_ef", n, world, reps, triad_gbps);
+  run<cp::error_feedback<cp::blockwise<dc::int4>>>("int4_ef", n, world, reps, triad_gbps);
+  return 0;
+}
