@@ -28,6 +28,7 @@
 #include "diloco/comm/detail/nccl_status.hpp"
 #include "diloco/comm/detail/nccl_unique_id.hpp"
 #include "diloco/core/comm_types.hpp"
+#include "diloco/core/concepts.hpp"
 #include "diloco/core/error.hpp"
 #include "diloco/core/memory_space.hpp"
 #include "diloco/tensor/tensor_traits.hpp"
@@ -776,5 +777,8 @@ class nccl {
   std::shared_ptr<shared_state> state_;
   traffic_counters traffic_{};
 };
+
+static_assert(device_communicator<nccl>, "comm::nccl must model diloco::device_communicator");
+static_assert(!communicator<nccl>, "comm::nccl must not accept host memory");
 
 }  // namespace diloco::comm
