@@ -103,20 +103,28 @@ TEST_SUITE("bootstrap") {
   }
 }
 
+namespace {
+
+// This process's device (node-local rank), made current so the test's
+// buffers are allocated there too.
+int use_local_device() {
+  const int device = dc::comm::node_local_rank(MPI_COMM_WORLD) % device_count();
+  device_conformance::cuda_ok(cudaSetDevice(device), "cudaSetDevice");
+  return device;
+}
+
+}  // namespace
+
 TEST_SUITE("gpu") {
   TEST_CASE("every conformance check, one device per process, bootstrapped over MPI") {
-    const int devices = device_count();
-    const int local = dc::comm::node_local_rank(MPI_COMM_WORLD);
-    nccl comm = nccl::from_mpi(MPI_COMM_WORLD, {.device = local % devices, .timeout = std::chrono::seconds(60)});
+    nccl comm = nccl::from_mpi(MPI_COMM_WORLD, {.device = use_local_device(), .timeout = std::chrono::seconds(60)});
     CHECK(comm.rank() == world_rank());
     CHECK(comm.size() == world_size());
     device_conformance::check_all_operations(comm);
   }
 
   TEST_CASE("a size mismatch across processes is a comm_error on every rank") {
-    const int devices = device_count();
-    const int local = dc::comm::node_local_rank(MPI_COMM_WORLD);
-    nccl comm = nccl::from_mpi(MPI_COMM_WORLD, {.device = local % devices, .timeout = std::chrono::seconds(60)});
+    nccl comm = nccl::from_mpi(MPI_COMM_WORLD, {.device = use_local_device(), .timeout = std::chrono::seconds(60)});
     device_conformance::device_array<float> x(std::vector<float>(static_cast<std::size_t>(3 + comm.rank()), 1.0f));
     CHECK_THROWS_WITH_AS(comm.all_reduce(x.view(), dc::reduce_op::sum),
                          doctest::Contains("buffer sizes differ across ranks"), dc::comm_error);
