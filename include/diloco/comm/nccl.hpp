@@ -9,7 +9,8 @@
 // (or the creation) that does not finish within options.timeout aborts the
 // communicator (ncclCommAbort) and throws comm_error. Ranks that disagree on
 // an operation's size, root or reduction get a comm_error before any data
-// moves (options.check_agreement).
+// moves (options.check_agreement). Like every diloco communicator, one
+// thread at a time uses a communicator and its requests.
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -42,8 +43,9 @@ struct nccl_options {
   int device = -1;
   // Stream every operation is enqueued on. nullptr: the communicator creates
   // a non-blocking stream of its own (for the legacy default stream, pass
-  // cudaStreamLegacy). Work that produces the buffers on another stream must
-  // be ordered before the call (an event, or a synchronize).
+  // cudaStreamLegacy); a stream passed in must belong to `device` and
+  // outlive the communicator. Work that produces the buffers on another
+  // stream must be ordered before the call (an event, or a synchronize).
   cudaStream_t stream = nullptr;
   // Longest the creation or one operation may take, counted from its issue;
   // past it the communicator is aborted and comm_error thrown.
