@@ -67,6 +67,8 @@ if(NOT DILOCO_ENABLE_NCCL STREQUAL "OFF" AND DILOCO_HAVE_CUDA)
   find_library(DILOCO_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
   if(DILOCO_NCCL_INCLUDE_DIR AND DILOCO_NCCL_LIBRARY)
     set(_found ON)
+    # A hint for the installed package's own search (dilocoConfig.cmake).
+    get_filename_component(DILOCO_NCCL_LIBRARY_DIR "${DILOCO_NCCL_LIBRARY}" DIRECTORY)
   endif()
 endif()
 _diloco_resolve(NCCL _found)
@@ -114,7 +116,10 @@ macro(diloco_add_backend_targets)
     add_library(diloco_nccl INTERFACE)
     add_library(diloco::nccl ALIAS diloco_nccl)
     set_target_properties(diloco_nccl PROPERTIES EXPORT_NAME nccl)
+    # In the build tree the library found above; installed, the imported
+    # target diloco::nccl_library that dilocoConfig.cmake finds anew.
     target_link_libraries(diloco_nccl INTERFACE diloco_cuda "$<BUILD_INTERFACE:${DILOCO_NCCL_LIBRARY}>"
-                                                 "$<INSTALL_INTERFACE:nccl>")
+                                                 "$<INSTALL_INTERFACE:diloco::nccl_library>")
+    target_include_directories(diloco_nccl SYSTEM INTERFACE "$<BUILD_INTERFACE:${DILOCO_NCCL_INCLUDE_DIR}>")
   endif()
 endmacro()

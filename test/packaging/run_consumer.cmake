@@ -1,5 +1,9 @@
 # cmake -DMODE=find_package|add_subdirectory -DDILOCO_SOURCE_DIR=.. -DDILOCO_BINARY_DIR=..
 #       -DWORK_DIR=.. -DCXX=.. -DGENERATOR=.. -P run_consumer.cmake
+# -DCONSUMER=<dir under this one> picks the consumer project (default: consumer).
+if(NOT DEFINED CONSUMER)
+  set(CONSUMER consumer)
+endif()
 file(REMOVE_RECURSE ${WORK_DIR})
 file(MAKE_DIRECTORY ${WORK_DIR})
 
@@ -23,6 +27,6 @@ else()
   list(APPEND consumer_args -DDILOCO_SOURCE_DIR=${DILOCO_SOURCE_DIR})
 endif()
 
-run(${CMAKE_COMMAND} -S ${CMAKE_CURRENT_LIST_DIR}/consumer -B ${WORK_DIR}/build -G ${GENERATOR} ${consumer_args})
+run(${CMAKE_COMMAND} -S ${CMAKE_CURRENT_LIST_DIR}/${CONSUMER} -B ${WORK_DIR}/build -G ${GENERATOR} ${consumer_args})
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run(${WORK_DIR}/build/consumer)
