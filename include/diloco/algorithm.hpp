@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "diloco/comm/detail/transport.hpp"
 #include "diloco/core/concepts.hpp"
 #include "diloco/core/error.hpp"
 #include "diloco/core/stats.hpp"
@@ -81,6 +82,8 @@ struct engine_base {
   virtual float inner_lr() const = 0;
   virtual const float* global_data() const = 0;
   virtual std::size_t parameter_count() const = 0;
+  virtual std::size_t flat_size() const = 0;
+  virtual std::size_t offset(std::size_t k) const = 0;
   virtual std::size_t tensor_count() const = 0;
   virtual std::size_t steps_in_round() const = 0;
   virtual const diloco::stats& statistics() const = 0;
@@ -94,7 +97,12 @@ class engine final : public engine_base {
   using clock = std::chrono::steady_clock;
 
   engine(parameter_set<float, Space> params, Comm& comm, const options& opts)
-      : comm_(comm), opts_(opts), params_(std::move(params)), world_(comm.size()), rank_(comm.rank()) {
+      : comm_(comm),
+        opts_(opts),
+        params_(std::move(params)),
+        world_(comm.size()),
+        rank_(comm.rank()),
+        transport_(world_ > 1 ? params_.total() + static_cast<std::size_t>(world_) : 0) {
     const std::size_t n = params_.total();
     outer_slots_ = Outer::state_slots(opts_.outer);
     global_ = buffer<float, Space>(n);
@@ -115,7 +123,7 @@ class engine final : public engine_base {
       const auto t0 = clock::now();
       for (std::size_t k = 0; k < params_.count(); ++k) {
         auto& p = params_[k];
-        comm_.broadcast(std::span<float>(p.data(), p.size()), 0);
+        transport_.broadcast(comm_, exec_, p.data(), p.size(), 0);
       }
       stats_.comm_seconds += seconds_since(t0);
       add_traffic(traffic0, false);
@@ -125,7 +133,9 @@ class engine final : public engine_base {
 
   space_id space() const override { return space_id_v<Space>; }
   const float* global_data() const override { return global_.data(); }
-  std::size_t parameter_count() const override { return params_.total(); }
+  std::size_t parameter_count() const override { return params_.elements(); }
+  std::size_t flat_size() const override { return params_.total(); }
+  std::size_t offset(std::size_t k) const override { return params_.offset(k); }
   std::size_t tensor_count() const override { return params_.count(); }
   std::size_t steps_in_round() const override { return steps_in_round_; }
   const diloco::stats& statistics() const override { return stats_; }
@@ -177,7 +187,7 @@ class engine final : public engine_base {
 
       const auto traffic0 = comm_.traffic();
       const auto t0 = clock::now();
-      comm_.all_reduce(std::span<float>(wire_.data(), wire_.size()), reduce_op::sum);
+      transport_.all_reduce(comm_, exec_, wire_.data(), wire_.size(), reduce_op::sum);
       stats_.last_round_comm_seconds = seconds_since(t0);
       stats_.comm_seconds += stats_.last_round_comm_seconds;
       add_traffic(traffic0, true);
@@ -259,6 +269,7 @@ class engine final : public engine_base {
   int world_;
   int rank_;
   executor exec_;
+  wire_transport<Comm, Space, executor> transport_;
   std::size_t outer_slots_ = 0;
   buffer<float, Space> global_;
   optimizer_core<Inner, Space> inner_;
@@ -271,6 +282,12 @@ class engine final : public engine_base {
 
 }  // namespace detail
 
+// A communicator of host memory, of device memory, or of both: the
+// algorithm hands it the buffers of the parameters' space, staging device
+// buffers through host memory when it only takes host memory.
+template <class C>
+concept any_communicator = communicator<C> || device_communicator<C>;
+
 // DiLoCo. Every worker constructs one instance over its replica (a list of
 // its parameter tensors, or a single tensor) and calls step() with its
 // gradients after each backward pass; every `inner_steps` steps the workers
@@ -279,7 +296,7 @@ class engine final : public engine_base {
 // Construction and outer rounds are collective: every rank of the
 // communicator must take part. The instance keeps pointers into the user's
 // tensors; they must outlive it and must not move.
-template <inner_optimizer Inner, outer_optimizer Outer, compressor Compressor, communicator Comm>
+template <inner_optimizer Inner, outer_optimizer Outer, compressor Compressor, any_communicator Comm>
 class algorithm {
  public:
   using inner_type = Inner;
@@ -347,12 +364,19 @@ class algorithm {
   std::size_t parameter_count() const { return engine_->parameter_count(); }
   std::size_t steps_in_round() const { return engine_->steps_in_round(); }
 
-  // theta_global as a flat view (tensor k at the offsets of the parameter
-  // list), in the parameters' memory space.
+  // theta_global as a flat view (tensor k at global_offset(k)), in the
+  // parameters' memory space. Host tensors are packed end to end; device
+  // tensors start at multiples of 16 floats, with zero padding between.
   template <class Space = host_space>
   tensor_view<const float, Space> global_parameters() const {
     check_space<Space>();
-    return {engine_->global_data(), engine_->parameter_count()};
+    return {engine_->global_data(), engine_->flat_size()};
+  }
+  // Where parameter tensor k starts in global_parameters().
+  std::size_t global_offset(std::size_t k) const {
+    if (k >= engine_->tensor_count())
+      detail::raise<config_error>("global_offset(", k, "): there are ", engine_->tensor_count(), " parameter tensors");
+    return engine_->offset(k);
   }
 
  private:
@@ -375,7 +399,7 @@ class algorithm {
                   "diloco::algorithm: these tensors live in device memory; include <diloco/cuda.hpp> and compile "
                   "with nvcc to use the CUDA backend");
     parameter_set<float, Space> set(params);
-    if (set.total() == 0) detail::raise<config_error>("the parameter list is empty (0 elements); nothing to train");
+    if (set.elements() == 0) detail::raise<config_error>("the parameter list is empty (0 elements); nothing to train");
     engine_ = std::make_unique<detail::engine<Inner, Outer, Compressor, Comm, Space>>(std::move(set), comm, opts_);
   }
 
