@@ -65,7 +65,9 @@ class wire_transport<Comm, device_space, Exec> {
       exec.from_host(data, host, n);
     } else {
       // The passes that wrote `data` run on the executor's stream; the
-      // communicator may use another one.
+      // communicator may use another one. Its blocking collectives must
+      // return with the result in `data` (the next passes read it on the
+      // executor's stream).
       exec.synchronize();
       comm.all_reduce(tensor_view<float, device_space>(data, n), op);
     }
