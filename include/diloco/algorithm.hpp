@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "diloco/compress/compressed_mean.hpp"
+#include "diloco/comm/detail/transport.hpp"
 #include "diloco/core/concepts.hpp"
 #include "diloco/core/error.hpp"
 #include "diloco/core/stats.hpp"
@@ -83,6 +84,8 @@ struct engine_base {
   virtual const float* global_data() const = 0;
   virtual tensor_view<const float, host_space> residual_data() const = 0;
   virtual std::size_t parameter_count() const = 0;
+  virtual std::size_t flat_size() const = 0;
+  virtual std::size_t offset(std::size_t k) const = 0;
   virtual std::size_t tensor_count() const = 0;
   virtual std::size_t steps_in_round() const = 0;
   virtual const diloco::stats& statistics() const = 0;
@@ -96,7 +99,12 @@ class engine final : public engine_base {
   using clock = std::chrono::steady_clock;
 
   engine(parameter_set<float, Space> params, Comm& comm, const options& opts)
-      : comm_(comm), opts_(opts), params_(std::move(params)), world_(comm.size()), rank_(comm.rank()) {
+      : comm_(comm),
+        opts_(opts),
+        params_(std::move(params)),
+        world_(comm.size()),
+        rank_(comm.rank()),
+        transport_(world_ > 1 ? params_.total() + static_cast<std::size_t>(world_) : 0) {
     const std::size_t n = params_.total();
     outer_slots_ = Outer::state_slots(opts_.outer);
     global_ = buffer<float, Space>(n);
@@ -122,7 +130,7 @@ class engine final : public engine_base {
       const auto t0 = clock::now();
       for (std::size_t k = 0; k < params_.count(); ++k) {
         auto& p = params_[k];
-        comm_.broadcast(std::span<float>(p.data(), p.size()), 0);
+        transport_.broadcast(comm_, exec_, p.data(), p.size(), 0);
       }
       stats_.comm_seconds += seconds_since(t0);
       add_traffic(traffic0, false);
@@ -140,7 +148,9 @@ class engine final : public engine_base {
       return {};
     }
   }
-  std::size_t parameter_count() const override { return params_.total(); }
+  std::size_t parameter_count() const override { return params_.elements(); }
+  std::size_t flat_size() const override { return params_.total(); }
+  std::size_t offset(std::size_t k) const override { return params_.offset(k); }
   std::size_t tensor_count() const override { return params_.count(); }
   std::size_t steps_in_round() const override { return steps_in_round_; }
   const diloco::stats& statistics() const override { return stats_; }
@@ -167,7 +177,7 @@ class engine final : public engine_base {
     else
       all_reduce_round(update, state);
     stats_.wire_bytes_per_parameter =
-        static_cast<double>(stats_.last_round_bytes_sent) / static_cast<double>(params_.total());
+        static_cast<double>(stats_.last_round_bytes_sent) / static_cast<double>(params_.elements());
     ++stats_.rounds;
     steps_in_round_ = 0;
     stats_.outer_seconds += seconds_since(t_round);
@@ -215,7 +225,7 @@ class engine final : public engine_base {
 
     const auto traffic0 = comm_.traffic();
     const auto t0 = clock::now();
-    comm_.all_reduce(std::span<float>(wire_.data(), wire_.size()), reduce_op::sum);
+    transport_.all_reduce(comm_, exec_, wire_.data(), wire_.size(), reduce_op::sum);
     stats_.last_round_comm_seconds = seconds_since(t0);
     stats_.comm_seconds += stats_.last_round_comm_seconds;
     add_traffic(traffic0, true);
@@ -253,7 +263,7 @@ class engine final : public engine_base {
     stats_.pseudo_gradient_norm = res.delta_norm;
     stats_.compression_error_norm = res.error_norm;
     stats_.encoded_bytes_per_parameter =
-        static_cast<double>(res.encoded_bytes) / static_cast<double>(params_.total());
+        static_cast<double>(res.encoded_bytes) / static_cast<double>(params_.elements());
     if (!res.accepted) reject(res.problem, res.corrupt);
     reducer_->apply(exec_, update, global_.data(), state, params_.total());
   }
@@ -312,6 +322,7 @@ class engine final : public engine_base {
   int world_;
   int rank_;
   executor exec_;
+  wire_transport<Comm, Space, executor> transport_;
   std::size_t outer_slots_ = 0;
   buffer<float, Space> global_;
   optimizer_core<Inner, Space> inner_;
@@ -326,6 +337,12 @@ class engine final : public engine_base {
 
 }  // namespace detail
 
+// A communicator of host memory, of device memory, or of both: the
+// algorithm hands it the buffers of the parameters' space, staging device
+// buffers through host memory when it only takes host memory.
+template <class C>
+concept any_communicator = communicator<C> || device_communicator<C>;
+
 // DiLoCo. Every worker constructs one instance over its replica (a list of
 // its parameter tensors, or a single tensor) and calls step() with its
 // gradients after each backward pass; every `inner_steps` steps the workers
@@ -334,7 +351,7 @@ class engine final : public engine_base {
 // Construction and outer rounds are collective: every rank of the
 // communicator must take part. The instance keeps pointers into the user's
 // tensors; they must outlive it and must not move.
-template <inner_optimizer Inner, outer_optimizer Outer, compressor Compressor, communicator Comm>
+template <inner_optimizer Inner, outer_optimizer Outer, compressor Compressor, any_communicator Comm>
 class algorithm {
  public:
   using inner_type = Inner;
@@ -406,12 +423,19 @@ class algorithm {
   // feedback): part of the algorithm's state.
   tensor_view<const float, host_space> compression_residual() const { return engine_->residual_data(); }
 
-  // theta_global as a flat view (tensor k at the offsets of the parameter
-  // list), in the parameters' memory space.
+  // theta_global as a flat view (tensor k at global_offset(k)), in the
+  // parameters' memory space. Host tensors are packed end to end; device
+  // tensors start at multiples of 16 floats, with zero padding between.
   template <class Space = host_space>
   tensor_view<const float, Space> global_parameters() const {
     check_space<Space>();
-    return {engine_->global_data(), engine_->parameter_count()};
+    return {engine_->global_data(), engine_->flat_size()};
+  }
+  // Where parameter tensor k starts in global_parameters().
+  std::size_t global_offset(std::size_t k) const {
+    if (k >= engine_->tensor_count())
+      detail::raise<config_error>("global_offset(", k, "): there are ", engine_->tensor_count(), " parameter tensors");
+    return engine_->offset(k);
   }
 
  private:
@@ -434,7 +458,7 @@ class algorithm {
                   "diloco::algorithm: these tensors live in device memory; include <diloco/cuda.hpp> and compile "
                   "with nvcc to use the CUDA backend");
     parameter_set<float, Space> set(params);
-    if (set.total() == 0) detail::raise<config_error>("the parameter list is empty (0 elements); nothing to train");
+    if (set.elements() == 0) detail::raise<config_error>("the parameter list is empty (0 elements); nothing to train");
     engine_ = std::make_unique<detail::engine<Inner, Outer, Compressor, Comm, Space>>(std::move(set), comm, opts_);
   }
 

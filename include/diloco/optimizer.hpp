@@ -9,7 +9,10 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <ranges>
 #include <span>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "diloco/core/concepts.hpp"
@@ -96,6 +99,29 @@ class optimizer_core {
   std::uint64_t steps_ = 0;
 };
 
+// The memory space an executor runs in: its `memory_space`, host if it
+// names none.
+template <class Exec>
+struct executor_space {
+  using type = host_space;
+};
+template <class Exec>
+  requires requires { typename Exec::memory_space; }
+struct executor_space<Exec> {
+  using type = typename Exec::memory_space;
+};
+
+// The memory space of a tensor, or of the elements of a range of tensors.
+template <class T>
+struct tensors_space {
+  using type = tensor_space_t<std::ranges::range_reference_t<T>>;
+};
+template <class T>
+  requires float_tensor<T>
+struct tensors_space<T> {
+  using type = tensor_space_t<T>;
+};
+
 // Collects a tensor or a range of tensors as raw views into `out`.
 template <class Grads>
 void collect(Grads&& grads, std::vector<raw_tensor>& out) {
@@ -109,29 +135,40 @@ void collect(Grads&& grads, std::vector<raw_tensor>& out) {
 
 }  // namespace detail
 
-// An optimizer policy over host tensors: optimizer<inner::adamw> opt(params);
-// then opt.step(grads) after each backward pass.
+// An optimizer policy applied by an executor: optimizer<inner::adamw> opt(params);
+// then opt.step(grads) after each backward pass. The executor fixes the
+// memory space: exec::host (the default) takes host tensors,
+// exec::cuda (<diloco/cuda.hpp>) device tensors, and the whole step runs as
+// fused kernels on the GPU. Tensors of the other space do not compile.
 template <optimizer_policy Opt, class Exec = exec::host>
 class optimizer {
  public:
+  using memory_space = typename detail::executor_space<Exec>::type;
+
   template <class Params>
     requires(tensor_range<Params> || float_tensor<Params>)
-  explicit optimizer(Params&& params, typename Opt::options opts = {}) {
+  explicit optimizer(Params&& params, typename Opt::options opts = {}, Exec exec = Exec{}) : exec_(std::move(exec)) {
+    static_assert(std::is_same_v<typename detail::tensors_space<Params>::type, memory_space>,
+                  "diloco::optimizer: the parameters and the executor are in different memory spaces (host tensors "
+                  "run on exec::host, device tensors on exec::cuda from <diloco/cuda.hpp>)");
     Opt::validate(opts);
     if constexpr (float_tensor<Params>) {
       static_assert(mutable_float_tensor<Params>, "diloco::optimizer: parameters must be writable fp32 tensors");
-      params_ = parameter_set<float, host_space>(std::span<std::remove_reference_t<Params>>(&params, 1));
+      params_ = parameter_set<float, memory_space>(std::span<std::remove_reference_t<Params>>(&params, 1));
     } else {
       static_assert(mutable_float_tensor<std::ranges::range_reference_t<Params>>,
                     "diloco::optimizer: parameters must be writable fp32 tensors");
-      params_ = parameter_set<float, host_space>(params);
+      params_ = parameter_set<float, memory_space>(params);
     }
-    core_ = detail::optimizer_core<Opt, host_space>(params_.total(), opts);
+    core_ = detail::optimizer_core<Opt, memory_space>(params_.total(), opts);
   }
 
   template <class Grads>
     requires(tensor_range<Grads> || float_tensor<Grads>)
   void step(Grads&& grads) {
+    static_assert(std::is_same_v<typename detail::tensors_space<Grads>::type, memory_space>,
+                  "diloco::optimizer::step: the gradients are not in the parameters' memory space (host and device "
+                  "tensors cannot be mixed in one call)");
     detail::collect(std::forward<Grads>(grads), raw_);
     core_.step(exec_, params_, raw_);
   }
@@ -144,8 +181,8 @@ class optimizer {
   Exec& executor() { return exec_; }
 
  private:
-  parameter_set<float, host_space> params_;
-  detail::optimizer_core<Opt, host_space> core_;
+  parameter_set<float, memory_space> params_;
+  detail::optimizer_core<Opt, memory_space> core_;
   Exec exec_;
   std::vector<detail::raw_tensor> raw_;
 };

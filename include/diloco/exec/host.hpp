@@ -142,7 +142,7 @@ class host {
     std::size_t i = lo;
     for (; i + reduce_lanes <= hi; i += reduce_lanes)
       for (std::size_t l = 0; l < reduce_lanes; ++l) lane[l] += static_cast<R>(f(i + l));
-    for (std::size_t l = 0; i < hi; ++i, ++l) lane[l] += static_cast<R>(f(i));
+    for (std::size_t l = 0; l < reduce_lanes && i < hi; ++i, ++l) lane[l] += static_cast<R>(f(i));  // the tail: < reduce_lanes
     for (std::size_t width = reduce_lanes / 2; width > 0; width /= 2)
       for (std::size_t l = 0; l < width; ++l) lane[l] += lane[l + width];
     return lane[0];

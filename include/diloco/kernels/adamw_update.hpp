@@ -16,6 +16,10 @@ namespace diloco::kernels {
 // The step-dependent scalars are computed once per step on the host in
 // double precision. State: slot 0 = m (exp_avg), slot 1 = v (exp_avg_sq).
 struct adamw_update {
+  // Both slots are read and written on every call (the 4-wide path moves
+  // them with 16-byte accesses; see vec4.hpp).
+  static constexpr std::size_t vector_state_slots = 2;
+
   float decay = 1.0f;           // 1 - lr * weight_decay
   float one_minus_beta1 = 0.1f;
   float beta2 = 0.95f;

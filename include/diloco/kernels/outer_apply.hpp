@@ -3,6 +3,7 @@
 #include <cstddef>
 
 #include "diloco/core/macros.hpp"
+#include "diloco/kernels/vec4.hpp"
 
 namespace diloco::kernels {
 
@@ -28,6 +29,23 @@ struct outer_apply {
     global[i] = g;
     local[i] = g;
   }
+
+  // Elements [i, i + 4) with 16-byte accesses (see vec4.hpp).
+  DILOCO_HD DILOCO_FORCEINLINE void vec4(std::size_t i) const
+    requires vectorizable_update<Update>
+  {
+    vec4f g = load4(global + i);
+    vec4f d = load4_readonly(reduced + i);
+    for (std::size_t l = 0; l < vec_width; ++l) d[l] = d[l] * scale;
+    update4(update, g, d, state == nullptr ? nullptr : state + i, stride);
+    store4(global + i, g);
+    store4(local + i, g);
+  }
+  bool vec4_aligned() const
+    requires vectorizable_update<Update>
+  {
+    return aligned16(reduced, global, state, local) && stride_keeps_alignment(state, stride);
+  }
 };
 
 // The same step for a world of one: the pseudo-gradient is computed in the
@@ -46,6 +64,23 @@ struct outer_apply_local {
     update(g, g - local[i], state == nullptr ? nullptr : state + i, stride);
     global[i] = g;
     local[i] = g;
+  }
+
+  DILOCO_HD DILOCO_FORCEINLINE void vec4(std::size_t i) const
+    requires vectorizable_update<Update>
+  {
+    vec4f g = load4(global + i);
+    const vec4f x = load4(local + i);
+    vec4f d;
+    for (std::size_t l = 0; l < vec_width; ++l) d[l] = g[l] - x[l];
+    update4(update, g, d, state == nullptr ? nullptr : state + i, stride);
+    store4(global + i, g);
+    store4(local + i, g);
+  }
+  bool vec4_aligned() const
+    requires vectorizable_update<Update>
+  {
+    return aligned16(global, state, local) && stride_keeps_alignment(state, stride);
   }
 };
 

@@ -3,8 +3,12 @@
 #include <cstddef>
 
 #include "diloco/core/macros.hpp"
+#include "diloco/kernels/vec4.hpp"
 
 namespace diloco::kernels {
+
+// Reducing functors (run by transform_reduce) return the value to sum; their
+// 4-wide path returns the 4 values, summed by the executor.
 
 // Pass 1 of a round (world > 1, fp32 wire): the pseudo-gradient
 //   delta_i = global_i - local_i
@@ -21,6 +25,19 @@ struct pseudo_gradient {
     out[i] = d;
     return d * d;
   }
+
+  DILOCO_HD DILOCO_FORCEINLINE vec4f vec4(std::size_t i) const {
+    const vec4f g = load4_readonly(global + i);
+    const vec4f x = load4_readonly(local + i);
+    vec4f d, sq;
+    for (std::size_t l = 0; l < vec_width; ++l) {
+      d[l] = g[l] - x[l];
+      sq[l] = d[l] * d[l];
+    }
+    store4(out + i, d);
+    return sq;
+  }
+  bool vec4_aligned() const { return aligned16(global, local, out); }
 };
 
 // The norm alone, for a world of one where nothing travels: read 8 bytes.
@@ -32,12 +49,32 @@ struct pseudo_gradient_sq {
     const float d = global[i] - local[i];
     return d * d;
   }
+
+  DILOCO_HD DILOCO_FORCEINLINE vec4f vec4(std::size_t i) const {
+    const vec4f g = load4_readonly(global + i);
+    const vec4f x = load4_readonly(local + i);
+    vec4f sq;
+    for (std::size_t l = 0; l < vec_width; ++l) {
+      const float d = g[l] - x[l];
+      sq[l] = d * d;
+    }
+    return sq;
+  }
+  bool vec4_aligned() const { return aligned16(global, local); }
 };
 
 // Sum of squares of a tensor (gradient clipping): read 4 bytes.
 struct squares {
   const float* DILOCO_RESTRICT x;
   DILOCO_HD DILOCO_FORCEINLINE float operator()(std::size_t i) const { return x[i] * x[i]; }
+
+  DILOCO_HD DILOCO_FORCEINLINE vec4f vec4(std::size_t i) const {
+    const vec4f v = load4_readonly(x + i);
+    vec4f sq;
+    for (std::size_t l = 0; l < vec_width; ++l) sq[l] = v[l] * v[l];
+    return sq;
+  }
+  bool vec4_aligned() const { return aligned16(x); }
 };
 
 // dst_i = src_i (restoring replicas, initial copies): read 4, write 4.
@@ -45,6 +82,9 @@ struct copy {
   const float* DILOCO_RESTRICT src;
   float* DILOCO_RESTRICT dst;
   DILOCO_HD DILOCO_FORCEINLINE void operator()(std::size_t i) const { dst[i] = src[i]; }
+
+  DILOCO_HD DILOCO_FORCEINLINE void vec4(std::size_t i) const { store4(dst + i, load4_readonly(src + i)); }
+  bool vec4_aligned() const { return aligned16(src, dst); }
 };
 
 }  // namespace diloco::kernels

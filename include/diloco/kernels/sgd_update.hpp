@@ -13,6 +13,10 @@ namespace diloco::kernels {
 //   p <- p - lr * g
 // State: slot 0 holds the momentum buffer b when momentum != 0.
 struct sgd_update {
+  // The momentum slot, when there is state at all (no momentum: no state
+  // and a null pointer).
+  static constexpr std::size_t vector_state_slots = 1;
+
   float lr = 0.0f;
   float momentum = 0.0f;
   float one_minus_dampening = 1.0f;

@@ -2,19 +2,34 @@
 
 #include <cstddef>
 #include <ranges>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "diloco/core/concepts.hpp"
 #include "diloco/core/error.hpp"
+#include "diloco/core/memory_space.hpp"
 #include "diloco/tensor/tensor_traits.hpp"
 
 namespace diloco {
+
+// Where a tensor may start in the library's flat buffers, in bytes. On the
+// device every tensor starts on a 64-byte boundary, so the fused kernels can
+// use 16-byte vector accesses at every tensor; on the host tensors are
+// packed (unaligned vector loads cost the CPU nothing).
+template <class Space>
+inline constexpr std::size_t flat_alignment_bytes = std::is_same_v<Space, device_space> ? 64 : 1;
 
 // A model's parameters: many tensors of different sizes, addressed as one
 // flat index space. Tensor k occupies [offset(k), offset(k) + size(k)) of
 // every flat buffer the library keeps per parameter (global copy, optimizer
 // state, communication buffer), so one offset table serves them all.
+//
+// In device space offsets (and the total) are rounded up to a multiple of
+// `alignment()` elements. The gaps are padding: zero in every buffer (they
+// are zero-filled and no pass writes outside a tensor's range), so they add
+// 0 - 0 to the pseudo-gradient and nothing to any norm. `elements()` counts
+// the parameters, `total()` the flat length including padding.
 template <class T, class Space>
 class parameter_set {
  public:
@@ -22,13 +37,21 @@ class parameter_set {
 
   parameter_set() = default;
 
+  // Offsets are multiples of this many elements.
+  static constexpr std::size_t alignment() {
+    return flat_alignment_bytes<Space> > sizeof(T) ? flat_alignment_bytes<Space> / sizeof(T) : 1;
+  }
+
   template <class R>
   explicit parameter_set(R&& tensors) {
     for (auto&& t : tensors) add(t);
   }
 
   std::size_t count() const { return views_.size(); }
-  std::size_t total() const { return offsets_.back(); }
+  // Length of a flat buffer over the set: the elements plus any padding.
+  std::size_t total() const { return total_; }
+  // Number of parameters (the tensors' sizes added up).
+  std::size_t elements() const { return elements_; }
   std::size_t offset(std::size_t k) const { return offsets_[k]; }
   const view_type& operator[](std::size_t k) const { return views_[k]; }
   auto begin() const { return views_.begin(); }
@@ -39,7 +62,8 @@ class parameter_set {
   template <class R>
   void assign(R&& tensors) {
     views_.clear();
-    offsets_.assign(1, 0);
+    offsets_.clear();
+    total_ = elements_ = 0;
     for (auto&& t : tensors) add(t);
   }
 
@@ -63,11 +87,17 @@ class parameter_set {
     const std::size_t n = tensor_size(t);
     if (p == nullptr && n != 0) detail::raise<config_error>("tensor ", views_.size(), " has ", n, " elements but a null data pointer");
     views_.emplace_back(p, n);
-    offsets_.push_back(offsets_.back() + n);
+    offsets_.push_back(total_);
+    elements_ += n;
+    total_ = round_up(total_ + n);
   }
 
+  static constexpr std::size_t round_up(std::size_t n) { return (n + alignment() - 1) / alignment() * alignment(); }
+
   std::vector<view_type> views_;
-  std::vector<std::size_t> offsets_ = {0};
+  std::vector<std::size_t> offsets_;
+  std::size_t total_ = 0;
+  std::size_t elements_ = 0;
 };
 
 }  // namespace diloco

@@ -1,0 +1,93 @@
+#pragma once
+
+// exec::cuda: the device executor. Runs the library's DILOCO_HD functors on
+// a CUDA stream with the same interface as exec::host (see exec/host.hpp),
+// and is the executor the algorithm picks for device tensors.
+
+#if !defined(__CUDACC__)
+#error "diloco/exec/cuda.hpp must be compiled with nvcc; include <diloco/cuda.hpp> from a .cu file"
+#endif
+
+#include <cstddef>
+#include <cuda_runtime_api.h>
+
+#include "diloco/algorithm.hpp"
+#include "diloco/core/memory_space.hpp"
+#include "diloco/exec/cuda/kernels.cuh"
+#include "diloco/exec/cuda/launch_plan.hpp"
+#include "diloco/exec/cuda/runtime.hpp"
+#include "diloco/tensor/device_buffer.hpp"
+
+namespace diloco::exec {
+
+// Bound to one stream (default: the default stream). Element-wise passes and
+// device-to-device copies are queued and return at once; reductions,
+// to_host and from_host wait for the stream, since their results (or the
+// host source) are used as soon as they return. Not thread-safe: one
+// executor per worker.
+class cuda {
+ public:
+  using memory_space = device_space;
+  // Host memory that device data is staged through (to a host communicator).
+  template <class T>
+  using staging_buffer = pinned_buffer<T>;
+
+  explicit cuda(cudaStream_t stream = nullptr) : stream_(stream) {}
+
+  cudaStream_t stream() const { return stream_; }
+
+  template <class F>
+  void for_each(std::size_t n, const F& f) const {
+    launch_for_each(n, f, stream_);
+  }
+
+  template <class F>
+  double transform_reduce(std::size_t n, const F& f) {
+    if (n == 0) return 0.0;
+    // Sized once, on first use: the steady state allocates nothing.
+    if (device_partials_.size() == 0) {
+      device_partials_ = device_buffer<double>(grid::max_reduce_blocks);
+      host_partials_ = pinned_buffer<double>(grid::max_reduce_blocks);
+    }
+    return launch_transform_reduce(n, f, device_partials_.data(), host_partials_.data(), stream_);
+  }
+
+  template <class T>
+  void copy(T* dst, const T* src, std::size_t n) const {
+    if (n == 0) return;
+    detail::cuda_check(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToDevice, stream_),
+                       "cudaMemcpyAsync", " (device to device, ", n * sizeof(T), " bytes)");
+  }
+  template <class T>
+  void to_host(T* dst, const T* src, std::size_t n) const {
+    if (n == 0) return;
+    detail::cuda_check(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync",
+                       " (device to host, ", n * sizeof(T), " bytes)");
+    synchronize();
+  }
+  template <class T>
+  void from_host(T* dst, const T* src, std::size_t n) const {
+    if (n == 0) return;
+    detail::cuda_check(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync",
+                       " (host to device, ", n * sizeof(T), " bytes)");
+    synchronize();
+  }
+  void synchronize() const { detail::cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  device_buffer<double> device_partials_;
+  pinned_buffer<double> host_partials_;
+};
+
+}  // namespace diloco::exec
+
+namespace diloco::detail {
+
+// Device tensors run their passes through exec::cuda.
+template <>
+struct executor_for<device_space> {
+  using type = exec::cuda;
+};
+
+}  // namespace diloco::detail

@@ -1,0 +1,22 @@
+#pragma once
+
+// thrust::device_vector<T> as a diloco tensor in device memory.
+
+#include <cstddef>
+#include <thrust/device_vector.h>
+
+#include "diloco/core/memory_space.hpp"
+#include "diloco/tensor/tensor_traits.hpp"
+
+namespace diloco {
+
+template <class T, class Alloc>
+struct tensor_traits<thrust::device_vector<T, Alloc>> {
+  using value_type = T;
+  using memory_space = device_space;
+  static T* data(thrust::device_vector<T, Alloc>& t) { return thrust::raw_pointer_cast(t.data()); }
+  static const T* data(const thrust::device_vector<T, Alloc>& t) { return thrust::raw_pointer_cast(t.data()); }
+  static std::size_t size(const thrust::device_vector<T, Alloc>& t) { return t.size(); }
+};
+
+}  // namespace diloco

@@ -1,0 +1,23 @@
+// Main of the CUDA test programs. Test cases named "gpu: ..." need a device
+// and are skipped, with a line saying so, when there is none (any runtime
+// error counts as none); cases named "no gpu: ..." check how the library
+// fails without one and run only then. Everything else always runs.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <diloco/exec/cuda/runtime.hpp>
+
+int main(int argc, char** argv) {
+  doctest::Context context;
+  const int devices = diloco::cuda_device_count();
+  if (devices == 0) {
+    std::printf("no GPU: skipping the GPU test cases\n");
+    context.addFilter("test-case-exclude", "gpu:*");
+  } else {
+    std::printf("%d GPU(s): running the GPU test cases\n", devices);
+    context.addFilter("test-case-exclude", "no gpu:*");
+  }
+  context.applyCommandLine(argc, argv);
+  return context.run();
+}

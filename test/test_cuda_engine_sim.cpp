@@ -1,0 +1,348 @@
+// diloco::algorithm and diloco::optimizer over device-space tensors, on the
+// host: in this test program "device memory" is host memory and the device
+// executor is the CUDA launcher replayed thread by thread
+// (cuda_grid_sim.hpp). This runs what the device engine adds to the host
+// one: 64-byte padded flat buffers, the 4-wide kernels, the wire staged
+// through host memory for a host communicator, device views handed to a
+// device communicator. References: the fp64 definition of the algorithm,
+// and the host engine (itself tested against definitions in
+// test_algorithm.cpp), which must agree bit for bit because every element
+// goes through the same float operations.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <diloco/diloco.hpp>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "cuda_grid_sim.hpp"
+
+// ---------------------------------------------------------------------------
+// This program's device: host memory behind device_space types.
+namespace diloco {
+template <class T>
+class buffer<T, device_space> : public buffer<T, host_space> {
+ public:
+  using buffer<T, host_space>::buffer;
+  tensor_view<T, device_space> view() { return {this->data(), this->size()}; }
+};
+namespace detail {
+template <>
+struct executor_for<device_space> {
+  using type = sim::cuda_executor;
+};
+}  // namespace detail
+}  // namespace diloco
+
+namespace dc = diloco;
+
+namespace {
+
+constexpr int workers = 3;
+// Awkward sizes: none but 64 a multiple of 16, so the device layout pads
+// after each of them.
+const std::vector<std::size_t> sizes = {3, 17, 1, 64, 5};
+constexpr std::size_t parameters = 3 + 17 + 1 + 64 + 5;
+
+// Worker m's loss: 0.5 * sum_j (w_j - target_mj)^2, gradient w - target.
+float target(int m, std::size_t j) { return std::sin(static_cast<float>(7 * m) + 0.37f * static_cast<float>(j)); }
+
+// One replica: tensors in 64-byte aligned storage (optionally starting
+// `misalign` floats in), seen as host or device tensors.
+template <class Space>
+struct replica {
+  std::vector<dc::host_buffer<float>> storage;
+  std::vector<dc::tensor_view<float, Space>> params, grads;
+  std::vector<dc::host_buffer<float>> grad_storage;
+
+  replica(int rank, std::size_t misalign = 0) {
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      storage.emplace_back(sizes[k] + misalign);
+      grad_storage.emplace_back(sizes[k] + misalign);
+      params.emplace_back(storage.back().data() + misalign, sizes[k]);
+      grads.emplace_back(grad_storage.back().data() + misalign, sizes[k]);
+      // Ranks start apart; the initial broadcast must make them equal.
+      for (std::size_t i = 0; i < sizes[k]; ++i) params[k][i] = 0.1f * static_cast<float>(rank + 1) * static_cast<float>(i % 5);
+    }
+  }
+  void compute_grads(int rank) {
+    std::size_t j = 0;
+    for (std::size_t k = 0; k < sizes.size(); ++k)
+      for (std::size_t i = 0; i < sizes[k]; ++i, ++j) grads[k][i] = params[k][i] - target(rank, j);
+  }
+  std::vector<float> flat() const {
+    std::vector<float> out;
+    for (const auto& p : params) out.insert(out.end(), p.data(), p.data() + p.size());
+    return out;
+  }
+};
+
+struct run_result {
+  std::vector<std::vector<float>> replicas;  // [rank] flat parameters after training
+  std::vector<std::vector<float>> globals;   // [rank] theta_global per tensor, packed
+  std::vector<dc::stats> stats;
+};
+
+// Runs `rounds` rounds of H = 4 on `workers` threads with parameters in
+// Space, handing each trainer to `inspect` at the end.
+template <class Space, class Inner, class Outer, class Comm = dc::comm::threads, class Wrap, class Inspect>
+run_result train(typename dc::algorithm_options<Inner, Outer, dc::compress::none> opts, int rounds, Wrap wrap,
+                 Inspect inspect, std::size_t misalign = 0) {
+  run_result out;
+  out.replicas.resize(workers);
+  out.globals.resize(workers);
+  out.stats.resize(workers);
+  dc::comm::threads::world world(workers);
+  world.run([&](dc::comm::threads& threads) {
+    const int m = threads.rank();
+    auto comm = wrap(threads);
+    replica<Space> r(m, misalign);
+    dc::algorithm<Inner, Outer, dc::compress::none, std::remove_reference_t<decltype(*comm)>> t(r.params, *comm,
+                                                                                                opts);
+    for (int s = 0; s < rounds * static_cast<int>(opts.inner_steps); ++s) {
+      r.compute_grads(m);
+      t.step(r.grads);
+    }
+    const auto g = t.template global_parameters<Space>();
+    auto& packed = out.globals[static_cast<std::size_t>(m)];
+    for (std::size_t k = 0; k < sizes.size(); ++k)
+      packed.insert(packed.end(), g.data() + t.global_offset(k), g.data() + t.global_offset(k) + sizes[k]);
+    out.replicas[static_cast<std::size_t>(m)] = r.flat();
+    out.stats[static_cast<std::size_t>(m)] = t.stats();
+    inspect(t, m);
+  });
+  return out;
+}
+
+auto plain_comm = [](dc::comm::threads& c) { return &c; };
+auto no_inspect = [](auto&, int) {};
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// A communicator of device memory only, over comm::threads (in this program
+// device memory is host memory). Counts the calls it receives.
+class device_only_threads {
+ public:
+  using request = dc::comm::threads::request;
+  explicit device_only_threads(dc::comm::threads& c) : c_(c) {}
+  int rank() const { return c_.rank(); }
+  int size() const { return c_.size(); }
+  dc::traffic_counters traffic() const { return c_.traffic(); }
+  void all_reduce(dc::device_view<float> b, dc::reduce_op op) { ++all_reduces, c_.all_reduce(span(b), op); }
+  void broadcast(dc::device_view<float> b, int root) { ++broadcasts, c_.broadcast(span(b), root); }
+  void broadcast(dc::device_view<std::byte> b, int root) { c_.broadcast(span(b), root); }
+  void all_to_all(dc::device_view<const std::byte> s, dc::device_view<std::byte> r) { c_.all_to_all(span(s), span(r)); }
+  void all_gather(dc::device_view<const std::byte> s, dc::device_view<std::byte> r) { c_.all_gather(span(s), span(r)); }
+  void barrier() { c_.barrier(); }
+  request iall_reduce(dc::device_view<float> b, dc::reduce_op op) { return c_.iall_reduce(span(b), op); }
+  request ibroadcast(dc::device_view<float> b, int root) { return c_.ibroadcast(span(b), root); }
+  request ibroadcast(dc::device_view<std::byte> b, int root) { return c_.ibroadcast(span(b), root); }
+  request iall_to_all(dc::device_view<const std::byte> s, dc::device_view<std::byte> r) {
+    return c_.iall_to_all(span(s), span(r));
+  }
+  request iall_gather(dc::device_view<const std::byte> s, dc::device_view<std::byte> r) {
+    return c_.iall_gather(span(s), span(r));
+  }
+  request ibarrier() { return c_.ibarrier(); }
+
+  int all_reduces = 0;
+  int broadcasts = 0;
+
+ private:
+  template <class T>
+  static std::span<T> span(dc::device_view<T> v) {
+    return {v.data(), v.size()};
+  }
+  dc::comm::threads& c_;
+};
+
+static_assert(dc::device_communicator<device_only_threads> && !dc::communicator<device_only_threads>);
+static_assert(dc::detail::wire_transport<dc::comm::threads, dc::device_space, sim::cuda_executor>::staged);
+static_assert(!dc::detail::wire_transport<device_only_threads, dc::device_space, sim::cuda_executor>::staged);
+
+using adamw_nesterov = dc::algorithm_options<dc::inner::adamw, dc::outer::nesterov, dc::compress::none>;
+const adamw_nesterov adamw_opts{.inner_steps = 4,
+                                .inner = {.lr = 0.05f, .weight_decay = 0.01f, .max_grad_norm = 2.0f},
+                                .outer = {.lr = 0.7f, .momentum = 0.9f}};
+
+}  // namespace
+
+TEST_CASE("device-space engine, SGD inner and Nesterov outer, against the fp64 definition") {
+  constexpr int h = 4, rounds = 5;
+  constexpr double inner_lr = 0.1, outer_lr = 0.7, mu = 0.9;
+  // The definition in double: replicas start from rank 0's values.
+  std::vector<double> global;
+  {
+    replica<dc::host_space> r0(0);
+    for (float v : r0.flat()) global.push_back(v);
+  }
+  std::vector<double> b(parameters, 0.0);
+  std::vector<std::vector<double>> want;
+  for (int round = 1; round <= rounds; ++round) {
+    std::vector<double> delta(parameters, 0.0);
+    for (int m = 0; m < workers; ++m) {
+      std::vector<double> w = global;
+      for (int s = 0; s < h; ++s)
+        for (std::size_t j = 0; j < parameters; ++j) w[j] -= inner_lr * (w[j] - static_cast<double>(target(m, j)));
+      for (std::size_t j = 0; j < parameters; ++j) delta[j] += (global[j] - w[j]) / workers;
+    }
+    for (std::size_t j = 0; j < parameters; ++j) {
+      b[j] = round == 1 ? delta[j] : mu * b[j] + delta[j];
+      global[j] -= outer_lr * (delta[j] + mu * b[j]);
+    }
+  }
+
+  sim::launches.reset();
+  const auto got = train<dc::device_space, dc::inner::sgd, dc::outer::nesterov>(
+      {.inner_steps = h, .inner = {.lr = static_cast<float>(inner_lr)}, .outer = {.lr = 0.7f, .momentum = 0.9f}},
+      rounds, plain_comm, [](auto& t, int m) {
+        // Parameters counted without padding; every tensor starts on a
+        // 64-byte boundary of the flat buffers, and the padding stays zero.
+        CHECK(t.parameter_count() == parameters);
+        const auto g = t.template global_parameters<dc::device_space>();
+        std::vector<bool> inside(g.size(), false);
+        for (std::size_t k = 0; k < sizes.size(); ++k) {
+          CHECK(t.global_offset(k) % 16 == 0);
+          for (std::size_t i = 0; i < sizes[k]; ++i) inside[t.global_offset(k) + i] = true;
+        }
+        CHECK(g.size() % 16 == 0);
+        for (std::size_t i = 0; i < g.size(); ++i)
+          if (!inside[i]) REQUIRE(g[i] == 0.0f);
+        // The wire carries the padded buffer and one norm slot per rank.
+        CHECK(t.stats().last_round_bytes_sent == dc::ring_all_reduce_bytes((g.size() + workers) * sizeof(float), workers));
+        (void)m;
+      });
+  for (int m = 0; m < workers; ++m) {
+    CAPTURE(m);
+    for (std::size_t j = 0; j < parameters; ++j) {
+      CAPTURE(j);
+      CHECK(got.replicas[static_cast<std::size_t>(m)][j] == doctest::Approx(global[j]).epsilon(1e-5));
+      CHECK(got.globals[static_cast<std::size_t>(m)][j] == got.replicas[static_cast<std::size_t>(m)][j]);
+    }
+  }
+  // Every pass over aligned tensors took the 4-wide path.
+  CHECK(sim::launches.vector > 0);
+  CHECK(sim::launches.scalar == 0);
+}
+
+TEST_CASE("device tensors through a host communicator (staged): the host engine's bits") {
+  const auto host = train<dc::host_space, dc::inner::adamw, dc::outer::nesterov>(adamw_opts, 4, plain_comm, no_inspect);
+  sim::launches.reset();
+  const auto device =
+      train<dc::device_space, dc::inner::adamw, dc::outer::nesterov>(adamw_opts, 4, plain_comm, no_inspect);
+  CHECK(sim::launches.scalar == 0);
+  for (int m = 0; m < workers; ++m) {
+    CAPTURE(m);
+    const auto i = static_cast<std::size_t>(m);
+    CHECK(same_bits(host.replicas[i], device.replicas[i]));
+    CHECK(same_bits(host.globals[i], device.globals[i]));
+    CHECK(same_bits(device.replicas[i], device.replicas[0]));
+    CHECK(device.stats[i].rounds == 4);
+    // Norms are sums in another order: equal to rounding.
+    CHECK(device.stats[i].pseudo_gradient_norm ==
+          doctest::Approx(host.stats[i].pseudo_gradient_norm).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("a device communicator receives device views, nothing is staged, same bits") {
+  const auto host = train<dc::host_space, dc::inner::adamw, dc::outer::nesterov>(adamw_opts, 3, plain_comm, no_inspect);
+  std::mutex mu;
+  std::vector<device_only_threads*> comms;
+  std::vector<std::unique_ptr<device_only_threads>> owned(workers);
+  const auto device = train<dc::device_space, dc::inner::adamw, dc::outer::nesterov>(
+      adamw_opts, 3,
+      [&](dc::comm::threads& c) {
+        auto p = std::make_unique<device_only_threads>(c);
+        auto* raw = p.get();
+        std::lock_guard lock(mu);
+        owned[static_cast<std::size_t>(c.rank())] = std::move(p);
+        return raw;
+      },
+      no_inspect);
+  for (int m = 0; m < workers; ++m) {
+    CAPTURE(m);
+    const auto i = static_cast<std::size_t>(m);
+    CHECK(same_bits(host.replicas[i], device.replicas[i]));
+    // One broadcast per tensor at construction, one all-reduce per round.
+    CHECK(owned[i]->broadcasts == static_cast<int>(sizes.size()));
+    CHECK(owned[i]->all_reduces == 3);
+  }
+}
+
+TEST_CASE("misaligned device tensors run scalar and give the same bits") {
+  const auto host = train<dc::host_space, dc::inner::adamw, dc::outer::nesterov>(adamw_opts, 2, plain_comm, no_inspect);
+  sim::launches.reset();
+  const auto device = train<dc::device_space, dc::inner::adamw, dc::outer::nesterov>(adamw_opts, 2, plain_comm,
+                                                                                     no_inspect, /*misalign=*/1);
+  CHECK(sim::launches.scalar > 0);
+  for (std::size_t i = 0; i < workers; ++i) CHECK(same_bits(host.replicas[i], device.replicas[i]));
+}
+
+TEST_CASE("a world of one over device tensors matches the host engine") {
+  auto run = [](auto space) {
+    using Space = decltype(space);
+    replica<Space> r(0);
+    dc::comm::local comm;
+    dc::algorithm<dc::inner::adamw, dc::outer::nesterov, dc::compress::none, dc::comm::local> t(r.params, comm,
+                                                                                               adamw_opts);
+    for (int s = 0; s < 12; ++s) {
+      r.compute_grads(0);
+      t.step(r.grads);
+    }
+    CHECK(t.stats().rounds == 3);
+    return r.flat();
+  };
+  CHECK(same_bits(run(dc::host_space{}), run(dc::device_space{})));
+}
+
+TEST_CASE("device engine: host gradients are a config error; a NaN round is rejected on every rank") {
+  dc::comm::threads::world world(workers);
+  world.run([&](dc::comm::threads& comm) {
+    const int m = comm.rank();
+    replica<dc::device_space> r(m);
+    dc::algorithm<dc::inner::adamw, dc::outer::nesterov, dc::compress::none, dc::comm::threads> t(r.params, comm,
+                                                                                                  adamw_opts);
+    std::vector<float> host_grad(sizes[0]);
+    CHECK_THROWS_WITH_AS(t.inner_step(host_grad), doctest::Contains("tensors in host memory passed to an algorithm"),
+                         dc::config_error);
+
+    // One clean round, then rank 1 produces a NaN.
+    for (int s = 0; s < 4; ++s) {
+      r.compute_grads(m);
+      t.step(r.grads);
+    }
+    const auto g = t.global_parameters<dc::device_space>();
+    const std::vector<float> before(g.data(), g.data() + g.size());
+    for (int s = 0; s < 3; ++s) {
+      r.compute_grads(m);
+      t.step(r.grads);
+    }
+    if (m == 1) r.params[3][7] = std::nanf("");
+    CHECK_THROWS_WITH_AS(t.outer_round(), doctest::Contains("rank 1 (norm nan)"), dc::numeric_error);
+    // theta_global unchanged, the replica reset to it.
+    CHECK(same_bits(std::vector<float>(g.data(), g.data() + g.size()), before));
+    for (std::size_t k = 0; k < sizes.size(); ++k)
+      for (std::size_t i = 0; i < sizes[k]; ++i) REQUIRE(r.params[k][i] == g[t.global_offset(k) + i]);
+  });
+}
+
+TEST_CASE("optimizer<adamw> on device tensors: the host optimizer's bits") {
+  auto run = [](auto space, auto exec) {
+    using Space = decltype(space);
+    replica<Space> r(2);
+    dc::optimizer<dc::inner::adamw, decltype(exec)> opt(r.params, {.lr = 0.01f, .max_grad_norm = 1.0f});
+    for (int s = 0; s < 7; ++s) {
+      r.compute_grads(2);
+      opt.step(r.grads);
+    }
+    return r.flat();
+  };
+  sim::launches.reset();
+  const auto device = run(dc::device_space{}, sim::cuda_executor{});
+  CHECK(sim::launches.vector > 0);
+  CHECK(same_bits(run(dc::host_space{}, dc::exec::host{}), device));
+}
