@@ -113,6 +113,22 @@ TEST_CASE("bf16 and fp16 round to the nearest value of the format (ties to even)
   CHECK(std::isnan(round_trip(bf16, std::vector<float>{NAN})[0]));
 }
 
+TEST_CASE("bf16's branch-free rounding equals the generic neighbour rounding on every bit pattern class") {
+  // Every sign/exponent combination with a spread of mantissas, plus random
+  // patterns: specials, subnormals, ties, the overflow boundary.
+  std::vector<std::uint32_t> patterns;
+  for (std::uint32_t se = 0; se < 512; ++se)
+    for (std::uint32_t m : {0u, 1u, 0x7fffu, 0x8000u, 0x8001u, 0x18000u, 0xffffu, 0x10000u, 0x7fffffu, 0x7f8000u})
+      patterns.push_back((se << 23) | m);
+  std::mt19937 rng(99);
+  for (int i = 0; i < 200000; ++i) patterns.push_back(static_cast<std::uint32_t>(rng()));
+  for (std::uint32_t u : patterns) {
+    const float x = dc::kernels::bits_float(u);
+    CAPTURE(u);
+    REQUIRE(dc::kernels::bf16_round_nearest(x) == dc::kernels::encode_float16<dc::kernels::bf16_format>(x, -1.0f));
+  }
+}
+
 TEST_CASE("block-wise int8/int4: error <= scale/2 per element with round to nearest") {
   auto check_bound = [](const auto& codec, const std::vector<float>& v, float levels) {
     const auto back = round_trip(codec, v);

@@ -54,14 +54,26 @@ struct blockwise_codec {
   }
 
   DILOCO_HD void decode(const std::byte* in, std::size_t len, float* dq) const {
+    len = len < B ? len : B;
     float amax;
     std::memcpy(&amax, in, 4);
-    const std::byte* q = in + 4;
-    const float scale = amax / Format::levels;
+    const auto* q = reinterpret_cast<const unsigned char*>(in + 4);
+    // Normal scales (and NaN/inf factors, which must stay visibly
+    // non-finite) multiply; tiny blocks take dequantize()'s exact path.
     if (kernels::scale_is_normal(amax, Format::levels) || !(amax - amax == 0.0f)) {
-      for (std::size_t j = 0; j < len; ++j) dq[j] = static_cast<float>(value(q, j)) * scale;
+      const float scale = amax / Format::levels;
+      if constexpr (Format::bits == 8) {
+        for (std::size_t j = 0; j < len; ++j) dq[j] = static_cast<float>(static_cast<std::int8_t>(q[j])) * scale;
+      } else {
+        const std::size_t pairs = len / 2;
+        for (std::size_t p = 0; p < pairs; ++p) {
+          dq[2 * p] = static_cast<float>(static_cast<int>((q[p] & 0xfu) ^ 8u) - 8) * scale;
+          dq[2 * p + 1] = static_cast<float>(static_cast<int>((q[p] >> 4) ^ 8u) - 8) * scale;
+        }
+        if (len % 2) dq[len - 1] = static_cast<float>(static_cast<int>((q[pairs] & 0xfu) ^ 8u) - 8) * scale;
+      }
     } else {
-      for (std::size_t j = 0; j < len; ++j) dq[j] = kernels::dequantize(value(q, j), amax, Format::levels);
+      for (std::size_t j = 0; j < len; ++j) dq[j] = kernels::dequantize(value(in + 4, j), amax, Format::levels);
     }
   }
 

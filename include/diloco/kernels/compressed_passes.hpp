@@ -128,7 +128,9 @@ struct reduce_shard {
     codec.decode(received[0] + b * stride, blk.len, acc);
     for (int k = 1; k < world; ++k) {
       codec.decode(received[k] + b * stride, blk.len, dq);
-      for (std::size_t j = 0; j < blk.len; ++j) acc[j] += dq[j];
+      float* DILOCO_RESTRICT a = acc;
+      const float* DILOCO_RESTRICT d = dq;
+      for (std::size_t j = 0; j < blk.len; ++j) a[j] += d[j];
     }
     const auto m = static_cast<float>(world);
     for (std::size_t j = 0; j < blk.len; ++j) acc[j] = acc[j] / m;
