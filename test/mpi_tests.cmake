@@ -1,0 +1,20 @@
+# comm::mpi tests. Each executable runs under mpirun with 2 and 4 ranks
+# (4 > the cores of a small CI machine: --oversubscribe), every rank running
+# the same doctest cases; a failure on any rank aborts the job.
+include(diloco_mpi_launch)
+
+add_library(diloco_mpi_test_main OBJECT mpi_test_main.cpp)
+target_link_libraries(diloco_mpi_test_main PUBLIC diloco::mpi doctest::doctest diloco_project_options)
+
+foreach(t test_comm_mpi test_algorithm_mpi)
+  add_executable(${t} ${t}.cpp)
+  target_link_libraries(${t} PRIVATE diloco_mpi_test_main)
+  foreach(ranks 2 4)
+    diloco_add_mpi_test(${t}_np${ranks} RANKS ${ranks} COMMAND ${t} LABELS unit)
+  endforeach()
+endforeach()
+
+# MPI_Init and MPI_Finalize happen inside this one's test cases.
+add_executable(test_comm_mpi_lifecycle test_comm_mpi_lifecycle.cpp)
+target_link_libraries(test_comm_mpi_lifecycle PRIVATE diloco::mpi doctest::doctest diloco_project_options)
+diloco_add_mpi_test(test_comm_mpi_lifecycle_np2 RANKS 2 COMMAND test_comm_mpi_lifecycle LABELS unit)
