@@ -18,3 +18,19 @@ endforeach()
 add_executable(test_comm_mpi_lifecycle test_comm_mpi_lifecycle.cpp)
 target_link_libraries(test_comm_mpi_lifecycle PRIVATE diloco::mpi doctest::doctest diloco_project_options)
 diloco_add_mpi_test(test_comm_mpi_lifecycle_np2 RANKS 2 COMMAND test_comm_mpi_lifecycle LABELS unit)
+
+# Device buffers: built by the host compiler with DILOCO_WITH_CUDA (from
+# diloco::cuda); skipped (exit code 77) where no GPU is usable.
+if(DILOCO_HAVE_CUDA)
+  add_executable(test_comm_mpi_cuda test_comm_mpi_cuda.cpp)
+  target_link_libraries(test_comm_mpi_cuda PRIVATE diloco::mpi diloco::cuda doctest::doctest diloco_project_options)
+  diloco_add_mpi_test(test_comm_mpi_cuda_np2 RANKS 2 COMMAND test_comm_mpi_cuda LABELS cuda)
+  set_tests_properties(test_comm_mpi_cuda_np2 PROPERTIES SKIP_RETURN_CODE 77)
+endif()
+
+# The header under nvcc (__CUDACC__): compiled, not run.
+if(DILOCO_HAVE_CUDA)
+  add_library(compile_mpi_nvcc OBJECT compile_mpi_nvcc.cu)
+  target_link_libraries(compile_mpi_nvcc PRIVATE diloco::mpi diloco_project_options)
+  diloco_cuda_cxx20(compile_mpi_nvcc)
+endif()

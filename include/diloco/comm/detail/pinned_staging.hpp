@@ -65,7 +65,7 @@ class pinned_staging {
 
  private:
   static constexpr std::size_t min_bytes = 256;
-  struct slot {
+  struct entry {
     std::byte* data = nullptr;
     std::size_t capacity = 0;
     bool busy = false;
@@ -74,7 +74,7 @@ class pinned_staging {
     slots_[static_cast<std::size_t>(i)].busy = true;
     return i;
   }
-  std::vector<slot> slots_;
+  std::vector<entry> slots_;
 };
 
 }  // namespace diloco::comm::detail_mpi
