@@ -34,3 +34,18 @@ if(DILOCO_HAVE_CUDA)
   target_link_libraries(compile_mpi_nvcc PRIVATE diloco::mpi diloco_project_options)
   diloco_cuda_cxx20(compile_mpi_nvcc)
 endif()
+
+# Packaging: a consumer of the installed package, find_package(diloco
+# COMPONENTS mpi), linking diloco::mpi and run under mpirun -np 2.
+set(_launch ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${DILOCO_MPIEXEC_EXTRA_FLAGS} ${MPIEXEC_PREFLAGS})
+add_test(NAME packaging_find_package_mpi
+  COMMAND ${CMAKE_COMMAND}
+    -DDILOCO_BINARY_DIR=${PROJECT_BINARY_DIR}
+    -DWORK_DIR=${CMAKE_CURRENT_BINARY_DIR}/packaging_mpi
+    -DCXX=${CMAKE_CXX_COMPILER}
+    -DGENERATOR=${CMAKE_GENERATOR}
+    "-DLAUNCH=${_launch}"
+    "-DPOSTFLAGS=${MPIEXEC_POSTFLAGS}"
+    -P ${CMAKE_CURRENT_SOURCE_DIR}/packaging/run_mpi_consumer.cmake)
+set_tests_properties(packaging_find_package_mpi PROPERTIES LABELS "packaging;mpi" TIMEOUT 600
+  RESOURCE_LOCK packaging ENVIRONMENT "${DILOCO_MPIEXEC_ENVIRONMENT}")
