@@ -49,3 +49,19 @@ add_test(NAME packaging_find_package_mpi
     -P ${CMAKE_CURRENT_SOURCE_DIR}/packaging/run_mpi_consumer.cmake)
 set_tests_properties(packaging_find_package_mpi PROPERTIES LABELS "packaging;mpi" TIMEOUT 600
   RESOURCE_LOCK packaging ENVIRONMENT "${DILOCO_MPIEXEC_ENVIRONMENT}")
+
+# The MPI example in README.md compiles and fits its line under mpirun -np 2.
+set(_readme ${PROJECT_SOURCE_DIR}/README.md)
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${_readme})
+file(READ ${_readme} _text)
+string(REGEX MATCH "<!-- readme-mpi-example:begin -->[^`]*```cpp\n(.*)```[^`]*<!-- readme-mpi-example:end -->" _match
+  "${_text}")
+if(NOT CMAKE_MATCH_1)
+  message(FATAL_ERROR "README.md has no ```cpp block between the readme-mpi-example markers")
+endif()
+file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/readme_mpi_example.cpp "${CMAKE_MATCH_1}")
+add_executable(readme_mpi_example ${CMAKE_CURRENT_BINARY_DIR}/readme_mpi_example.cpp)
+target_link_libraries(readme_mpi_example PRIVATE diloco::mpi diloco_project_options)
+diloco_add_mpi_test(readme_mpi_example_np2 RANKS 2 COMMAND readme_mpi_example LABELS "unit;readme")
+set_tests_properties(readme_mpi_example_np2 PROPERTIES
+  PASS_REGULAR_EXPRESSION "w = \\((1\\.99[5-9]|2\\.00[0-5]), (0\\.99[5-9]|1\\.00[0-5])\\) on 2 ranks")
