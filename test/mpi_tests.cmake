@@ -65,3 +65,11 @@ target_link_libraries(readme_mpi_example PRIVATE diloco::mpi diloco_project_opti
 diloco_add_mpi_test(readme_mpi_example_np2 RANKS 2 COMMAND readme_mpi_example LABELS "unit;readme")
 set_tests_properties(readme_mpi_example_np2 PROPERTIES
   PASS_REGULAR_EXPRESSION "w = \\((1\\.99[5-9]|2\\.00[0-5]), (0\\.99[5-9]|1\\.00[0-5])\\) on 2 ranks")
+
+# Counts above INT_MAX for real: opt-in, it needs about 2.2 GB per rank.
+option(DILOCO_TEST_LARGE_COUNTS "Add the MPI test that broadcasts more than INT_MAX bytes" OFF)
+if(DILOCO_TEST_LARGE_COUNTS)
+  add_executable(test_comm_mpi_large test_comm_mpi_large.cpp)
+  target_link_libraries(test_comm_mpi_large PRIVATE diloco_mpi_test_main)
+  diloco_add_mpi_test(test_comm_mpi_large_np2 RANKS 2 COMMAND test_comm_mpi_large LABELS slow TIMEOUT 600)
+endif()
