@@ -281,8 +281,8 @@ class mpi {
   mpi(MPI_Comm comm, options opts) : opts_(opts) {
     validate_environment(comm, opts_);
     int rank = 0, size = 0;
-    detail_mpi::check(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank", "construction", -1);
-    detail_mpi::check(MPI_Comm_size(comm, &size), "MPI_Comm_size", "construction", rank);
+    detail_mpi::check(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank", "constructor", -1);
+    detail_mpi::check(MPI_Comm_size(comm, &size), "MPI_Comm_size", "constructor", rank);
     if (opts_.expected_size != 0 && opts_.expected_size != size)
       diloco::detail::raise<config_error>("comm::mpi: expected ", opts_.expected_size,
                                           " ranks, the MPI communicator has ", size,
@@ -290,9 +290,9 @@ class mpi {
     auto ctx = std::make_shared<detail_mpi::context>();
     ctx->rank = rank;
     ctx->size = size;
-    detail_mpi::check(MPI_Comm_dup(comm, &ctx->comm), "MPI_Comm_dup", "construction", rank);
+    detail_mpi::check(MPI_Comm_dup(comm, &ctx->comm), "MPI_Comm_dup", "constructor", rank);
     detail_mpi::check(MPI_Comm_set_errhandler(ctx->comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler",
-                      "construction", rank);
+                      "constructor", rank);
     ctx_ = std::move(ctx);
 #if DILOCO_MPI_DEVICE_BUFFERS
     direct_device_ = opts_.device_path == mpi_device_path::direct ||
@@ -445,7 +445,7 @@ class mpi {
       diloco::detail::raise<config_error>("comm::mpi: device_path must be detect, direct or staged, got ",
                                           static_cast<int>(opts.device_path));
     int inter = 0;
-    detail_mpi::check(MPI_Comm_test_inter(comm, &inter), "MPI_Comm_test_inter", "construction", -1);
+    detail_mpi::check(MPI_Comm_test_inter(comm, &inter), "MPI_Comm_test_inter", "constructor", -1);
     if (inter)
       diloco::detail::raise<config_error>(
           "comm::mpi: the communicator is an intercommunicator, whose collectives combine two groups; expected an "

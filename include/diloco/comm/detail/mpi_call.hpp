@@ -24,11 +24,12 @@ inline std::string mpi_error_text(int code) {
 }
 
 // The communicator's duplicate has MPI_ERRORS_RETURN, so failures come back
-// as codes; this names the diloco operation, the MPI call and the rank.
+// as codes; this names the diloco operation, the MPI call and the rank (if
+// known yet: rank < 0 while constructing).
 inline void check(int code, const char* mpi_call, const char* operation, int rank) {
   if (code == MPI_SUCCESS) return;
-  diloco::detail::raise<comm_error>("mpi ", operation, " on rank ", rank, ": ", mpi_call, " failed: ",
-                                    mpi_error_text(code));
+  const std::string where = rank >= 0 ? diloco::detail::concat(" on rank ", rank) : std::string();
+  diloco::detail::raise<comm_error>("mpi ", operation, where, ": ", mpi_call, " failed: ", mpi_error_text(code));
 }
 
 // Calls post(offset, count) for consecutive pieces of [0, n) of at most
