@@ -1,0 +1,744 @@
+#pragma once
+
+// diloco::comm::mpi: the workers are the ranks of an MPI communicator the
+// user created (diloco never calls MPI_Init or MPI_Finalize). Link the
+// diloco::mpi CMake target to use it. With DILOCO_WITH_CUDA (the diloco::cuda
+// target) or under nvcc it also takes device buffers: handed to MPI directly
+// when the MPI library is CUDA-aware, staged through pinned host memory
+// otherwise.
+//
+// Every rank must call the same collectives in the same order, from one
+// thread at a time (MPI_THREAD_FUNNELED is enough). The results are those of
+// MPI's own reductions, which are deterministic for a given library, world
+// size, message size and call (blocking or not).
+
+#include <mpi.h>
+
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "diloco/comm/detail/mpi_agreement.hpp"
+#include "diloco/comm/detail/mpi_call.hpp"
+#include "diloco/core/comm_types.hpp"
+#include "diloco/core/concepts.hpp"
+#include "diloco/core/error.hpp"
+#include "diloco/core/memory_space.hpp"
+#include "diloco/tensor/tensor_traits.hpp"
+
+#if defined(DILOCO_WITH_CUDA) || defined(__CUDACC__)
+#define DILOCO_MPI_DEVICE_BUFFERS 1
+#include "diloco/comm/detail/pinned_staging.hpp"
+#if defined(OPEN_MPI) && OPEN_MPI && __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>  // MPIX_CUDA_AWARE_SUPPORT, MPIX_Query_cuda_support
+#endif
+#else
+#define DILOCO_MPI_DEVICE_BUFFERS 0
+#endif
+
+namespace diloco::comm {
+
+// How device buffers reach MPI.
+enum class mpi_device_path : std::uint8_t {
+  detect,  // direct if the MPI library reports CUDA support, staged otherwise
+  direct,  // device pointers handed to MPI (the library must be CUDA-aware)
+  staged,  // copied through pinned host buffers around every collective
+};
+
+struct mpi_options {
+  // The number of ranks the program was written for; 0 accepts any. A
+  // mismatch (a job started with the wrong -np) is a config_error.
+  int expected_size = 0;
+  // Before each collective the ranks compare the operation, the buffer size
+  // and the root or reduction with one tiny MPI_Allreduce, so a mismatch
+  // throws on every rank instead of hanging or corrupting memory. Turning it
+  // off saves that round trip per call (it matters only for small buffers)
+  // and makes non-blocking calls return without synchronizing the ranks.
+  bool check_arguments = true;
+  // The largest count handed to a single MPI call (MPI counts are int);
+  // longer buffers are split into several calls.
+  std::size_t max_count_per_call = INT_MAX;
+  // Device buffers only (builds with CUDA).
+  mpi_device_path device_path = mpi_device_path::detect;
+};
+
+namespace detail_mpi {
+
+// What the communicator and its outstanding requests share: the duplicated
+// communicator and the staging buffers. A request keeps it alive, so a
+// request may outlive the communicator object that issued it.
+struct context {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0;
+  int size = 1;
+#if DILOCO_MPI_DEVICE_BUFFERS
+  pinned_staging staging;
+#endif
+
+  context() = default;
+  context(const context&) = delete;
+  context& operator=(const context&) = delete;
+  ~context() {
+    // After MPI_Finalize no MPI object may be touched; the library has
+    // released the communicator itself then.
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (comm != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm);
+  }
+};
+
+// The MPI requests of one operation: one, or one per piece when the buffer
+// was split. The common case stores its request inline.
+class request_set {
+ public:
+  void add(MPI_Request r) {
+    if (count_ == 0) {
+      one_ = r;
+    } else {
+      if (count_ == 1) many_.assign(1, one_);
+      many_.push_back(r);
+    }
+    ++count_;
+  }
+  int size() const { return static_cast<int>(count_); }
+  MPI_Request* data() { return count_ <= 1 ? &one_ : many_.data(); }
+  void clear() {
+    count_ = 0;
+    many_.clear();
+  }
+
+ private:
+  MPI_Request one_ = MPI_REQUEST_NULL;
+  std::vector<MPI_Request> many_;
+  std::size_t count_ = 0;
+};
+
+// What remains to do once MPI has finished an operation: the mean's
+// division (MPI sums; the division is ours), and for device buffers the
+// copy out of the staging slot and the slot's return.
+struct completion {
+  float* divide = nullptr;  // host floats to divide by the world size
+  std::size_t divide_count = 0;
+#if DILOCO_MPI_DEVICE_BUFFERS
+  float* device_divide = nullptr;  // device floats to divide (direct path)
+  std::size_t device_divide_count = 0;
+  void* copy_to = nullptr;  // device destination of a staged result
+  std::size_t copy_offset = 0;
+  std::size_t copy_bytes = 0;
+  int slot = -1;
+#endif
+
+  // Runs the remaining work; the staging slot is returned even on error.
+  void run(context& ctx, const char* operation) {
+#if DILOCO_MPI_DEVICE_BUFFERS
+    struct slot_guard {
+      context& c;
+      int s;
+      ~slot_guard() {
+        if (s >= 0) c.staging.release(s);
+      }
+    } guard{ctx, slot};
+    slot = -1;
+#endif
+    divide_by_size(divide, divide_count, ctx.size);
+#if DILOCO_MPI_DEVICE_BUFFERS
+    if (device_divide) {
+      // Rare (the algorithm reduces with sum): a round trip through host
+      // memory keeps this header free of device code.
+      const std::size_t bytes = device_divide_count * sizeof(float);
+      slot_guard tmp{ctx, ctx.staging.acquire(bytes, operation, ctx.rank)};
+      auto* host = reinterpret_cast<float*>(ctx.staging.data(tmp.s));
+      check_cuda(cudaMemcpy(host, device_divide, bytes, cudaMemcpyDefault), "cudaMemcpy (device to host)", operation,
+                 ctx.rank);
+      divide_by_size(host, device_divide_count, ctx.size);
+      check_cuda(cudaMemcpy(device_divide, host, bytes, cudaMemcpyDefault), "cudaMemcpy (host to device)", operation,
+                 ctx.rank);
+    }
+    if (copy_to && copy_bytes)
+      check_cuda(cudaMemcpy(copy_to, ctx.staging.data(guard.s) + copy_offset, copy_bytes, cudaMemcpyDefault),
+                 "cudaMemcpy (host to device)", operation, ctx.rank);
+#else
+    (void)operation;
+#endif
+  }
+
+  // Gives the staging slot back without finishing (the operation failed).
+  void abandon([[maybe_unused]] context& ctx) {
+#if DILOCO_MPI_DEVICE_BUFFERS
+    if (slot >= 0) ctx.staging.release(slot);
+    slot = -1;
+#endif
+  }
+
+ private:
+  // The same float division the threads communicator applies to its sums.
+  static void divide_by_size(float* x, std::size_t n, int size) {
+    const auto m = static_cast<float>(size);
+    for (std::size_t i = 0; i < n; ++i) x[i] = x[i] / m;
+  }
+};
+
+#if DILOCO_MPI_DEVICE_BUFFERS
+inline bool library_is_cuda_aware() {
+#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+  return MPIX_Query_cuda_support() == 1;
+#else
+  return false;
+#endif
+}
+#endif
+
+}  // namespace detail_mpi
+
+// The handle of a non-blocking MPI collective. wait() completes it (and
+// rethrows its error as comm_error); test() polls. The buffers must stay
+// alive and untouched until then. Destroying an unfinished request waits for
+// it (an error is dropped there: call wait() to see it).
+class mpi_request {
+ public:
+  mpi_request() = default;
+  mpi_request(mpi_request&& other) noexcept
+      : ctx_(std::move(other.ctx_)),
+        operation_(other.operation_),
+        pending_(std::move(other.pending_)),
+        then_(other.then_) {
+    other.pending_.clear();
+  }
+  mpi_request& operator=(mpi_request&& other) noexcept {
+    if (this != &other) {
+      drain();
+      ctx_ = std::move(other.ctx_);
+      operation_ = other.operation_;
+      pending_ = std::move(other.pending_);
+      then_ = other.then_;
+      other.pending_.clear();
+    }
+    return *this;
+  }
+  mpi_request(const mpi_request&) = delete;
+  mpi_request& operator=(const mpi_request&) = delete;
+  ~mpi_request() { drain(); }
+
+  bool valid() const { return ctx_ != nullptr; }
+
+  void wait() {
+    if (!ctx_) return;
+    const int rc = MPI_Waitall(pending_.size(), pending_.data(), MPI_STATUSES_IGNORE);
+    finish(rc, "MPI_Waitall");
+  }
+
+  bool test() {
+    if (!ctx_) return true;
+    int done = 0;
+    const int rc = MPI_Testall(pending_.size(), pending_.data(), &done, MPI_STATUSES_IGNORE);
+    if (rc == MPI_SUCCESS && !done) return false;
+    finish(rc, "MPI_Testall");
+    return true;
+  }
+
+ private:
+  friend class mpi;
+
+  // The request is spent afterwards, whether or not the operation failed.
+  void finish(int rc, const char* mpi_call) {
+    auto ctx = std::move(ctx_);
+    pending_.clear();
+    if (rc != MPI_SUCCESS) {
+      then_.abandon(*ctx);
+      detail_mpi::check(rc, mpi_call, operation_, ctx->rank);
+    }
+    then_.run(*ctx, operation_);
+  }
+
+  void drain() noexcept {
+    try {
+      wait();
+    } catch (...) {
+    }
+  }
+
+  std::shared_ptr<detail_mpi::context> ctx_;
+  const char* operation_ = "";
+  detail_mpi::request_set pending_;
+  detail_mpi::completion then_;
+};
+
+class mpi {
+ public:
+  using options = mpi_options;
+  using request = mpi_request;
+
+  // Duplicates `comm` (collective over it): diloco's traffic never mixes
+  // with the caller's, and errors on the duplicate come back as codes
+  // (MPI_ERRORS_RETURN) that are thrown as comm_error. MPI must be
+  // initialized and stay so until this object and its requests are gone.
+  explicit mpi(MPI_Comm comm) : mpi(comm, options{}) {}
+  mpi(MPI_Comm comm, options opts) : opts_(opts) {
+    validate_environment(comm, opts_);
+    int rank = 0, size = 0;
+    detail_mpi::check(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank", "constructor", -1);
+    detail_mpi::check(MPI_Comm_size(comm, &size), "MPI_Comm_size", "constructor", rank);
+    if (opts_.expected_size != 0 && opts_.expected_size != size)
+      diloco::detail::raise<config_error>("comm::mpi: expected ", opts_.expected_size,
+                                          " ranks, the MPI communicator has ", size,
+                                          " (was the job started with the right -np?)");
+    auto ctx = std::make_shared<detail_mpi::context>();
+    ctx->rank = rank;
+    ctx->size = size;
+    detail_mpi::check(MPI_Comm_dup(comm, &ctx->comm), "MPI_Comm_dup", "constructor", rank);
+    detail_mpi::check(MPI_Comm_set_errhandler(ctx->comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler",
+                      "constructor", rank);
+    ctx_ = std::move(ctx);
+#if DILOCO_MPI_DEVICE_BUFFERS
+    direct_device_ = opts_.device_path == mpi_device_path::direct ||
+                     (opts_.device_path == mpi_device_path::detect && detail_mpi::library_is_cuda_aware());
+#endif
+  }
+
+  mpi(const mpi&) = delete;
+  mpi& operator=(const mpi&) = delete;
+  // A moved-from communicator may only be destroyed or assigned to.
+  mpi(mpi&&) noexcept = default;
+  mpi& operator=(mpi&&) noexcept = default;
+  ~mpi() = default;
+
+  int rank() const { return ctx_->rank; }
+  int size() const { return ctx_->size; }
+  traffic_counters traffic() const { return traffic_; }
+  const options& settings() const { return opts_; }
+  // The duplicated communicator diloco talks over.
+  MPI_Comm native_handle() const { return ctx_->comm; }
+  // True when device buffers go to MPI as they are (no staging copies).
+  bool passes_device_pointers() const { return direct_device_; }
+
+  // ------------------------------------------------------------ blocking
+  // In-place all-reduce of fp32 buffers: MPI_Allreduce with MPI_SUM; mean
+  // divides the sum by the world size afterwards.
+  void all_reduce(std::span<float> buf, reduce_op op) { start_all_reduce(buf.data(), buf.size(), op, nullptr); }
+  // Copies root's buffer into every rank's buffer.
+  void broadcast(std::span<float> buf, int root) {
+    start_broadcast(detail_mpi::collective::broadcast_fp32, buf.data(), buf.size(), root, nullptr);
+  }
+  void broadcast(std::span<std::byte> buf, int root) {
+    start_broadcast(detail_mpi::collective::broadcast_bytes, buf.data(), buf.size(), root, nullptr);
+  }
+  // send holds M equal blocks, block k for rank k; recv receives block
+  // `rank` of every rank's send, in rank order.
+  void all_to_all(std::span<const std::byte> send, std::span<std::byte> recv) {
+    start_exchange(detail_mpi::collective::all_to_all, send.data(), send.size(), recv.data(), recv.size(), nullptr);
+  }
+  // recv receives every rank's send, in rank order (M blocks).
+  void all_gather(std::span<const std::byte> send, std::span<std::byte> recv) {
+    start_exchange(detail_mpi::collective::all_gather, send.data(), send.size(), recv.data(), recv.size(), nullptr);
+  }
+  void barrier() { start_barrier(nullptr); }
+
+  // -------------------------------------------------------- non-blocking
+  // Each posts the MPI operation and returns; MPI progresses it. Buffers
+  // must stay untouched until wait() returns.
+  request iall_reduce(std::span<float> buf, reduce_op op) {
+    request r = make_request("all_reduce");
+    start_all_reduce(buf.data(), buf.size(), op, &r);
+    return r;
+  }
+  request ibroadcast(std::span<float> buf, int root) {
+    request r = make_request("broadcast");
+    start_broadcast(detail_mpi::collective::broadcast_fp32, buf.data(), buf.size(), root, &r);
+    return r;
+  }
+  request ibroadcast(std::span<std::byte> buf, int root) {
+    request r = make_request("broadcast");
+    start_broadcast(detail_mpi::collective::broadcast_bytes, buf.data(), buf.size(), root, &r);
+    return r;
+  }
+  request iall_to_all(std::span<const std::byte> send, std::span<std::byte> recv) {
+    request r = make_request("all_to_all");
+    start_exchange(detail_mpi::collective::all_to_all, send.data(), send.size(), recv.data(), recv.size(), &r);
+    return r;
+  }
+  request iall_gather(std::span<const std::byte> send, std::span<std::byte> recv) {
+    request r = make_request("all_gather");
+    start_exchange(detail_mpi::collective::all_gather, send.data(), send.size(), recv.data(), recv.size(), &r);
+    return r;
+  }
+  request ibarrier() {
+    request r = make_request("barrier");
+    start_barrier(&r);
+    return r;
+  }
+
+#if DILOCO_MPI_DEVICE_BUFFERS
+  // ---------------------------------------------------- device buffers
+  // The same operations over device memory. The buffers must be ready
+  // (kernels writing them finished) when the call is made; staging copies
+  // use cudaMemcpy, which orders itself after the legacy default stream.
+  void all_reduce(device_view<float> buf, reduce_op op) { start_device_all_reduce(buf, op, nullptr); }
+  void broadcast(device_view<float> buf, int root) {
+    start_device_broadcast(detail_mpi::collective::broadcast_fp32, buf.data(), buf.size(), root, nullptr);
+  }
+  void broadcast(device_view<std::byte> buf, int root) {
+    start_device_broadcast(detail_mpi::collective::broadcast_bytes, buf.data(), buf.size(), root, nullptr);
+  }
+  void all_to_all(device_view<const std::byte> send, device_view<std::byte> recv) {
+    start_device_exchange(detail_mpi::collective::all_to_all, send, recv, nullptr);
+  }
+  void all_gather(device_view<const std::byte> send, device_view<std::byte> recv) {
+    start_device_exchange(detail_mpi::collective::all_gather, send, recv, nullptr);
+  }
+
+  request iall_reduce(device_view<float> buf, reduce_op op) {
+    request r = make_request("all_reduce");
+    start_device_all_reduce(buf, op, &r);
+    return r;
+  }
+  request ibroadcast(device_view<float> buf, int root) {
+    request r = make_request("broadcast");
+    start_device_broadcast(detail_mpi::collective::broadcast_fp32, buf.data(), buf.size(), root, &r);
+    return r;
+  }
+  request ibroadcast(device_view<std::byte> buf, int root) {
+    request r = make_request("broadcast");
+    start_device_broadcast(detail_mpi::collective::broadcast_bytes, buf.data(), buf.size(), root, &r);
+    return r;
+  }
+  request iall_to_all(device_view<const std::byte> send, device_view<std::byte> recv) {
+    request r = make_request("all_to_all");
+    start_device_exchange(detail_mpi::collective::all_to_all, send, recv, &r);
+    return r;
+  }
+  request iall_gather(device_view<const std::byte> send, device_view<std::byte> recv) {
+    request r = make_request("all_gather");
+    start_device_exchange(detail_mpi::collective::all_gather, send, recv, &r);
+    return r;
+  }
+#endif
+
+ private:
+  using collective = detail_mpi::collective;
+
+  static void validate_environment(MPI_Comm comm, const options& opts) {
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (!initialized || finalized)
+      diloco::detail::raise<config_error>(
+          "comm::mpi: MPI is ", finalized ? "already finalized" : "not initialized",
+          "; call MPI_Init (or MPI_Init_thread) before constructing the communicator and MPI_Finalize only after "
+          "it is destroyed (diloco never initializes MPI itself)");
+    if (comm == MPI_COMM_NULL)
+      diloco::detail::raise<config_error>(
+          "comm::mpi: the communicator is MPI_COMM_NULL (this process is not a member of it, or it was freed); "
+          "expected a valid intracommunicator such as MPI_COMM_WORLD");
+    if (opts.expected_size < 0)
+      diloco::detail::raise<config_error>("comm::mpi: expected_size must be >= 0 (0 = any), got ",
+                                          opts.expected_size);
+    if (opts.max_count_per_call < 1 || opts.max_count_per_call > static_cast<std::size_t>(INT_MAX))
+      diloco::detail::raise<config_error>("comm::mpi: max_count_per_call must be in [1, ", INT_MAX, "], got ",
+                                          opts.max_count_per_call);
+    if (opts.device_path != mpi_device_path::detect && opts.device_path != mpi_device_path::direct &&
+        opts.device_path != mpi_device_path::staged)
+      diloco::detail::raise<config_error>("comm::mpi: device_path must be detect, direct or staged, got ",
+                                          static_cast<int>(opts.device_path));
+    int inter = 0;
+    detail_mpi::check(MPI_Comm_test_inter(comm, &inter), "MPI_Comm_test_inter", "constructor", -1);
+    if (inter)
+      diloco::detail::raise<config_error>(
+          "comm::mpi: the communicator is an intercommunicator, whose collectives combine two groups; expected an "
+          "intracommunicator such as MPI_COMM_WORLD or one made by MPI_Comm_split");
+  }
+
+  request make_request(const char* operation) const {
+    request r;
+    r.ctx_ = ctx_;
+    r.operation_ = operation;
+    return r;
+  }
+
+  // Agrees on the call across ranks (or, unchecked, reports a local problem
+  // at once). Nothing has moved when this throws.
+  void begin(const detail_mpi::call& c, const std::string& problem) const {
+    if (opts_.check_arguments)
+      detail_mpi::agree(ctx_->comm, ctx_->rank, c, problem);
+    else if (!problem.empty())
+      diloco::detail::raise<config_error>(problem);
+  }
+
+  // A blocking call completes here; a non-blocking one hands what is left
+  // to its request.
+  void end(detail_mpi::completion then, request* out, const char* operation) {
+    if (out)
+      out->then_ = then;
+    else
+      then.run(*ctx_, operation);
+  }
+
+  std::string root_problem(collective c, int root) const {
+    if (root >= 0 && root < size()) return {};
+    return diloco::detail::concat("mpi ", detail_mpi::name(c), " on rank ", rank(), ": root ", root,
+                                  " is not a rank of a communicator of ", size(), " ranks");
+  }
+
+  std::string exchange_problem(collective c, const std::byte* send, std::size_t send_bytes, const std::byte* recv,
+                               std::size_t recv_bytes) const {
+    const auto m = static_cast<std::size_t>(size());
+    const char* op = detail_mpi::name(c);
+    if (c == collective::all_to_all && send_bytes % m != 0)
+      return diloco::detail::concat("mpi ", op, " on rank ", rank(), ": send has ", send_bytes,
+                                    " bytes, not a multiple of the world size ", m);
+    const std::size_t want = c == collective::all_to_all ? send_bytes : send_bytes * m;
+    if (recv_bytes != want)
+      return diloco::detail::concat("mpi ", op, " on rank ", rank(), ": recv has ", recv_bytes, " bytes, expected ",
+                                    want, " for ", send_bytes, " bytes sent by each of ", m, " ranks");
+    if (send_bytes && recv_bytes && send < recv + recv_bytes && recv < send + send_bytes)
+      return diloco::detail::concat("mpi ", op, " on rank ", rank(), ": send and recv buffers overlap");
+    return {};
+  }
+
+  std::string reduce_problem(reduce_op op) const {
+    if (op == reduce_op::sum || op == reduce_op::mean) return {};
+    return diloco::detail::concat("mpi all_reduce on rank ", rank(), ": reduce_op ", static_cast<int>(op),
+                                  " is neither sum nor mean");
+  }
+
+  // --------------------------------------------------- the MPI calls
+  void post_sum(float* data, std::size_t n, request* out) {
+    detail_mpi::for_each_piece(n, opts_.max_count_per_call, [&](std::size_t off, int count) {
+      if (out) {
+        MPI_Request r = MPI_REQUEST_NULL;
+        detail_mpi::check(MPI_Iallreduce(MPI_IN_PLACE, data + off, count, MPI_FLOAT, MPI_SUM, ctx_->comm, &r),
+                          "MPI_Iallreduce", "all_reduce", rank());
+        out->pending_.add(r);
+      } else {
+        detail_mpi::check(MPI_Allreduce(MPI_IN_PLACE, data + off, count, MPI_FLOAT, MPI_SUM, ctx_->comm),
+                          "MPI_Allreduce", "all_reduce", rank());
+      }
+    });
+  }
+
+  void post_broadcast(void* data, std::size_t n, MPI_Datatype type, std::size_t element_bytes, int root,
+                      request* out) {
+    auto* bytes = static_cast<std::byte*>(data);
+    detail_mpi::for_each_piece(n, opts_.max_count_per_call, [&](std::size_t off, int count) {
+      void* at = bytes + off * element_bytes;
+      if (out) {
+        MPI_Request r = MPI_REQUEST_NULL;
+        detail_mpi::check(MPI_Ibcast(at, count, type, root, ctx_->comm, &r), "MPI_Ibcast", "broadcast", rank());
+        out->pending_.add(r);
+      } else {
+        detail_mpi::check(MPI_Bcast(at, count, type, root, ctx_->comm), "MPI_Bcast", "broadcast", rank());
+      }
+    });
+  }
+
+  // Blocks too large for one call travel in slices: slice [off, off + len)
+  // of every block at once, described by a byte type whose extent is the
+  // block, so it lands at the same offset of every rank's block.
+  void post_exchange(collective c, const std::byte* send, std::byte* recv, std::size_t block, request* out) {
+    const bool to_all = c == collective::all_to_all;
+    const char* op = detail_mpi::name(c);
+    const char* call = to_all ? (out ? "MPI_Ialltoall" : "MPI_Alltoall") : (out ? "MPI_Iallgather" : "MPI_Allgather");
+    auto post = [&](const std::byte* s, int send_count, MPI_Datatype send_type, std::byte* r, int recv_count,
+                    MPI_Datatype recv_type) {
+      if (out) {
+        MPI_Request q = MPI_REQUEST_NULL;
+        detail_mpi::check(to_all ? MPI_Ialltoall(s, send_count, send_type, r, recv_count, recv_type, ctx_->comm, &q)
+                                 : MPI_Iallgather(s, send_count, send_type, r, recv_count, recv_type, ctx_->comm, &q),
+                          call, op, rank());
+        out->pending_.add(q);
+      } else {
+        detail_mpi::check(to_all ? MPI_Alltoall(s, send_count, send_type, r, recv_count, recv_type, ctx_->comm)
+                                 : MPI_Allgather(s, send_count, send_type, r, recv_count, recv_type, ctx_->comm),
+                          call, op, rank());
+      }
+    };
+    if (block <= opts_.max_count_per_call) {
+      const int n = static_cast<int>(block);
+      post(send, n, MPI_BYTE, recv, n, MPI_BYTE);
+      return;
+    }
+    detail_mpi::for_each_piece(block, opts_.max_count_per_call, [&](std::size_t off, int len) {
+      detail_mpi::scoped_datatype slice;
+      slice.make_strided_bytes(len, block, op, rank());
+      if (to_all)
+        post(send + off, 1, slice.get(), recv + off, 1, slice.get());
+      else
+        post(send + off, len, MPI_BYTE, recv + off, 1, slice.get());
+    });
+  }
+
+  // ------------------------------------------------ host operations
+  void start_all_reduce(float* data, std::size_t n, reduce_op op, request* out) {
+    begin({collective::all_reduce, out != nullptr, n, static_cast<std::int64_t>(op)}, reduce_problem(op));
+    account_all_reduce(n);
+    post_sum(data, n, out);
+    detail_mpi::completion then;
+    if (op == reduce_op::mean) {
+      then.divide = data;
+      then.divide_count = n;
+    }
+    end(then, out, "all_reduce");
+  }
+
+  template <class T>
+  void start_broadcast(collective c, T* data, std::size_t n, int root, request* out) {
+    begin({c, out != nullptr, n, root}, root_problem(c, root));
+    account_broadcast(n * sizeof(T), root);
+    post_broadcast(data, n, c == collective::broadcast_fp32 ? MPI_FLOAT : MPI_BYTE, sizeof(T), root, out);
+    end({}, out, "broadcast");
+  }
+
+  void start_exchange(collective c, const std::byte* send, std::size_t send_bytes, std::byte* recv,
+                      std::size_t recv_bytes, request* out) {
+    begin({c, out != nullptr, send_bytes, 0}, exchange_problem(c, send, send_bytes, recv, recv_bytes));
+    const std::size_t block = c == collective::all_to_all ? send_bytes / static_cast<std::size_t>(size()) : send_bytes;
+    account_exchange(block);
+    post_exchange(c, send, recv, block, out);
+    end({}, out, detail_mpi::name(c));
+  }
+
+  void start_barrier(request* out) {
+    begin({collective::barrier, out != nullptr, 0, 0}, {});
+    if (out) {
+      MPI_Request r = MPI_REQUEST_NULL;
+      detail_mpi::check(MPI_Ibarrier(ctx_->comm, &r), "MPI_Ibarrier", "barrier", rank());
+      out->pending_.add(r);
+    } else {
+      detail_mpi::check(MPI_Barrier(ctx_->comm), "MPI_Barrier", "barrier", rank());
+    }
+  }
+
+#if DILOCO_MPI_DEVICE_BUFFERS
+  // ---------------------------------------------- device operations
+  // A staging slot owned until handed to a completion.
+  struct staged_slot {
+    detail_mpi::context& ctx;
+    int slot;
+    ~staged_slot() {
+      if (slot >= 0) ctx.staging.release(slot);
+    }
+    std::byte* data() const { return ctx.staging.data(slot); }
+    int hand_over() { return std::exchange(slot, -1); }
+  };
+
+  staged_slot stage(std::size_t bytes, const char* operation) {
+    return {*ctx_, ctx_->staging.acquire(bytes, operation, rank())};
+  }
+
+  void copy_to_host(void* host, const void* device, std::size_t bytes, const char* operation) const {
+    if (bytes)
+      detail_mpi::check_cuda(cudaMemcpy(host, device, bytes, cudaMemcpyDefault), "cudaMemcpy (device to host)",
+                             operation, rank());
+  }
+
+  void start_device_all_reduce(device_view<float> buf, reduce_op op, request* out) {
+    const std::size_t n = buf.size();
+    begin({collective::all_reduce, out != nullptr, n, static_cast<std::int64_t>(op)}, reduce_problem(op));
+    account_all_reduce(n);
+    detail_mpi::completion then;
+    if (direct_device_) {
+      post_sum(buf.data(), n, out);
+      if (op == reduce_op::mean) {
+        then.device_divide = buf.data();
+        then.device_divide_count = n;
+      }
+    } else {
+      auto s = stage(n * sizeof(float), "all_reduce");
+      auto* host = reinterpret_cast<float*>(s.data());
+      copy_to_host(host, buf.data(), n * sizeof(float), "all_reduce");
+      post_sum(host, n, out);
+      if (op == reduce_op::mean) {
+        then.divide = host;
+        then.divide_count = n;
+      }
+      then.copy_to = buf.data();
+      then.copy_bytes = n * sizeof(float);
+      then.slot = s.hand_over();
+    }
+    end(then, out, "all_reduce");
+  }
+
+  template <class T>
+  void start_device_broadcast(collective c, T* data, std::size_t n, int root, request* out) {
+    begin({c, out != nullptr, n, root}, root_problem(c, root));
+    const std::size_t bytes = n * sizeof(T);
+    account_broadcast(bytes, root);
+    const MPI_Datatype type = c == collective::broadcast_fp32 ? MPI_FLOAT : MPI_BYTE;
+    detail_mpi::completion then;
+    if (direct_device_) {
+      post_broadcast(data, n, type, sizeof(T), root, out);
+    } else {
+      auto s = stage(bytes, "broadcast");
+      if (rank() == root) copy_to_host(s.data(), data, bytes, "broadcast");
+      post_broadcast(s.data(), n, type, sizeof(T), root, out);
+      if (rank() != root) {
+        then.copy_to = data;
+        then.copy_bytes = bytes;
+      }
+      then.slot = s.hand_over();
+    }
+    end(then, out, "broadcast");
+  }
+
+  void start_device_exchange(collective c, device_view<const std::byte> send, device_view<std::byte> recv,
+                             request* out) {
+    begin({c, out != nullptr, send.size(), 0}, exchange_problem(c, send.data(), send.size(), recv.data(), recv.size()));
+    const std::size_t block =
+        c == collective::all_to_all ? send.size() / static_cast<std::size_t>(size()) : send.size();
+    account_exchange(block);
+    const char* op = detail_mpi::name(c);
+    detail_mpi::completion then;
+    if (direct_device_) {
+      post_exchange(c, send.data(), recv.data(), block, out);
+    } else {
+      // One slot holds both sides: send first, then recv.
+      auto s = stage(send.size() + recv.size(), op);
+      copy_to_host(s.data(), send.data(), send.size(), op);
+      post_exchange(c, s.data(), s.data() + send.size(), block, out);
+      then.copy_to = recv.data();
+      then.copy_offset = send.size();
+      then.copy_bytes = recv.size();
+      then.slot = s.hand_over();
+    }
+    end(then, out, op);
+  }
+#endif
+
+  // ------------------------------------------------ traffic accounting
+  // The same models as comm::threads, so figures compare across
+  // communicators whatever algorithm MPI picks.
+  void account_all_reduce(std::size_t n) {
+    const std::uint64_t bytes = ring_all_reduce_bytes(n * sizeof(float), size());
+    traffic_.bytes_sent += bytes;
+    traffic_.bytes_received += bytes;
+  }
+  // A pipelined chain root -> root+1 -> ...: every rank but the last
+  // forwards the buffer once, every rank but the root receives it once.
+  void account_broadcast(std::size_t bytes, int root) {
+    if (size() == 1) return;
+    if (rank() != root) traffic_.bytes_received += bytes;
+    if (rank() != (root + size() - 1) % size()) traffic_.bytes_sent += bytes;
+  }
+  // All-to-all and all-gather: M-1 blocks out, M-1 blocks in.
+  void account_exchange(std::size_t block) {
+    const std::uint64_t bytes = static_cast<std::uint64_t>(size() - 1) * block;
+    traffic_.bytes_sent += bytes;
+    traffic_.bytes_received += bytes;
+  }
+
+  options opts_;
+  std::shared_ptr<detail_mpi::context> ctx_;
+  traffic_counters traffic_{};
+  bool direct_device_ = false;
+};
+
+static_assert(communicator<mpi>);
+#if DILOCO_MPI_DEVICE_BUFFERS
+static_assert(device_communicator<mpi>);
+#endif
+
+}  // namespace diloco::comm

@@ -1,0 +1,75 @@
+# comm::mpi tests. Each executable runs under mpirun with 2 and 4 ranks
+# (4 > the cores of a small CI machine: --oversubscribe), every rank running
+# the same doctest cases; a failure on any rank aborts the job.
+include(diloco_mpi_launch)
+
+add_library(diloco_mpi_test_main OBJECT mpi_test_main.cpp)
+target_link_libraries(diloco_mpi_test_main PUBLIC diloco::mpi doctest::doctest diloco_project_options)
+
+foreach(t test_comm_mpi test_algorithm_mpi)
+  add_executable(${t} ${t}.cpp)
+  target_link_libraries(${t} PRIVATE diloco_mpi_test_main)
+  foreach(ranks 2 4)
+    diloco_add_mpi_test(${t}_np${ranks} RANKS ${ranks} COMMAND ${t} LABELS unit)
+  endforeach()
+endforeach()
+
+# MPI_Init and MPI_Finalize happen inside this one's test cases.
+add_executable(test_comm_mpi_lifecycle test_comm_mpi_lifecycle.cpp)
+target_link_libraries(test_comm_mpi_lifecycle PRIVATE diloco::mpi doctest::doctest diloco_project_options)
+diloco_add_mpi_test(test_comm_mpi_lifecycle_np2 RANKS 2 COMMAND test_comm_mpi_lifecycle LABELS unit)
+
+# Device buffers: built by the host compiler with DILOCO_WITH_CUDA (from
+# diloco::cuda); skipped (exit code 77) where no GPU is usable.
+if(DILOCO_HAVE_CUDA)
+  add_executable(test_comm_mpi_cuda test_comm_mpi_cuda.cpp)
+  target_link_libraries(test_comm_mpi_cuda PRIVATE diloco::mpi diloco::cuda doctest::doctest diloco_project_options)
+  diloco_add_mpi_test(test_comm_mpi_cuda_np2 RANKS 2 COMMAND test_comm_mpi_cuda LABELS cuda)
+  set_tests_properties(test_comm_mpi_cuda_np2 PROPERTIES SKIP_RETURN_CODE 77)
+endif()
+
+# The header under nvcc (__CUDACC__): compiled, not run.
+if(DILOCO_HAVE_CUDA)
+  add_library(compile_mpi_nvcc OBJECT compile_mpi_nvcc.cu)
+  target_link_libraries(compile_mpi_nvcc PRIVATE diloco::mpi diloco_project_options)
+  diloco_cuda_cxx20(compile_mpi_nvcc)
+endif()
+
+# Packaging: a consumer of the installed package, find_package(diloco
+# COMPONENTS mpi), linking diloco::mpi and run under mpirun -np 2.
+set(_launch ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${DILOCO_MPIEXEC_EXTRA_FLAGS} ${MPIEXEC_PREFLAGS})
+add_test(NAME packaging_find_package_mpi
+  COMMAND ${CMAKE_COMMAND}
+    -DDILOCO_BINARY_DIR=${PROJECT_BINARY_DIR}
+    -DWORK_DIR=${CMAKE_CURRENT_BINARY_DIR}/packaging_mpi
+    -DCXX=${CMAKE_CXX_COMPILER}
+    -DGENERATOR=${CMAKE_GENERATOR}
+    "-DLAUNCH=${_launch}"
+    "-DPOSTFLAGS=${MPIEXEC_POSTFLAGS}"
+    -P ${CMAKE_CURRENT_SOURCE_DIR}/packaging/run_mpi_consumer.cmake)
+set_tests_properties(packaging_find_package_mpi PROPERTIES LABELS "packaging;mpi" TIMEOUT 600
+  RESOURCE_LOCK packaging ENVIRONMENT "${DILOCO_MPIEXEC_ENVIRONMENT}")
+
+# The MPI example in README.md compiles and fits its line under mpirun -np 2.
+set(_readme ${PROJECT_SOURCE_DIR}/README.md)
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${_readme})
+file(READ ${_readme} _text)
+string(REGEX MATCH "<!-- readme-mpi-example:begin -->[^`]*```cpp\n(.*)```[^`]*<!-- readme-mpi-example:end -->" _match
+  "${_text}")
+if(NOT CMAKE_MATCH_1)
+  message(FATAL_ERROR "README.md has no ```cpp block between the readme-mpi-example markers")
+endif()
+file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/readme_mpi_example.cpp "${CMAKE_MATCH_1}")
+add_executable(readme_mpi_example ${CMAKE_CURRENT_BINARY_DIR}/readme_mpi_example.cpp)
+target_link_libraries(readme_mpi_example PRIVATE diloco::mpi diloco_project_options)
+diloco_add_mpi_test(readme_mpi_example_np2 RANKS 2 COMMAND readme_mpi_example LABELS "unit;readme")
+set_tests_properties(readme_mpi_example_np2 PROPERTIES
+  PASS_REGULAR_EXPRESSION "w = \\((1\\.99[5-9]|2\\.00[0-5]), (0\\.99[5-9]|1\\.00[0-5])\\) on 2 ranks")
+
+# Counts above INT_MAX for real: opt-in, it needs about 2.2 GB per rank.
+option(DILOCO_TEST_LARGE_COUNTS "Add the MPI test that broadcasts more than INT_MAX bytes" OFF)
+if(DILOCO_TEST_LARGE_COUNTS)
+  add_executable(test_comm_mpi_large test_comm_mpi_large.cpp)
+  target_link_libraries(test_comm_mpi_large PRIVATE diloco_mpi_test_main)
+  diloco_add_mpi_test(test_comm_mpi_large_np2 RANKS 2 COMMAND test_comm_mpi_large LABELS slow TIMEOUT 600)
+endif()

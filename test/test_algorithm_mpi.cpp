@@ -1,0 +1,248 @@
+// DiLoCo over MPI (CTest runs it with -np 2 and -np 4) on the linear
+// regression problem of test_algorithm.cpp, with M = the number of ranks.
+// Each process also runs the same M workers on the threads communicator and
+// the algorithm's definition in double precision; MPI must reach the
+// threads communicator's theta_global within 1e-6 relative after every
+// round, keep its replicas bitwise identical across ranks, and count the
+// same bytes.
+#include <doctest/doctest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <diloco/comm/mpi.hpp>
+#include <diloco/diloco.hpp>
+#include <mutex>
+#include <random>
+#include <vector>
+
+namespace dc = diloco;
+
+namespace {
+
+constexpr std::size_t features = 6;
+constexpr std::size_t rows = 16;  // per worker
+
+int world_size() {
+  int m = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &m);
+  return m;
+}
+
+// Worker m's data: y = X w* + noise, a different X per worker; the same on
+// every process (fixed seed).
+struct dataset {
+  std::vector<std::vector<double>> x;  // [worker][row * features + j]
+  std::vector<std::vector<double>> y;  // [worker][row]
+};
+
+dataset make_data(int workers) {
+  std::mt19937 rng(123);
+  std::normal_distribution<double> n01(0.0, 1.0);
+  std::vector<double> w_star(features);
+  for (auto& w : w_star) w = n01(rng);
+  dataset d;
+  for (int m = 0; m < workers; ++m) {
+    d.x.emplace_back(rows * features);
+    d.y.emplace_back(rows);
+    for (auto& v : d.x.back()) v = static_cast<float>(n01(rng));
+    for (std::size_t r = 0; r < rows; ++r) {
+      double s = 0;
+      for (std::size_t j = 0; j < features; ++j) s += d.x.back()[r * features + j] * w_star[j];
+      d.y.back()[r] = static_cast<float>(s + 0.1 * n01(rng));
+    }
+  }
+  return d;
+}
+
+// Gradient of (1 / 2 rows) ||X w - y||^2 for worker m, in double.
+template <class W>
+std::vector<double> gradient(const dataset& d, int m, const W& w) {
+  std::vector<double> g(features, 0.0);
+  const auto& x = d.x[static_cast<std::size_t>(m)];
+  const auto& y = d.y[static_cast<std::size_t>(m)];
+  for (std::size_t r = 0; r < rows; ++r) {
+    double pred = 0;
+    for (std::size_t j = 0; j < features; ++j) pred += x[r * features + j] * static_cast<double>(w[j]);
+    const double err = pred - y[r];
+    for (std::size_t j = 0; j < features; ++j) g[j] += err * x[r * features + j] / rows;
+  }
+  return g;
+}
+
+// The algorithm's definition in double: M replicas with SGD-momentum, every
+// H steps the mean pseudo-gradient drives a Nesterov step on theta_global.
+std::vector<std::vector<double>> reference_rounds(const dataset& d, int workers, int rounds, int h, double inner_lr,
+                                                  double inner_mu, double outer_lr, double outer_mu) {
+  std::vector<double> global(features, 0.0), outer_b(features, 0.0);
+  std::vector<std::vector<double>> local(workers, global), inner_b(workers, std::vector<double>(features, 0.0));
+  std::vector<std::vector<double>> out;
+  int inner_t = 0;
+  for (int round = 1; round <= rounds; ++round) {
+    for (int s = 0; s < h; ++s) {
+      ++inner_t;
+      for (int m = 0; m < workers; ++m) {
+        auto& w = local[static_cast<std::size_t>(m)];
+        auto& b = inner_b[static_cast<std::size_t>(m)];
+        const auto g = gradient(d, m, w);
+        for (std::size_t j = 0; j < features; ++j) {
+          b[j] = inner_t == 1 ? g[j] : inner_mu * b[j] + g[j];
+          w[j] -= inner_lr * b[j];
+        }
+      }
+    }
+    for (std::size_t j = 0; j < features; ++j) {
+      double delta = 0;
+      for (int m = 0; m < workers; ++m) delta += global[j] - local[static_cast<std::size_t>(m)][j];
+      delta /= workers;
+      outer_b[j] = round == 1 ? delta : outer_mu * outer_b[j] + delta;
+      global[j] -= outer_lr * (delta + outer_mu * outer_b[j]);
+    }
+    for (auto& w : local) w = global;
+    out.push_back(global);
+  }
+  return out;
+}
+
+constexpr int h = 5, rounds = 6;
+constexpr float inner_lr = 0.05f, inner_mu = 0.9f, outer_lr = 0.7f, outer_mu = 0.9f;
+
+// One worker's whole run on any communicator: theta (= theta_global) after
+// every round, and the worker's statistics.
+template <class Comm>
+std::vector<std::vector<float>> train(const dataset& data, Comm& comm, dc::stats* stats_out) {
+  const int m = comm.rank();
+  // Rank 0 starts from zeros, the others from garbage: the initial broadcast
+  // must make every replica start from rank 0's parameters.
+  std::vector<float> w(features, m == 0 ? 0.0f : 42.0f + static_cast<float>(m));
+  dc::algorithm<dc::inner::sgd, dc::outer::nesterov, dc::compress::none, Comm> t(
+      w, comm,
+      {.inner_steps = h,
+       .inner = {.lr = inner_lr, .momentum = inner_mu},
+       .outer = {.lr = outer_lr, .momentum = outer_mu},
+       .host_threads = 1});
+  std::vector<std::vector<float>> seen;
+  std::vector<float> g(features);
+  for (int step = 0; step < h * rounds; ++step) {
+    const auto gd = gradient(data, m, w);
+    for (std::size_t j = 0; j < features; ++j) g[j] = static_cast<float>(gd[j]);
+    if (t.step(g)) seen.push_back(w);
+  }
+  *stats_out = t.stats();
+  return seen;
+}
+
+double max_abs(const std::vector<float>& v) {
+  double out = 0.0;
+  for (float x : v) out = std::max(out, std::abs(static_cast<double>(x)));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("DiLoCo over MPI matches the threads communicator with the same M") {
+  const int workers = world_size();
+  const auto data = make_data(workers);
+  const auto want = reference_rounds(data, workers, rounds, h, inner_lr, inner_mu, outer_lr, outer_mu);
+
+  // The same M workers as threads inside this process.
+  std::vector<std::vector<float>> threads_theta;
+  std::vector<dc::stats> threads_stats(static_cast<std::size_t>(workers));
+  std::mutex mu;
+  dc::comm::threads::world world(workers);
+  world.run([&](dc::comm::threads& comm) {
+    dc::stats s;
+    auto seen = train(data, comm, &s);
+    std::lock_guard lock(mu);
+    threads_stats[static_cast<std::size_t>(comm.rank())] = s;
+    if (comm.rank() == 0) threads_theta = seen;
+  });
+  REQUIRE(threads_theta.size() == static_cast<std::size_t>(rounds));
+
+  dc::comm::mpi comm(MPI_COMM_WORLD, {.expected_size = workers});
+  dc::stats mpi_stats;
+  const auto mpi_theta = train(data, comm, &mpi_stats);
+  REQUIRE(mpi_theta.size() == static_cast<std::size_t>(rounds));
+
+  double worst = 0.0;  // largest deviation from threads, relative to the parameters' scale
+  for (int r = 0; r < rounds; ++r) {
+    CAPTURE(r);
+    const auto& got = mpi_theta[static_cast<std::size_t>(r)];
+    const auto& ref = threads_theta[static_cast<std::size_t>(r)];
+    // Within 1e-6 of the threads result, relative to the parameters' scale.
+    for (std::size_t j = 0; j < features; ++j) {
+      const double dev = std::abs(static_cast<double>(got[j]) - ref[j]) / max_abs(ref);
+      CHECK(dev <= 1e-6);
+      worst = std::max(worst, dev);
+    }
+    // And both follow the definition (fp32 against fp64 after 30 steps).
+    for (std::size_t j = 0; j < features; ++j)
+      CHECK(got[j] == doctest::Approx(want[static_cast<std::size_t>(r)][j]).epsilon(2e-5));
+    // Every rank holds the same bits (gathered with plain MPI).
+    std::vector<float> all(features * static_cast<std::size_t>(workers));
+    MPI_Allgather(got.data(), static_cast<int>(features), MPI_FLOAT, all.data(), static_cast<int>(features),
+                  MPI_FLOAT, MPI_COMM_WORLD);
+    for (int k = 1; k < workers; ++k)
+      CHECK(std::memcmp(all.data() + static_cast<std::size_t>(k) * features, all.data(),
+                        features * sizeof(float)) == 0);
+  }
+
+  if (comm.rank() == 0) MESSAGE("M = ", workers, ": largest relative deviation from threads ", worst);
+
+  // The same accounting as threads: per round one all-reduce of the
+  // parameters plus one norm slot per rank, as a ring; plus the initial
+  // broadcast along the chain 0 -> 1 -> ... (the last rank does not send).
+  const auto& ts = threads_stats[static_cast<std::size_t>(comm.rank())];
+  const std::uint64_t per_round = dc::ring_all_reduce_bytes((features + static_cast<std::size_t>(workers)) * 4,
+                                                            workers);
+  const std::uint64_t bcast_sent = comm.rank() == workers - 1 ? 0 : features * sizeof(float);
+  CHECK(mpi_stats.last_round_bytes_sent == per_round);
+  CHECK(mpi_stats.bytes_sent == per_round * rounds + bcast_sent);
+  CHECK(mpi_stats.bytes_sent == ts.bytes_sent);
+  CHECK(mpi_stats.bytes_received == ts.bytes_received);
+  CHECK(mpi_stats.rounds == static_cast<std::uint64_t>(rounds));
+}
+
+TEST_CASE("AdamW inner over MPI, several tensors: replicas agree with threads and with each other") {
+  const int workers = world_size();
+  const auto data = make_data(workers);
+  auto run = [&](auto& comm) {
+    const int m = comm.rank();
+    using Comm = std::remove_reference_t<decltype(comm)>;
+    std::vector<std::vector<float>> parts{std::vector<float>(1, 0.0f), std::vector<float>(2, 0.0f),
+                                          std::vector<float>(3, 0.0f)};
+    dc::algorithm<dc::inner::adamw, dc::outer::nesterov, dc::compress::none, Comm> t(
+        parts, comm, {.inner_steps = 10, .inner = {.lr = 0.02f, .weight_decay = 0.01f}, .host_threads = 1});
+    std::vector<float> flat(features);
+    std::vector<std::vector<float>> grads{std::vector<float>(1), std::vector<float>(2), std::vector<float>(3)};
+    for (int step = 0; step < 60; ++step) {
+      std::size_t k = 0;
+      for (const auto& p : parts)
+        for (float v : p) flat[k++] = v;
+      const auto g = gradient(data, m, flat);
+      k = 0;
+      for (auto& gp : grads)
+        for (auto& v : gp) v = static_cast<float>(g[k++]);
+      t.step(grads);
+    }
+    std::vector<float> out;
+    for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+    return out;
+  };
+  std::vector<float> threads_theta;
+  dc::comm::threads::world world(workers);
+  world.run([&](dc::comm::threads& comm) {
+    auto theta = run(comm);
+    if (comm.rank() == 0) threads_theta = theta;
+  });
+  dc::comm::mpi comm(MPI_COMM_WORLD);
+  const auto theta = run(comm);
+  for (std::size_t j = 0; j < features; ++j)
+    CHECK(std::abs(static_cast<double>(theta[j]) - threads_theta[j]) <= 1e-6 * max_abs(threads_theta));
+  std::vector<float> all(features * static_cast<std::size_t>(workers));
+  MPI_Allgather(theta.data(), static_cast<int>(features), MPI_FLOAT, all.data(), static_cast<int>(features), MPI_FLOAT,
+                MPI_COMM_WORLD);
+  for (int k = 1; k < workers; ++k)
+    CHECK(std::memcmp(all.data() + static_cast<std::size_t>(k) * features, all.data(), features * sizeof(float)) == 0);
+}
