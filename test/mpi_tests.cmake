@@ -14,6 +14,11 @@ foreach(t test_comm_mpi test_algorithm_mpi)
   endforeach()
 endforeach()
 
+# The compressed mean across processes (issue: compression under mpirun -np 4).
+add_executable(test_compressed_mean_mpi test_compressed_mean_mpi.cpp)
+target_link_libraries(test_compressed_mean_mpi PRIVATE diloco_mpi_test_main)
+diloco_add_mpi_test(test_compressed_mean_mpi_np4 RANKS 4 COMMAND test_compressed_mean_mpi LABELS unit)
+
 # MPI_Init and MPI_Finalize happen inside this one's test cases.
 add_executable(test_comm_mpi_lifecycle test_comm_mpi_lifecycle.cpp)
 target_link_libraries(test_comm_mpi_lifecycle PRIVATE diloco::mpi doctest::doctest diloco_project_options)

@@ -13,28 +13,14 @@
 #include <random>
 #include <vector>
 
+#include "compressed_mean_bounds.hpp"
+
 namespace dc = diloco;
 namespace cp = diloco::compress;
 
 namespace {
 
-const std::vector<std::size_t> sizes{1, 37, 300, 129};
-constexpr std::size_t B = 128;
-
-// Rank r's pseudo-gradient for tensor t: unit normals scaled per tensor, so
-// blocks of different magnitudes meet in the mean.
-std::vector<std::vector<float>> deltas(int r, unsigned salt) {
-  std::mt19937 rng(static_cast<unsigned>(r) * 1000u + salt);
-  std::normal_distribution<float> n01(0.0f, 1.0f);
-  std::vector<std::vector<float>> g;
-  float scale = 1.0f;
-  for (auto n : sizes) {
-    g.emplace_back(n);
-    for (auto& x : g.back()) x = scale * n01(rng);
-    scale *= 0.01f;
-  }
-  return g;
-}
+using namespace compressed_mean_bounds;
 
 template <class C>
 using trainer = dc::algorithm<dc::inner::sgd, dc::outer::sgd, C, dc::comm::threads>;
@@ -57,62 +43,6 @@ std::vector<std::vector<float>> run_round(int m, unsigned salt, typename C::opti
     for (std::size_t k = 0; k < sizes.size(); ++k)  // every replica identical, bit for bit
       REQUIRE(std::memcmp(seen[static_cast<std::size_t>(r)][k].data(), seen[0][k].data(), sizes[k] * 4) == 0);
   return seen[0];
-}
-
-// Block-wise bound, from the definition: stage 1 adds at most
-// (1/M) sum_r amax_b(delta_r) / L / 2 to each element of the mean, stage 2
-// at most amax_b(stage-1 mean) / L / 2 <= (amax_b(mean) + stage-1 bound) / L / 2.
-void check_blockwise(int m, unsigned salt, const std::vector<std::vector<float>>& got, float levels) {
-  std::vector<std::vector<std::vector<float>>> d;
-  for (int r = 0; r < m; ++r) d.push_back(deltas(r, salt));
-  for (std::size_t t = 0; t < sizes.size(); ++t) {
-    for (std::size_t b0 = 0; b0 < sizes[t]; b0 += B) {
-      const std::size_t b1 = std::min(sizes[t], b0 + B);
-      double stage1 = 0.0, mean_amax = 0.0;
-      for (int r = 0; r < m; ++r) {
-        double amax = 0.0;
-        for (std::size_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(static_cast<double>(d[static_cast<std::size_t>(r)][t][i])));
-        stage1 += amax / levels / 2.0 / m;
-      }
-      std::vector<double> mean(b1 - b0, 0.0);
-      for (std::size_t i = b0; i < b1; ++i) {
-        for (int r = 0; r < m; ++r) mean[i - b0] += d[static_cast<std::size_t>(r)][t][i];
-        mean[i - b0] /= m;
-        mean_amax = std::max(mean_amax, std::fabs(mean[i - b0]));
-      }
-      const double stage2 = (mean_amax + stage1) / levels / 2.0;
-      for (std::size_t i = b0; i < b1; ++i) {
-        const double err = std::fabs(-static_cast<double>(got[t][i]) - mean[i - b0]);
-        CAPTURE(t);
-        CAPTURE(i);
-        REQUIRE(err <= (stage1 + stage2) * (1 + 1e-5) + 1e-6 * mean_amax);
-      }
-    }
-  }
-}
-
-// Cast bound: half an ulp of a p-bit mantissa is at most |x| 2^-(p+1), at
-// each of the two stages (plus fp16's subnormal spacing 2^-24 / 2).
-void check_cast(int m, unsigned salt, const std::vector<std::vector<float>>& got, int p, double tiny) {
-  std::vector<std::vector<std::vector<float>>> d;
-  for (int r = 0; r < m; ++r) d.push_back(deltas(r, salt));
-  const double h = std::ldexp(1.0, -(p + 1));
-  for (std::size_t t = 0; t < sizes.size(); ++t) {
-    for (std::size_t i = 0; i < sizes[t]; ++i) {
-      double mean = 0.0, abs_mean = 0.0;
-      for (int r = 0; r < m; ++r) {
-        mean += d[static_cast<std::size_t>(r)][t][i];
-        abs_mean += std::fabs(static_cast<double>(d[static_cast<std::size_t>(r)][t][i]));
-      }
-      mean /= m;
-      abs_mean /= m;
-      const double stage1 = abs_mean * h + tiny;
-      const double stage2 = (std::fabs(mean) + stage1) * h + tiny;
-      CAPTURE(t);
-      CAPTURE(i);
-      REQUIRE(std::fabs(-static_cast<double>(got[t][i]) - mean) <= (stage1 + stage2) * (1 + 1e-5) + 1e-7 * abs_mean);
-    }
-  }
 }
 
 }  // namespace

@@ -1,0 +1,69 @@
+// The compressed mean across MPI processes (CTest runs it with -np 4): each
+// codec's decoded mean within its error bound of the exact mean (the bounds
+// of test_compressed_mean.cpp, derived from the codecs' definitions), every
+// rank's replica bitwise identical, and corrupt or non-finite rounds
+// rejected on every rank.
+#include <doctest/doctest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstring>
+#include <diloco/comm/mpi.hpp>
+#include <diloco/diloco.hpp>
+#include <limits>
+#include <vector>
+
+#include "compressed_mean_bounds.hpp"
+
+namespace dc = diloco;
+namespace cp = diloco::compress;
+using namespace compressed_mean_bounds;
+
+namespace {
+
+// One round from theta = 0 with inner and outer SGD at lr 1, as in the
+// threads test: theta afterwards is minus the decoded mean.
+template <class C>
+std::vector<std::vector<float>> run_round(dc::comm::mpi& comm, unsigned salt, typename C::options opts = {}) {
+  std::vector<std::vector<float>> theta;
+  for (auto n : sizes) theta.emplace_back(n, 0.0f);
+  dc::algorithm<dc::inner::sgd, dc::outer::sgd, C, dc::comm::mpi> t(
+      theta, comm, {.inner_steps = 1, .inner = {.lr = 1.0f}, .compress = opts});
+  CHECK(t.step(deltas(comm.rank(), salt)));
+  // Bitwise identical across ranks: every rank compares with rank 0's bytes.
+  for (auto& tensor : theta) {
+    std::vector<float> root = tensor;
+    MPI_Bcast(root.data(), static_cast<int>(root.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+    REQUIRE(std::memcmp(root.data(), tensor.data(), tensor.size() * sizeof(float)) == 0);
+  }
+  return theta;
+}
+
+}  // namespace
+
+TEST_CASE("compressed mean over MPI within the codec's bound of the exact mean") {
+  dc::comm::mpi comm(MPI_COMM_WORLD);
+  const int m = comm.size();
+  check_blockwise(m, 1, run_round<cp::blockwise<dc::int8, B>>(comm, 1), 127.0f);
+  check_blockwise(m, 2, run_round<cp::blockwise<dc::int4, B>>(comm, 2), 7.0f);
+  check_blockwise(m, 3, run_round<cp::error_feedback<cp::blockwise<dc::int4, B>>>(comm, 3), 7.0f);
+  check_cast(m, 4, run_round<cp::cast<dc::bf16>>(comm, 4), 7, 0.0);
+  check_cast(m, 5, run_round<cp::cast<dc::fp16>>(comm, 5), 10, std::ldexp(1.0, -25));
+  check_cast(m, 6, run_round<cp::topk<64>>(comm, 6, {.fraction = 1.0f}), 22, 0.0);
+}
+
+TEST_CASE("over MPI, a NaN on one rank rejects the compressed round on every rank") {
+  dc::comm::mpi comm(MPI_COMM_WORLD);
+  std::vector<std::vector<float>> theta;
+  for (auto n : sizes) theta.emplace_back(n, 0.0f);
+  dc::algorithm<dc::inner::sgd, dc::outer::nesterov, cp::error_feedback<cp::blockwise<dc::int8>>, dc::comm::mpi> t(
+      theta, comm, {.inner_steps = 1, .inner = {.lr = 1.0f}});
+  CHECK(t.step(deltas(comm.rank(), 7)));
+  const auto g = t.global_parameters();
+  const std::vector<float> before(g.data(), g.data() + g.size());
+  auto bad = deltas(comm.rank(), 8);
+  if (comm.rank() == comm.size() - 1) bad[1][5] = std::numeric_limits<float>::infinity();
+  CHECK_THROWS_WITH_AS(t.step(bad), doctest::Contains("non-finite pseudo-gradient from rank"), dc::numeric_error);
+  CHECK(std::memcmp(g.data(), before.data(), before.size() * sizeof(float)) == 0);
+  CHECK(t.step(deltas(comm.rank(), 9)));
+}
