@@ -1,0 +1,98 @@
+// All-reduce throughput across MPI processes: diloco::comm::mpi (with and
+// without its cross-rank argument check) against a raw MPI_Allreduce on the
+// same buffers in the same run, and the compressed mean's effective
+// throughput in uncompressed-equivalent bytes (fp32 bytes of the model per
+// second, for a whole exchange: encode, all-to-all, reduce, all-gather,
+// agreement, decode + outer step).
+//
+//   mpirun -np 4 bench_allreduce_mpi [--min-log2 10] [--max-log2 24] [--reps 9]
+//
+// Lines `name[2^k]: value`; algbw = fp32 bytes / seconds, the ratio is
+// raw time / comm::mpi time (1 = no overhead).
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <diloco/comm/mpi.hpp>
+#include <diloco/diloco.hpp>
+#include <string>
+#include <vector>
+
+#include "bench_common.hpp"
+
+namespace dc = diloco;
+namespace cp = diloco::compress;
+
+namespace {
+
+// Median over ranks-synchronized repetitions (the slowest rank's time).
+template <class F>
+double timed(int reps, F&& f) {
+  std::vector<double> t;
+  f();
+  for (int r = 0; r < reps; ++r) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double t0 = MPI_Wtime();
+    f();
+    double dt = MPI_Wtime() - t0, worst = 0.0;
+    MPI_Allreduce(&dt, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    t.push_back(worst);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+template <class Compressor>
+double compressed_round_seconds(dc::comm::mpi& comm, std::size_t n, int reps) {
+  std::vector<float> theta(n, 0.0f), grad(n);
+  for (std::size_t i = 0; i < n; ++i) grad[i] = 1e-3f * static_cast<float>((i * 2654435761u) % 1000) - 0.5f;
+  dc::algorithm<dc::inner::sgd, dc::outer::nesterov, Compressor, dc::comm::mpi> t(
+      theta, comm, {.inner_steps = 1000000, .inner = {.lr = 1e-3f}});
+  t.inner_step(grad);
+  return timed(reps, [&] { t.outer_round(); });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  {
+    const bench::args a{argc, argv};
+    const long lo = a.get("--min-log2", 10), hi = a.get("--max-log2", 24);
+    const int reps = static_cast<int>(a.get("--reps", 9));
+    int rank = 0, m = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &m);
+    dc::comm::mpi checked(MPI_COMM_WORLD);
+    dc::comm::mpi unchecked(MPI_COMM_WORLD, {.check_arguments = false});
+    auto print = [&](const std::string& name, double v) {
+      if (rank == 0) bench::print(name, v);
+    };
+    print("ranks", m);
+    for (long k = lo; k <= hi; ++k) {
+      const std::size_t n = std::size_t{1} << k;
+      const std::string tag = "[2^" + std::to_string(k) + "]";
+      std::vector<float> buf(n, 1.0f);
+      const double t_raw = timed(reps, [&] {
+        MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      });
+      const double t_checked = timed(reps, [&] { checked.all_reduce(buf, dc::reduce_op::sum); });
+      const double t_unchecked = timed(reps, [&] { unchecked.all_reduce(buf, dc::reduce_op::sum); });
+      const double bytes = 4.0 * static_cast<double>(n);
+      print("raw_allreduce_algbw_gbps" + tag, bytes / t_raw / 1e9);
+      print("mpi_allreduce_algbw_gbps" + tag, bytes / t_checked / 1e9);
+      print("mpi_allreduce_vs_raw" + tag, t_raw / t_checked);
+      print("mpi_allreduce_unchecked_vs_raw" + tag, t_raw / t_unchecked);
+      if (k >= 12) {
+        const double t_none = compressed_round_seconds<cp::none>(unchecked, n, reps);
+        const double t_i8 = compressed_round_seconds<cp::error_feedback<cp::blockwise<dc::int8>>>(unchecked, n, reps);
+        const double t_i4 = compressed_round_seconds<cp::error_feedback<cp::blockwise<dc::int4>>>(unchecked, n, reps);
+        print("round_fp32_equiv_gbps" + tag, bytes / t_none / 1e9);
+        print("round_int8_ef_equiv_gbps" + tag, bytes / t_i8 / 1e9);
+        print("round_int4_ef_equiv_gbps" + tag, bytes / t_i4 / 1e9);
+      }
+    }
+  }
+  MPI_Finalize();
+  return 0;
+}
