@@ -246,12 +246,14 @@ class redis_server {
   redis_server& operator=(const redis_server&) = delete;
   ~redis_server() {
     if (pid_ > 0) {
+      ::kill(pid_, SIGCONT);  // a stopped server would not take SIGTERM
       ::kill(pid_, SIGTERM);
       int st = 0;
       waitpid(pid_, &st, 0);
     }
   }
   bool available() const { return pid_ > 0; }
+  void signal(int sig) const { ::kill(pid_, sig); }
   int port() const { return port_; }
   std::string url() const { return "redis://127.0.0.1:" + std::to_string(port_); }
 

@@ -600,8 +600,10 @@ TEST_CASE("a world of one passes the conformance checks and keeps SIGPIPE out of
   }
   {
     // A second communicator for the same store and run id, in turn: it
-    // joins under keys of its own.
-    gloo_comm again({.rank = 0, .size = 1, .rendezvous = gloo_comm::file_store{d.file("store")}, .timeout = 5s});
+    // joins under keys of its own (and listens on the loopback interface
+    // named, rather than on an address).
+    gloo_comm again({.rank = 0, .size = 1, .rendezvous = gloo_comm::file_store{d.file("store")}, .iface = "lo",
+                     .timeout = 5s});
     std::vector<float> x(3, 2.0f);
     again.all_reduce(x, dc::reduce_op::mean);
     CHECK(x[2] == 2.0f);
@@ -704,6 +706,21 @@ TEST_CASE("an unreachable Redis store is a comm_error naming it") {
                        doctest::Contains(("cannot reach the Redis store at 127.0.0.1:" + std::to_string(port)).c_str()),
                        dc::comm_error);
   CHECK(harness::seconds_between(t0, harness::clock::now()) < 5.0);
+}
+
+TEST_CASE("a Redis store that stops answering is a comm_error within the timeout, not a hang") {
+  harness::redis_server redis;
+  if (!redis.available()) {
+    MESSAGE("redis-server is not installed: skipping");
+    return;
+  }
+  redis.signal(SIGSTOP);  // the kernel still accepts connections; nobody answers
+  const auto t0 = harness::clock::now();
+  CHECK_THROWS_WITH_AS(
+      gloo_comm({.rank = 0, .size = 1, .rendezvous = gloo_comm::redis_store{"127.0.0.1", redis.port()}, .timeout = 1500ms}),
+      doctest::Contains("the store failed"), dc::comm_error);
+  CHECK(harness::seconds_between(t0, harness::clock::now()) < 1.5 + 2.0);
+  redis.signal(SIGCONT);
 }
 
 TEST_CASE("from_env reads the launcher's variables and names any missing or malformed one") {

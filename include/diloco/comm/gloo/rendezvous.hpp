@@ -6,6 +6,7 @@
 // the ranks learn how each other's ends of their connections are
 // addressed, so that a failure Gloo reports by address is reported by rank.
 
+#include <ifaddrs.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <sys/types.h>
@@ -68,52 +69,66 @@ inline std::string host_name() {
   return buf;
 }
 
+// Whether a network interface of that name has an IP address.
+inline bool has_interface(const std::string& name) {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return false;
+  bool found = false;
+  for (ifaddrs* i = list; i != nullptr && !found; i = i->ifa_next)
+    found = i->ifa_addr != nullptr && name == i->ifa_name &&
+            (i->ifa_addr->sa_family == AF_INET || i->ifa_addr->sa_family == AF_INET6);
+  freeifaddrs(list);
+  return found;
+}
+
 // Registers this rank and waits until all have, checking that they agree on
 // the world size. Throws comm_error naming the ranks that did not come.
 inline void join(rendezvous_store& rs, const options& o, const std::string& where) {
   using clock = std::chrono::steady_clock;
   const auto deadline = clock::now() + o.timeout;
   auto& kv = rs.store();
-  const std::string mine = join_key(o.rank);
-  if (rs.has({mine}))
-    diloco::detail::raise<comm_error>(where, ": the store already holds a registration for rank ", o.rank,
-                                      ": another process was started as rank ", o.rank,
-                                      ", or an earlier run used the same run id (give each run its own "
-                                      "DILOCO_RUN_ID, or clear the store)");
-  const std::string payload =
-      diloco::detail::concat(o.size, " ", host_name(), " pid ", static_cast<long long>(getpid()));
   try {
+    const std::string mine = join_key(o.rank);
+    if (rs.has({mine}))
+      diloco::detail::raise<comm_error>(where, ": the store already holds a registration for rank ", o.rank,
+                                        ": another process was started as rank ", o.rank,
+                                        ", or an earlier run used the same run id (give each run its own "
+                                        "DILOCO_RUN_ID, or clear the store)");
+    const std::string payload =
+        diloco::detail::concat(o.size, " ", host_name(), " pid ", static_cast<long long>(getpid()));
     kv.set(mine, std::vector<char>(payload.begin(), payload.end()));
-  } catch (const std::exception& e) {
-    diloco::detail::raise<comm_error>(where, ": cannot register rank ", o.rank, " in the store: ", e.what());
-  }
 
-  std::vector<char> seen(static_cast<std::size_t>(o.size), 0);
-  seen[static_cast<std::size_t>(o.rank)] = 1;
-  for (;;) {
-    std::string missing;
-    for (int k = 0; k < o.size; ++k) {
-      if (seen[static_cast<std::size_t>(k)]) continue;
-      const std::string key = join_key(k);
-      if (!rs.has({key})) {
-        missing += (missing.empty() ? "" : ", ") + std::to_string(k);
-        continue;
+    std::vector<char> seen(static_cast<std::size_t>(o.size), 0);
+    seen[static_cast<std::size_t>(o.rank)] = 1;
+    for (;;) {
+      std::string missing;
+      for (int k = 0; k < o.size; ++k) {
+        if (seen[static_cast<std::size_t>(k)]) continue;
+        const std::string key = join_key(k);
+        if (!rs.has({key})) {
+          missing += (missing.empty() ? "" : ", ") + std::to_string(k);
+          continue;
+        }
+        const std::vector<char> v = kv.get(key);
+        const std::string text(v.begin(), v.end());
+        const std::string their_size = text.substr(0, text.find(' '));
+        if (their_size != std::to_string(o.size))
+          diloco::detail::raise<comm_error>(where, ": rank ", k, " (", text.substr(text.find(' ') + 1),
+                                            ") was started with world size ", their_size, ", this rank with ",
+                                            o.size, "; every process must be given the same world size");
+        seen[static_cast<std::size_t>(k)] = 1;
       }
-      const std::vector<char> v = kv.get(key);
-      const std::string text(v.begin(), v.end());
-      const std::string their_size = text.substr(0, text.find(' '));
-      if (their_size != std::to_string(o.size))
-        diloco::detail::raise<comm_error>(where, ": rank ", k, " (", text.substr(text.find(' ') + 1),
-                                          ") was started with world size ", their_size, ", this rank with ", o.size,
-                                          "; every process must be given the same world size");
-      seen[static_cast<std::size_t>(k)] = 1;
+      if (missing.empty()) return;
+      if (clock::now() >= deadline)
+        diloco::detail::raise<comm_error>(where, ": timed out after ", o.timeout.count(),
+                                          " ms waiting for rank(s) ", missing,
+                                          " to join; were all processes started, with the same store and run id?");
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    if (missing.empty()) return;
-    if (clock::now() >= deadline)
-      diloco::detail::raise<comm_error>(where, ": timed out after ", o.timeout.count(),
-                                        " ms waiting for rank(s) ", missing,
-                                        " to join; were all processes started, with the same store and run id?");
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  } catch (const diloco::error&) {
+    throw;
+  } catch (const std::exception& e) {
+    diloco::detail::raise<comm_error>(where, ": the store failed while the ranks were joining: ", e.what());
   }
 }
 
@@ -192,6 +207,10 @@ inline connection rendezvous(const options& o) {
     if (const int rv = getaddrinfo(o.hostname.c_str(), nullptr, &hints, &found); rv != 0)
       diloco::detail::raise<config_error>(where, ": cannot listen on hostname '", o.hostname, "': ", gai_strerror(rv));
     freeaddrinfo(found);
+  } else if (!has_interface(o.iface)) {
+    // Checked here too: Gloo leaks its interface list when it throws.
+    diloco::detail::raise<config_error>(where, ": cannot listen on interface '", o.iface,
+                                        "': no such interface with an IPv4 or IPv6 address");
   }
   try {
     ::gloo::transport::tcp::attr a;
