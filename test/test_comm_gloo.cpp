@@ -611,6 +611,18 @@ TEST_CASE("a world of one passes the conformance checks and keeps SIGPIPE out of
   CHECK_FALSE(sigpipe_blocked());
 }
 
+TEST_CASE("ranks may also be threads of one process, each with its own communicator") {
+  harness::temp_dir d;
+  constexpr int m = 3;
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < m; ++r)
+    ranks.emplace_back([&, r] {
+      gloo_comm comm({.rank = r, .size = m, .rendezvous = gloo_comm::file_store{d.file("store")}, .timeout = 10s});
+      conformance::check_all_operations(comm);
+    });
+  for (auto& t : ranks) t.join();
+}
+
 TEST_CASE("sigpipe_guard: a write to a closed socket fails with EPIPE and leaves the signal state as it was") {
   int fds[2];
   REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);

@@ -23,6 +23,9 @@ else()
   list(APPEND consumer_args -DDILOCO_SOURCE_DIR=${DILOCO_SOURCE_DIR})
 endif()
 
-run(${CMAKE_COMMAND} -S ${CMAKE_CURRENT_LIST_DIR}/consumer -B ${WORK_DIR}/build -G ${GENERATOR} ${consumer_args})
+if(NOT CONSUMER)
+  set(CONSUMER consumer)  # the project under test/packaging/ to build
+endif()
+run(${CMAKE_COMMAND} -S ${CMAKE_CURRENT_LIST_DIR}/${CONSUMER} -B ${WORK_DIR}/build -G ${GENERATOR} ${consumer_args})
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run(${WORK_DIR}/build/consumer)

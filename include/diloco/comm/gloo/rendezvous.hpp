@@ -181,15 +181,16 @@ inline std::vector<peer_alias> learn_peer_addresses(rendezvous_store& rs, const 
   return peers;
 }
 
-// How many communicators this process has created for a store and run id
-// before this one. The k-th communicator of each process joins the k-th of
-// the others under its own keys, so a program may create several in turn,
-// as long as every process creates them in the same order.
+// How many communicators this process has created before this one for the
+// same store, run id and rank. The k-th communicator of each rank joins the
+// k-th of the others under keys of its own, so a program may create several
+// in turn, as long as every rank creates them in the same order (and a
+// process may play several ranks, one per thread).
 inline int next_generation(const options& o) {
   static std::mutex mutex;
   static std::map<std::string, int> created;
   std::lock_guard lock(mutex);
-  return created[describe(o.rendezvous) + "\n" + o.run_id]++;
+  return created[diloco::detail::concat(describe(o.rendezvous), "\n", o.run_id, "\n", o.rank)]++;
 }
 
 // The whole rendezvous. Call it with SIGPIPE blocked (sigpipe_guard): the
