@@ -18,13 +18,17 @@
 #   --world-size W   to spread one world over several machines
 set -euo pipefail
 
-usage() {
-  sed -n '2,/^set -e/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2
-  exit 2
+usage() {  # usage STATUS: the header above, to stdout for --help
+  if (($1 == 0)); then
+    sed -n '2,/^set -e/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+  else
+    sed -n '2,/^set -e/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2
+  fi
+  exit "$1"
 }
 
-(($# >= 1)) || usage
-case "$1" in -h | --help) usage ;; esac
+(($# >= 1)) || usage 2
+case "$1" in -h | --help) usage 0 ;; esac
 nprocs=$1
 shift
 [[ $nprocs =~ ^[1-9][0-9]*$ ]] || { echo "launch_gloo.sh: N must be a positive integer, got '$nprocs'" >&2; exit 2; }
@@ -40,7 +44,7 @@ while (($#)); do
     --timeout-ms) timeout_ms=${2:?--timeout-ms needs a value}; shift 2 ;;
     --first-rank) first_rank=${2:?--first-rank needs a value}; shift 2 ;;
     --world-size) world_size=${2:?--world-size needs a value}; shift 2 ;;
-    -h | --help) usage ;;
+    -h | --help) usage 0 ;;
     *) echo "launch_gloo.sh: unknown option '$1' (the program goes after --)" >&2; exit 2 ;;
   esac
 done

@@ -5,10 +5,15 @@
 // PrefixStore keyed by the run id, behind a store that bounds every wait by
 // the communicator's timeout.
 
+#include <netdb.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <chrono>
 #include <filesystem>
 #include <functional>
@@ -43,6 +48,46 @@
 #include "diloco/core/error.hpp"
 
 namespace diloco::comm::detail_gloo {
+
+// "" if a TCP connection to host:port opens within `timeout`, else why not.
+// Checked before Gloo's RedisStore connects: when that fails, its
+// constructor throws without freeing its hiredis context.
+inline std::string tcp_unreachable(const std::string& host, int port, std::chrono::milliseconds timeout) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (const int rv = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found); rv != 0)
+    return gai_strerror(rv);
+  std::string why = "no address";
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      why = std::strerror(errno);
+      continue;
+    }
+    int err = 0;
+    if (connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      err = errno;
+      if (err == EINPROGRESS) {
+        pollfd p{fd, POLLOUT, 0};
+        const int ready = poll(&p, 1, static_cast<int>(std::min<long long>(timeout.count(), 1 << 30)));
+        socklen_t len = sizeof err;
+        if (ready == 1)
+          getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+        else
+          err = ETIMEDOUT;
+      }
+    }
+    close(fd);
+    if (err == 0) {
+      freeaddrinfo(found);
+      return {};
+    }
+    why = std::strerror(err);
+  }
+  freeaddrinfo(found);
+  return why;
+}
 
 // Exposes FileStore's key check, which Gloo keeps protected.
 class file_backend final : public ::gloo::rendezvous::FileStore {
@@ -122,6 +167,8 @@ class rendezvous_store {
     } else {
 #if DILOCO_GLOO_HAVE_REDIS
       const auto& r = std::get<redis_store>(o.rendezvous);
+      if (const std::string why = tcp_unreachable(r.host, r.port, o.timeout); !why.empty())
+        diloco::detail::raise<comm_error>(where, ": cannot reach the Redis store at ", r.host, ":", r.port, ": ", why);
       try {
         auto b = std::make_unique<redis_backend>(r.host, r.port, o.timeout);
         has_ = [p = b.get()](const std::vector<std::string>& keys) { return p->has(keys); };
