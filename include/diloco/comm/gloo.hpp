@@ -28,6 +28,8 @@
 #include <gloo/alltoall.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/common/logging.h>
 #include <gloo/rendezvous/context.h>
 
 #include "diloco/comm/detail/async.hpp"
@@ -248,7 +250,7 @@ class gloo {
       o.setOutput(reinterpret_cast<std::uint8_t*>(all.data()), all.size() * sizeof mine);
       o.setTag(header_tag);
       o.setTimeout(opts_.timeout);
-      ::gloo::allgather(o);
+      closing_on_failure([&] { ::gloo::allgather(o); });
     });
     if (rejected) return;  // the caller raises its own config_error
     if (std::string why = detail_gloo::disagreement(all, rank()); !why.empty()) throw comm_error(why);
@@ -260,14 +262,22 @@ class gloo {
   // message shows it, the peer.
   template <class Transfer>
   void guarded(const char* name, Transfer&& transfer) {
-    std::string what;
+    std::string what, kind;
     try {
       transfer();
       return;
+    } catch (const ::gloo::IoException& e) {
+      what = e.what();
+      kind = what.find("Timed out") != std::string::npos ? "timed out" : "connection failed";
+    } catch (const ::gloo::EnforceNotMet& e) {
+      what = e.what();
+      kind = "a check inside Gloo failed";
     } catch (const std::exception& e) {
       what = e.what();
+      kind = "Gloo raised an error";
     } catch (...) {
-      what = "unknown exception from Gloo";
+      what = "(not a std::exception)";
+      kind = "Gloo raised an unknown exception";
     }
     std::string peer;
     try {
@@ -276,19 +286,38 @@ class gloo {
     } catch (...) {
       // Naming the peer is a courtesy; the failure is reported regardless.
     }
-    std::string message = diloco::detail::concat(
-        "diloco: comm::gloo ", name, " on rank ", rank(), " of ", size(), " failed", peer, ": ", what,
-        " [timeout ", opts_.timeout.count(), " ms]; this communicator is now closed");
+    std::string message = diloco::detail::concat("diloco: comm::gloo ", name, " on rank ", rank(), " of ", size(),
+                                                 " failed", peer, ": ", kind, " (timeout ", opts_.timeout.count(),
+                                                 " ms): ", what, "; this communicator is now closed");
     {
       std::lock_guard lock(mutex_);
       closed_ = message;
     }
+    close_connections();
+    throw comm_error(message);
+  }
+
+  // Runs a Gloo call whose buffers (owned by its options) are still alive
+  // here; on failure the connections are closed before those buffers are
+  // destroyed. Closing a pair waits until Gloo's event loop has left it, and
+  // the loop may still be completing a transfer into a buffer of the failed
+  // call (seen under TSan in the kill test).
+  template <class Call>
+  void closing_on_failure(Call&& call) {
+    try {
+      call();
+    } catch (...) {
+      close_connections();
+      throw;
+    }
+  }
+
+  void close_connections() noexcept {
     try {
       conn_.context->closeConnections();
     } catch (...) {
-      // Closing is best effort; the error below is what matters.
+      // Closing is best effort; the error being reported is what matters.
     }
-    throw comm_error(message);
   }
 
   std::string closed_reason() {
@@ -303,7 +332,7 @@ class gloo {
       o.setReduceFunction(&add_floats);
       o.setTag(payload_tag);
       o.setTimeout(opts_.timeout);
-      ::gloo::allreduce(o);
+      closing_on_failure([&] { ::gloo::allreduce(o); });
     });
     if (op == reduce_op::mean) {
       const auto m = static_cast<float>(size());
@@ -326,7 +355,7 @@ class gloo {
       o.setRoot(root);
       o.setTag(payload_tag);
       o.setTimeout(opts_.timeout);
-      ::gloo::broadcast(o);
+      closing_on_failure([&] { ::gloo::broadcast(o); });
     });
   }
 
@@ -338,7 +367,7 @@ class gloo {
       o.setOutput(reinterpret_cast<std::uint8_t*>(recv.data()), recv.size());
       o.setTag(payload_tag);
       o.setTimeout(opts_.timeout);
-      ::gloo::alltoall(o);
+      closing_on_failure([&] { ::gloo::alltoall(o); });
     });
   }
 
@@ -349,7 +378,7 @@ class gloo {
       o.setOutput(reinterpret_cast<std::uint8_t*>(recv.data()), recv.size());
       o.setTag(payload_tag);
       o.setTimeout(opts_.timeout);
-      ::gloo::allgather(o);
+      closing_on_failure([&] { ::gloo::allgather(o); });
     });
   }
 
@@ -358,7 +387,7 @@ class gloo {
       ::gloo::BarrierOptions o(conn_.context);
       o.setTag(payload_tag);
       o.setTimeout(opts_.timeout);
-      ::gloo::barrier(o);
+      closing_on_failure([&] { ::gloo::barrier(o); });
     });
   }
 
