@@ -229,14 +229,14 @@ class gloo {
   // Runs one collective: fails at once if the communicator is closed,
   // checks the ranks' arguments agree, then lets Gloo move the data.
   template <class Transfer>
-  void collective(op_code op, std::uint64_t count, std::int64_t arg, Transfer&& transfer) {
+  void collective(op_code op, std::uint64_t count, int arg, Transfer&& transfer) {
     detail_gloo::sigpipe_guard guard;
     const char* name = detail_gloo::op_name(op);
     if (std::string reason = closed_reason(); !reason.empty())
       diloco::detail::raise<comm_error>("comm::gloo ", name, " on rank ", rank(),
                                         ": the communicator is closed since an earlier operation failed (",
                                         reason, ")");
-    if (opts_.check_arguments && size() > 1) agree(op, count, static_cast<int>(arg), false);
+    if (opts_.check_arguments && size() > 1) agree(op, count, arg, false);
     if (count == 0 && op != op_code::barrier) return;
     guarded(name, transfer);
   }
@@ -286,15 +286,14 @@ class gloo {
     } catch (...) {
       // Naming the peer is a courtesy; the failure is reported regardless.
     }
-    std::string message = diloco::detail::concat("diloco: comm::gloo ", name, " on rank ", rank(), " of ", size(),
-                                                 " failed", peer, ": ", kind, " (timeout ", opts_.timeout.count(),
-                                                 " ms): ", what, "; this communicator is now closed");
+    std::string failure = diloco::detail::concat("comm::gloo ", name, " on rank ", rank(), " of ", size(), " failed",
+                                                 peer, ": ", kind, " (timeout ", opts_.timeout.count(), " ms): ", what);
     {
       std::lock_guard lock(mutex_);
-      closed_ = message;
+      closed_ = failure;
     }
     close_connections();
-    throw comm_error(message);
+    diloco::detail::raise<comm_error>(failure, "; this communicator is now closed");
   }
 
   // Runs a Gloo call whose buffers (owned by its options) are still alive
@@ -396,7 +395,7 @@ class gloo {
   traffic_counters traffic_{};
   std::uint64_t sequence_ = 0;  // touched only by the thread running collectives
   std::mutex mutex_;
-  std::string closed_;  // why the communicator closed; empty while usable
+  std::string closed_;  // the failure that closed the communicator; empty while usable
   // Last member: destroyed first, so its thread finishes (or times out)
   // the queued operations while the connection is still alive.
   detail::progress_queue queue_;
