@@ -89,14 +89,23 @@ inline void join(rendezvous_store& rs, const options& o, const std::string& wher
   auto& kv = rs.store();
   try {
     const std::string mine = join_key(o.rank);
-    if (rs.has({mine}))
+    auto taken = [&] {
       diloco::detail::raise<comm_error>(where, ": the store already holds a registration for rank ", o.rank,
                                         ": another process was started as rank ", o.rank,
                                         ", or an earlier run used the same run id (give each run its own "
                                         "DILOCO_RUN_ID, or clear the store)");
+    };
+    if (rs.has({mine})) taken();
     const std::string payload =
         diloco::detail::concat(o.size, " ", host_name(), " pid ", static_cast<long long>(getpid()));
-    kv.set(mine, std::vector<char>(payload.begin(), payload.end()));
+    try {
+      kv.set(mine, std::vector<char>(payload.begin(), payload.end()));
+    } catch (const std::exception&) {
+      // Two processes registering as one rank at the same moment: Gloo's
+      // stores fail the second write in their own words.
+      if (rs.has({mine})) taken();
+      throw;
+    }
 
     std::vector<char> seen(static_cast<std::size_t>(o.size), 0);
     seen[static_cast<std::size_t>(o.rank)] = 1;
