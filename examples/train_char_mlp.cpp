@@ -35,26 +35,9 @@ int main(int argc, char** argv) {
           char_mlp::on_threads(c.workers, [&](auto& comm) { return char_mlp::run_data_parallel(c, data, comm); }));
       ddp = &rows.back();
     }
-    if (opts.wants("diloco")) {
-      namespace cp = diloco::compress;
-      const std::string h = "(H=" + std::to_string(c.inner_steps) + ")";
-      auto row = [&](const char* name, auto run) {
-        if (opts.compressors.find(name) == std::string::npos) return;
-        rows.push_back(char_mlp::on_threads(c.workers, run));
-        if (std::string(name) == "none") dl = &rows.back();
-      };
-      row("none", [&](auto& comm) { return char_mlp::run_diloco<cp::none>(c, data, comm, "diloco " + h); });
-      row("bf16", [&](auto& comm) { return char_mlp::run_diloco<cp::cast<diloco::bf16>>(c, data, comm, "diloco+bf16"); });
-      row("int8", [&](auto& comm) {
-        return char_mlp::run_diloco<cp::error_feedback<cp::blockwise<diloco::int8>>>(c, data, comm, "diloco+int8+ef");
-      });
-      row("int4", [&](auto& comm) {
-        return char_mlp::run_diloco<cp::error_feedback<cp::blockwise<diloco::int4>>>(c, data, comm, "diloco+int4+ef");
-      });
-      row("topk", [&](auto& comm) {
-        return char_mlp::run_diloco<cp::error_feedback<cp::topk<>>>(c, data, comm, "diloco+top10%+ef", {.fraction = 0.1f});
-      });
-    }
+    if (opts.wants("diloco"))
+      dl = char_mlp::run_diloco_rows(c, data, opts.compressors, rows,
+                                     [&](auto run) { return char_mlp::on_threads(c.workers, run); });
     char_mlp::print_report(rows, ddp, dl);
     return 0;
   } catch (const std::exception& e) {

@@ -39,7 +39,7 @@ int run(int argc, char** argv) {
   std::vector<char_mlp::result> rows;
   const char_mlp::result* ddp = nullptr;
   const char_mlp::result* dl = nullptr;
-  rows.reserve(3);
+  rows.reserve(8);
   // The one-worker baseline needs no communication: rank 0 runs it while
   // the others wait at the barrier.
   if (opts.wants("single") && lead) rows.push_back(char_mlp::run_single(c, data));
@@ -48,11 +48,8 @@ int run(int argc, char** argv) {
     rows.push_back(char_mlp::run_data_parallel(c, data, comm));
     ddp = &rows.back();
   }
-  if (opts.wants("diloco")) {
-    const std::string label = "diloco (H=" + std::to_string(c.inner_steps) + ")";
-    rows.push_back(char_mlp::run_diloco<diloco::compress::none>(c, data, comm, label));
-    dl = &rows.back();
-  }
+  if (opts.wants("diloco"))
+    dl = char_mlp::run_diloco_rows(c, data, opts.compressors, rows, [&](auto run) { return run(comm); });
   if (lead) char_mlp::print_report(rows, ddp, dl);
   return 0;
 }

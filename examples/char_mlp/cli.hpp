@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "experiment.hpp"
 
@@ -91,6 +92,36 @@ inline void print_header(const config& c, const dataset& data, const char* worke
               c.corpus_path.empty() ? "built-in synthetic" : c.corpus_path.c_str(), data.train.size(), data.vocab());
   std::printf("model: %zu parameters; %d steps x %d samples; %d workers%s; DiLoCo H = %d\n\n",
               model(c.dims, c.seed).parameter_count(), c.steps, c.batch, c.workers, workers_note, c.inner_steps);
+}
+
+// The DiLoCo rows named in `compressors` (none, bf16, int8, int4, topk),
+// each run through `on`, which runs a per-worker function on the demo's
+// communicator and returns the result to report (threads: one world per
+// row; MPI or Gloo: this process's rank). Returns the uncompressed row, if
+// it ran. `rows` must have room reserved (pointers into it are kept).
+template <class On>
+const result* run_diloco_rows(const config& c, const dataset& data, const std::string& compressors,
+                              std::vector<result>& rows, On&& on) {
+  namespace cp = diloco::compress;
+  const result* plain = nullptr;
+  auto row = [&](const char* name, auto run) {
+    if (compressors.find(name) == std::string::npos) return;
+    rows.push_back(on(run));
+    if (std::string(name) == "none") plain = &rows.back();
+  };
+  const std::string h = "(H=" + std::to_string(c.inner_steps) + ")";
+  row("none", [&](auto& comm) { return run_diloco<cp::none>(c, data, comm, "diloco " + h); });
+  row("bf16", [&](auto& comm) { return run_diloco<cp::cast<diloco::bf16>>(c, data, comm, "diloco+bf16"); });
+  row("int8", [&](auto& comm) {
+    return run_diloco<cp::error_feedback<cp::blockwise<diloco::int8>>>(c, data, comm, "diloco+int8+ef");
+  });
+  row("int4", [&](auto& comm) {
+    return run_diloco<cp::error_feedback<cp::blockwise<diloco::int4>>>(c, data, comm, "diloco+int4+ef");
+  });
+  row("topk", [&](auto& comm) {
+    return run_diloco<cp::error_feedback<cp::topk<>>>(c, data, comm, "diloco+top10%+ef", {.fraction = 0.1f});
+  });
+  return plain;
 }
 
 // The table, then DiLoCo against data parallel when both ran.

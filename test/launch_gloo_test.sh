@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# scripts/launch_gloo.sh: every rank gets its variables and a prefixed
+# output; the launcher's temporary store goes away; a failing rank stops
+# the others and its status is the launcher's.
+set -euo pipefail
+launch=${1:?usage: launch_gloo_test.sh path/to/launch_gloo.sh}
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+out=$("$launch" 3 --timeout-ms 1234 -- bash -c \
+  'echo "rank=$DILOCO_RANK size=$DILOCO_WORLD_SIZE timeout=$DILOCO_TIMEOUT_MS store=$DILOCO_STORE run=$DILOCO_RUN_ID"')
+echo "$out"
+for r in 0 1 2; do
+  grep -q "^\[rank $r\] rank=$r size=3 timeout=1234 store=file:///" <<<"$out" || fail "rank $r's line is missing or wrong"
+done
+[[ $(grep -o 'run=[^ ]*' <<<"$out" | sort -u | wc -l) -eq 1 ]] || fail "ranks were given different run ids"
+store_dir=$(grep -o 'store=file://[^ ]*' <<<"$out" | head -1 | sed 's|store=file://||')
+[[ ! -e $store_dir ]] || fail "the temporary store $store_dir was not removed"
+
+# A world spread over two launches (as over two machines).
+out=$("$launch" 2 --first-rank 2 --world-size 4 --store redis://10.0.0.1:6379 --run-id job7 -- bash -c \
+  'echo "rank=$DILOCO_RANK size=$DILOCO_WORLD_SIZE store=$DILOCO_STORE run=$DILOCO_RUN_ID"')
+grep -q "^\[rank 3\] rank=3 size=4 store=redis://10.0.0.1:6379 run=job7" <<<"$out" || fail "--first-rank/--world-size: $out"
+
+start=$(date +%s)
+rc=0
+"$launch" 3 -- bash -c 'if [ "$DILOCO_RANK" = 1 ]; then exit 7; fi; sleep 60' || rc=$?
+elapsed=$(($(date +%s) - start))
+[[ $rc -eq 7 ]] || fail "a rank exiting with 7 made the launcher exit with $rc"
+((elapsed < 20)) || fail "the other ranks were not stopped (took ${elapsed}s)"
+
+rc=0
+"$launch" 0 -- true 2>/dev/null || rc=$?
+[[ $rc -eq 2 ]] || fail "N = 0 was accepted"
+rc=0
+"$launch" 2 --bogus x -- true 2>/dev/null || rc=$?
+[[ $rc -eq 2 ]] || fail "an unknown option was accepted"
+echo "launch_gloo.sh: all checks passed"
