@@ -79,6 +79,7 @@ for ((i = 0; i < nprocs; i++)); do
   (
     echo "$BASHPID" >"$work/pid.$rank"
     export DILOCO_RANK=$rank DILOCO_WORLD_SIZE=$world_size DILOCO_STORE=$store DILOCO_RUN_ID=$run_id
+    export DILOCO_LOCAL_WORLD_SIZE=$nprocs  # the ranks this launcher starts share this host
     [[ -n $hostname ]] && export DILOCO_HOSTNAME=$hostname
     [[ -n $iface ]] && export DILOCO_IFACE=$iface
     [[ -n $timeout_ms ]] && export DILOCO_TIMEOUT_MS=$timeout_ms

@@ -87,6 +87,12 @@ TEST_CASE("every operation, blocking and non-blocking, against each rank's close
   }
 }
 
+TEST_CASE("workers_on_host counts the ranks sharing this host") {
+  // CTest starts every rank on this one machine.
+  mpi comm(MPI_COMM_WORLD);
+  CHECK(comm.workers_on_host() == world_size());
+}
+
 TEST_CASE("traffic follows the same models as comm::threads") {
   mpi comm(MPI_COMM_WORLD);
   const int r = comm.rank(), m = comm.size();

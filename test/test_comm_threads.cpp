@@ -6,6 +6,7 @@
 #include <diloco/diloco.hpp>
 #include <mutex>
 #include <random>
+#include <string>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -100,6 +101,32 @@ TEST_CASE("bad byte-buffer arguments are config errors") {
     CHECK_THROWS_WITH_AS(comm.all_gather(std::span<const std::byte>(both.data(), 4), std::span<std::byte>(both)),
                          doctest::Contains("overlap"), dc::config_error);
   });
+}
+
+TEST_CASE("a rank with invalid arguments tells the others at once: config_error there, comm_error elsewhere") {
+  threads::world world(3, std::chrono::seconds(60));
+  std::atomic<int> config{0}, comm{0};
+  const auto t0 = std::chrono::steady_clock::now();
+  world.run([&](threads& c) {
+    std::vector<float> x(4);
+    try {
+      c.broadcast(std::span<float>(x), c.rank() == 1 ? 7 : 0);  // rank 1 names a root that does not exist
+    } catch (const dc::config_error& e) {
+      CHECK(c.rank() == 1);
+      CHECK(std::string(e.what()).find("root 7 is not a rank") != std::string::npos);
+      config.fetch_add(1);
+    } catch (const dc::comm_error& e) {
+      CHECK(std::string(e.what()).find("rank 1 passed invalid arguments") != std::string::npos);
+      comm.fetch_add(1);
+    }
+    // The communicator is still usable afterwards.
+    std::vector<float> y(3, 1.0f);
+    c.all_reduce(y, dc::reduce_op::sum);
+    CHECK(y[0] == 3.0f);
+  });
+  CHECK(config.load() == 1);
+  CHECK(comm.load() == 2);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));  // nobody waited for the timeout
 }
 
 TEST_CASE("an error in a non-blocking operation surfaces at wait()") {

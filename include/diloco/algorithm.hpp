@@ -64,9 +64,9 @@ struct executor_for<host_space> {
 };
 
 template <class Comm>
-int workers_in_process(const Comm& c) {
-  if constexpr (requires { c.workers_in_process(); })
-    return c.workers_in_process();
+int workers_on_host(const Comm& c) {
+  if constexpr (requires { c.workers_on_host(); })
+    return c.workers_on_host();
   else
     return 1;
 }
@@ -123,7 +123,7 @@ class engine final : public engine_base {
     if constexpr (requires { exec_.set_threads(1); }) {
       const int cores = executor{}.threads();
       exec_.set_threads(opts_.host_threads > 0 ? opts_.host_threads
-                                               : std::max(1, cores / std::max(1, workers_in_process(comm_))));
+                                               : std::max(1, cores / std::max(1, workers_on_host(comm_))));
     }
     if (opts_.broadcast_initial && world_ > 1) {
       const auto traffic0 = comm_.traffic();

@@ -69,6 +69,8 @@ class gloo {
 
   int rank() const { return opts_.rank; }
   int size() const { return opts_.size; }
+  // How many ranks share this host's cores (options.local_world_size).
+  int workers_on_host() const { return opts_.local_world_size > 0 ? opts_.local_world_size : 1; }
   traffic_counters traffic() const { return traffic_; }
   const options& settings() const { return opts_; }
 

@@ -293,6 +293,13 @@ class mpi {
     detail_mpi::check(MPI_Comm_dup(comm, &ctx->comm), "MPI_Comm_dup", "constructor", rank);
     detail_mpi::check(MPI_Comm_set_errhandler(ctx->comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler",
                       "constructor", rank);
+    // Ranks on this host share its cores: the engine sizes its host
+    // threads by this count.
+    MPI_Comm host = MPI_COMM_NULL;
+    detail_mpi::check(MPI_Comm_split_type(ctx->comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &host),
+                      "MPI_Comm_split_type", "constructor", rank);
+    detail_mpi::check(MPI_Comm_size(host, &workers_on_host_), "MPI_Comm_size", "constructor", rank);
+    MPI_Comm_free(&host);
     ctx_ = std::move(ctx);
 #if DILOCO_MPI_DEVICE_BUFFERS
     direct_device_ = opts_.device_path == mpi_device_path::direct ||
@@ -309,6 +316,8 @@ class mpi {
 
   int rank() const { return ctx_->rank; }
   int size() const { return ctx_->size; }
+  // How many ranks of this communicator run on this host (sharing its cores).
+  int workers_on_host() const { return workers_on_host_; }
   traffic_counters traffic() const { return traffic_; }
   const options& settings() const { return opts_; }
   // The duplicated communicator diloco talks over.
@@ -731,6 +740,7 @@ class mpi {
   }
 
   options opts_;
+  int workers_on_host_ = 1;
   std::shared_ptr<detail_mpi::context> ctx_;
   traffic_counters traffic_{};
   bool direct_device_ = false;

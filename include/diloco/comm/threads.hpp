@@ -35,6 +35,7 @@ struct slot {
   void* data = nullptr;   // the buffer written (in place for all_reduce/broadcast)
   std::size_t count = 0;  // elements (bytes for byte operations)
   int arg = 0;            // reduce_op or root
+  const char* problem = nullptr;  // what is wrong with this rank's arguments, if anything
 };
 
 // State shared by the ranks of one world.
@@ -192,8 +193,8 @@ class threads {
 
   int rank() const { return rank_; }
   int size() const { return group_->size; }
-  // How many workers share this process (and its cores).
-  int workers_in_process() const { return group_->size; }
+  // How many workers share this host's cores: all of them.
+  int workers_on_host() const { return group_->size; }
   traffic_counters traffic() const { return traffic_; }
 
   // ------------------------------------------------------------ blocking
@@ -206,27 +207,27 @@ class threads {
   }
   // Copies root's buffer into every rank's buffer.
   void broadcast(std::span<float> buf, int root) {
-    check_root(root);
-    account_broadcast(buf.size_bytes(), root);
-    blocking([&] { do_broadcast(buf.data(), buf.size_bytes(), root); });
+    const std::string problem = root_problem(root);
+    if (problem.empty()) account_broadcast(buf.size_bytes(), root);
+    blocking([&] { do_broadcast(buf.data(), buf.size_bytes(), root, problem); });
   }
   void broadcast(std::span<std::byte> buf, int root) {
-    check_root(root);
-    account_broadcast(buf.size(), root);
-    blocking([&] { do_broadcast(buf.data(), buf.size(), root); });
+    const std::string problem = root_problem(root);
+    if (problem.empty()) account_broadcast(buf.size(), root);
+    blocking([&] { do_broadcast(buf.data(), buf.size(), root, problem); });
   }
   // send holds M equal blocks, block k for rank k; recv receives block
   // `rank` of every rank's send, in rank order.
   void all_to_all(std::span<const std::byte> send, std::span<std::byte> recv) {
-    check_exchange("all_to_all", send, recv, send.size());
-    account_exchange(send.size() / static_cast<std::size_t>(size()));
-    blocking([&] { do_all_to_all(send, recv); });
+    const std::string problem = exchange_problem("all_to_all", send, recv, send.size());
+    if (problem.empty()) account_exchange(send.size() / static_cast<std::size_t>(size()));
+    blocking([&] { do_all_to_all(send, recv, problem); });
   }
   // recv receives every rank's send, in rank order (M blocks).
   void all_gather(std::span<const std::byte> send, std::span<std::byte> recv) {
-    check_exchange("all_gather", send, recv, send.size() * static_cast<std::size_t>(size()));
-    account_exchange(send.size());
-    blocking([&] { do_all_gather(send, recv); });
+    const std::string problem = exchange_problem("all_gather", send, recv, send.size() * static_cast<std::size_t>(size()));
+    if (problem.empty()) account_exchange(send.size());
+    blocking([&] { do_all_gather(send, recv, problem); });
   }
   void barrier() {
     blocking([&] { group_->arrive_and_wait(rank_, "barrier"); });
@@ -240,24 +241,28 @@ class threads {
     return queue_.submit([this, buf, op] { do_all_reduce(buf, op); });
   }
   request ibroadcast(std::span<float> buf, int root) {
-    check_root(root);
-    account_broadcast(buf.size_bytes(), root);
-    return queue_.submit([this, buf, root] { do_broadcast(buf.data(), buf.size_bytes(), root); });
+    std::string problem = root_problem(root);
+    if (problem.empty()) account_broadcast(buf.size_bytes(), root);
+    return queue_.submit([this, buf, root, problem = std::move(problem)] {
+      do_broadcast(buf.data(), buf.size_bytes(), root, problem);
+    });
   }
   request ibroadcast(std::span<std::byte> buf, int root) {
-    check_root(root);
-    account_broadcast(buf.size(), root);
-    return queue_.submit([this, buf, root] { do_broadcast(buf.data(), buf.size(), root); });
+    std::string problem = root_problem(root);
+    if (problem.empty()) account_broadcast(buf.size(), root);
+    return queue_.submit([this, buf, root, problem = std::move(problem)] {
+      do_broadcast(buf.data(), buf.size(), root, problem);
+    });
   }
   request iall_to_all(std::span<const std::byte> send, std::span<std::byte> recv) {
-    check_exchange("all_to_all", send, recv, send.size());
-    account_exchange(send.size() / static_cast<std::size_t>(size()));
-    return queue_.submit([this, send, recv] { do_all_to_all(send, recv); });
+    std::string problem = exchange_problem("all_to_all", send, recv, send.size());
+    if (problem.empty()) account_exchange(send.size() / static_cast<std::size_t>(size()));
+    return queue_.submit([this, send, recv, problem = std::move(problem)] { do_all_to_all(send, recv, problem); });
   }
   request iall_gather(std::span<const std::byte> send, std::span<std::byte> recv) {
-    check_exchange("all_gather", send, recv, send.size() * static_cast<std::size_t>(size()));
-    account_exchange(send.size());
-    return queue_.submit([this, send, recv] { do_all_gather(send, recv); });
+    std::string problem = exchange_problem("all_gather", send, recv, send.size() * static_cast<std::size_t>(size()));
+    if (problem.empty()) account_exchange(send.size());
+    return queue_.submit([this, send, recv, problem = std::move(problem)] { do_all_gather(send, recv, problem); });
   }
   request ibarrier() {
     return queue_.submit([this] { group_->arrive_and_wait(rank_, "barrier"); });
@@ -276,24 +281,29 @@ class threads {
       queue_.submit(std::function<void()>(std::forward<F>(f))).wait();
   }
 
-  void check_root(int root) const {
-    if (root < 0 || root >= size())
-      diloco::detail::raise<config_error>("threads broadcast: root ", root, " is not a rank of a world of ", size());
+  // Local argument checks. They do not throw here: the rank still enters the
+  // collective with its problem, so every rank learns of it at once (this
+  // rank gets a config_error, the others a comm_error naming it) instead of
+  // waiting for a rank that left.
+  std::string root_problem(int root) const {
+    if (root >= 0 && root < size()) return {};
+    return diloco::detail::concat("diloco: threads broadcast: root ", root, " is not a rank of a world of ", size());
   }
 
-  void check_exchange(const char* op, std::span<const std::byte> send, std::span<std::byte> recv,
-                      std::size_t want_recv) const {
+  std::string exchange_problem(const char* op, std::span<const std::byte> send, std::span<std::byte> recv,
+                               std::size_t want_recv) const {
     const auto m = static_cast<std::size_t>(size());
     if (std::strcmp(op, "all_to_all") == 0 && send.size() % m != 0)
-      diloco::detail::raise<config_error>("threads all_to_all: send has ", send.size(),
-                                          " bytes, not a multiple of the world size ", m);
+      return diloco::detail::concat("diloco: threads all_to_all: send has ", send.size(),
+                                    " bytes, not a multiple of the world size ", m);
     if (recv.size() != want_recv)
-      diloco::detail::raise<config_error>("threads ", op, ": recv has ", recv.size(), " bytes, expected ", want_recv,
-                                          " for ", send.size(), " bytes sent by each of ", m, " ranks");
+      return diloco::detail::concat("diloco: threads ", op, ": recv has ", recv.size(), " bytes, expected ", want_recv,
+                                    " for ", send.size(), " bytes sent by each of ", m, " ranks");
     const auto* s0 = send.data();
     const auto* r0 = recv.data();
     if (!send.empty() && !recv.empty() && s0 < r0 + recv.size() && r0 < s0 + send.size())
-      diloco::detail::raise<config_error>("threads ", op, ": send and recv buffers overlap");
+      return diloco::detail::concat("diloco: threads ", op, ": send and recv buffers overlap");
+    return {};
   }
 
   void account_all_reduce(std::size_t n) {
@@ -334,15 +344,15 @@ class threads {
     group_->arrive_and_wait(rank_, "all_reduce");
   }
 
-  void do_broadcast(void* data, std::size_t bytes, int root) {
-    enter("broadcast", nullptr, data, bytes, root);
+  void do_broadcast(void* data, std::size_t bytes, int root, const std::string& problem) {
+    enter("broadcast", nullptr, data, bytes, root, problem);
     if (rank_ != root && bytes != 0)
       std::memcpy(data, group_->slots[static_cast<std::size_t>(root)].data, bytes);
     group_->arrive_and_wait(rank_, "broadcast");
   }
 
-  void do_all_to_all(std::span<const std::byte> send, std::span<std::byte> recv) {
-    enter("all_to_all", send.data(), recv.data(), send.size(), 0);
+  void do_all_to_all(std::span<const std::byte> send, std::span<std::byte> recv, const std::string& problem) {
+    enter("all_to_all", send.data(), recv.data(), send.size(), 0, problem);
     const std::size_t block = send.size() / static_cast<std::size_t>(size());
     for (int k = 0; k < size(); ++k) {
       const auto* src = static_cast<const std::byte*>(group_->slots[static_cast<std::size_t>(k)].send);
@@ -351,8 +361,8 @@ class threads {
     group_->arrive_and_wait(rank_, "all_to_all");
   }
 
-  void do_all_gather(std::span<const std::byte> send, std::span<std::byte> recv) {
-    enter("all_gather", send.data(), recv.data(), send.size(), 0);
+  void do_all_gather(std::span<const std::byte> send, std::span<std::byte> recv, const std::string& problem) {
+    enter("all_gather", send.data(), recv.data(), send.size(), 0, problem);
     const std::size_t block = send.size();
     for (int k = 0; k < size(); ++k) {
       const auto* src = static_cast<const std::byte*>(group_->slots[static_cast<std::size_t>(k)].send);
@@ -362,30 +372,48 @@ class threads {
   }
 
   // Publishes this rank's arguments, waits for the others, and checks that
-  // all ranks entered the same operation with the same sizes.
-  void enter(const char* op, const void* send, void* data, std::size_t count, int arg) {
+  // all ranks entered the same operation with the same sizes and valid
+  // arguments. Every rank judges the same published slots, so all reach the
+  // same verdict; on a bad one they meet once more (so no slot is reused
+  // while another rank still reads it) and all throw.
+  void enter(const char* op, const void* send, void* data, std::size_t count, int arg,
+             const std::string& problem = {}) {
     auto& g = *group_;
     {
       std::lock_guard lock(g.mutex);
-      g.slots[static_cast<std::size_t>(rank_)] = detail_threads::slot{op, send, data, count, arg};
+      g.slots[static_cast<std::size_t>(rank_)] =
+          detail_threads::slot{op, send, data, count, arg, problem.empty() ? nullptr : problem.c_str()};
     }
     g.arrive_and_wait(rank_, op);
-    // Every rank runs the same check on the same published slots, so all of
-    // them reach the same verdict and none is left waiting.
+    const std::string verdict = judge(op);
+    if (verdict.empty()) return;
+    g.arrive_and_wait(rank_, op);
+    if (!problem.empty()) throw config_error(problem);
+    throw comm_error(verdict);
+  }
+
+  std::string judge(const char* op) const {
+    const auto& g = *group_;
     const auto& mine = g.slots[static_cast<std::size_t>(rank_)];
+    for (int k = 0; k < g.size; ++k)
+      if (const char* p = g.slots[static_cast<std::size_t>(k)].problem)
+        return diloco::detail::concat("diloco: threads ", op, " on rank ", rank_, ": rank ", k,
+                                      " passed invalid arguments (", p, ")");
     for (int k = 0; k < g.size; ++k) {
       const auto& s = g.slots[static_cast<std::size_t>(k)];
       if (std::strcmp(s.op, op) != 0)
-        diloco::detail::raise<comm_error>("threads ", op, " on rank ", rank_, ": rank ", k, " entered ", s.op,
-                                          " instead; every rank must call the same collective in the same order");
+        return diloco::detail::concat("diloco: threads ", op, " on rank ", rank_, ": rank ", k, " entered ", s.op,
+                                      " instead; every rank must call the same collective in the same order");
       if (s.count != mine.count)
-        diloco::detail::raise<comm_error>("threads ", op, " on rank ", rank_, ": buffer sizes differ across ranks (rank ",
-                                          k, " has ", s.count, ", rank ", rank_, " has ", mine.count, ")");
+        return diloco::detail::concat("diloco: threads ", op, " on rank ", rank_,
+                                      ": buffer sizes differ across ranks (rank ", k, " has ", s.count, ", rank ",
+                                      rank_, " has ", mine.count, ")");
       if (s.arg != mine.arg)
-        diloco::detail::raise<comm_error>("threads ", op, " on rank ", rank_, ": ranks disagree on the ",
-                                          std::strcmp(op, "broadcast") == 0 ? "root" : "reduction", " (rank ", k,
-                                          " passed ", s.arg, ", rank ", rank_, " passed ", mine.arg, ")");
+        return diloco::detail::concat("diloco: threads ", op, " on rank ", rank_, ": ranks disagree on the ",
+                                      std::strcmp(op, "broadcast") == 0 ? "root" : "reduction", " (rank ", k,
+                                      " passed ", s.arg, ", rank ", rank_, " passed ", mine.arg, ")");
     }
+    return {};
   }
 
   std::shared_ptr<detail_threads::group> group_;

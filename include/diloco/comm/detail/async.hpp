@@ -61,7 +61,11 @@ class async_request {
     auto s = std::move(state_);
     std::unique_lock lock(s->mutex);
     s->cv.wait(lock, [&] { return s->done; });
-    if (s->error) std::rethrow_exception(s->error);
+    // Take the error out under the lock: the exception then belongs to the
+    // waiting thread alone, whichever thread drops the state last.
+    const std::exception_ptr error = std::move(s->error);
+    lock.unlock();
+    if (error) std::rethrow_exception(error);
   }
 
   bool test() {

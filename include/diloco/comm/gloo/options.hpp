@@ -50,6 +50,10 @@ struct options {
   // 32-byte all-gather), so that disagreeing calls fail on every rank with
   // comm_error instead of corrupting buffers or waiting for the timeout.
   bool check_arguments = true;
+  // How many of the world's processes run on this host and share its cores
+  // (like torchrun's LOCAL_WORLD_SIZE); the engine divides the host's
+  // threads among them. 0: unknown, taken as 1.
+  int local_world_size = 0;
 };
 
 // Redis ports are TCP ports.
@@ -139,6 +143,7 @@ inline constexpr const char* env_run_id = "DILOCO_RUN_ID";
 inline constexpr const char* env_hostname = "DILOCO_HOSTNAME";
 inline constexpr const char* env_iface = "DILOCO_IFACE";
 inline constexpr const char* env_timeout_ms = "DILOCO_TIMEOUT_MS";
+inline constexpr const char* env_local_world_size = "DILOCO_LOCAL_WORLD_SIZE";
 
 // Options from the environment. Rank, world size and store are required;
 // the others keep the defaults above when unset.
@@ -165,6 +170,8 @@ inline options options_from_env() {
   if (const char* v = get(env_timeout_ms))
     o.timeout = std::chrono::milliseconds(
         parse_integer<std::int64_t>(v, env_timeout_ms, 1, std::numeric_limits<std::int64_t>::max() / 1000));
+  if (const char* v = get(env_local_world_size); v && *v)
+    o.local_world_size = parse_integer<int>(v, env_local_world_size, 1, o.size);
   validate(o);
   return o;
 }
