@@ -27,7 +27,7 @@ for np in 2 4; do
 done
 if [ -x "$b/bench_allreduce_gloo" ]; then
   for np in 2 4; do
-    scripts/launch_gloo.sh "$np" -- "$b/bench_allreduce_gloo" --max-log2 "$log" --reps "$reps" | tee "$out/allreduce_gloo_np$np.txt"
+    OMP_NUM_THREADS=1 "${mpirun_cmd[@]}" -np "$np" "$b/bench_allreduce_gloo" --max-log2 "$log" --reps "$reps" | tee "$out/allreduce_gloo_np$np.txt"
   done
 fi
 # The plot needs matplotlib: from a private virtual environment if missing.
