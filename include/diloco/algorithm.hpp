@@ -337,12 +337,6 @@ class engine final : public engine_base {
 
 }  // namespace detail
 
-// A communicator of host memory, of device memory, or of both: the
-// algorithm hands it the buffers of the parameters' space, staging device
-// buffers through host memory when it only takes host memory.
-template <class C>
-concept any_communicator = communicator<C> || device_communicator<C>;
-
 // DiLoCo. Every worker constructs one instance over its replica (a list of
 // its parameter tensors, or a single tensor) and calls step() with its
 // gradients after each backward pass; every `inner_steps` steps the workers

@@ -208,24 +208,11 @@ class gloo {
   }
 
   // ------------------------------------------------------------ traffic
-  void account_all_reduce(std::size_t n) {
-    const std::uint64_t bytes = ring_all_reduce_bytes(n * sizeof(float), size());
-    traffic_.bytes_sent += bytes;
-    traffic_.bytes_received += bytes;
-  }
-  // Counted as a pipelined chain root -> root+1 -> ... (as comm::threads
-  // does, so figures compare), although Gloo sends along a binomial tree.
-  void account_broadcast(std::size_t bytes, int root) {
-    if (size() == 1) return;
-    if (rank() != root) traffic_.bytes_received += bytes;
-    if (rank() != (root + size() - 1) % size()) traffic_.bytes_sent += bytes;
-  }
-  // All-to-all and all-gather: M-1 blocks out, M-1 blocks in.
-  void account_exchange(std::size_t block) {
-    const std::uint64_t bytes = static_cast<std::uint64_t>(size() - 1) * block;
-    traffic_.bytes_sent += bytes;
-    traffic_.bytes_received += bytes;
-  }
+  // The models shared by every communicator (core/comm_types.hpp); Gloo's
+  // broadcast really runs a binomial tree.
+  void account_all_reduce(std::size_t n) { traffic_.add_all_reduce(n * sizeof(float), size()); }
+  void account_broadcast(std::size_t bytes, int root) { traffic_.add_broadcast(bytes, rank(), root, size()); }
+  void account_exchange(std::size_t block) { traffic_.add_exchange(block, size()); }
 
   // ---------------------------------------------------------- execution
   // Runs one collective: fails at once if the communicator is closed,

@@ -578,9 +578,7 @@ class nccl {
                                                op == reduce_op::mean ? ncclAvg : ncclSum, s.comm, s.stream),
                                  "ncclAllReduce", "all_reduce", issued);
                       });
-    const std::uint64_t bytes = ring_all_reduce_bytes(buf.size() * sizeof(float), size());
-    traffic_.bytes_sent += bytes;
-    traffic_.bytes_received += bytes;
+    traffic_.add_all_reduce(buf.size() * sizeof(float), size());
     return req;
   }
   request ibroadcast(device_view<float> buf, int root) {
@@ -710,21 +708,11 @@ class nccl {
                         s.settle(ncclBroadcast(data, data, count, type, root, s.comm, s.stream), "ncclBroadcast",
                                  "broadcast", issued);
                       });
-    // A pipelined chain root -> root+1 -> ...: every rank but the last
-    // forwards the buffer once, every rank but the root receives it once.
-    if (size() > 1) {
-      if (rank() != root) traffic_.bytes_received += bytes;
-      if (rank() != (root + size() - 1) % size()) traffic_.bytes_sent += bytes;
-    }
+    traffic_.add_broadcast(bytes, rank(), root, size());
     return req;
   }
 
-  // All-to-all and all-gather: M-1 blocks out, M-1 blocks in.
-  void account_exchange(std::size_t block) {
-    const std::uint64_t bytes = static_cast<std::uint64_t>(size() - 1) * block;
-    traffic_.bytes_sent += bytes;
-    traffic_.bytes_received += bytes;
-  }
+  void account_exchange(std::size_t block) { traffic_.add_exchange(block, size()); }
 
   // Agreement check, then the operation's NCCL calls, then the event the
   // request waits on.

@@ -306,24 +306,10 @@ class threads {
     return {};
   }
 
-  void account_all_reduce(std::size_t n) {
-    const std::uint64_t bytes = ring_all_reduce_bytes(n * sizeof(float), size());
-    traffic_.bytes_sent += bytes;
-    traffic_.bytes_received += bytes;
-  }
-  // A pipelined chain root -> root+1 -> ...: every rank but the last
-  // forwards the buffer once, every rank but the root receives it once.
-  void account_broadcast(std::size_t bytes, int root) {
-    if (size() == 1) return;
-    if (rank_ != root) traffic_.bytes_received += bytes;
-    if (rank_ != (root + size() - 1) % size()) traffic_.bytes_sent += bytes;
-  }
-  // All-to-all and all-gather: M-1 blocks out, M-1 blocks in.
-  void account_exchange(std::size_t block) {
-    const std::uint64_t bytes = static_cast<std::uint64_t>(size() - 1) * block;
-    traffic_.bytes_sent += bytes;
-    traffic_.bytes_received += bytes;
-  }
+  // The traffic models shared by every communicator (core/comm_types.hpp).
+  void account_all_reduce(std::size_t n) { traffic_.add_all_reduce(n * sizeof(float), size()); }
+  void account_broadcast(std::size_t bytes, int root) { traffic_.add_broadcast(bytes, rank(), root, size()); }
+  void account_exchange(std::size_t block) { traffic_.add_exchange(block, size()); }
 
   void do_all_reduce(std::span<float> buf, reduce_op op) {
     enter("all_reduce", nullptr, buf.data(), buf.size(), static_cast<int>(op));

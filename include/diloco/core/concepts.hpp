@@ -95,14 +95,14 @@ concept comm_request = std::movable<R> && requires(R& r) {
   { r.test() } -> std::convertible_to<bool>;
 };
 
-// A member of a group of workers exchanging host buffers: fp32 all-reduce
-// (sum or mean) and broadcast; byte all-to-all and all-gather, where
-// compressed payloads travel; a barrier. Every operation also comes
-// non-blocking (i-prefixed), returning a request to wait() on. traffic()
-// counts this rank's bytes.
-template <class C>
-concept communicator = requires(C& c, const C& cc, std::span<float> f, std::span<std::byte> b,
-                                std::span<const std::byte> cb, reduce_op op) {
+// The operations of a communicator over buffers of the given kinds (fp32
+// values, bytes, read-only bytes): fp32 all-reduce (sum or mean) and
+// broadcast; byte broadcast, all-to-all and all-gather, where compressed
+// payloads travel; a barrier. Every operation also comes non-blocking
+// (i-prefixed), returning a request to wait() on. traffic() counts this
+// rank's bytes.
+template <class C, class Floats, class Bytes, class ConstBytes>
+concept communicator_over = requires(C& c, const C& cc, Floats f, Bytes b, ConstBytes cb, reduce_op op) {
   typename C::request;
   requires comm_request<typename C::request>;
   { cc.rank() } -> std::convertible_to<int>;
@@ -122,30 +122,22 @@ concept communicator = requires(C& c, const C& cc, std::span<float> f, std::span
   { c.ibarrier() } -> std::same_as<typename C::request>;
 };
 
+// A member of a group of workers exchanging host buffers (std::span).
+template <class C>
+concept communicator = communicator_over<C, std::span<float>, std::span<std::byte>, std::span<const std::byte>>;
+
 // A communicator that takes device memory: the same operations over
 // tensor_view<..., device_space> (NCCL natively; MPI when CUDA-aware or
 // staging through pinned host memory). A communicator may model both.
 template <class C>
-concept device_communicator =
-    requires(C& c, const C& cc, tensor_view<float, device_space> f, tensor_view<std::byte, device_space> b,
-             tensor_view<const std::byte, device_space> cb, reduce_op op) {
-      typename C::request;
-      requires comm_request<typename C::request>;
-      { cc.rank() } -> std::convertible_to<int>;
-      { cc.size() } -> std::convertible_to<int>;
-      { cc.traffic() } -> std::convertible_to<traffic_counters>;
-      { c.all_reduce(f, op) };
-      { c.broadcast(f, 0) };
-      { c.broadcast(b, 0) };
-      { c.all_to_all(cb, b) };
-      { c.all_gather(cb, b) };
-      { c.barrier() };
-      { c.iall_reduce(f, op) } -> std::same_as<typename C::request>;
-      { c.ibroadcast(f, 0) } -> std::same_as<typename C::request>;
-      { c.ibroadcast(b, 0) } -> std::same_as<typename C::request>;
-      { c.iall_to_all(cb, b) } -> std::same_as<typename C::request>;
-      { c.iall_gather(cb, b) } -> std::same_as<typename C::request>;
-      { c.ibarrier() } -> std::same_as<typename C::request>;
-    };
+concept device_communicator = communicator_over<C, tensor_view<float, device_space>, tensor_view<std::byte, device_space>,
+                                                tensor_view<const std::byte, device_space>>;
+
+
+// A communicator of host memory, of device memory, or of both: the
+// algorithm hands it the buffers of the parameters' space, staging device
+// buffers through host memory when it only takes host memory.
+template <class C>
+concept any_communicator = communicator<C> || device_communicator<C>;
 
 }  // namespace diloco
