@@ -19,40 +19,11 @@
 #include <vector>
 
 #include "bench_common.hpp"
+#include "bench_mpi_common.hpp"
 
 namespace dc = diloco;
 namespace cp = diloco::compress;
 
-namespace {
-
-// Median over ranks-synchronized repetitions (the slowest rank's time).
-template <class F>
-double timed(int reps, F&& f) {
-  std::vector<double> t;
-  f();
-  for (int r = 0; r < reps; ++r) {
-    MPI_Barrier(MPI_COMM_WORLD);
-    const double t0 = MPI_Wtime();
-    f();
-    double dt = MPI_Wtime() - t0, worst = 0.0;
-    MPI_Allreduce(&dt, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    t.push_back(worst);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-template <class Compressor>
-double compressed_round_seconds(dc::comm::mpi& comm, std::size_t n, int reps) {
-  std::vector<float> theta(n, 0.0f), grad(n);
-  for (std::size_t i = 0; i < n; ++i) grad[i] = 1e-3f * static_cast<float>((i * 2654435761u) % 1000) - 0.5f;
-  dc::algorithm<dc::inner::sgd, dc::outer::nesterov, Compressor, dc::comm::mpi> t(
-      theta, comm, {.inner_steps = 1000000, .inner = {.lr = 1e-3f}});
-  t.inner_step(grad);
-  return timed(reps, [&] { t.outer_round(); });
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
@@ -73,20 +44,20 @@ int main(int argc, char** argv) {
       const std::size_t n = std::size_t{1} << k;
       const std::string tag = "[2^" + std::to_string(k) + "]";
       std::vector<float> buf(n, 1.0f);
-      const double t_raw = timed(reps, [&] {
+      const double t_raw = bench::timed_mpi(reps, [&] {
         MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
       });
-      const double t_checked = timed(reps, [&] { checked.all_reduce(buf, dc::reduce_op::sum); });
-      const double t_unchecked = timed(reps, [&] { unchecked.all_reduce(buf, dc::reduce_op::sum); });
+      const double t_checked = bench::timed_mpi(reps, [&] { checked.all_reduce(buf, dc::reduce_op::sum); });
+      const double t_unchecked = bench::timed_mpi(reps, [&] { unchecked.all_reduce(buf, dc::reduce_op::sum); });
       const double bytes = 4.0 * static_cast<double>(n);
       print("raw_allreduce_algbw_gbps" + tag, bytes / t_raw / 1e9);
       print("mpi_allreduce_algbw_gbps" + tag, bytes / t_checked / 1e9);
       print("mpi_allreduce_vs_raw" + tag, t_raw / t_checked);
       print("mpi_allreduce_unchecked_vs_raw" + tag, t_raw / t_unchecked);
       if (k >= 12) {
-        const double t_none = compressed_round_seconds<cp::none>(unchecked, n, reps);
-        const double t_i8 = compressed_round_seconds<cp::error_feedback<cp::blockwise<dc::int8>>>(unchecked, n, reps);
-        const double t_i4 = compressed_round_seconds<cp::error_feedback<cp::blockwise<dc::int4>>>(unchecked, n, reps);
+        const double t_none = bench::outer_round_seconds<cp::none>(unchecked, n, reps);
+        const double t_i8 = bench::outer_round_seconds<cp::error_feedback<cp::blockwise<dc::int8>>>(unchecked, n, reps);
+        const double t_i4 = bench::outer_round_seconds<cp::error_feedback<cp::blockwise<dc::int4>>>(unchecked, n, reps);
         print("round_fp32_equiv_gbps" + tag, bytes / t_none / 1e9);
         print("round_int8_ef_equiv_gbps" + tag, bytes / t_i8 / 1e9);
         print("round_int4_ef_equiv_gbps" + tag, bytes / t_i4 / 1e9);

@@ -1,6 +1,6 @@
 // Full DiLoCo runs with 4 worker threads on linear regression, against a
-// reference simulation of the algorithm's definition written here in
-// double precision with plain loops.
+// reference simulation of the algorithm's definition in double precision
+// with plain loops (linear_regression.hpp).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -10,105 +10,28 @@
 #include <random>
 #include <vector>
 
+#include "linear_regression.hpp"
+
 namespace dc = diloco;
+using namespace linear_regression;
 
 namespace {
 
 constexpr int workers = 4;
-constexpr std::size_t features = 6;
-constexpr std::size_t rows = 16;  // per worker
-
-// Worker m's data: y = X w* + noise, a different X per worker.
-struct dataset {
-  std::vector<std::vector<double>> x;  // [worker][row * features + j]
-  std::vector<std::vector<double>> y;  // [worker][row]
-};
-
-dataset make_data() {
-  std::mt19937 rng(123);
-  std::normal_distribution<double> n01(0.0, 1.0);
-  std::vector<double> w_star(features);
-  for (auto& w : w_star) w = n01(rng);
-  dataset d;
-  for (int m = 0; m < workers; ++m) {
-    d.x.emplace_back(rows * features);
-    d.y.emplace_back(rows);
-    for (auto& v : d.x.back()) v = static_cast<float>(n01(rng));  // values exactly representable in fp32
-    for (std::size_t r = 0; r < rows; ++r) {
-      double s = 0;
-      for (std::size_t j = 0; j < features; ++j) s += d.x.back()[r * features + j] * w_star[j];
-      d.y.back()[r] = static_cast<float>(s + 0.1 * n01(rng));
-    }
-  }
-  return d;
-}
-
-// Gradient of (1 / 2 rows) ||X w - y||^2 for worker m, in double.
-template <class W>
-std::vector<double> gradient(const dataset& d, int m, const W& w) {
-  std::vector<double> g(features, 0.0);
-  const auto& x = d.x[static_cast<std::size_t>(m)];
-  const auto& y = d.y[static_cast<std::size_t>(m)];
-  for (std::size_t r = 0; r < rows; ++r) {
-    double pred = 0;
-    for (std::size_t j = 0; j < features; ++j) pred += x[r * features + j] * static_cast<double>(w[j]);
-    const double err = pred - y[r];
-    for (std::size_t j = 0; j < features; ++j) g[j] += err * x[r * features + j] / rows;
-  }
-  return g;
-}
-
-// The algorithm's definition, step by step, in double: M replicas with
-// their own SGD-momentum state; every H steps Delta_m = global - local,
-// mean, Nesterov on global, replicas <- global.
-std::vector<std::vector<double>> reference_rounds(const dataset& d, const std::vector<double>& w0, int rounds, int h,
-                                                  double inner_lr, double inner_mu, double outer_lr,
-                                                  double outer_mu) {
-  std::vector<double> global = w0, outer_b(features, 0.0);
-  std::vector<std::vector<double>> local(workers, w0), inner_b(workers, std::vector<double>(features, 0.0));
-  std::vector<std::vector<double>> out;
-  int inner_t = 0;
-  for (int round = 1; round <= rounds; ++round) {
-    for (int s = 0; s < h; ++s) {
-      ++inner_t;
-      for (int m = 0; m < workers; ++m) {
-        auto& w = local[static_cast<std::size_t>(m)];
-        auto& b = inner_b[static_cast<std::size_t>(m)];
-        const auto g = gradient(d, m, w);
-        for (std::size_t j = 0; j < features; ++j) {
-          b[j] = inner_t == 1 ? g[j] : inner_mu * b[j] + g[j];
-          w[j] -= inner_lr * b[j];
-        }
-      }
-    }
-    for (std::size_t j = 0; j < features; ++j) {
-      double delta = 0;
-      for (int m = 0; m < workers; ++m) delta += global[j] - local[static_cast<std::size_t>(m)][j];
-      delta /= workers;
-      outer_b[j] = round == 1 ? delta : outer_mu * outer_b[j] + delta;
-      global[j] -= outer_lr * (delta + outer_mu * outer_b[j]);
-    }
-    for (auto& w : local) w = global;
-    out.push_back(global);
-  }
-  return out;
-}
-
 }  // namespace
 
 TEST_CASE("4 workers: after every round all replicas equal the reference theta_global") {
-  const auto data = make_data();
-  const std::vector<double> w0(features, 0.0);
+  const auto data = make_data(workers);
   constexpr int h = 5, rounds = 6;
   const double inner_lr = 0.05, inner_mu = 0.9, outer_lr = 0.7, outer_mu = 0.9;
-  const auto want = reference_rounds(data, w0, rounds, h, inner_lr, inner_mu, outer_lr, outer_mu);
+  const auto want = reference_rounds(data, workers, rounds, h, inner_lr, inner_mu, outer_lr, outer_mu);
 
   std::vector<std::vector<std::vector<float>>> seen(workers);  // [rank][round] replica after the round
   std::mutex mu;
   dc::comm::threads::world world(workers);
   world.run([&](dc::comm::threads& comm) {
     const int m = comm.rank();
-    // Rank 0 starts from w0, the others from garbage: the initial broadcast
+    // Rank 0 starts from zeros, the others from garbage: the initial broadcast
     // must make them all start from rank 0's parameters.
     std::vector<float> w(features, m == 0 ? 0.0f : 42.0f + static_cast<float>(m));
     dc::algorithm<dc::inner::sgd, dc::outer::nesterov, dc::compress::none, dc::comm::threads> t(
@@ -153,7 +76,7 @@ TEST_CASE("4 workers: after every round all replicas equal the reference theta_g
 }
 
 TEST_CASE("H = 1 with outer SGD lr 1 and inner SGD is synchronous data-parallel SGD") {
-  const auto data = make_data();
+  const auto data = make_data(workers);
   constexpr int steps = 12;
   constexpr float lr = 0.1f;
   // Data parallel SGD: w <- w - lr * mean_m grad_m(w), in double.
@@ -187,7 +110,7 @@ TEST_CASE("H = 1 with outer SGD lr 1 and inner SGD is synchronous data-parallel 
 }
 
 TEST_CASE("AdamW inner, Nesterov outer, several tensors: replicas agree and the loss falls") {
-  const auto data = make_data();
+  const auto data = make_data(workers);
   std::vector<double> loss_first(workers), loss_last(workers);
   dc::comm::threads::world world(workers);
   world.run([&](dc::comm::threads& comm) {
