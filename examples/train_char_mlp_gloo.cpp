@@ -26,37 +26,9 @@ int main(int argc, char** argv) {
     if (early.help) return 0;
     auto comm = diloco::comm::gloo::from_env();
     rank = comm.rank();
-    const bool lead = rank == 0;
     defaults.c.workers = comm.size();
-    const auto opts = char_mlp::parse_cli(argc, argv, defaults, "", false);
-    auto c = opts.c;
-    if (c.workers != comm.size())
-      throw diloco::config_error("demo: --workers " + std::to_string(c.workers) + " but " +
-                                 std::to_string(comm.size()) + " Gloo processes: each process is one worker");
-    char_mlp::check(c);
-    const auto data = char_mlp::load_dataset(c);  // every rank builds the same data from the seed
-    c.dims.vocab = data.vocab();
-    if (lead) char_mlp::print_header(c, data, " (processes over Gloo)");
-
-    std::vector<char_mlp::result> rows;
-    rows.reserve(8);
-    const char_mlp::result* ddp = nullptr;
-    const char_mlp::result* dl = nullptr;
-    if (opts.wants("single")) {
-      // Every rank trains the baseline (the same one), so none waits long
-      // for another at the next collective.
-      auto quiet = c;
-      if (!lead) quiet.log_every = 0;
-      rows.push_back(char_mlp::run_single(quiet, data));
-    }
-    if (opts.wants("ddp")) {
-      rows.push_back(char_mlp::run_data_parallel(c, data, comm));
-      ddp = &rows.back();
-    }
-    if (opts.wants("diloco"))
-      dl = char_mlp::run_diloco_rows(c, data, opts.compressors, rows, [&](auto run) { return run(comm); });
-    if (lead) char_mlp::print_report(rows, ddp, dl);
-    comm.barrier();  // nobody leaves while another still needs it
+    char_mlp::run_one_worker_per_process(comm, char_mlp::parse_cli(argc, argv, defaults, "", false),
+                                         " (processes over Gloo)");
     return 0;
   } catch (const std::exception& e) {
     if (rank >= 0)

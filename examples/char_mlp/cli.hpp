@@ -125,6 +125,40 @@ const result* run_diloco_rows(const config& c, const dataset& data, const std::s
 }
 
 // The table, then DiLoCo against data parallel when both ran.
+inline void print_report(const std::vector<result>& rows, const result* ddp, const result* dl);
+
+// The experiment with one worker per process (MPI ranks, Gloo processes):
+// every process runs every method asked for on its rank; rank 0 prints.
+// The one-worker baseline runs on every rank too (the same model, quietly
+// off rank 0), so none waits at the next collective, which could exceed a
+// communicator's timeout.
+template <class Comm>
+void run_one_worker_per_process(Comm& comm, const cli& opts, const char* workers_note) {
+  auto c = opts.c;
+  if (c.workers != comm.size())
+    throw diloco::config_error("demo: --workers " + std::to_string(c.workers) + " but " + std::to_string(comm.size()) +
+                               " processes: each process is one worker");
+  check(c);
+  const auto data = load_dataset(c);  // every process builds the same data from the seed
+  c.dims.vocab = data.vocab();
+  const bool lead = comm.rank() == 0;
+  if (lead) print_header(c, data, workers_note);
+  if (!lead) c.log_every = 0;
+  std::vector<result> rows;
+  rows.reserve(8);
+  const result* ddp = nullptr;
+  const result* dl = nullptr;
+  if (opts.wants("single")) rows.push_back(run_single(c, data));
+  if (opts.wants("ddp")) {
+    rows.push_back(run_data_parallel(c, data, comm));
+    ddp = &rows.back();
+  }
+  if (opts.wants("diloco")) dl = run_diloco_rows(c, data, opts.compressors, rows, [&](auto run) { return run(comm); });
+  if (lead) print_report(rows, ddp, dl);
+  comm.barrier();  // nobody leaves while another still needs it
+}
+
+// The table, then DiLoCo against data parallel when both ran.
 inline void print_report(const std::vector<result>& rows, const result* ddp, const result* dl) {
   print_table(rows);
   if (ddp && dl)
