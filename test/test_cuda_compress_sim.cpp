@@ -587,3 +587,137 @@ TEST_CASE("device compressed mean over misaligned replicas: scalar accesses, sam
   const auto device = train<dc::device_space, C>(2, 2, model_sizes, {}, /*misalign=*/1);
   check_same_run(host, device, 2, 2);
 }
+
+// --------------------------------------------------------------- rejection
+namespace {
+
+// A host communicator over comm::threads whose all-to-all hands `victim`
+// damaged bytes (fault injection on a real exchange) on the second round.
+class flaky_link {
+ public:
+  using request = dc::comm::threads::request;
+  using damage = void (*)(std::span<std::byte> slot_of_rank_1);
+  flaky_link(dc::comm::threads& c, int victim, damage d) : c_(c), victim_(victim), damage_(d) {}
+  int rank() const { return c_.rank(); }
+  int size() const { return c_.size(); }
+  dc::traffic_counters traffic() const { return c_.traffic(); }
+  void all_reduce(std::span<float> b, dc::reduce_op op) { c_.all_reduce(b, op); }
+  void broadcast(std::span<float> b, int root) { c_.broadcast(b, root); }
+  void broadcast(std::span<std::byte> b, int root) { c_.broadcast(b, root); }
+  void all_to_all(std::span<const std::byte> s, std::span<std::byte> r) {
+    c_.all_to_all(s, r);
+    const std::size_t slot = r.size() / static_cast<std::size_t>(size());
+    if (++calls_ == 2 && rank() == victim_) damage_(r.subspan(slot, slot));
+  }
+  void all_gather(std::span<const std::byte> s, std::span<std::byte> r) { c_.all_gather(s, r); }
+  void barrier() { c_.barrier(); }
+  request iall_reduce(std::span<float> b, dc::reduce_op op) { return c_.iall_reduce(b, op); }
+  request ibroadcast(std::span<float> b, int root) { return c_.ibroadcast(b, root); }
+  request ibroadcast(std::span<std::byte> b, int root) { return c_.ibroadcast(b, root); }
+  request iall_to_all(std::span<const std::byte> s, std::span<std::byte> r) { return c_.iall_to_all(s, r); }
+  request iall_gather(std::span<const std::byte> s, std::span<std::byte> r) { return c_.iall_gather(s, r); }
+  request ibarrier() { return c_.ibarrier(); }
+
+ private:
+  dc::comm::threads& c_;
+  int victim_;
+  damage damage_;
+  int calls_ = 0;
+};
+
+// One flipped payload bit: the checksum no longer matches.
+void flip_a_bit(std::span<std::byte> seg) { seg[100] ^= std::byte{0x10}; }
+
+// An int8 code of -128 (never written) in block 0, with the checksum
+// recomputed: only the structure check can see it.
+void forge_a_code(std::span<std::byte> seg) {
+  seg[dc::wire::header_bytes + 4 + 5] = std::byte{0x80};
+  const auto payload = dc::wire::detail::get<std::uint64_t>(seg.data() + 24);
+  dc::wire::detail::put<std::uint64_t>(seg.data() + 48, dc::wire::detail::segment_checksum(seg.data(), payload));
+}
+
+struct rejection {
+  std::vector<std::string> what;  // [rank] the second round's error
+  bool state_kept = true;         // theta_global, residual, replica as the rules say
+  bool third_round_applied = true;
+};
+
+// Three rounds on 3 workers (one tensor of 500): the second is damaged on
+// rank 2 (`damage`) or carries a NaN from rank 1 (damage == nullptr).
+template <class Space>
+rejection reject_second_round(flaky_link::damage damage) {
+  using C = cp::error_feedback<cp::blockwise<dc::int8>>;
+  constexpr int m = 3;
+  rejection out;
+  out.what.resize(m);
+  std::mutex mu;
+  dc::comm::threads::world world(m);
+  world.run([&](dc::comm::threads& inner) {
+    const int r = inner.rank();
+    flaky_link comm(inner, 2, damage ? damage : [](std::span<std::byte>) {});
+    replica<Space> rep(r, {500});
+    dc::algorithm<dc::inner::sgd, dc::outer::nesterov, C, flaky_link> t(rep.params, comm,
+                                                                        {.inner_steps = 1, .inner = {.lr = 0.5f}});
+    rep.compute_grads(r);
+    t.step(rep.grads);
+    const auto g = t.template global_parameters<Space>();
+    const auto e = t.template compression_residual<Space>();
+    const std::vector<float> g0(g.data(), g.data() + g.size()), e0(e.data(), e.data() + e.size());
+    rep.compute_grads(r);
+    t.inner_step(rep.grads);
+    if (!damage && r == 1) rep.params[0][17] = std::numeric_limits<float>::quiet_NaN();
+    std::string what;
+    try {
+      t.outer_round();
+      what = "applied";
+    } catch (const dc::error& err) {
+      what = err.what();
+    }
+    bool kept = same(std::vector<float>(g.data(), g.data() + g.size()), g0) &&
+                same(std::vector<float>(e.data(), e.data() + e.size()), e0) &&
+                same(rep.flat(), std::vector<float>(g.data(), g.data() + 500));  // the replica reset to theta_global
+    rep.compute_grads(r);
+    const bool third = t.step(rep.grads);
+    std::lock_guard lock(mu);
+    out.what[static_cast<std::size_t>(r)] = what;
+    out.state_kept = out.state_kept && kept;
+    out.third_round_applied = out.third_round_applied && third;
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("device compressed mean: a NaN, a corrupt byte, a forged code reject the round as on the host") {
+  struct scenario {
+    const char* name;
+    flaky_link::damage damage;
+    const char* victim;  // what rank 2 must say
+  };
+  for (const scenario s : {scenario{"nan", nullptr, "non-finite pseudo-gradient from rank 1 (norm nan)"},
+                           scenario{"flipped bit", flip_a_bit, "checksum mismatch"},
+                           scenario{"forged code", forge_a_code, "block 0: quantized value out of range"}}) {
+    CAPTURE(s.name);
+    const auto host = reject_second_round<dc::host_space>(s.damage);
+    const auto device = reject_second_round<dc::device_space>(s.damage);
+    CHECK(device.state_kept);
+    CHECK(device.third_round_applied);
+    CHECK(host.state_kept);
+    for (int r = 0; r < 3; ++r) {
+      CAPTURE(r);
+      const auto i = static_cast<std::size_t>(r);
+      // The same words on every rank as the host engine, down to the
+      // stored checksum a corrupt segment is reported with.
+      CHECK(device.what[i] == host.what[i]);
+      CHECK(device.what[i].find("outer round 2 rejected") != std::string::npos);
+    }
+    CHECK(device.what[2].find(s.victim) != std::string::npos);
+    if (s.damage) CHECK(device.what[0].find("rank(s) 2 received corrupt compressed data") != std::string::npos);
+  }
+}
+
+TEST_CASE("topk has no device form: a compile-time error names what to use (see compile_fail_device_topk)") {
+  CHECK_FALSE(k::codec_elements<cp::topk_codec<64>>::supported);
+  CHECK(k::codec_elements<cp::blockwise_codec<dc::int4, 64, cp::round_nearest>>::supported);
+  CHECK(k::codec_elements<cp::cast_codec<dc::bf16, cp::round_nearest>>::supported);
+}

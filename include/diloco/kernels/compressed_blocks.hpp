@@ -85,8 +85,20 @@ DILOCO_HD DILOCO_FORCEINLINE double combine_lanes(const float* a) {
   return static_cast<double>(((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])));
 }
 
+// Four floats written once and read back only in a later pass (the next
+// round's residual): a streaming 16-byte store (st.global.cs.v4, through an
+// intrinsic the compiler keeps whole) on the device.
+DILOCO_HD DILOCO_FORCEINLINE void store4_streaming(float* p, const vec4f& v) {
+#if defined(__CUDA_ARCH__)
+  __stcs(reinterpret_cast<float4*>(p), make_float4(v[0], v[1], v[2], v[3]));
+#else
+  store4(p, v);
+#endif
+}
+
 // W floats of p[j0, j0 + W), zeros past len; one 16-byte load when W is 4,
-// the group is whole and `vector` says p is 16-byte aligned.
+// the group is whole and `vector` says p is 16-byte aligned (and the
+// store's mirror image).
 template <std::size_t W>
 DILOCO_HD DILOCO_FORCEINLINE void load_group(const float* p, std::size_t j0, std::size_t len, bool vector,
                                              float (&x)[W]) {
@@ -100,11 +112,11 @@ DILOCO_HD DILOCO_FORCEINLINE void load_group(const float* p, std::size_t j0, std
   for (std::size_t i = 0; i < W; ++i) x[i] = j0 + i < len ? p[j0 + i] : 0.0f;
 }
 template <std::size_t W>
-DILOCO_HD DILOCO_FORCEINLINE void store_group(float* p, std::size_t j0, std::size_t len, bool vector,
-                                              const float (&x)[W]) {
+DILOCO_HD DILOCO_FORCEINLINE void store_group_streaming(float* p, std::size_t j0, std::size_t len, bool vector,
+                                                        const float (&x)[W]) {
   if constexpr (W == vec_width) {
     if (vector && j0 + W <= len) {
-      store4(p + j0, {{x[0], x[1], x[2], x[3]}});
+      store4_streaming(p + j0, {{x[0], x[1], x[2], x[3]}});
       return;
     }
   }
@@ -120,7 +132,8 @@ DILOCO_HD DILOCO_FORCEINLINE std::int32_t magnitude_bits(float x) {
 // error feedback. Sums: (||delta||^2, ||v - decoded||^2) of the block.
 // Bytes per element, int8 with error feedback: read 12 (global, local,
 // residual: 16-byte loads), write 5 + 4/B (code, new residual: 16-byte
-// stores, the factor); int4: 4.5 + 4/B written; bf16/fp16: 6 written.
+// streaming stores, the factor); int4: 4.5 + 4/B written; bf16/fp16: 6
+// written. Without error feedback: read 8, write 1 + 4/B (int8).
 template <class E>
 struct encode_blocks {
   using shape = team_shape<E>;
@@ -201,7 +214,7 @@ struct encode_blocks {
         }
       }
       E::put_codes(out, j0, q);
-      if (new_residual) store_group(new_residual + r.offset, j0, len, true, err);
+      if (new_residual) store_group_streaming(new_residual + r.offset, j0, len, true, err);
     }
   }
 

@@ -22,7 +22,7 @@ namespace diloco::kernels {
 
 // One segment's payload in device memory, and its codec blocks.
 struct segment_ref {
-  const std::byte* payload;     // 8-byte aligned
+  const std::byte* payload;     // 16-byte aligned
   std::uint64_t payload_bytes;  // the length the receiver expects
   std::uint64_t first_block;    // its first block in the layout
   std::uint64_t blocks;
@@ -31,24 +31,34 @@ struct segment_ref {
 
 // Thread `thread` of `threads`' share of a payload's checksum sum
 // (wire::detail::payload_words_sum): a wrapping sum of one term per 8-byte
-// word, so shares add up in any order to the same value.
+// word, so shares add up in any order to the same value. Threads take the
+// words two at a time (one 16-byte load; payloads are 16-byte aligned);
+// thread 0 also takes the last word, and the zero-padded tail, if any.
 DILOCO_HD DILOCO_FORCEINLINE std::uint64_t checksum_share(const segment_ref& s, std::size_t thread,
                                                           std::size_t threads) {
   constexpr std::uint64_t golden = 0x9e3779b97f4a7c15ULL;
   constexpr std::uint64_t first_word = wire::header_bytes / 8;  // payload words follow the header's
+  auto term = [&](std::uint64_t w, std::size_t i) { return mix64(w + (first_word + i + 1) * golden); };
   const std::size_t bytes = static_cast<std::size_t>(s.payload_bytes);
-  const std::size_t words = (bytes + 7) / 8;
+  const std::size_t pairs = bytes / 16;
   std::uint64_t sum = 0;
-  for (std::size_t i = thread; i < words; i += threads) {
-    std::uint64_t w = 0;
-    if (8 * (i + 1) <= bytes) {
-      unsigned char b[8];
-      load_bytes<8>(s.payload + 8 * i, b);
-      std::memcpy(&w, b, 8);
-    } else {
-      std::memcpy(&w, s.payload + 8 * i, bytes % 8);  // the tail, zero-padded as on the host
+  for (std::size_t p = thread; p < pairs; p += threads) {
+    std::uint64_t w[2];
+#if defined(__CUDA_ARCH__)
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(s.payload + 16 * p));
+    w[0] = static_cast<std::uint64_t>(v.x) | static_cast<std::uint64_t>(v.y) << 32;
+    w[1] = static_cast<std::uint64_t>(v.z) | static_cast<std::uint64_t>(v.w) << 32;
+#else
+    std::memcpy(w, s.payload + 16 * p, 16);
+#endif
+    sum += term(w[0], 2 * p) + term(w[1], 2 * p + 1);
+  }
+  if (thread == 0) {
+    for (std::size_t i = 2 * pairs; 8 * i < bytes; ++i) {
+      std::uint64_t w = 0;
+      std::memcpy(&w, s.payload + 8 * i, bytes - 8 * i < 8 ? bytes - 8 * i : 8);
+      sum += term(w, i);
     }
-    sum += mix64(w + (first_word + i + 1) * golden);
   }
   return sum;
 }
