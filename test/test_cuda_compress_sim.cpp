@@ -552,6 +552,11 @@ TEST_CASE("device compressed mean: the host engine's bits, M = 1, 2, 3, 4, int8 
   }
 }
 
+TEST_CASE("device compressed mean: more workers than blocks (empty shards)") {
+  compare_engines<cp::error_feedback<cp::blockwise<dc::int8, 128>>>(4, 2, {3});
+  compare_engines<cp::cast<dc::bf16>>(3, 2, {64, 1});
+}
+
 TEST_CASE("device compressed mean: stochastic rounding draws the host's numbers (packed element indices)") {
   compare_engines<cp::error_feedback<cp::blockwise<dc::int4, 64, cp::stochastic_rounding>>>(3, 3, model_sizes,
                                                                                             {.seed = 99});
@@ -711,4 +716,36 @@ TEST_CASE("topk has no device form: a compile-time error names what to use (see 
   CHECK_FALSE(k::codec_elements<cp::topk_codec<64>>::supported);
   CHECK(k::codec_elements<cp::blockwise_codec<dc::int4, 64, cp::round_nearest>>::supported);
   CHECK(k::codec_elements<cp::cast_codec<dc::bf16, cp::round_nearest>>::supported);
+}
+
+TEST_CASE("host and device workers share compressed rounds: the same segments, the all-host run's bits") {
+  using C = cp::error_feedback<cp::blockwise<dc::int4, 128>>;
+  constexpr int m = 3, rounds = 2;
+  const auto host = train<dc::host_space, C>(m, rounds, model_sizes);
+  std::vector<std::vector<float>> mixed(m);
+  std::vector<wire_log> logs(m);
+  dc::comm::threads::world world(m);
+  world.run([&](dc::comm::threads& threads) {
+    const int r = threads.rank();
+    recording_link comm(threads, logs[static_cast<std::size_t>(r)]);
+    auto run = [&](auto rep) {
+      dc::algorithm<dc::inner::adamw, dc::outer::nesterov, C, recording_link> t(rep.params, comm,
+                                                                                make_options<C>());
+      for (int s = 0; s < rounds * 2; ++s) {
+        rep.compute_grads(r);
+        t.step(rep.grads);
+      }
+      mixed[static_cast<std::size_t>(r)] = rep.flat();
+    };
+    if (r == 1)
+      run(replica<dc::host_space>(r, model_sizes));
+    else
+      run(replica<dc::device_space>(r, model_sizes));
+  });
+  for (std::size_t r = 0; r < m; ++r) {
+    CAPTURE(r);
+    CHECK(same(mixed[r], host.replicas[r]));
+    REQUIRE(logs[r].size() == host.wire[r].size());
+    for (std::size_t c = 0; c < logs[r].size(); ++c) CHECK(logs[r][c] == host.wire[r][c]);
+  }
 }

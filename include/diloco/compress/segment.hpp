@@ -57,11 +57,12 @@ template <block_codec Codec>
 wire::header validate_segment(const Codec& codec, std::span<const std::byte> slot, wire::expectation want,
                               const block_ref* blocks, std::size_t nblocks, const char* where, bool allow_status,
                               int world) {
-  const std::byte* payload = slot.data() + wire::header_bytes;
+  // The payload is addressed only once the header said the slot holds it.
   return validate_segment_parts(
       slot.data(), slot.size(), want, nblocks, where, allow_status, world,
-      [&](std::uint64_t bytes) { return wire::detail::payload_words_sum(payload, bytes); },
+      [&](std::uint64_t bytes) { return wire::detail::payload_words_sum(slot.data() + wire::header_bytes, bytes); },
       [&]() -> bad_block {
+        const std::byte* payload = slot.data() + wire::header_bytes;
         const std::size_t stride = codec.stride();
         for (std::size_t b = 0; b < nblocks; ++b)
           if (const char* bad = codec.check(payload + b * stride, blocks[b].len)) return {b, bad};
