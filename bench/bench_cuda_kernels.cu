@@ -1,6 +1,9 @@
-// Achieved memory bandwidth of each fused kernel, next to a device-to-device
-// copy (cudaMemcpyAsync) measured in the same run, and their ratio: a fused
-// pass that streams its bytes as fast as the copy engine reaches ~1.0.
+// Achieved memory bandwidth of each fused kernel (the optimizer passes and
+// the compression passes: encode with and without error feedback, the
+// reduce of 4 workers' encodings, decode-apply, the payload checksum), next
+// to a device-to-device copy (cudaMemcpyAsync) measured in the same run, and
+// their ratio: a fused pass that streams its bytes as fast as the copy
+// engine reaches ~1.0.
 // Bytes per element are the counts written beside each kernel in
 // include/diloco/kernels/. Prints `name: value` lines.
 //
@@ -18,8 +21,31 @@
 
 namespace dc = diloco;
 namespace k = dc::kernels;
+namespace cp = dc::compress;
 
 namespace {
+
+// Values in [-scale, scale) that vary per element (zeros would take the
+// quantizer's all-zero shortcut).
+struct fill_pattern {
+  float* p;
+  float scale;
+  DILOCO_HD void operator()(std::size_t i) const {
+    p[i] = scale * (static_cast<float>((i * 2654435761u) % 2001u) - 1000.0f) * 1e-3f;
+  }
+};
+
+// A single tensor of n elements cut into codec blocks, on the device.
+struct device_layout {
+  std::size_t count = 0;
+  dc::device_buffer<cp::block_ref> blocks;
+  device_layout(std::size_t n, std::size_t block, dc::exec::cuda& ex) {
+    const cp::block_layout l({n}, block, 1);
+    count = l.block_count();
+    blocks = dc::device_buffer<cp::block_ref>(count);
+    ex.from_host(blocks.data(), l.blocks(), count);
+  }
+};
 
 struct timer {
   cudaEvent_t start{}, stop{};
@@ -120,6 +146,80 @@ int main(int argc, char** argv) {
   rows.push_back({"outer_nesterov_scalar", 24, t.median_seconds(iterations, [&] {
                     ex.for_each(n - 1, k::outer_apply<k::sgd_update>{nesterov, m + 1, 0.25f, x + 1, v + 1, n, y + 1});
                   })});
+
+  // The compression passes (kernels/compressed_blocks.hpp): int8 / int4
+  // blocks of 128 and bf16 blocks of 64. Bytes per element as written
+  // beside each pass, plus 32/B for the block's descriptor and norm sums.
+  using int8_e = k::codec_elements<cp::blockwise_codec<dc::int8, 128, cp::round_nearest>>;
+  using int4_e = k::codec_elements<cp::blockwise_codec<dc::int4, 128, cp::round_nearest>>;
+  using bf16_e = k::codec_elements<cp::cast_codec<dc::bf16, cp::round_nearest>>;
+  constexpr int sources = 4;  // workers whose encodings a reduce reads
+  ex.for_each(n, fill_pattern{x, 1.0f});
+  ex.for_each(n, fill_pattern{y, 0.9f});
+  dc::device_buffer<float> residual(n), next_residual(n);
+  ex.for_each(n, fill_pattern{residual.data(), 1e-3f});
+  const device_layout l128(n, 128, ex), l64(n, 64, ex);
+  const k::device_tensor replica{y, 0, 0};
+  dc::device_buffer<k::device_tensor> tensors(1);
+  ex.from_host(tensors.data(), &replica, 1);
+  dc::device_buffer<k::sums2> block_sums(l64.count);
+  std::vector<dc::device_buffer<std::byte>> int8_payloads;
+  std::vector<const std::byte*> int8_pointers;
+  for (int r = 0; r < sources; ++r) {
+    int8_payloads.emplace_back(l128.count * int8_e::stride);
+    int8_pointers.push_back(int8_payloads.back().data());
+  }
+  dc::device_buffer<const std::byte*> received(sources);
+  ex.from_host(received.data(), int8_pointers.data(), sources);
+  dc::device_buffer<std::byte> int4_payload(l128.count * int4_e::stride), bf16_payload(l64.count * bf16_e::stride),
+      reduced(l128.count * int8_e::stride);
+  const std::uint64_t stream = k::make_stream(1, 2, 3, 1);
+  auto encode_int8 = [&](std::byte* payload, const float* e, float* next) {
+    ex.run_teams(l128.count, k::encode_blocks<int8_e>{l128.blocks.data(), tensors.data(), x, e, next, payload, stream,
+                                                       block_sums.data(), true});
+  };
+  for (auto& payload : int8_payloads) encode_int8(payload.data(), residual.data(), next_residual.data());
+  constexpr double per_block = 32.0;
+  rows.push_back({"encode_int8_ef", 17 + (4 + per_block) / 128, t.median_seconds(iterations, [&] {
+                    encode_int8(int8_payloads[0].data(), residual.data(), next_residual.data());
+                  })});
+  rows.push_back({"encode_int8", 9 + (4 + per_block) / 128, t.median_seconds(iterations, [&] {
+                    encode_int8(int8_payloads[0].data(), nullptr, nullptr);
+                  })});
+  rows.push_back({"encode_int4_ef", 16.5 + (4 + per_block) / 128, t.median_seconds(iterations, [&] {
+                    ex.run_teams(l128.count, k::encode_blocks<int4_e>{l128.blocks.data(), tensors.data(), x,
+                                                                      residual.data(), next_residual.data(),
+                                                                      int4_payload.data(), stream, block_sums.data(),
+                                                                      true});
+                  })});
+  rows.push_back({"encode_bf16_ef", 18 + per_block / 64, t.median_seconds(iterations, [&] {
+                    ex.run_teams(l64.count, k::encode_blocks<bf16_e>{l64.blocks.data(), tensors.data(), x,
+                                                                     residual.data(), next_residual.data(),
+                                                                     bf16_payload.data(), stream, block_sums.data(),
+                                                                     true});
+                  })});
+  rows.push_back({"reduce_int8_m4", (sources + 1) * (1 + 4.0 / 128) + per_block / 128,
+                  t.median_seconds(iterations, [&] {
+                    ex.run_teams(l128.count, k::reduce_blocks<int8_e>{l128.blocks.data(), tensors.data(),
+                                                                      received.data(), sources, reduced.data(), stream,
+                                                                      block_sums.data()});
+                  })});
+  // Momentum at stride n: 16-byte slots only when n is a multiple of 4.
+  rows.push_back({"decode_apply_int8_nesterov", 21 + (4 + per_block / 2) / 128, t.median_seconds(iterations, [&] {
+                    ex.run_teams(l128.count, k::decode_apply_blocks<int8_e, k::sgd_update>{
+                                                 nesterov, l128.blocks.data(), tensors.data(), reduced.data(), x, v, n,
+                                                 n % 4 == 0});
+                  })});
+  {
+    const k::segment_ref segment{int8_payloads[0].data(), l128.count * int8_e::stride, 0, l128.count, 0};
+    dc::device_buffer<k::segment_ref> segments(1);
+    ex.from_host(segments.data(), &segment, 1);
+    dc::device_buffer<std::uint64_t> sum(1);
+    // Bytes per element: the int8 payload's (1 + 4/B), read once.
+    rows.push_back({"checksum_int8_payload", 1 + 4.0 / 128, t.median_seconds(iterations, [&] {
+                      ex.checksum_segments(segments.data(), 1, segment.payload_bytes, sum.data());
+                    })});
+  }
 
   double vector_gbps = 0.0, scalar_gbps = 0.0;
   for (const auto& r : rows) {

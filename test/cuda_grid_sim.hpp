@@ -12,8 +12,11 @@
 #include <cstring>
 #include <vector>
 
+#include <algorithm>
 #include <diloco/diloco.hpp>
 #include <diloco/exec/cuda/launch_plan.hpp>
+#include <diloco/exec/cuda/team_plan.hpp>
+#include <diloco/kernels/wire_passes.hpp>
 
 namespace sim {
 
@@ -52,6 +55,53 @@ double run_reduce(const grid::plan& p, const F& f) {
   return grid::sum_partials(partials.data(), p.blocks);
 }
 
+// exec/cuda/team_kernels.cuh's run_teams, block by block and phase by
+// phase: every team's threads load, the team max is taken (CUB's reduction
+// on the device; max is exact in any order), they store, then the lanes and
+// the block's sums after the barriers.
+template <class P>
+void run_teams(std::size_t n, const P& p) {
+  using plan = grid::team_plan<P>;
+  const std::size_t blocks = plan::blocks(n);
+  std::vector<typename P::registers> regs(plan::team);
+  std::vector<std::int32_t> m(plan::team);
+  for (std::size_t block = 0; block < blocks; ++block) {
+    for (unsigned slot = 0; slot < plan::teams_per_block; ++slot) {
+      const std::size_t b = block * plan::teams_per_block + slot;
+      const bool live = b < n;
+      typename P::shared shared{};
+      for (unsigned t = 0; t < plan::team; ++t) {
+        regs[t] = typename P::registers{};
+        m[t] = live ? p.load(b, t, shared, regs[t]) : 0;
+      }
+      if constexpr (P::team_max) {
+        const std::int32_t team_max = *std::max_element(m.begin(), m.end());
+        std::fill(m.begin(), m.end(), team_max);
+      }
+      if (!live) continue;
+      for (unsigned t = 0; t < plan::team; ++t) p.store(b, t, shared, regs[t], m[t]);
+      if constexpr (P::norms > 0) {
+        for (unsigned t = 0; t < 8; ++t) p.lanes(t, shared, regs[t]);  // then __syncthreads()
+        p.publish(b, shared);
+      }
+    }
+  }
+}
+
+// team_kernels.cuh's checksum: every thread of the grid its share, the
+// shares added (wrapping) per segment.
+inline void checksum_segments(const diloco::kernels::segment_ref* segments, std::size_t count, std::size_t max_bytes,
+                              std::uint64_t* sums) {
+  const std::size_t threads = static_cast<std::size_t>(grid::checksum_blocks(max_bytes)) * grid::checksum_block;
+  for (std::size_t k = 0; k < count; ++k) {
+    sums[k] = 0;
+    for (std::size_t t = 0; t < threads; ++t) sums[k] += diloco::kernels::checksum_share(segments[k], t, threads);
+  }
+}
+
+// Launches of the team programs (all simulated executors together).
+inline std::atomic<long> team_launches{0};
+
 // exec::cuda's interface and launch decisions, over host memory standing in
 // for device memory.
 class cuda_executor {
@@ -71,6 +121,15 @@ class cuda_executor {
     const auto p = grid::make_plan(n, grid::use_vector_path(f), grid::block_size, grid::max_reduce_blocks);
     count(p);
     return run_reduce(p, f);
+  }
+  template <class P>
+  void run_teams(std::size_t n, const P& p) const {
+    if (n) team_launches += 1;
+    sim::run_teams(n, p);
+  }
+  void checksum_segments(const diloco::kernels::segment_ref* segments, std::size_t count, std::size_t max_bytes,
+                         std::uint64_t* sums) const {
+    sim::checksum_segments(segments, count, max_bytes, sums);
   }
   template <class T>
   static void copy(T* dst, const T* src, std::size_t n) {

@@ -82,7 +82,9 @@ struct engine_base {
   virtual void set_inner_lr(float lr) = 0;
   virtual float inner_lr() const = 0;
   virtual const float* global_data() const = 0;
-  virtual tensor_view<const float, host_space> residual_data() const = 0;
+  // The error-feedback residual (flat layout, the parameters' space).
+  virtual const float* residual_data() const = 0;
+  virtual std::size_t residual_size() const = 0;
   virtual std::size_t parameter_count() const = 0;
   virtual std::size_t flat_size() const = 0;
   virtual std::size_t offset(std::size_t k) const = 0;
@@ -118,7 +120,14 @@ class engine final : public engine_base {
       if (world_ > 1) wire_ = buffer<float, Space>(n + static_cast<std::size_t>(world_));
     } else {
       Compressor::validate(opts_.compress);
-      reducer_ = std::make_unique<reducer_type>(params_, world_, rank_, opts_.compress);
+      if constexpr (std::is_same_v<Space, host_space>) {
+        reducer_ = std::make_unique<reducer_type>(params_, world_, rank_, opts_.compress);
+      } else {
+        // Device buffers need the executor to upload the layout's tables,
+        // and segments travel through the transport (staged or not).
+        reducer_ = std::make_unique<reducer_type>(params_, world_, rank_, opts_.compress, exec_);
+        if (world_ > 1) transport_.reserve_bytes(static_cast<std::size_t>(world_) * reducer_->slot_bytes());
+      }
     }
     if constexpr (requires { exec_.set_threads(1); }) {
       const int cores = executor{}.threads();
@@ -140,13 +149,17 @@ class engine final : public engine_base {
 
   space_id space() const override { return space_id_v<Space>; }
   const float* global_data() const override { return global_.data(); }
-  tensor_view<const float, host_space> residual_data() const override {
-    if constexpr (Compressor::has_error_feedback) {
-      const auto r = reducer_->residual();
-      return {r.data(), r.size()};
-    } else {
-      return {};
-    }
+  const float* residual_data() const override {
+    if constexpr (Compressor::has_error_feedback)
+      return reducer_->residual().data();
+    else
+      return nullptr;
+  }
+  std::size_t residual_size() const override {
+    if constexpr (Compressor::has_error_feedback)
+      return reducer_->residual().size();
+    else
+      return 0;
   }
   std::size_t parameter_count() const override { return params_.elements(); }
   std::size_t flat_size() const override { return params_.total(); }
@@ -256,7 +269,12 @@ class engine final : public engine_base {
   void compressed_round(const Update& update, float* state) {
     const auto traffic0 = comm_.traffic();
     const auto t0 = clock::now();
-    const auto res = reducer_->exchange(exec_, comm_, global_.data(), stats_.rounds + 1);
+    const auto res = [&] {
+      if constexpr (std::is_same_v<Space, host_space>)
+        return reducer_->exchange(exec_, comm_, global_.data(), stats_.rounds + 1);
+      else
+        return reducer_->exchange(exec_, comm_, transport_, global_.data(), stats_.rounds + 1);
+    }();
     stats_.last_round_comm_seconds = seconds_since(t0);
     stats_.comm_seconds += stats_.last_round_comm_seconds;
     add_traffic(traffic0, true);
@@ -414,8 +432,13 @@ class algorithm {
   std::size_t steps_in_round() const { return engine_->steps_in_round(); }
 
   // The error-feedback residual in flat layout (empty without error
-  // feedback): part of the algorithm's state.
-  tensor_view<const float, host_space> compression_residual() const { return engine_->residual_data(); }
+  // feedback): part of the algorithm's state. In the parameters' memory
+  // space, with the layout of global_parameters().
+  template <class Space = host_space>
+  tensor_view<const float, Space> compression_residual() const {
+    check_space<Space>();
+    return {engine_->residual_data(), engine_->residual_size()};
+  }
 
   // theta_global as a flat view (tensor k at global_offset(k)), in the
   // parameters' memory space. Host tensors are packed end to end; device

@@ -161,3 +161,107 @@ TEST_CASE("gpu: host gradients passed to a device algorithm are a config error")
   CHECK_THROWS_WITH_AS(t.step(host_grads), doctest::Contains("tensors in host memory passed to an algorithm"),
                        dc::config_error);
 }
+
+// ------------------------------------------------------------ compression
+namespace {
+
+namespace cp = dc::compress;
+
+// Inner SGD with lr 1/2 and outer SGD with lr 1 multiply only by powers of
+// two, so the device's fused multiply-adds round exactly as the host's
+// separate operations: host and device tensors must give the same bits,
+// round after round, through the compressed mean.
+template <class C>
+using sgd_trainer = dc::algorithm<dc::inner::sgd, dc::outer::sgd, C, dc::comm::threads>;
+template <class C>
+const typename sgd_trainer<C>::options sgd_opts{.inner_steps = 3, .inner = {.lr = 0.5f}, .outer = {.lr = 1.0f}};
+
+template <class C, class Model>
+std::vector<std::vector<float>> train_compressed(int rounds, int m) {
+  std::vector<std::vector<float>> out(static_cast<std::size_t>(m));
+  dc::comm::threads::world world(m);
+  world.run([&](dc::comm::threads& comm) {
+    Model model(comm.rank());
+    sgd_trainer<C> t(model.params, comm, sgd_opts<C>);
+    for (int s = 0; s < rounds * 3; ++s) {
+      model.backward();
+      t.step(model.grads);
+    }
+    CHECK(t.stats().rounds == static_cast<std::uint64_t>(rounds));
+    CHECK(t.stats().rejected_rounds == 0);
+    out[static_cast<std::size_t>(comm.rank())] = model.flat();
+  });
+  return out;
+}
+
+template <class C>
+void check_same_bits(int m) {
+  CAPTURE(C::name);
+  CAPTURE(C::has_error_feedback);
+  CAPTURE(m);
+  const auto host = train_compressed<C, host_model>(4, m);
+  const auto device = train_compressed<C, device_model>(4, m);
+  for (std::size_t r = 0; r < host.size(); ++r) {
+    CAPTURE(r);
+    REQUIRE(device[r].size() == host[r].size());
+    CHECK(std::memcmp(device[r].data(), host[r].data(), host[r].size() * sizeof(float)) == 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("no gpu: a compressed algorithm over device tensors fails with cuda_error at construction") {
+  float fake[8] = {};
+  dc::device_view<float> w(fake, 8);
+  dc::comm::local comm;
+  using trainer = dc::algorithm<dc::inner::adamw, dc::outer::nesterov, cp::error_feedback<cp::blockwise<dc::int4>>,
+                                dc::comm::local>;
+  CHECK_THROWS_WITH_AS(trainer(w, comm), doctest::Contains("cudaMalloc failed"), dc::cuda_error);
+}
+
+TEST_CASE("gpu: compressed DiLoCo over thrust::device_vector gives the host tensors' bits") {
+  for (int m : {1, 2, 3}) {
+    check_same_bits<cp::blockwise<dc::int8>>(m);
+    check_same_bits<cp::error_feedback<cp::blockwise<dc::int8>>>(m);
+    check_same_bits<cp::error_feedback<cp::blockwise<dc::int4, 64, cp::stochastic_rounding>>>(m);
+    check_same_bits<cp::cast<dc::bf16>>(m);
+    check_same_bits<cp::error_feedback<cp::cast<dc::fp16>>>(m);
+  }
+}
+
+TEST_CASE("gpu: compressed DiLoCo with AdamW and Nesterov over device tensors stays with the host run") {
+  using C = cp::error_feedback<cp::cast<dc::bf16>>;
+  using trainer = dc::algorithm<dc::inner::adamw, dc::outer::nesterov, C, dc::comm::threads>;
+  const trainer::options o{.inner_steps = 4,
+                           .inner = {.lr = 0.05f, .weight_decay = 0.01f, .max_grad_norm = 2.0f},
+                           .outer = {.lr = 0.7f, .momentum = 0.9f}};
+  auto run = [&]<class Model>(Model*) {
+    std::vector<std::vector<float>> out(workers);
+    std::vector<dc::stats> stats(workers);
+    dc::comm::threads::world world(workers);
+    world.run([&](dc::comm::threads& comm) {
+      Model model(comm.rank());
+      trainer t(model.params, comm, o);
+      for (int s = 0; s < 12; ++s) {
+        model.backward();
+        t.step(model.grads);
+      }
+      out[static_cast<std::size_t>(comm.rank())] = model.flat();
+      stats[static_cast<std::size_t>(comm.rank())] = t.stats();
+    });
+    return std::make_pair(out, stats);
+  };
+  const auto [host, host_stats] = run(static_cast<host_model*>(nullptr));
+  const auto [device, device_stats] = run(static_cast<device_model*>(nullptr));
+  for (std::size_t r = 0; r < workers; ++r) {
+    CAPTURE(r);
+    // Replicas agree exactly across workers; host and device to the FMA
+    // rounding of the inner and outer steps, which can move a bf16 code by
+    // one unit (2^-8 relative).
+    CHECK(std::memcmp(device[r].data(), device[0].data(), device[0].size() * sizeof(float)) == 0);
+    check_close(device[r], host[r], 1e-2f);
+    CHECK(device_stats[r].rounds == 3);
+    CHECK(device_stats[r].encoded_bytes_per_parameter == host_stats[r].encoded_bytes_per_parameter);
+    CHECK(device_stats[r].pseudo_gradient_norm == doctest::Approx(host_stats[r].pseudo_gradient_norm).epsilon(1e-3));
+  }
+}

@@ -79,7 +79,7 @@ struct blockwise_codec {
 
   // Values outside [-L, L] (int8's -128, int4's -8) are never written, and
   // padding beyond a partial block is zero.
-  const char* check(const std::byte* in, std::size_t len) const {
+  DILOCO_HD const char* check(const std::byte* in, std::size_t len) const {
     const std::byte* q = in + 4;
     for (std::size_t j = 0; j < len; ++j)
       if (value(q, j) < -static_cast<int>(Format::levels)) return "quantized value out of range";

@@ -55,7 +55,7 @@ struct cast_codec {
     }
   }
 
-  const char* check(const std::byte* in, std::size_t len) const {
+  DILOCO_HD const char* check(const std::byte* in, std::size_t len) const {
     for (std::size_t b = 2 * len; b < stride(); ++b)
       if (in[b] != std::byte{0}) return "non-zero padding after a partial block";
     return nullptr;

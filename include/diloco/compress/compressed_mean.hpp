@@ -50,8 +50,6 @@ template <class Compressor, class Space>
 class compressed_mean {
  public:
   using codec_type = typename Compressor::codec;
-  static_assert(std::is_same_v<Space, host_space>,
-                "diloco: compressed pseudo-gradients currently run on host tensors only");
 
   compressed_mean(const parameter_set<float, Space>& params, int world, int rank,
                   const typename Compressor::options& opts)
@@ -256,3 +254,6 @@ class compressed_mean {
 };
 
 }  // namespace diloco::compress
+
+// The device-space specialization (buffers in device memory, GPU passes).
+#include "diloco/compress/compressed_mean_device.hpp"

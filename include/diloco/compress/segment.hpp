@@ -16,6 +16,40 @@
 
 namespace diloco::compress {
 
+// What a pass over a segment's codec blocks found: the first malformed
+// block and what is wrong with it, or index == the block count.
+struct bad_block {
+  std::size_t index;
+  const char* problem;
+};
+
+// The checks of validate_segment for a segment whose header was copied to
+// `head` (from a slot of `slot_bytes` bytes) and whose payload may live
+// elsewhere: payload_sum(n) gives wire::detail::payload_words_sum of its
+// first n bytes, first_bad() the first malformed block (only called for a
+// segment that carries data). The device path computes both on the GPU.
+template <class PayloadSum, class FirstBad>
+wire::header validate_segment_parts(const std::byte* head, std::size_t slot_bytes, wire::expectation want,
+                                    std::size_t nblocks, const char* where, bool allow_status, int world,
+                                    PayloadSum&& payload_sum, FirstBad&& first_bad) {
+  if (allow_status && slot_bytes >= wire::header_bytes) {
+    // A status segment is expected to carry no payload; the checksum, which
+    // covers the status field, still has the last word.
+    std::uint32_t status;
+    std::memcpy(&status, head + 44, 4);
+    if (status != 0) want.payload_bytes = 0;
+  }
+  const auto h = wire::read_header(head, slot_bytes, want, where, payload_sum);
+  if (h.status != 0) {
+    if (!allow_status) diloco::detail::raise<format_error>(where, ": unexpected status ", h.status);
+    if (h.status > static_cast<std::uint32_t>(world)) diloco::detail::raise<format_error>(where, ": status ", h.status, " names no rank");
+    return h;
+  }
+  if (const bad_block bad = first_bad(); bad.index < nblocks)
+    diloco::detail::raise<format_error>(where, ": block ", bad.index, ": ", bad.problem);
+  return h;
+}
+
 // Validates `slot` as a segment of `nblocks` codec blocks (their lengths in
 // `blocks`) and returns its header; format_error otherwise. With
 // `allow_status`, a segment may carry a non-zero status and then no payload.
@@ -23,25 +57,17 @@ template <block_codec Codec>
 wire::header validate_segment(const Codec& codec, std::span<const std::byte> slot, wire::expectation want,
                               const block_ref* blocks, std::size_t nblocks, const char* where, bool allow_status,
                               int world) {
-  if (allow_status && slot.size() >= wire::header_bytes) {
-    // A status segment is expected to carry no payload; the checksum, which
-    // covers the status field, still has the last word.
-    std::uint32_t status;
-    std::memcpy(&status, slot.data() + 44, 4);
-    if (status != 0) want.payload_bytes = 0;
-  }
-  const auto h = wire::read_header(slot, want, where);
-  if (h.status != 0) {
-    if (!allow_status) diloco::detail::raise<format_error>(where, ": unexpected status ", h.status);
-    if (h.status > static_cast<std::uint32_t>(world)) diloco::detail::raise<format_error>(where, ": status ", h.status, " names no rank");
-    return h;
-  }
-  const std::byte* payload = slot.data() + wire::header_bytes;
-  const std::size_t stride = codec.stride();
-  for (std::size_t b = 0; b < nblocks; ++b)
-    if (const char* bad = codec.check(payload + b * stride, blocks[b].len))
-      diloco::detail::raise<format_error>(where, ": block ", b, ": ", bad);
-  return h;
+  // The payload is addressed only once the header said the slot holds it.
+  return validate_segment_parts(
+      slot.data(), slot.size(), want, nblocks, where, allow_status, world,
+      [&](std::uint64_t bytes) { return wire::detail::payload_words_sum(slot.data() + wire::header_bytes, bytes); },
+      [&]() -> bad_block {
+        const std::byte* payload = slot.data() + wire::header_bytes;
+        const std::size_t stride = codec.stride();
+        for (std::size_t b = 0; b < nblocks; ++b)
+          if (const char* bad = codec.check(payload + b * stride, blocks[b].len)) return {b, bad};
+        return {nblocks, nullptr};
+      });
 }
 
 }  // namespace diloco::compress

@@ -66,19 +66,27 @@ T get(const std::byte* at) {
   std::memcpy(&v, at, sizeof v);
   return v;
 }
-inline std::uint64_t segment_checksum(const std::byte* seg, std::uint64_t payload_bytes) {
+// The checksum's sum over the 64 header bytes, the checksum field as zero.
+inline std::uint64_t header_words_sum(const std::byte* seg) {
   std::byte h[header_bytes];
   std::memcpy(h, seg, header_bytes);
   std::memset(h + 48, 0, 8);
-  const std::uint64_t sum = checksum_words(h, header_bytes, 0) +
-                            checksum_words(seg + header_bytes, static_cast<std::size_t>(payload_bytes), header_bytes / 8);
-  return checksum_finish(sum, header_bytes + payload_bytes);
+  return checksum_words(h, header_bytes, 0);
 }
-}  // namespace detail
+// The checksum's sum over a payload (its words follow the header's). Being
+// a sum, it may also be computed elsewhere, e.g. on the device that holds
+// the payload.
+inline std::uint64_t payload_words_sum(const std::byte* payload, std::uint64_t payload_bytes) {
+  return checksum_words(payload, static_cast<std::size_t>(payload_bytes), header_bytes / 8);
+}
+inline std::uint64_t finish_checksum(std::uint64_t header_sum, std::uint64_t payload_sum, std::uint64_t payload_bytes) {
+  return checksum_finish(header_sum + payload_sum, header_bytes + payload_bytes);
+}
+inline std::uint64_t segment_checksum(const std::byte* seg, std::uint64_t payload_bytes) {
+  return finish_checksum(header_words_sum(seg), payload_words_sum(seg + header_bytes, payload_bytes), payload_bytes);
+}
 
-// Writes the header of a segment whose payload is already in place after it.
-inline void write_header(std::byte* seg, const header& h) {
-  using detail::put;
+inline void write_fields(std::byte* seg, const header& h) {
   std::memset(seg, 0, header_bytes);
   put<std::uint32_t>(seg + 0, magic);
   put<std::uint16_t>(seg + 4, version);
@@ -91,7 +99,21 @@ inline void write_header(std::byte* seg, const header& h) {
   put<std::uint64_t>(seg + 32, h.round);
   put<float>(seg + 40, h.norm);
   put<std::uint32_t>(seg + 44, h.status);
-  put<std::uint64_t>(seg + 48, detail::segment_checksum(seg, h.payload_bytes));
+}
+}  // namespace detail
+
+// Writes the header of a segment whose payload is already in place after it.
+inline void write_header(std::byte* seg, const header& h) {
+  detail::write_fields(seg, h);
+  detail::put<std::uint64_t>(seg + 48, detail::segment_checksum(seg, h.payload_bytes));
+}
+
+// Writes the 64 header bytes of a segment whose payload lies elsewhere (in
+// device memory), given detail::payload_words_sum of that payload.
+inline void write_header(std::byte* head, const header& h, std::uint64_t payload_sum) {
+  detail::write_fields(head, h);
+  detail::put<std::uint64_t>(head + 48,
+                             detail::finish_checksum(detail::header_words_sum(head), payload_sum, h.payload_bytes));
 }
 
 // What the receiver knows a segment must say. The norm and status are read,
@@ -110,11 +132,17 @@ struct expectation {
 // against `want` and returns the header. Throws format_error naming the
 // first field that is wrong. A segment with a non-zero status carries no
 // payload (payload length 0).
-inline header read_header(std::span<const std::byte> bytes, const expectation& want, const char* where) {
+//
+// This form reads the header at `s` of a received slot of `slot_bytes`
+// bytes whose payload may live elsewhere: payload_sum(n) returns
+// detail::payload_words_sum of its first n bytes (called once the length
+// field has been checked).
+template <class PayloadSum>
+header read_header(const std::byte* s, std::size_t slot_bytes, const expectation& want, const char* where,
+                   PayloadSum&& payload_sum) {
   using detail::get;
   auto fail = [&](const auto&... parts) { diloco::detail::raise<format_error>(where, ": ", parts...); };
-  if (bytes.size() < header_bytes) fail("truncated segment: ", bytes.size(), " bytes, the header alone needs ", header_bytes);
-  const std::byte* s = bytes.data();
+  if (slot_bytes < header_bytes) fail("truncated segment: ", slot_bytes, " bytes, the header alone needs ", header_bytes);
   if (const auto m = get<std::uint32_t>(s); m != magic) fail("bad magic ", m, " (expected ", magic, ", \"DLCW\")");
   if (const auto v = get<std::uint16_t>(s + 4); v != version) fail("unsupported version ", v, " (expected ", version, ")");
   header h;
@@ -137,13 +165,21 @@ inline header read_header(std::span<const std::byte> bytes, const expectation& w
   if (h.elements != want.elements) fail("element count ", h.elements, " (expected ", want.elements, ")");
   const std::uint64_t payload = h.status == 0 ? want.payload_bytes : 0;
   if (h.payload_bytes != payload) fail("payload length ", h.payload_bytes, " (expected ", payload, ")");
-  if (bytes.size() - header_bytes < h.payload_bytes)
-    fail("truncated segment: ", bytes.size(), " bytes, header and payload need ", header_bytes + h.payload_bytes);
+  if (slot_bytes - header_bytes < h.payload_bytes)
+    fail("truncated segment: ", slot_bytes, " bytes, header and payload need ", header_bytes + h.payload_bytes);
   for (std::size_t b = 56; b < header_bytes; ++b)
     if (s[b] != std::byte{0}) fail("reserved header byte ", b, " is not zero");
-  if (const auto c = get<std::uint64_t>(s + 48); c != detail::segment_checksum(s, h.payload_bytes))
+  if (const auto c = get<std::uint64_t>(s + 48);
+      c != detail::finish_checksum(detail::header_words_sum(s), payload_sum(h.payload_bytes), h.payload_bytes))
     fail("checksum mismatch (stored ", c, "): the segment was corrupted");
   return h;
+}
+
+// The usual form: the slot, payload included, in host memory.
+inline header read_header(std::span<const std::byte> bytes, const expectation& want, const char* where) {
+  return read_header(bytes.data(), bytes.size(), want, where, [&](std::uint64_t payload_bytes) {
+    return detail::payload_words_sum(bytes.data() + header_bytes, payload_bytes);
+  });
 }
 
 }  // namespace diloco::wire

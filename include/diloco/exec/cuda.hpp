@@ -9,6 +9,7 @@
 #endif
 
 #include <cstddef>
+#include <cstdint>
 #include <cuda_runtime_api.h>
 
 #include "diloco/algorithm.hpp"
@@ -16,6 +17,7 @@
 #include "diloco/exec/cuda/kernels.cuh"
 #include "diloco/exec/cuda/launch_plan.hpp"
 #include "diloco/exec/cuda/runtime.hpp"
+#include "diloco/exec/cuda/team_kernels.cuh"
 #include "diloco/tensor/device_buffer.hpp"
 
 namespace diloco::exec {
@@ -50,6 +52,18 @@ class cuda {
       host_partials_ = pinned_buffer<double>(grid::max_reduce_blocks);
     }
     return launch_transform_reduce(n, f, device_partials_.data(), host_partials_.data(), stream_);
+  }
+
+  // The compression passes (compress/compressed_mean_device.hpp): a team
+  // program over n codec blocks, and the checksum sums of `count` payloads.
+  // Both are queued and return at once.
+  template <class P>
+  void run_teams(std::size_t n, const P& p) const {
+    launch_teams(n, p, stream_);
+  }
+  void checksum_segments(const kernels::segment_ref* segments, std::size_t count, std::size_t max_payload_bytes,
+                         std::uint64_t* sums) const {
+    launch_checksums(segments, count, max_payload_bytes, sums, stream_);
   }
 
   template <class T>

@@ -11,15 +11,17 @@
 #include <cstring>
 
 #include "diloco/core/macros.hpp"
+#include "diloco/kernels/exact_float.hpp"
 
 namespace diloco::kernels {
 
 // Round to nearest even by the 1.5 * 2^23 trick: exact for |y| < 2^22, and
 // plain adds, so loops vectorize on any SIMD level and host and device agree
-// bit for bit.
+// bit for bit. The first add is add_rn so that nvcc cannot fuse it with the
+// product that usually computes y (kernels/exact_float.hpp).
 DILOCO_HD DILOCO_FORCEINLINE float round_even(float y) {
   constexpr float magic = 12582912.0f;
-  return (y + magic) - magic;
+  return add_rn(y, magic) - magic;
 }
 
 // floor(z) for |z| < 2^22, from round_even.
@@ -78,7 +80,7 @@ DILOCO_HD DILOCO_FORCEINLINE void quantize_block(const float* v, std::size_t len
   const float inv = levels / amax;
   const float scale = amax / levels;
   auto level = [&](float y, std::size_t j) {
-    float r = Stochastic ? floor_small(y + random(j)) : round_even(y);
+    float r = Stochastic ? floor_small(add_rn(y, random(j))) : round_even(y);
     r = r < levels ? r : levels;  // the min/max forms map onto SIMD min/max
     return r > -levels ? r : -levels;
   };

@@ -1,8 +1,9 @@
 #pragma once
 
 // How the engine hands its flat fp32 buffers (the wire, the initial
-// parameters) to a communicator, chosen at compile time from the buffers'
-// memory space and what the communicator accepts:
+// parameters) and the compressed mean its byte buffers (all-to-all and
+// all-gather of segments) to a communicator, chosen at compile time from the
+// buffers' memory space and what the communicator accepts:
 //   host buffers                         -> communicator, as std::span
 //   device buffers, device_communicator  -> communicator, as device_view
 //   device buffers, host communicator    -> staged through pinned host
@@ -12,6 +13,7 @@
 
 #include <cstddef>
 #include <span>
+#include <utility>
 #include <type_traits>
 
 #include "diloco/core/comm_types.hpp"
@@ -41,6 +43,17 @@ class wire_transport<Comm, host_space, Exec> {
   }
   void broadcast(Comm& comm, Exec& /*exec*/, float* data, std::size_t n, int root) {
     comm.broadcast(std::span<float>(data, n), root);
+  }
+
+  void reserve_bytes(std::size_t /*capacity*/) {}
+  // `bytes`: the whole send (= receive) buffer of M equal blocks.
+  void all_to_all(Comm& comm, Exec& /*exec*/, const std::byte* send, std::byte* recv, std::size_t bytes) {
+    comm.all_to_all(std::span<const std::byte>(send, bytes), std::span<std::byte>(recv, bytes));
+  }
+  // `bytes`: this rank's block; recv holds M of them.
+  void all_gather(Comm& comm, Exec& /*exec*/, const std::byte* send, std::size_t bytes, std::byte* recv) {
+    comm.all_gather(std::span<const std::byte>(send, bytes),
+                    std::span<std::byte>(recv, bytes * static_cast<std::size_t>(comm.size())));
   }
 };
 
@@ -85,6 +98,42 @@ class wire_transport<Comm, device_space, Exec> {
     }
   }
 
+  // Byte collectives receive at most `capacity` bytes; staging allocates
+  // pinned host memory for both directions once.
+  void reserve_bytes(std::size_t capacity) {
+    if constexpr (staged) {
+      send_bytes_ = byte_staging_type(capacity);
+      recv_bytes_ = byte_staging_type(capacity);
+    }
+  }
+
+  void all_to_all(Comm& comm, Exec& exec, const std::byte* send, std::byte* recv, std::size_t bytes) {
+    if constexpr (staged) {
+      auto [hs, hr] = byte_staging(bytes, bytes, "all_to_all");
+      exec.to_host(hs, send, bytes);
+      comm.all_to_all(std::span<const std::byte>(hs, bytes), std::span<std::byte>(hr, bytes));
+      exec.from_host(recv, hr, bytes);
+    } else {
+      exec.synchronize();
+      comm.all_to_all(tensor_view<const std::byte, device_space>(send, bytes),
+                      tensor_view<std::byte, device_space>(recv, bytes));
+    }
+  }
+
+  void all_gather(Comm& comm, Exec& exec, const std::byte* send, std::size_t bytes, std::byte* recv) {
+    const std::size_t total = bytes * static_cast<std::size_t>(comm.size());
+    if constexpr (staged) {
+      auto [hs, hr] = byte_staging(bytes, total, "all_gather");
+      exec.to_host(hs, send, bytes);
+      comm.all_gather(std::span<const std::byte>(hs, bytes), std::span<std::byte>(hr, total));
+      exec.from_host(recv, hr, total);
+    } else {
+      exec.synchronize();
+      comm.all_gather(tensor_view<const std::byte, device_space>(send, bytes),
+                      tensor_view<std::byte, device_space>(recv, total));
+    }
+  }
+
  private:
   struct no_staging {};
   template <bool Staged, class = void>
@@ -96,6 +145,15 @@ class wire_transport<Comm, device_space, Exec> {
     using type = typename Exec::template staging_buffer<float>;
   };
   using staging_type = typename staging_of<staged>::type;
+  template <bool Staged, class = void>
+  struct byte_staging_of {
+    using type = no_staging;
+  };
+  template <class Unused>
+  struct byte_staging_of<true, Unused> {
+    using type = typename Exec::template staging_buffer<std::byte>;
+  };
+  using byte_staging_type = typename byte_staging_of<staged>::type;
 
   float* staging(std::size_t n, const char* op) {
     if (n > staging_.size())
@@ -104,7 +162,15 @@ class wire_transport<Comm, device_space, Exec> {
     return staging_.data();
   }
 
+  std::pair<std::byte*, std::byte*> byte_staging(std::size_t send, std::size_t recv, const char* op) {
+    if (send > send_bytes_.size() || recv > recv_bytes_.size())
+      raise<state_error>("device ", op, " of ", send, " bytes sent and ", recv, " received exceeds the ",
+                         recv_bytes_.size(), "-byte host staging buffers sized at construction");
+    return {send_bytes_.data(), recv_bytes_.data()};
+  }
+
   staging_type staging_{};
+  byte_staging_type send_bytes_{}, recv_bytes_{};
 };
 
 }  // namespace diloco::detail

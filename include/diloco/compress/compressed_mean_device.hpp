@@ -1,0 +1,436 @@
+#pragma once
+
+// compress::compressed_mean for device tensors: the protocol of
+// compressed_mean.hpp, stage for stage, with every buffer in device memory.
+// The same bytes go on the wire as on the host (same layout, same codes,
+// same headers, norms included), the same validation runs before anything
+// is decoded, and the agreement and rejection rules are the host's. What
+// differs is only where the work runs:
+//   - the fused passes are team programs (kernels/compressed_blocks.hpp):
+//     a warp or block per codec block, the block max a CUB reduction;
+//   - payload checksums are computed on the device (a wrapping sum, so any
+//     order gives the host's value) and each block's structure is checked
+//     there (the first bad block per segment, found with an atomic min);
+//     only the 64-byte headers, the checksum sums, the first bad block
+//     indices and the norms' lane sums come to the host, where headers are
+//     written and validated (wire_format.hpp, segment.hpp);
+//   - segments travel through detail::wire_transport: device views to a
+//     device communicator, pinned host staging for a host one.
+// The executor runs team programs (run_teams), payload checksums
+// (checksum_segments) and element-wise functors (for_each): exec::cuda on a
+// GPU, a thread-by-thread replay in the host tests.
+//
+// Device memory beyond the segments and residuals: 32 bytes per codec block
+// (its descriptor and its norm sums) and a few bytes per rank.
+
+#include <algorithm>
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "diloco/compress/block_layout.hpp"
+#include "diloco/compress/codec.hpp"
+#include "diloco/compress/compressed_mean.hpp"
+#include "diloco/compress/segment.hpp"
+#include "diloco/compress/wire_format.hpp"
+#include "diloco/core/comm_types.hpp"
+#include "diloco/core/error.hpp"
+#include "diloco/core/memory_space.hpp"
+#include "diloco/exec/cuda/team_plan.hpp"
+#include "diloco/exec/host.hpp"
+#include "diloco/kernels/codec_elements.hpp"
+#include "diloco/kernels/compressed_blocks.hpp"
+#include "diloco/kernels/random.hpp"
+#include "diloco/kernels/vec4.hpp"
+#include "diloco/kernels/wire_passes.hpp"
+#include "diloco/tensor/buffer.hpp"
+#include "diloco/tensor/parameter_set.hpp"
+#include "diloco/tensor/tensor_traits.hpp"
+
+namespace diloco::compress {
+
+// Space is a parameter (constrained to device_space) so that the device
+// buffer types stay dependent: buffer<T, device_space> is defined by the
+// CUDA backend (tensor/device_buffer.hpp), which may be included later.
+template <class Compressor, class Space>
+  requires std::same_as<Space, device_space>
+class compressed_mean<Compressor, Space> {
+  template <class T>
+  using device_buffer = buffer<T, Space>;
+
+ public:
+  using codec_type = typename Compressor::codec;
+  using elements = kernels::codec_elements<codec_type>;
+  static_assert(elements::supported,
+                "diloco: compress::topk runs on host tensors only; for device tensors use "
+                "compress::blockwise<int8|int4, B> or compress::cast<bf16|fp16>, optionally inside "
+                "compress::error_feedback");
+
+  // Uploads the layout's tables with `exec`; every buffer is sized here.
+  template <class Exec>
+  compressed_mean(const parameter_set<float, device_space>& params, int world, int rank,
+                  const typename Compressor::options& opts, Exec& exec)
+      : codec_(Compressor::make_codec(opts)), seed_(seed_of(opts)), world_(world), rank_(rank) {
+    if (static_cast<std::size_t>(world) > diloco::exec::grid::max_checksum_segments)
+      diloco::detail::raise<config_error>("the device compressed mean takes at most ",
+                                          diloco::exec::grid::max_checksum_segments, " workers, got ", world);
+    std::vector<std::size_t> sizes;
+    std::vector<kernels::device_tensor> tensors;
+    std::uint64_t packed = 0;
+    vector_ = elements::group == kernels::vec_width;
+    for (std::size_t k = 0; k < params.count(); ++k) {
+      sizes.push_back(params[k].size());
+      tensors.push_back({params[k].data(), params.offset(k), packed});
+      packed += params[k].size();
+      vector_ = vector_ && kernels::aligned16(params[k].data());
+    }
+    layout_ = block_layout(sizes, codec_type::block, world);
+    stride_ = codec_.stride();
+    std::size_t largest = 0;
+    for (int s = 0; s < world; ++s) largest = std::max(largest, layout_.blocks_in(s) * stride_);
+    max_payload_ = largest;
+    slot_ = (wire::header_bytes + largest + 63) / 64 * 64;
+    const auto m = static_cast<std::size_t>(world);
+
+    send_ = device_bytes(m * slot_);
+    recv_ = device_bytes(m * slot_);
+    reduced_ = device_bytes(slot_);
+    gathered_ = device_bytes(m * slot_);
+    if constexpr (Compressor::has_error_feedback) {
+      residual_ = device_buffer<float>(params.total());
+      next_residual_ = device_buffer<float>(params.total());
+    }
+    block_sums_ = device_buffer<kernels::sums2>(layout_.block_count());
+    blocks_ = upload(exec, layout_.blocks(), layout_.block_count());
+    tensors_ = upload(exec, tensors.data(), tensors.size());
+
+    // The host executor's reduction chunks over each shard's blocks: the
+    // norms are summed in that order (kernels::chunk_lane_sums).
+    std::vector<kernels::chunk_ref> chunks;
+    for (int s = 0; s < world; ++s) {
+      shard_chunks_.push_back(chunks.size());
+      const std::size_t end = layout_.first_block(s) + layout_.blocks_in(s);
+      for (std::size_t b = layout_.first_block(s); b < end; b += diloco::exec::host::reduce_chunk)
+        chunks.push_back({b, std::min(end, b + diloco::exec::host::reduce_chunk)});
+    }
+    shard_chunks_.push_back(chunks.size());
+    chunks_ = upload(exec, chunks.data(), chunks.size());
+    lanes_ = device_buffer<kernels::sums2>(chunks.size() * lanes);
+    host_lanes_ = host_buffer<kernels::sums2>(chunks.size() * lanes);
+
+    std::vector<const std::byte*> received;
+    std::vector<kernels::segment_ref> send, recv, gathered;
+    const std::size_t mine = layout_.blocks_in(rank);
+    for (std::size_t k = 0; k < m; ++k) {
+      const int s = static_cast<int>(k);
+      const std::size_t payload = layout_.blocks_in(s) * stride_;
+      received.push_back(recv_.data() + k * slot_ + wire::header_bytes);
+      send.push_back({send_.data() + k * slot_ + wire::header_bytes, payload, layout_.first_block(s),
+                      layout_.blocks_in(s), 0});
+      recv.push_back({recv_.data() + k * slot_ + wire::header_bytes, mine * stride_, layout_.first_block(rank), mine,
+                      k * mine});
+      gathered.push_back({gathered_.data() + k * slot_ + wire::header_bytes, payload, layout_.first_block(s),
+                          layout_.blocks_in(s), layout_.first_block(s)});
+    }
+    const kernels::segment_ref reduced{reduced_.data() + wire::header_bytes, mine * stride_,
+                                       layout_.first_block(rank), mine, 0};
+    received_ = upload(exec, received.data(), m);
+    send_segments_ = upload(exec, send.data(), m);
+    recv_segments_ = upload(exec, recv.data(), m);
+    gathered_segments_ = upload(exec, gathered.data(), m);
+    reduced_segment_ = upload(exec, &reduced, 1);
+
+    headers_ = device_bytes(m * wire::header_bytes);
+    host_headers_ = host_buffer<std::byte>(m * wire::header_bytes);
+    results_ = device_buffer<std::uint64_t>(2 * m);  // checksum sums, then first bad blocks
+    host_results_ = host_buffer<std::uint64_t>(2 * m);
+    verdict_device_ = device_buffer<float>(m);
+    verdict_.assign(m, 0.0f);
+    bad_block_bytes_ = host_buffer<std::byte>(stride_);
+  }
+
+  const block_layout& layout() const { return layout_; }
+  std::size_t slot_bytes() const { return slot_; }
+  // The error-feedback residual in the flat (padded) layout, in device
+  // memory; empty without error feedback.
+  tensor_view<const float, device_space> residual() const { return {residual_.data(), residual_.size()}; }
+
+  // Stages 1-6 (see compressed_mean.hpp). `global` is theta_global in the
+  // flat device layout; `link` the engine's detail::wire_transport for
+  // `comm`, with reserve_bytes(world * slot_bytes()) done.
+  template <class Exec, class Comm, class Link>
+  exchange_result exchange(Exec& exec, Comm& comm, Link& link, const float* global, std::uint64_t round) {
+    exchange_result out;
+    const auto m = static_cast<std::size_t>(world_);
+    const std::uint8_t flags = static_cast<std::uint8_t>((Compressor::stochastic ? wire::flag_stochastic : 0) |
+                                                         (Compressor::has_error_feedback ? wire::flag_error_feedback : 0));
+    auto expect = [&](int sender, int shard, std::uint64_t payload) {
+      return wire::expectation{codec_type::id,
+                               flags,
+                               static_cast<std::uint32_t>(codec_type::block),
+                               static_cast<std::uint32_t>(sender),
+                               layout_.elements_in(shard),
+                               payload,
+                               round};
+    };
+
+    // 1. encode every shard, then its checksum and the norms.
+    const std::uint64_t stream1 = kernels::make_stream(seed_, round, static_cast<std::uint64_t>(rank_), 1);
+    for (int s = 0; s < world_; ++s)
+      exec.run_teams(layout_.blocks_in(s),
+                     kernels::encode_blocks<elements>{
+                         blocks_.data() + layout_.first_block(s), tensors_.data(), global,
+                         Compressor::has_error_feedback ? residual_.data() : nullptr,
+                         Compressor::has_error_feedback ? next_residual_.data() : nullptr,
+                         segment(send_, static_cast<std::size_t>(s)) + wire::header_bytes, stream1,
+                         block_sums_.data() + layout_.first_block(s), vector_});
+    exec.checksum_segments(send_segments_.data(), m, max_payload_, results_.data());
+    const kernels::sums2 sums = shard_sums(exec, 0, world_);
+    exec.to_host(host_results_.data(), results_.data(), m);
+    out.delta_norm = std::sqrt(sums.a);
+    out.error_norm = std::sqrt(sums.b);
+    for (int s = 0; s < world_; ++s) {
+      const std::size_t payload = layout_.blocks_in(s) * stride_;
+      wire::write_header(host_headers_.data() + static_cast<std::size_t>(s) * wire::header_bytes,
+                         {codec_type::id, flags, static_cast<std::uint32_t>(codec_type::block),
+                          static_cast<std::uint32_t>(rank_), layout_.elements_in(s), payload, round,
+                          static_cast<float>(out.delta_norm), 0},
+                         host_results_[static_cast<std::size_t>(s)]);
+      out.encoded_bytes += wire::header_bytes + payload;
+    }
+    exec.from_host(headers_.data(), host_headers_.data(), m * wire::header_bytes);
+    exec.for_each(m * header_words, kernels::copy_headers{headers_.data(), wire::header_bytes, send_.data(), slot_});
+
+    // 2. shard r of every rank to rank r.
+    if (world_ > 1)
+      link.all_to_all(comm, exec, send_.data(), recv_.data(), m * slot_);
+    else
+      exec.copy(recv_.data(), send_.data(), slot_);
+
+    // 3+4. validate, reduce and re-encode this rank's shard.
+    const std::size_t mine = layout_.blocks_in(rank_);
+    inspect(exec, recv_, recv_segments_, m * mine);
+    std::string local_problem;
+    std::string bad_senders;
+    std::uint32_t status = 0;
+    const std::size_t my_payload = mine * stride_;
+    for (int k = 0; k < world_ && status == 0; ++k) {
+      try {
+        const auto h = check_segment(exec, static_cast<std::size_t>(k), recv_, expect(k, rank_, my_payload), rank_,
+                                     "stage-1 segment", false);
+        if (!std::isfinite(h.norm))
+          bad_senders += diloco::detail::concat(bad_senders.empty() ? "" : ", ", "rank ", k, " (norm ", h.norm, ")");
+      } catch (const format_error& e) {
+        local_problem = e.what();
+        status = 1 + static_cast<std::uint32_t>(k);
+      }
+    }
+    double reduced_norm = 0.0;
+    std::uint64_t reduced_sum = 0;
+    if (status == 0) {
+      const std::uint64_t stream2 = kernels::make_stream(seed_, round, static_cast<std::uint64_t>(rank_), 2);
+      exec.run_teams(mine, kernels::reduce_blocks<elements>{blocks_.data() + layout_.first_block(rank_), tensors_.data(),
+                                                            received_.data(), world_,
+                                                            reduced_.data() + wire::header_bytes, stream2,
+                                                            block_sums_.data() + layout_.first_block(rank_)});
+      exec.checksum_segments(reduced_segment_.data(), 1, my_payload, results_.data());
+      reduced_norm = std::sqrt(shard_sums(exec, rank_, rank_ + 1).a);
+      exec.to_host(host_results_.data(), results_.data(), 1);
+      reduced_sum = host_results_[0];
+    }
+    wire::write_header(host_headers_.data(),
+                       {codec_type::id, flags, static_cast<std::uint32_t>(codec_type::block),
+                        static_cast<std::uint32_t>(rank_), layout_.elements_in(rank_), status == 0 ? my_payload : 0,
+                        round, static_cast<float>(reduced_norm), status},
+                       reduced_sum);
+    exec.from_host(reduced_.data(), host_headers_.data(), wire::header_bytes);
+
+    // 5. every reduced shard to every rank.
+    if (world_ > 1)
+      link.all_gather(comm, exec, reduced_.data(), slot_, gathered_.data());
+    else
+      exec.copy(gathered_.data(), reduced_.data(), slot_);
+    inspect(exec, gathered_, gathered_segments_, layout_.block_count());
+    std::string bad_shards;
+    std::string reporters;
+    for (int k = 0; k < world_ && local_problem.empty(); ++k) {
+      try {
+        // A shard whose owner reported a problem carries a status and no
+        // payload.
+        const auto h = check_segment(exec, static_cast<std::size_t>(k), gathered_,
+                                     expect(k, k, layout_.blocks_in(k) * stride_), k, "reduced segment", true);
+        if (h.status != 0)
+          reporters += diloco::detail::concat(reporters.empty() ? "" : ", ", "rank ", k, " (about data from rank ",
+                                              h.status - 1, ")");
+        else if (!std::isfinite(h.norm))
+          bad_shards += diloco::detail::concat(bad_shards.empty() ? "" : ", ", "shard ", k);
+      } catch (const format_error& e) {
+        local_problem = e.what();
+      }
+    }
+
+    // 6. agree: 0 = apply, 1 = non-finite numbers, 2 = corrupt bytes (as on
+    // the host: a rank votes "corrupt" only for bytes it found bad itself).
+    const bool numeric = !bad_senders.empty() || !bad_shards.empty();
+    const bool corrupt = !local_problem.empty();
+    std::fill(verdict_.begin(), verdict_.end(), 0.0f);
+    verdict_[static_cast<std::size_t>(rank_)] = corrupt ? 2.0f : (numeric ? 1.0f : 0.0f);
+    if (world_ > 1) {
+      exec.from_host(verdict_device_.data(), verdict_.data(), m);
+      link.all_reduce(comm, exec, verdict_device_.data(), m, reduce_op::sum);
+      exec.to_host(verdict_.data(), verdict_device_.data(), m);
+    }
+    std::string corrupt_ranks;
+    bool any = false;
+    for (int k = 0; k < world_; ++k) {
+      const float v = verdict_[static_cast<std::size_t>(k)];
+      any = any || v != 0.0f;
+      if (v == 2.0f) corrupt_ranks += diloco::detail::concat(corrupt_ranks.empty() ? "" : ", ", k);
+    }
+    if (!any) return out;
+    out.accepted = false;
+    if (!corrupt_ranks.empty()) {
+      out.corrupt = true;
+      out.problem = local_problem.empty()
+                        ? diloco::detail::concat("rank(s) ", corrupt_ranks, " received corrupt compressed data",
+                                                 reporters.empty() ? "" : " (", reporters, reporters.empty() ? "" : ")")
+                        : local_problem;
+    } else if (!bad_senders.empty()) {
+      out.problem = diloco::detail::concat("non-finite pseudo-gradient from ", bad_senders);
+    } else {
+      out.problem = diloco::detail::concat("the compressed mean of ", bad_shards,
+                                           " is not finite (values beyond the codec's range?)");
+    }
+    return out;
+  }
+
+  // Stage 7: decode the mean, outer step, copy-back; then keep the new
+  // error-feedback residual.
+  template <class Exec, class Update>
+  void apply(Exec& exec, const Update& update, float* global, float* state, std::size_t state_stride) {
+    const bool vector = vector_ && kernels::stride_keeps_alignment(state, state_stride);
+    for (int s = 0; s < world_; ++s)
+      exec.run_teams(layout_.blocks_in(s),
+                     kernels::decode_apply_blocks<elements, Update>{
+                         update, blocks_.data() + layout_.first_block(s), tensors_.data(),
+                         segment(gathered_, static_cast<std::size_t>(s)) + wire::header_bytes, global, state,
+                         state_stride, vector});
+    if constexpr (Compressor::has_error_feedback) std::swap(residual_, next_residual_);
+  }
+
+ private:
+  static constexpr std::size_t lanes = kernels::chunk_lane_sums::lanes_per_chunk;
+  static constexpr std::size_t header_words = wire::header_bytes / 4;
+
+  static std::uint64_t seed_of(const typename Compressor::options& o) {
+    if constexpr (requires { o.seed; })
+      return o.seed;
+    else
+      return 0;
+  }
+
+  static device_buffer<std::byte> device_bytes(std::size_t n) { return device_buffer<std::byte>(n); }
+
+  template <class Exec, class T>
+  static device_buffer<T> upload(Exec& exec, const T* host, std::size_t n) {
+    device_buffer<T> d(n);
+    exec.from_host(d.data(), host, n);
+    return d;
+  }
+
+  std::byte* segment(device_buffer<std::byte>& slots, std::size_t k) const { return slots.data() + k * slot_; }
+
+  // The per-block sums of shards [first, last) (written by the last pass)
+  // reduced in exec::host::transform_reduce's order, shard by shard, then
+  // added in shard order as the host's loop adds them.
+  template <class Exec>
+  kernels::sums2 shard_sums(Exec& exec, int first, int last) {
+    const std::size_t c0 = shard_chunks_[static_cast<std::size_t>(first)];
+    const std::size_t c1 = shard_chunks_[static_cast<std::size_t>(last)];
+    exec.for_each((c1 - c0) * lanes, kernels::chunk_lane_sums{block_sums_.data(), chunks_.data() + c0,
+                                                               lanes_.data() + c0 * lanes});
+    exec.to_host(host_lanes_.data() + c0 * lanes, lanes_.data() + c0 * lanes, (c1 - c0) * lanes);
+    kernels::sums2 total;
+    for (int s = first; s < last; ++s) {
+      kernels::sums2 shard;
+      for (std::size_t c = shard_chunks_[static_cast<std::size_t>(s)]; c < shard_chunks_[static_cast<std::size_t>(s) + 1];
+           ++c) {
+        kernels::sums2 lane[lanes];
+        for (std::size_t l = 0; l < lanes; ++l) lane[l] = host_lanes_[c * lanes + l];
+        for (std::size_t width = lanes / 2; width > 0; width /= 2)
+          for (std::size_t l = 0; l < width; ++l) lane[l] += lane[l + width];
+        shard += lane[0];
+      }
+      total += shard;
+    }
+    return total;
+  }
+
+  // Brings the headers of the M segments in `slots` to the host, with their
+  // payload checksum sums and first malformed blocks (`items`: the blocks
+  // of all M segments together).
+  template <class Exec>
+  void inspect(Exec& exec, device_buffer<std::byte>& slots, const device_buffer<kernels::segment_ref>& table,
+               std::size_t items) {
+    const auto m = static_cast<std::size_t>(world_);
+    exec.for_each(m * header_words, kernels::copy_headers{slots.data(), slot_, headers_.data(), wire::header_bytes});
+    exec.checksum_segments(table.data(), m, max_payload_, results_.data());
+    exec.for_each(m, kernels::fill_words{results_.data() + m, ~std::uint64_t{0}});
+    exec.for_each(items, kernels::check_blocks<codec_type>{codec_, table.data(), m, blocks_.data(), results_.data() + m});
+    exec.to_host(host_headers_.data(), headers_.data(), m * wire::header_bytes);
+    exec.to_host(host_results_.data(), results_.data(), 2 * m);
+  }
+
+  // validate_segment for segment k of `slots`, from what inspect() brought
+  // to the host; a malformed block is copied over to name its problem.
+  template <class Exec>
+  wire::header check_segment(Exec& exec, std::size_t k, device_buffer<std::byte>& slots,
+                             const wire::expectation& want, int shard, const char* what, bool allow_status) {
+    const std::string where = diloco::detail::concat("compressed round ", want.round, ", ", what, " from rank ",
+                                                     want.sender, " on rank ", rank_);
+    const std::size_t nblocks = layout_.blocks_in(shard);
+    return validate_segment_parts(
+        host_headers_.data() + k * wire::header_bytes, slot_, want, nblocks, where.c_str(), allow_status, world_,
+        [&](std::uint64_t bytes) { return bytes == 0 ? std::uint64_t{0} : host_results_[k]; },
+        [&]() -> bad_block {
+          const std::uint64_t b = host_results_[static_cast<std::size_t>(world_) + k];
+          if (b >= nblocks) return {nblocks, nullptr};
+          exec.to_host(bad_block_bytes_.data(), segment(slots, k) + wire::header_bytes + b * stride_, stride_);
+          const char* why =
+              codec_.check(bad_block_bytes_.data(), layout_.blocks()[layout_.first_block(shard) + b].len);
+          return {static_cast<std::size_t>(b), why != nullptr ? why : "malformed (found by the device check)"};
+        });
+  }
+
+  codec_type codec_;
+  std::uint64_t seed_;
+  int world_;
+  int rank_;
+  block_layout layout_;
+  std::size_t stride_ = 0;
+  std::size_t slot_ = 0;
+  std::size_t max_payload_ = 0;
+  bool vector_ = false;  // 16-byte accesses to the replica's tensors
+  device_buffer<std::byte> send_, recv_, reduced_, gathered_, headers_;
+  device_buffer<float> residual_, next_residual_, verdict_device_;
+  device_buffer<compress::block_ref> blocks_;
+  device_buffer<kernels::device_tensor> tensors_;
+  device_buffer<kernels::sums2> block_sums_, lanes_;
+  device_buffer<kernels::chunk_ref> chunks_;
+  device_buffer<const std::byte*> received_;
+  device_buffer<kernels::segment_ref> send_segments_, recv_segments_, gathered_segments_, reduced_segment_;
+  device_buffer<std::uint64_t> results_;
+  std::vector<std::size_t> shard_chunks_;  // first chunk of each shard, and the total
+  host_buffer<kernels::sums2> host_lanes_;
+  host_buffer<std::byte> host_headers_, bad_block_bytes_;
+  host_buffer<std::uint64_t> host_results_;
+  std::vector<float> verdict_;
+};
+
+}  // namespace diloco::compress

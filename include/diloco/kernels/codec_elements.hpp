@@ -1,0 +1,206 @@
+#pragma once
+
+// Element-level access to a block codec's bytes, for the device passes
+// (kernels/compressed_blocks.hpp), which give the elements of a codec block
+// to the threads of a team instead of the whole block to one call. Each
+// function performs exactly the float operations the codec's own
+// encode/decode performs for that element (compress/blockwise.hpp,
+// compress/cast.hpp), so a block coded element by element has the same
+// bytes, bit for bit.
+//
+// Elements go in groups of `group` consecutive elements (4, or 2 when B is
+// not a multiple of 4) whose codes fill `group_bytes` consecutive bytes of
+// the block; the layouts below keep every group's bytes aligned to their
+// size, so a thread moves them with one access.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "diloco/compress/blockwise.hpp"
+#include "diloco/compress/cast.hpp"
+#include "diloco/core/macros.hpp"
+#include "diloco/kernels/float_formats.hpp"
+#include "diloco/kernels/quantize.hpp"
+
+namespace diloco::kernels {
+
+namespace detail {
+
+template <std::size_t N>
+struct word_of;
+template <>
+struct word_of<1> {
+  using type = std::uint8_t;
+};
+template <>
+struct word_of<2> {
+  using type = std::uint16_t;
+};
+template <>
+struct word_of<4> {
+  using type = std::uint32_t;
+};
+template <>
+struct word_of<8> {
+  using type = std::uint64_t;
+};
+
+}  // namespace detail
+
+// N bytes (N = 1, 2, 4, 8) as one access on the device, where `p` must be
+// N-byte aligned; byte copies on the host (same bytes, no alignment rules).
+template <std::size_t N>
+DILOCO_HD DILOCO_FORCEINLINE void store_bytes(std::byte* p, const unsigned char (&bytes)[N]) {
+#if defined(__CUDA_ARCH__)
+  typename detail::word_of<N>::type w;
+  std::memcpy(&w, bytes, N);
+  *reinterpret_cast<typename detail::word_of<N>::type*>(p) = w;
+#else
+  std::memcpy(p, bytes, N);
+#endif
+}
+
+template <std::size_t N>
+DILOCO_HD DILOCO_FORCEINLINE void load_bytes(const std::byte* p, unsigned char (&bytes)[N]) {
+#if defined(__CUDA_ARCH__)
+  const typename detail::word_of<N>::type w = *reinterpret_cast<const typename detail::word_of<N>::type*>(p);
+  std::memcpy(bytes, &w, N);
+#else
+  std::memcpy(bytes, p, N);
+#endif
+}
+
+// An fp32 at `p`, which is 4-byte aligned when Aligned (else read bytewise).
+template <bool Aligned>
+DILOCO_HD DILOCO_FORCEINLINE float load_float(const std::byte* p) {
+  float x;
+  if constexpr (Aligned) {
+    unsigned char b[4];
+    load_bytes<4>(p, b);
+    std::memcpy(&x, b, 4);
+  } else {
+    std::memcpy(&x, p, 4);
+  }
+  return x;
+}
+template <bool Aligned>
+DILOCO_HD DILOCO_FORCEINLINE void store_float(std::byte* p, float x) {
+  if constexpr (Aligned) {
+    unsigned char b[4];
+    std::memcpy(b, &x, 4);
+    store_bytes<4>(p, b);
+  } else {
+    std::memcpy(p, &x, 4);
+  }
+}
+
+// Codecs without an element-level form (top-k selects per block) have
+// supported == false; the device compressed mean refuses them.
+template <class Codec>
+struct codec_elements {
+  static constexpr bool supported = false;
+};
+
+// blockwise<int8|int4, B>: a 4-byte factor (the block's amax), then the
+// codes (int8: one byte each; int4: two per byte, element 2i low).
+template <class Format, std::size_t B, class Rounding>
+struct codec_elements<compress::blockwise_codec<Format, B, Rounding>> {
+  using codec = compress::blockwise_codec<Format, B, Rounding>;
+  static constexpr bool supported = true;
+  static constexpr std::size_t block = B;
+  static constexpr std::size_t group = B % 4 == 0 ? 4 : 2;
+  static constexpr bool scaled = true;  // codes depend on the block's amax (a team max)
+  static constexpr bool stochastic = Rounding::stochastic;
+  static constexpr std::size_t stride = codec::stride();
+  static constexpr std::size_t values_offset = 4;
+  static constexpr std::size_t group_bytes = group * Format::bits / 8;
+  static constexpr float levels = Format::levels;
+  using code = int;
+  static_assert(stride % group_bytes == 0 && values_offset % group_bytes == 0,
+                "every group's codes must be aligned to their size");
+
+  DILOCO_HD static float factor(const std::byte* blk) { return load_float<stride % 4 == 0>(blk); }
+  DILOCO_HD static void put_factor(std::byte* blk, float amax) { store_float<stride % 4 == 0>(blk, amax); }
+
+  // q and dq of one element against the block's amax, as quantize_block
+  // computes them for it; u is the element's draw (stochastic rounding).
+  DILOCO_HD static void encode(float v, float amax, float u, code& q, float& dq) {
+    float qf;
+    if constexpr (stochastic)
+      quantize_block<true>(&v, 1, amax, levels, &qf, &dq, [u](std::size_t) { return u; });
+    else
+      quantize_block<false>(&v, 1, amax, levels, &qf, &dq, [](std::size_t) { return 0.0f; });
+    q = static_cast<int>(qf);
+  }
+
+  // blockwise_codec::decode for one element.
+  DILOCO_HD static float decode(code q, float amax) {
+    if (scale_is_normal(amax, levels) || !(amax - amax == 0.0f)) return static_cast<float>(q) * (amax / levels);
+    return dequantize(q, amax, levels);
+  }
+
+  // The codes of elements [j0, j0 + group), j0 a multiple of group.
+  DILOCO_HD static void put_codes(std::byte* blk, std::size_t j0, const code (&q)[group]) {
+    unsigned char bytes[group_bytes];
+    if constexpr (Format::bits == 8) {
+      for (std::size_t i = 0; i < group; ++i) bytes[i] = static_cast<unsigned char>(q[i]);
+    } else {
+      for (std::size_t p = 0; p < group_bytes; ++p)
+        bytes[p] = static_cast<unsigned char>((static_cast<unsigned>(q[2 * p]) & 0xfu) |
+                                              ((static_cast<unsigned>(q[2 * p + 1]) & 0xfu) << 4));
+    }
+    store_bytes<group_bytes>(blk + values_offset + j0 * Format::bits / 8, bytes);
+  }
+  DILOCO_HD static void codes(const std::byte* blk, std::size_t j0, code (&q)[group]) {
+    unsigned char bytes[group_bytes];
+    load_bytes<group_bytes>(blk + values_offset + j0 * Format::bits / 8, bytes);
+    if constexpr (Format::bits == 8) {
+      for (std::size_t i = 0; i < group; ++i) q[i] = static_cast<std::int8_t>(bytes[i]);
+    } else {
+      for (std::size_t i = 0; i < group; ++i) {
+        const unsigned nibble = (static_cast<unsigned>(bytes[i / 2]) >> ((i % 2) * 4)) & 0xfu;
+        q[i] = static_cast<int>(nibble ^ 8u) - 8;
+      }
+    }
+  }
+};
+
+// cast<bf16|fp16>: 2 bytes per element, no factor.
+template <class Format, class Rounding, std::size_t B>
+struct codec_elements<compress::cast_codec<Format, Rounding, B>> {
+  using codec = compress::cast_codec<Format, Rounding, B>;
+  using bits_format = typename codec::bits_format;
+  static constexpr bool supported = true;
+  static constexpr std::size_t block = B;
+  static constexpr std::size_t group = B % 4 == 0 ? 4 : 2;
+  static constexpr bool scaled = false;
+  static constexpr bool stochastic = Rounding::stochastic;
+  static constexpr std::size_t stride = codec::stride();
+  static constexpr std::size_t values_offset = 0;
+  static constexpr std::size_t group_bytes = 2 * group;
+  using code = std::uint16_t;
+  static_assert(B % 2 == 0, "device casts need an even block size");
+
+  DILOCO_HD static float factor(const std::byte*) { return 0.0f; }
+  DILOCO_HD static void put_factor(std::byte*, float) {}
+
+  DILOCO_HD static void encode(float v, float /*amax*/, float u, code& h, float& dq) {
+    h = encode_float16<bits_format>(v, stochastic ? u : -1.0f);
+    dq = bits_format::decode(h);
+  }
+  DILOCO_HD static float decode(code h, float /*amax*/) { return bits_format::decode(h); }
+
+  DILOCO_HD static void put_codes(std::byte* blk, std::size_t j0, const code (&h)[group]) {
+    unsigned char bytes[group_bytes];
+    for (std::size_t i = 0; i < group; ++i) std::memcpy(bytes + 2 * i, &h[i], 2);
+    store_bytes<group_bytes>(blk + 2 * j0, bytes);
+  }
+  DILOCO_HD static void codes(const std::byte* blk, std::size_t j0, code (&h)[group]) {
+    unsigned char bytes[group_bytes];
+    load_bytes<group_bytes>(blk + 2 * j0, bytes);
+    for (std::size_t i = 0; i < group; ++i) std::memcpy(&h[i], bytes + 2 * i, 2);
+  }
+};
+
+}  // namespace diloco::kernels

@@ -1,0 +1,382 @@
+#pragma once
+
+// The compressed round's three fused passes over device memory, as team
+// programs: a team of threads per codec block, each thread owning groups of
+// 4 consecutive elements (2 when B is not a multiple of 4) and moving them
+// with 16-byte accesses where the pointers allow. They are the device form
+// of kernels/compressed_passes.hpp (the host reference) and produce the
+// same bytes and the same fp32 results: every element goes through the same
+// float operations (kernels/codec_elements.hpp, with kernels/exact_float.hpp
+// where nvcc could fuse a product into a sum).
+//
+// A team program P runs, for each block b, on P::team threads t:
+//   m = p.load(b, t, shared, regs)        read, and a contribution to the
+//                                         team max (int32 |x| bit patterns)
+//   m = max over the team's m             (P::team_max; CUB on the device)
+//   p.store(b, t, shared, regs, m)        write
+//   barrier; p.lanes(t < 8, ...)          the norms' 8 lanes (P::norms > 0)
+//   barrier; p.publish(t == 0, ...)       the block's sums
+// exec/cuda/team_kernels.cuh is that sequence as a CUDA kernel; the host
+// tests replay it thread by thread (test/cuda_grid_sim.hpp).
+//
+// The norms reproduce the host's order exactly: lane l of a block sums the
+// squares of elements l, l + 8, ... in fp32 (lane_squares), the lanes are
+// added pairwise, and the per-block doubles are summed by the host
+// executor's chunked order (kernels/wire_passes.hpp, chunk_lane_sums).
+
+#include <cstddef>
+#include <cstdint>
+
+#include "diloco/compress/block_layout.hpp"
+#include "diloco/core/macros.hpp"
+#include "diloco/kernels/codec_elements.hpp"
+#include "diloco/kernels/compressed_passes.hpp"
+#include "diloco/kernels/exact_float.hpp"
+#include "diloco/kernels/float_formats.hpp"
+#include "diloco/kernels/random.hpp"
+#include "diloco/kernels/vec4.hpp"
+
+namespace diloco::kernels {
+
+// Tensor t as the device passes see it.
+struct device_tensor {
+  float* local;          // the user's replica
+  std::uint64_t offset;  // in the library's flat buffers (padded on the device)
+  std::uint64_t index0;  // in the packed order of the host engine: seeds
+                         // stochastic rounding, so both draw the same numbers
+};
+
+// Threads per team: the block's groups rounded up to a power of two, at
+// least 8 (the norms' lanes) and at most 256 (larger blocks loop).
+constexpr unsigned team_threads(std::size_t groups) {
+  unsigned t = 8;
+  while (t < groups && t < 256) t *= 2;
+  return t;
+}
+
+template <class E>
+struct team_shape {
+  static constexpr std::size_t groups = E::block / E::group;
+  static constexpr unsigned threads = team_threads(groups);
+  static constexpr std::size_t groups_per_thread = (groups + threads - 1) / threads;
+  // First element of a thread's k-th group: consecutive threads take
+  // consecutive groups, so a warp's accesses are contiguous.
+  DILOCO_HD static constexpr std::size_t first(unsigned t, std::size_t k) { return (t + k * threads) * E::group; }
+};
+
+// What a team shares: the squares of its block's elements for N norms, and
+// their lanes.
+template <std::size_t B, std::size_t N>
+struct norm_scratch {
+  float sq[N][B];
+  float lane[N][8];
+};
+template <std::size_t B>
+struct norm_scratch<B, 0> {};
+
+// Lane l of lane_squares over sq[0, len): elements l, l + 8, ... in order.
+DILOCO_HD DILOCO_FORCEINLINE float lane_sum(const float* sq, std::size_t len, unsigned l) {
+  float acc = 0.0f;
+  for (std::size_t j = l; j < len; j += 8) acc += sq[j];
+  return acc;
+}
+// The lanes added as lane_squares adds them.
+DILOCO_HD DILOCO_FORCEINLINE double combine_lanes(const float* a) {
+  return static_cast<double>(((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])));
+}
+
+// Four floats written once and read back only in a later pass (the next
+// round's residual): a streaming 16-byte store (st.global.cs.v4, through an
+// intrinsic the compiler keeps whole) on the device.
+DILOCO_HD DILOCO_FORCEINLINE void store4_streaming(float* p, const vec4f& v) {
+#if defined(__CUDA_ARCH__)
+  __stcs(reinterpret_cast<float4*>(p), make_float4(v[0], v[1], v[2], v[3]));
+#else
+  store4(p, v);
+#endif
+}
+
+// W floats of p[j0, j0 + W), zeros past len; one 16-byte load when W is 4,
+// the group is whole and `vector` says p is 16-byte aligned (and the
+// store's mirror image).
+template <std::size_t W>
+DILOCO_HD DILOCO_FORCEINLINE void load_group(const float* p, std::size_t j0, std::size_t len, bool vector,
+                                             float (&x)[W]) {
+  if constexpr (W == vec_width) {
+    if (vector && j0 + W <= len) {
+      const vec4f v = load4_readonly(p + j0);
+      for (std::size_t i = 0; i < W; ++i) x[i] = v[i];
+      return;
+    }
+  }
+  for (std::size_t i = 0; i < W; ++i) x[i] = j0 + i < len ? p[j0 + i] : 0.0f;
+}
+template <std::size_t W>
+DILOCO_HD DILOCO_FORCEINLINE void store_group_streaming(float* p, std::size_t j0, std::size_t len, bool vector,
+                                                        const float (&x)[W]) {
+  if constexpr (W == vec_width) {
+    if (vector && j0 + W <= len) {
+      store4_streaming(p + j0, {{x[0], x[1], x[2], x[3]}});
+      return;
+    }
+  }
+  for (std::size_t i = 0; i < W && j0 + i < len; ++i) p[j0 + i] = x[i];
+}
+
+DILOCO_HD DILOCO_FORCEINLINE std::int32_t magnitude_bits(float x) {
+  return static_cast<std::int32_t>(float_bits(x) & 0x7fffffffu);
+}
+
+// Stage 1, per block of a shard: v = (global - local) + residual, encoded
+// into the shard's segment; the new residual v - decode(encode(v)) with
+// error feedback. Sums: (||delta||^2, ||v - decoded||^2) of the block.
+// Bytes per element, int8 with error feedback: read 12 (global, local,
+// residual: 16-byte loads), write 5 + 4/B (code, new residual: 16-byte
+// streaming stores, the factor); int4: 4.5 + 4/B written; bf16/fp16: 6
+// written. Without error feedback: read 8, write 1 + 4/B (int8).
+template <class E>
+struct encode_blocks {
+  using shape = team_shape<E>;
+  static constexpr unsigned team = shape::threads;
+  static constexpr bool team_max = E::scaled;
+  static constexpr std::size_t norms = 2;
+  static constexpr std::size_t W = E::group;
+  struct registers {
+    compress::block_ref blk;
+    std::uint64_t offset;  // of the block in the flat buffers
+    std::uint64_t index;   // of its first element in the packed order
+    float v[shape::groups_per_thread * W];
+  };
+  using shared = norm_scratch<E::block, norms>;
+
+  const compress::block_ref* blocks;  // the shard's first block
+  const device_tensor* tensors;
+  const float* global;
+  const float* residual;  // nullptr without error feedback
+  float* new_residual;    // nullptr without error feedback
+  std::byte* payload;     // the shard's payload; block b at b * E::stride
+  std::uint64_t stream;
+  sums2* sums;            // block b's sums at sums[b]
+  bool vector;            // the replica's tensors are 16-byte aligned (and W == 4)
+
+  DILOCO_HD std::int32_t load(std::size_t b, unsigned t, shared& sh, registers& r) const {
+    r.blk = blocks[b];
+    const device_tensor tt = tensors[r.blk.tensor];
+    r.offset = tt.offset + r.blk.start;
+    r.index = tt.index0 + r.blk.start;
+    const std::size_t len = r.blk.len;
+    const float* g = global + r.offset;
+    const float* l = tt.local + r.blk.start;
+    const float* e = residual ? residual + r.offset : nullptr;
+    std::int32_t m = 0;
+    for (std::size_t k = 0; k < shape::groups_per_thread; ++k) {
+      const std::size_t j0 = shape::first(t, k);
+      float gv[W], lv[W], ev[W] = {};
+      load_group(g, j0, len, true, gv);  // our buffers: aligned at every block
+      load_group(l, j0, len, vector, lv);
+      if (e) load_group(e, j0, len, true, ev);
+      for (std::size_t i = 0; i < W; ++i) {
+        const std::size_t j = j0 + i;
+        const float d = sub_rn(gv[i], lv[i]);
+        const float v = e ? add_rn(d, ev[i]) : d;
+        r.v[k * W + i] = v;  // 0 past len
+        if (j < len) {
+          sh.sq[0][j] = mul_rn(d, d);
+          const std::int32_t bits = magnitude_bits(v);
+          m = bits > m ? bits : m;
+        }
+      }
+    }
+    return m;
+  }
+
+  DILOCO_HD void store(std::size_t b, unsigned t, shared& sh, registers& r, std::int32_t max_bits) const {
+    const std::size_t len = r.blk.len;
+    const float amax = bits_float(static_cast<std::uint32_t>(max_bits));
+    std::byte* out = payload + b * E::stride;
+    if (t == 0) E::put_factor(out, amax);
+    for (std::size_t k = 0; k < shape::groups_per_thread; ++k) {
+      const std::size_t j0 = shape::first(t, k);
+      if (j0 >= E::block) break;
+      typename E::code q[W];
+      float err[W];
+      for (std::size_t i = 0; i < W; ++i) {
+        const std::size_t j = j0 + i;
+        q[i] = 0;  // a partial block's padding codes are zero
+        err[i] = 0.0f;
+        if (j < len) {
+          const float v = r.v[k * W + i];
+          const float u = E::stochastic ? random_unit(stream, r.index + j) : 0.0f;
+          float dq;
+          E::encode(v, amax, u, q[i], dq);
+          err[i] = sub_rn(v, dq);
+          sh.sq[1][j] = mul_rn(err[i], err[i]);
+        }
+      }
+      E::put_codes(out, j0, q);
+      if (new_residual) store_group_streaming(new_residual + r.offset, j0, len, true, err);
+    }
+  }
+
+  DILOCO_HD void lanes(unsigned t, shared& sh, const registers& r) const {
+    for (std::size_t n = 0; n < norms; ++n) sh.lane[n][t] = lane_sum(sh.sq[n], r.blk.len, t);
+  }
+  DILOCO_HD void publish(std::size_t b, const shared& sh) const {
+    sums[b] = {combine_lanes(sh.lane[0]), combine_lanes(sh.lane[1])};
+  }
+};
+
+// Stages 3 and 4, per block of this rank's shard: decode the M received
+// encodings, sum them in rank order, divide by M, re-encode into the
+// reduced segment. Sums: (||decoded mean||^2, 0).
+// Bytes per element, int8: read M (codes) + 4M/B (factors), write 1 + 4/B.
+template <class E>
+struct reduce_blocks {
+  using shape = team_shape<E>;
+  static constexpr unsigned team = shape::threads;
+  static constexpr bool team_max = E::scaled;
+  static constexpr std::size_t norms = 1;
+  static constexpr std::size_t W = E::group;
+  struct registers {
+    compress::block_ref blk;
+    std::uint64_t index;
+    float v[shape::groups_per_thread * W];
+  };
+  using shared = norm_scratch<E::block, norms>;
+
+  const compress::block_ref* blocks;  // this rank's shard's first block
+  const device_tensor* tensors;
+  const std::byte* const* received;   // the M payloads of this shard, in rank order
+  int world;
+  std::byte* payload;                 // the reduced segment's payload
+  std::uint64_t stream;
+  sums2* sums;
+
+  DILOCO_HD std::int32_t load(std::size_t b, unsigned t, shared&, registers& r) const {
+    r.blk = blocks[b];
+    r.index = tensors[r.blk.tensor].index0 + r.blk.start;
+    const std::size_t len = r.blk.len;
+    const float m_float = static_cast<float>(world);
+    std::int32_t m = 0;
+    for (std::size_t k = 0; k < shape::groups_per_thread; ++k) {
+      const std::size_t j0 = shape::first(t, k);
+      float acc[W] = {};
+      if (j0 < len) {
+        for (int src = 0; src < world; ++src) {
+          const std::byte* in = received[src] + b * E::stride;
+          const float amax = E::factor(in);
+          typename E::code q[W];
+          E::codes(in, j0, q);
+          for (std::size_t i = 0; i < W; ++i) {
+            const float x = E::decode(q[i], amax);
+            acc[i] = src == 0 ? x : add_rn(acc[i], x);
+          }
+        }
+      }
+      for (std::size_t i = 0; i < W; ++i) {
+        const float mean = j0 + i < len ? acc[i] / m_float : 0.0f;
+        r.v[k * W + i] = mean;
+        if (j0 + i < len) {
+          const std::int32_t bits = magnitude_bits(mean);
+          m = bits > m ? bits : m;
+        }
+      }
+    }
+    return m;
+  }
+
+  DILOCO_HD void store(std::size_t b, unsigned t, shared& sh, registers& r, std::int32_t max_bits) const {
+    const std::size_t len = r.blk.len;
+    const float amax = bits_float(static_cast<std::uint32_t>(max_bits));
+    std::byte* out = payload + b * E::stride;
+    if (t == 0) E::put_factor(out, amax);
+    for (std::size_t k = 0; k < shape::groups_per_thread; ++k) {
+      const std::size_t j0 = shape::first(t, k);
+      if (j0 >= E::block) break;
+      typename E::code q[W];
+      for (std::size_t i = 0; i < W; ++i) {
+        const std::size_t j = j0 + i;
+        q[i] = 0;
+        if (j < len) {
+          const float u = E::stochastic ? random_unit(stream, r.index + j) : 0.0f;
+          float dq;
+          E::encode(r.v[k * W + i], amax, u, q[i], dq);
+          sh.sq[0][j] = mul_rn(dq, dq);
+        }
+      }
+      E::put_codes(out, j0, q);
+    }
+  }
+
+  DILOCO_HD void lanes(unsigned t, shared& sh, const registers& r) const {
+    sh.lane[0][t] = lane_sum(sh.sq[0], r.blk.len, t);
+  }
+  DILOCO_HD void publish(std::size_t b, const shared& sh) const { sums[b] = {combine_lanes(sh.lane[0]), 0.0}; }
+};
+
+// Stage 7, per block of one shard's reduced segment: decode the averaged
+// pseudo-gradient, apply the outer optimizer to theta_global, copy it into
+// the replica. No team work: every group is independent.
+// Bytes per element, int8 and Nesterov: read 9 + 4/B (code, global,
+// momentum: 16-byte loads), write 12 (global, momentum, local: 16-byte
+// stores).
+template <class E, class Update>
+struct decode_apply_blocks {
+  using shape = team_shape<E>;
+  static constexpr unsigned team = shape::threads;
+  static constexpr bool team_max = false;
+  static constexpr std::size_t norms = 0;
+  static constexpr std::size_t W = E::group;
+  struct registers {};
+  using shared = norm_scratch<E::block, norms>;
+
+  Update update;
+  const compress::block_ref* blocks;  // the shard's first block
+  const device_tensor* tensors;
+  const std::byte* payload;           // the shard's reduced payload
+  float* global;
+  float* state;                       // nullptr when the outer optimizer keeps none
+  std::size_t state_stride;
+  bool vector;                        // replica, global and state all allow 16-byte accesses (and W == 4)
+
+  DILOCO_HD std::int32_t load(std::size_t, unsigned, shared&, registers&) const { return 0; }
+
+  DILOCO_HD void store(std::size_t b, unsigned t, shared&, registers&, std::int32_t) const {
+    const compress::block_ref blk = blocks[b];
+    const device_tensor tt = tensors[blk.tensor];
+    const std::size_t off = tt.offset + blk.start;
+    float* local = tt.local + blk.start;
+    const std::size_t len = blk.len;
+    const std::byte* in = payload + b * E::stride;
+    const float amax = E::factor(in);
+    for (std::size_t k = 0; k < shape::groups_per_thread; ++k) {
+      const std::size_t j0 = shape::first(t, k);
+      if (j0 >= len) break;
+      typename E::code q[W];
+      E::codes(in, j0, q);
+      float dq[W];
+      for (std::size_t i = 0; i < W; ++i) dq[i] = E::decode(q[i], amax);
+      if constexpr (W == vec_width && vectorizable_update<Update>) {
+        if (vector && j0 + W <= len) {
+          vec4f x = load4(global + off + j0);
+          update4(update, x, {{dq[0], dq[1], dq[2], dq[3]}}, state ? state + off + j0 : nullptr, state_stride);
+          store4(global + off + j0, x);
+          store4(local + j0, x);
+          continue;
+        }
+      }
+      for (std::size_t i = 0; i < W && j0 + i < len; ++i) {
+        const std::size_t j = j0 + i;
+        float g = global[off + j];
+        update(g, dq[i], state ? state + off + j : nullptr, state_stride);
+        global[off + j] = g;
+        local[j] = g;
+      }
+    }
+  }
+
+  DILOCO_HD void lanes(unsigned, shared&, const registers&) const {}
+  DILOCO_HD void publish(std::size_t, const shared&) const {}
+};
+
+}  // namespace diloco::kernels

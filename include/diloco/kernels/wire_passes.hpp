@@ -1,0 +1,163 @@
+#pragma once
+
+// The small device passes around the compressed round's fused ones: the
+// payload checksum, the codec's structure check, moving 64-byte headers
+// between segments and a contiguous staging area, and the norms' chunked
+// sums. Plain DILOCO_HD code: exec::cuda runs it on the GPU, the host tests
+// replay it (test/cuda_grid_sim.hpp).
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "diloco/compress/block_layout.hpp"
+#include "diloco/compress/wire_format.hpp"
+#include "diloco/core/macros.hpp"
+#include "diloco/kernels/codec_elements.hpp"
+#include "diloco/kernels/compressed_passes.hpp"
+#include "diloco/kernels/random.hpp"
+
+namespace diloco::kernels {
+
+// One segment's payload in device memory, and its codec blocks.
+struct segment_ref {
+  const std::byte* payload;     // 16-byte aligned
+  std::uint64_t payload_bytes;  // the length the receiver expects
+  std::uint64_t first_block;    // its first block in the layout
+  std::uint64_t blocks;
+  std::uint64_t item_begin;     // its first item in a pass over several segments' blocks
+};
+
+// Thread `thread` of `threads`' share of a payload's checksum sum
+// (wire::detail::payload_words_sum): a wrapping sum of one term per 8-byte
+// word, so shares add up in any order to the same value. Threads take the
+// words two at a time (one 16-byte load; payloads are 16-byte aligned);
+// thread 0 also takes the last word, and the zero-padded tail, if any.
+DILOCO_HD DILOCO_FORCEINLINE std::uint64_t checksum_share(const segment_ref& s, std::size_t thread,
+                                                          std::size_t threads) {
+  constexpr std::uint64_t golden = 0x9e3779b97f4a7c15ULL;
+  constexpr std::uint64_t first_word = wire::header_bytes / 8;  // payload words follow the header's
+  auto term = [&](std::uint64_t w, std::size_t i) { return mix64(w + (first_word + i + 1) * golden); };
+  const std::size_t bytes = static_cast<std::size_t>(s.payload_bytes);
+  const std::size_t pairs = bytes / 16;
+  std::uint64_t sum = 0;
+  for (std::size_t p = thread; p < pairs; p += threads) {
+    std::uint64_t w[2];
+#if defined(__CUDA_ARCH__)
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(s.payload + 16 * p));
+    w[0] = static_cast<std::uint64_t>(v.x) | static_cast<std::uint64_t>(v.y) << 32;
+    w[1] = static_cast<std::uint64_t>(v.z) | static_cast<std::uint64_t>(v.w) << 32;
+#else
+    std::memcpy(w, s.payload + 16 * p, 16);
+#endif
+    sum += term(w[0], 2 * p) + term(w[1], 2 * p + 1);
+  }
+  if (thread == 0) {
+    for (std::size_t i = 2 * pairs; 8 * i < bytes; ++i) {
+      std::uint64_t w = 0;
+      std::memcpy(&w, s.payload + 8 * i, bytes - 8 * i < 8 ? bytes - 8 * i : 8);
+      sum += term(w, i);
+    }
+  }
+  return sum;
+}
+
+// *p = min(*p, v), atomically.
+DILOCO_HD DILOCO_FORCEINLINE void atomic_min(std::uint64_t* p, std::uint64_t v) {
+#if defined(__CUDA_ARCH__)
+  static_assert(sizeof(unsigned long long) == sizeof(std::uint64_t));
+  atomicMin(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(v));
+#else
+  std::atomic_ref<std::uint64_t> a(*p);
+  std::uint64_t cur = a.load();
+  while (v < cur && !a.compare_exchange_weak(cur, v)) {
+  }
+#endif
+}
+
+// The segment that owns item i: the last with item_begin <= i (segments
+// are sorted by item_begin; empty ones own nothing).
+DILOCO_HD DILOCO_FORCEINLINE std::size_t segment_of(const segment_ref* segs, std::size_t count, std::size_t i) {
+  std::size_t lo = 0, hi = count;
+  while (hi - lo > 1) {
+    const std::size_t mid = lo + (hi - lo) / 2;
+    if (segs[mid].item_begin <= i)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+// codec.check of every block of several segments, one item per block;
+// first_bad[k] becomes the lowest malformed block index of segment k
+// (initialized to ~0 by the caller), which the host then names.
+template <class Codec>
+struct check_blocks {
+  Codec codec;
+  const segment_ref* segments;
+  std::size_t count;
+  const compress::block_ref* blocks;  // the layout's blocks
+  std::uint64_t* first_bad;
+
+  DILOCO_HD void operator()(std::size_t i) const {
+    const std::size_t k = segment_of(segments, count, i);
+    const segment_ref s = segments[k];
+    const std::size_t b = i - static_cast<std::size_t>(s.item_begin);
+    if (b >= s.blocks) return;
+    if (codec.check(s.payload + b * codec_elements<Codec>::stride, blocks[s.first_block + b].len) != nullptr)
+      atomic_min(first_bad + k, b);
+  }
+};
+
+// Copies 64-byte headers: header k from src + k * src_stride to
+// dst + k * dst_stride, one 4-byte word per item (16 per header).
+struct copy_headers {
+  const std::byte* src;
+  std::size_t src_stride;
+  std::byte* dst;
+  std::size_t dst_stride;
+
+  DILOCO_HD void operator()(std::size_t i) const {
+    constexpr std::size_t words = wire::header_bytes / 4;
+    const std::size_t k = i / words, w = i % words;
+    unsigned char b[4];
+    load_bytes<4>(src + k * src_stride + 4 * w, b);
+    store_bytes<4>(dst + k * dst_stride + 4 * w, b);
+  }
+};
+
+struct fill_words {
+  std::uint64_t* p;
+  std::uint64_t value;
+  DILOCO_HD void operator()(std::size_t i) const { p[i] = value; }
+};
+
+// A run of at most exec::host::reduce_chunk consecutive blocks of one
+// shard: the host executor's reduction chunk over that shard's blocks.
+struct chunk_ref {
+  std::uint64_t begin;
+  std::uint64_t end;
+};
+
+// Lane l of chunk c (item 8c + l): the sum of the block sums of blocks
+// begin + l, begin + l + 8, ... in order, as exec::host::chunk_sum's lanes
+// accumulate them. The host adds the 8 lanes pairwise and the chunks in
+// order, which gives exec::host::transform_reduce's bits.
+struct chunk_lane_sums {
+  const sums2* block_sums;  // by layout block index
+  const chunk_ref* chunks;
+  sums2* lanes;
+
+  static constexpr std::size_t lanes_per_chunk = 8;
+
+  DILOCO_HD void operator()(std::size_t i) const {
+    const chunk_ref c = chunks[i / lanes_per_chunk];
+    sums2 acc;
+    for (std::uint64_t b = c.begin + i % lanes_per_chunk; b < c.end; b += lanes_per_chunk) acc += block_sums[b];
+    lanes[i] = acc;
+  }
+};
+
+}  // namespace diloco::kernels

@@ -1,0 +1,751 @@
+// The device path of the compressed mean, on the host: in this program
+// "device memory" is host memory and the device executor replays every
+// thread of the grids exec::cuda would launch (cuda_grid_sim.hpp), so the
+// team programs (kernels/compressed_blocks.hpp), the device checksum and
+// structure checks (kernels/wire_passes.hpp) and the device compressed mean
+// (compress/compressed_mean_device.hpp) all run here.
+//
+// References: the host reference functors (kernels/compressed_passes.hpp),
+// the host checksum and validation (compress/wire_format.hpp, segment.hpp)
+// and the host engine, itself tested against the codecs' definitions in
+// test_compressed_mean.cpp. The device path promises the same bits: the same
+// wire bytes (headers and norms included), theta_global, replicas and
+// error-feedback residuals, so every comparison here is exact.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <diloco/diloco.hpp>
+#include <limits>
+#include <mutex>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cuda_grid_sim.hpp"
+
+// ---------------------------------------------------------------------------
+// This program's device: host memory behind device_space types.
+namespace diloco {
+template <class T>
+class buffer<T, device_space> : public buffer<T, host_space> {
+ public:
+  using buffer<T, host_space>::buffer;
+  tensor_view<T, device_space> view() { return {this->data(), this->size()}; }
+};
+namespace detail {
+template <>
+struct executor_for<device_space> {
+  using type = sim::cuda_executor;
+};
+}  // namespace detail
+}  // namespace diloco
+
+namespace dc = diloco;
+namespace cp = diloco::compress;
+namespace k = diloco::kernels;
+
+namespace {
+
+std::vector<float> random_floats(std::size_t n, std::uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = scale * n01(rng);
+  return v;
+}
+
+bool same_bytes(const void* a, const void* b, std::size_t n) { return n == 0 || std::memcmp(a, b, n) == 0; }
+
+// Equal bits, or both NaN: which NaN an operation returns depends on its
+// operands' order, which compilers may swap (float addition commutes), so
+// NaN payloads are not part of any promise.
+bool same_value(double a, double b) { return same_bytes(&a, &b, sizeof a) || (std::isnan(a) && std::isnan(b)); }
+bool same_sums(const k::sums2& a, const k::sums2& b) { return same_value(a.a, b.a) && same_value(a.b, b.b); }
+
+// ------------------------------------------------------------------ passes
+// One codec's three passes over the blocks of a few tensors, device form
+// (team programs in the replayed grid) against the host reference functors,
+// block by block.
+template <class Codec>
+void compare_passes(const std::vector<std::size_t>& sizes, bool residual, int world, std::uint32_t seed) {
+  using E = k::codec_elements<Codec>;
+  const Codec codec{};
+  CAPTURE(Codec::block);
+  CAPTURE(residual);
+  CAPTURE(world);
+  // Packed (host) and padded (device) flat layouts of the same tensors.
+  std::vector<std::size_t> packed, padded;
+  std::size_t np = 0, nd = 0;
+  for (auto n : sizes) {
+    packed.push_back(np);
+    padded.push_back(nd);
+    np += n;
+    nd += (n + 15) / 16 * 16;
+  }
+  const cp::block_layout layout(sizes, Codec::block, 1);
+  const std::size_t nb = layout.block_count();
+  // Values of mixed magnitudes per block, plus zero, tiny and huge blocks.
+  std::vector<std::vector<float>> local;
+  for (std::size_t t = 0; t < sizes.size(); ++t) local.push_back(random_floats(sizes[t], seed + static_cast<std::uint32_t>(t), 0.01f));
+  std::vector<float> global_h = random_floats(np, seed + 100), residual_h = random_floats(np, seed + 200, 0.001f);
+  if (np > 3) {
+    global_h[0] = local[0][0];  // a zero delta
+    global_h[np - 1] *= 1e-38f;
+  }
+  std::vector<float> global_d(nd, 0.0f), residual_d(nd, 0.0f);
+  for (std::size_t t = 0; t < sizes.size(); ++t)
+    for (std::size_t i = 0; i < sizes[t]; ++i) {
+      global_d[padded[t] + i] = global_h[packed[t] + i];
+      residual_d[padded[t] + i] = residual_h[packed[t] + i];
+    }
+  std::vector<float*> local_ptr;
+  std::vector<k::device_tensor> tensors;
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    local_ptr.push_back(local[t].data());
+    tensors.push_back({local[t].data(), padded[t], packed[t]});
+  }
+  const k::tensor_table table{local_ptr.data(), packed.data()};
+  const std::uint64_t stream = k::make_stream(seed, 3, 1, 1);
+
+  // Stage 1.
+  std::vector<std::byte> pay_h(nb * Codec::stride(), std::byte{0x55}), pay_d(nb * Codec::stride(), std::byte{0xaa});
+  std::vector<float> next_h(np, -1.0f), next_d(nd, -1.0f);
+  std::vector<k::sums2> sums_d(nb);
+  const k::encode_pseudo_gradient<Codec> host{codec,
+                                              layout.blocks(),
+                                              table,
+                                              global_h.data(),
+                                              residual ? residual_h.data() : nullptr,
+                                              residual ? next_h.data() : nullptr,
+                                              pay_h.data(),
+                                              Codec::stride(),
+                                              stream};
+  std::vector<k::sums2> sums_h(nb);
+  for (std::size_t b = 0; b < nb; ++b) sums_h[b] = host(b);
+  const bool vector = E::group == 4;
+  sim::run_teams(nb, k::encode_blocks<E>{layout.blocks(), tensors.data(), global_d.data(),
+                                         residual ? residual_d.data() : nullptr, residual ? next_d.data() : nullptr,
+                                         pay_d.data(), stream, sums_d.data(), vector});
+  CHECK(same_bytes(pay_h.data(), pay_d.data(), pay_h.size()));
+  for (std::size_t b = 0; b < nb; ++b) {
+    CAPTURE(b);
+    REQUIRE(same_sums(sums_h[b], sums_d[b]));
+  }
+  if (residual)
+    for (std::size_t t = 0; t < sizes.size(); ++t)
+      REQUIRE(same_bytes(next_h.data() + packed[t], next_d.data() + padded[t], sizes[t] * sizeof(float)));
+  // Every block is well formed.
+  for (std::size_t b = 0; b < nb; ++b) REQUIRE(codec.check(pay_d.data() + b * Codec::stride(), layout.blocks()[b].len) == nullptr);
+
+  // Stages 3+4: `world` encodings of this shard (the stage-1 payload with
+  // different factors or values per source), reduced.
+  std::vector<std::vector<std::byte>> sources;
+  for (int r = 0; r < world; ++r) {
+    sources.push_back(pay_h);
+    std::vector<float> v = random_floats(np, seed + 300 + static_cast<std::uint32_t>(r));
+    float dq[Codec::block];
+    for (std::size_t b = 0; b < nb; ++b) {
+      const auto blk = layout.blocks()[b];
+      codec.encode(v.data() + packed[blk.tensor] + blk.start, blk.len, sources.back().data() + b * Codec::stride(), dq,
+                   stream, 0);
+    }
+  }
+  std::vector<const std::byte*> received;
+  for (auto& s : sources) received.push_back(s.data());
+  std::vector<std::byte> red_h(pay_h.size(), std::byte{1}), red_d(pay_h.size(), std::byte{2});
+  const std::uint64_t stream2 = k::make_stream(seed, 3, 1, 2);
+  const k::reduce_shard<Codec> host_reduce{codec, layout.blocks(), packed.data(), received.data(), world,
+                                           red_h.data(), Codec::stride(), stream2};
+  sim::run_teams(nb, k::reduce_blocks<E>{layout.blocks(), tensors.data(), received.data(), world, red_d.data(), stream2,
+                                         sums_d.data()});
+  for (std::size_t b = 0; b < nb; ++b) {
+    CAPTURE(b);
+    const double want = host_reduce(b);
+    REQUIRE(same_bytes(&want, &sums_d[b].a, sizeof want));
+  }
+  CHECK(same_bytes(red_h.data(), red_d.data(), red_h.size()));
+
+  // Stage 7 with Nesterov (state) on both layouts.
+  const auto nesterov = dc::outer::nesterov::make_update({}, 2);
+  std::vector<float> state_h = random_floats(np, seed + 400), state_d(nd, 0.0f);
+  for (std::size_t t = 0; t < sizes.size(); ++t)
+    for (std::size_t i = 0; i < sizes[t]; ++i) state_d[padded[t] + i] = state_h[packed[t] + i];
+  auto local_d = local;  // the device pass writes its own copy of the replica
+  std::vector<k::device_tensor> tensors_d = tensors;
+  for (std::size_t t = 0; t < sizes.size(); ++t) tensors_d[t].local = local_d[t].data();
+  const k::decode_apply<Codec, k::sgd_update> host_apply{codec, nesterov, layout.blocks(), table, red_h.data(),
+                                                         Codec::stride(), global_h.data(), state_h.data(), np};
+  for (std::size_t b = 0; b < nb; ++b) host_apply(b);
+  sim::run_teams(nb, k::decode_apply_blocks<E, k::sgd_update>{nesterov, layout.blocks(), tensors_d.data(), red_d.data(),
+                                                              global_d.data(), state_d.data(), nd, vector});
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    CAPTURE(t);
+    REQUIRE(same_bytes(global_h.data() + packed[t], global_d.data() + padded[t], sizes[t] * sizeof(float)));
+    REQUIRE(same_bytes(state_h.data() + packed[t], state_d.data() + padded[t], sizes[t] * sizeof(float)));
+    REQUIRE(same_bytes(local[t].data(), local_d[t].data(), sizes[t] * sizeof(float)));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("team programs give the host passes' bytes, sums and results at block boundaries") {
+  for (std::size_t b : {std::size_t{1}, std::size_t{127}, std::size_t{128}, std::size_t{129}}) {
+    // One tensor of b elements, then several tensors that cross blocks.
+    for (const auto& sizes : {std::vector<std::size_t>{b}, std::vector<std::size_t>{b, 3, 257, 128, 1}}) {
+      CAPTURE(sizes.size());
+      CAPTURE(b);
+      for (bool residual : {false, true}) {
+        compare_passes<cp::blockwise_codec<dc::int8, 128, cp::round_nearest>>(sizes, residual, 3, 1);
+        compare_passes<cp::blockwise_codec<dc::int4, 128, cp::round_nearest>>(sizes, residual, 2, 2);
+        compare_passes<cp::blockwise_codec<dc::int4, 128, cp::stochastic_rounding>>(sizes, residual, 4, 3);
+        compare_passes<cp::cast_codec<dc::bf16, cp::round_nearest>>(sizes, residual, 3, 4);
+        compare_passes<cp::cast_codec<dc::fp16, cp::stochastic_rounding>>(sizes, residual, 2, 5);
+      }
+    }
+  }
+}
+
+TEST_CASE("team programs: block sizes that are not multiples of 4, tiny blocks, large blocks") {
+  // B = 10: groups of 2, an int4 stride of 9 (factors unaligned); B = 8:
+  // teams of 8 with 6 idle threads; B = 4096: 4 groups per thread.
+  const std::vector<std::size_t> sizes{1, 9, 10, 11, 23, 4097, 8191};
+  for (bool residual : {false, true}) {
+    compare_passes<cp::blockwise_codec<dc::int4, 10, cp::round_nearest>>(sizes, residual, 3, 11);
+    compare_passes<cp::blockwise_codec<dc::int8, 10, cp::stochastic_rounding>>(sizes, residual, 2, 12);
+    compare_passes<cp::blockwise_codec<dc::int8, 8, cp::round_nearest>>({1, 2, 3, 9}, residual, 2, 13);
+    compare_passes<cp::blockwise_codec<dc::int4, 4096, cp::round_nearest>>(sizes, residual, 3, 14);
+    compare_passes<cp::blockwise_codec<dc::int8, 256, cp::round_nearest>>(sizes, residual, 2, 15);
+  }
+}
+
+TEST_CASE("non-finite and extreme blocks: the same codes and residuals (NaN factors, tiny scales, fp16 overflow)") {
+  using C8 = cp::blockwise_codec<dc::int8, 16, cp::round_nearest>;
+  using E8 = k::codec_elements<C8>;
+  using CH = cp::cast_codec<dc::fp16, cp::round_nearest>;
+  using EH = k::codec_elements<CH>;
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  // Blocks: a NaN, an inf, all zeros, a subnormal scale, the largest floats.
+  std::vector<float> local(80, 0.0f), global(80, 0.0f);
+  for (std::size_t i = 0; i < 80; ++i) global[i] = std::sin(static_cast<float>(i));
+  global[3] = nan;
+  global[20] = -inf;
+  for (std::size_t i = 32; i < 48; ++i) global[i] = 0.0f;
+  for (std::size_t i = 48; i < 64; ++i) global[i] = 1e-39f * static_cast<float>(i - 50);
+  for (std::size_t i = 64; i < 80; ++i) global[i] = (i % 2 ? -1.0f : 1.0f) * std::numeric_limits<float>::max() / static_cast<float>(i - 63);
+  float* lp = local.data();
+  const std::size_t off = 0;
+  const k::tensor_table table{&lp, &off};
+  const k::device_tensor dt{lp, 0, 0};
+  auto run = [&](auto codec, auto elements) {
+    using Codec = decltype(codec);
+    using E = decltype(elements);
+    const cp::block_layout layout({80}, Codec::block, 1);
+    const std::size_t nb = layout.block_count();
+    std::vector<std::byte> ph(nb * Codec::stride()), pd(nb * Codec::stride());
+    std::vector<float> rh(80), rd(80);
+    std::vector<k::sums2> sd(nb);
+    const k::encode_pseudo_gradient<Codec> host{codec, layout.blocks(), table, global.data(), nullptr, rh.data(),
+                                                ph.data(), Codec::stride(), 7};
+    std::vector<k::sums2> sh(nb);
+    for (std::size_t b = 0; b < nb; ++b) sh[b] = host(b);
+    sim::run_teams(nb, k::encode_blocks<E>{layout.blocks(), &dt, global.data(), nullptr, rd.data(), pd.data(), 7,
+                                           sd.data(), true});
+    CHECK(same_bytes(ph.data(), pd.data(), ph.size()));
+    CHECK(same_bytes(rh.data(), rd.data(), rh.size() * sizeof(float)));
+    for (std::size_t b = 0; b < nb; ++b) CHECK(same_sums(sh[b], sd[b]));
+  };
+  run(C8{}, E8{});
+  run(CH{}, EH{});
+}
+
+TEST_CASE("device payload checksums equal the host's at every tail length") {
+  std::vector<std::byte> bytes(4096 + 64);
+  std::mt19937 rng(5);
+  for (auto& b : bytes) b = static_cast<std::byte>(rng());
+  for (std::size_t n : {0, 1, 7, 8, 9, 15, 63, 64, 65, 1000, 2049, 4096}) {
+    CAPTURE(n);
+    // Three segments of different lengths in one launch, sized by the largest.
+    std::vector<k::segment_ref> segs{{bytes.data(), n, 0, 0, 0},
+                                     {bytes.data() + 64, n / 2, 0, 0, 0},
+                                     {bytes.data() + 8, 4096 - n, 0, 0, 0}};
+    std::vector<std::uint64_t> sums(3, 1);
+    sim::checksum_segments(segs.data(), segs.size(), 4096, sums.data());
+    for (std::size_t s = 0; s < segs.size(); ++s)
+      CHECK(sums[s] == dc::wire::detail::payload_words_sum(segs[s].payload, segs[s].payload_bytes));
+  }
+}
+
+TEST_CASE("the device structure check finds the first malformed block of each segment, as validate_segment does") {
+  using C4 = cp::blockwise_codec<dc::int4, 8, cp::round_nearest>;
+  const C4 codec{};
+  // Blocks of 8, 8, 5 elements: the last block's padding is checkable.
+  const cp::block_layout layout({21}, 8, 1);
+  const std::size_t stride = C4::stride();
+  std::vector<std::byte> payload(3 * stride * 2, std::byte{0});  // two segments of the same 3 blocks
+  std::vector<k::segment_ref> segs{{payload.data(), 3 * stride, 0, 3, 0}, {payload.data() + 3 * stride, 3 * stride, 0, 3, 3}};
+  auto first_bad = [&] {
+    std::vector<std::uint64_t> out(2, ~std::uint64_t{0});
+    sim::cuda_executor ex;
+    ex.for_each(6, k::check_blocks<C4>{codec, segs.data(), 2, layout.blocks(), out.data()});
+    return out;
+  };
+  CHECK(first_bad() == std::vector<std::uint64_t>{~std::uint64_t{0}, ~std::uint64_t{0}});
+  // Segment 0: an int4 -8 in block 2 and a non-zero padding nibble in block 2.
+  // Segment 1: a padding nibble in block 2 and -8 in block 1 (first wins).
+  payload[2 * stride + 4] = std::byte{0x08};
+  payload[3 * stride + 2 * stride + 4 + 2] = std::byte{0x10};
+  payload[3 * stride + 1 * stride + 4 + 3] = std::byte{0x80};
+  const auto got = first_bad();
+  CHECK(got[0] == 2);
+  CHECK(got[1] == 1);
+  // The host validator names the same blocks.
+  for (std::size_t s = 0; s < 2; ++s) {
+    std::size_t host_first = 3;
+    for (std::size_t b = 0; b < 3 && host_first == 3; ++b)
+      if (codec.check(payload.data() + s * 3 * stride + b * stride, layout.blocks()[b].len)) host_first = b;
+    CHECK(got[s] == host_first);
+  }
+}
+
+// ------------------------------------------------------------------ engine
+namespace {
+
+// Awkward tensor sizes around the block sizes 128 (blockwise) and 64 (casts).
+const std::vector<std::size_t> model_sizes = {1, 127, 129, 300, 64, 5};
+
+float target(int m, std::size_t j) { return std::sin(static_cast<float>(7 * m + 1) + 0.37f * static_cast<float>(j)); }
+
+// One replica in 64-byte aligned storage (optionally starting `misalign`
+// floats in), seen as host or device tensors.
+template <class Space>
+struct replica {
+  std::vector<std::size_t> sizes;
+  std::vector<dc::host_buffer<float>> storage, grad_storage;
+  std::vector<dc::tensor_view<float, Space>> params, grads;
+
+  replica(int rank, const std::vector<std::size_t>& s, std::size_t misalign = 0) : sizes(s) {
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      storage.emplace_back(sizes[k] + misalign);
+      grad_storage.emplace_back(sizes[k] + misalign);
+      params.emplace_back(storage.back().data() + misalign, sizes[k]);
+      grads.emplace_back(grad_storage.back().data() + misalign, sizes[k]);
+      for (std::size_t i = 0; i < sizes[k]; ++i)
+        params[k][i] = 0.1f * static_cast<float>(rank + 1) * static_cast<float>(i % 5);
+    }
+  }
+  void compute_grads(int rank) {
+    std::size_t j = 0;
+    for (std::size_t k = 0; k < sizes.size(); ++k)
+      for (std::size_t i = 0; i < sizes[k]; ++i, ++j) grads[k][i] = params[k][i] - target(rank, j);
+  }
+  std::vector<float> flat() const {
+    std::vector<float> out;
+    for (const auto& p : params) out.insert(out.end(), p.data(), p.data() + p.size());
+    return out;
+  }
+};
+
+// What a rank put on the wire: every all-to-all and all-gather send buffer.
+using wire_log = std::vector<std::vector<std::byte>>;
+
+// A host communicator over comm::threads that records what it sends.
+class recording_link {
+ public:
+  using request = dc::comm::threads::request;
+  recording_link(dc::comm::threads& c, wire_log& log) : c_(c), log_(log) {}
+  int rank() const { return c_.rank(); }
+  int size() const { return c_.size(); }
+  dc::traffic_counters traffic() const { return c_.traffic(); }
+  void all_reduce(std::span<float> b, dc::reduce_op op) { c_.all_reduce(b, op); }
+  void broadcast(std::span<float> b, int root) { c_.broadcast(b, root); }
+  void broadcast(std::span<std::byte> b, int root) { c_.broadcast(b, root); }
+  void all_to_all(std::span<const std::byte> s, std::span<std::byte> r) {
+    log_.emplace_back(s.begin(), s.end());
+    c_.all_to_all(s, r);
+  }
+  void all_gather(std::span<const std::byte> s, std::span<std::byte> r) {
+    log_.emplace_back(s.begin(), s.end());
+    c_.all_gather(s, r);
+  }
+  void barrier() { c_.barrier(); }
+  request iall_reduce(std::span<float> b, dc::reduce_op op) { return c_.iall_reduce(b, op); }
+  request ibroadcast(std::span<float> b, int root) { return c_.ibroadcast(b, root); }
+  request ibroadcast(std::span<std::byte> b, int root) { return c_.ibroadcast(b, root); }
+  request iall_to_all(std::span<const std::byte> s, std::span<std::byte> r) { return c_.iall_to_all(s, r); }
+  request iall_gather(std::span<const std::byte> s, std::span<std::byte> r) { return c_.iall_gather(s, r); }
+  request ibarrier() { return c_.ibarrier(); }
+
+ private:
+  dc::comm::threads& c_;
+  wire_log& log_;
+};
+
+// The same over device views only (a device_communicator such as NCCL; in
+// this program device memory is host memory).
+class recording_device_link {
+ public:
+  using request = dc::comm::threads::request;
+  recording_device_link(dc::comm::threads& c, wire_log& log) : c_(c), log_(log) {}
+  int rank() const { return c_.rank(); }
+  int size() const { return c_.size(); }
+  dc::traffic_counters traffic() const { return c_.traffic(); }
+  void all_reduce(dc::device_view<float> b, dc::reduce_op op) { c_.all_reduce(span(b), op); }
+  void broadcast(dc::device_view<float> b, int root) { c_.broadcast(span(b), root); }
+  void broadcast(dc::device_view<std::byte> b, int root) { c_.broadcast(span(b), root); }
+  void all_to_all(dc::device_view<const std::byte> s, dc::device_view<std::byte> r) {
+    ++device_all_to_alls;
+    log_.emplace_back(s.data(), s.data() + s.size());
+    c_.all_to_all(span(s), span(r));
+  }
+  void all_gather(dc::device_view<const std::byte> s, dc::device_view<std::byte> r) {
+    log_.emplace_back(s.data(), s.data() + s.size());
+    c_.all_gather(span(s), span(r));
+  }
+  void barrier() { c_.barrier(); }
+  request iall_reduce(dc::device_view<float> b, dc::reduce_op op) { return c_.iall_reduce(span(b), op); }
+  request ibroadcast(dc::device_view<float> b, int root) { return c_.ibroadcast(span(b), root); }
+  request ibroadcast(dc::device_view<std::byte> b, int root) { return c_.ibroadcast(span(b), root); }
+  request iall_to_all(dc::device_view<const std::byte> s, dc::device_view<std::byte> r) {
+    return c_.iall_to_all(span(s), span(r));
+  }
+  request iall_gather(dc::device_view<const std::byte> s, dc::device_view<std::byte> r) {
+    return c_.iall_gather(span(s), span(r));
+  }
+  request ibarrier() { return c_.ibarrier(); }
+  int device_all_to_alls = 0;
+
+ private:
+  template <class T>
+  static std::span<T> span(dc::device_view<T> v) {
+    return {v.data(), v.size()};
+  }
+  dc::comm::threads& c_;
+  wire_log& log_;
+};
+static_assert(dc::device_communicator<recording_device_link> && !dc::communicator<recording_device_link>);
+
+struct run_result {
+  std::vector<std::vector<float>> replicas, globals, residuals;  // [rank], per tensor packed
+  std::vector<wire_log> wire;                                    // [rank]
+  std::vector<dc::stats> stats;
+};
+
+template <class C>
+using options = dc::algorithm_options<dc::inner::adamw, dc::outer::nesterov, C>;
+
+template <class C>
+options<C> make_options(typename C::options copts = {}) {
+  return {.inner_steps = 2,
+          .inner = {.lr = 0.05f, .weight_decay = 0.01f},
+          .outer = {.lr = 0.7f, .momentum = 0.9f},
+          .compress = copts};
+}
+
+enum class link_kind { host, device };
+
+// `rounds` rounds on `m` workers with parameters in Space, through a
+// recording communicator of the given kind.
+template <class Space, class C, link_kind Link = link_kind::host>
+run_result train(int m, int rounds, const std::vector<std::size_t>& sizes, typename C::options copts = {},
+                 std::size_t misalign = 0) {
+  run_result out;
+  const auto mm = static_cast<std::size_t>(m);
+  out.replicas.resize(mm);
+  out.globals.resize(mm);
+  out.residuals.resize(mm);
+  out.wire.resize(mm);
+  out.stats.resize(mm);
+  dc::comm::threads::world world(m);
+  world.run([&](dc::comm::threads& threads) {
+    const int r = threads.rank();
+    const auto ri = static_cast<std::size_t>(r);
+    using link = std::conditional_t<Link == link_kind::host, recording_link, recording_device_link>;
+    link comm(threads, out.wire[ri]);
+    replica<Space> rep(r, sizes, misalign);
+    const auto opts = make_options<C>(copts);
+    dc::algorithm<dc::inner::adamw, dc::outer::nesterov, C, link> t(rep.params, comm, opts);
+    for (int s = 0; s < rounds * static_cast<int>(opts.inner_steps); ++s) {
+      rep.compute_grads(r);
+      t.step(rep.grads);
+    }
+    const auto g = t.template global_parameters<Space>();
+    const auto e = t.template compression_residual<Space>();
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      out.globals[ri].insert(out.globals[ri].end(), g.data() + t.global_offset(k),
+                             g.data() + t.global_offset(k) + sizes[k]);
+      if (e.size())
+        out.residuals[ri].insert(out.residuals[ri].end(), e.data() + t.global_offset(k),
+                                 e.data() + t.global_offset(k) + sizes[k]);
+    }
+    out.replicas[ri] = rep.flat();
+    out.stats[ri] = t.stats();
+  });
+  return out;
+}
+
+bool same(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && same_bytes(a.data(), b.data(), a.size() * sizeof(float));
+}
+
+void check_same_run(const run_result& host, const run_result& device, int m, int rounds) {
+  for (int r = 0; r < m; ++r) {
+    CAPTURE(r);
+    const auto i = static_cast<std::size_t>(r);
+    CHECK(same(host.globals[i], device.globals[i]));
+    CHECK(same(host.replicas[i], device.replicas[i]));
+    CHECK(same(host.residuals[i], device.residuals[i]));
+    CHECK(same(device.replicas[i], device.replicas[0]));
+    // Every segment of every round, headers (norms, checksums) included.
+    // With one worker nothing travels: the device path copies its segments
+    // on the device instead of calling the communicator.
+    if (m == 1) {
+      CHECK(device.wire[i].empty());
+    } else {
+      REQUIRE(host.wire[i].size() == device.wire[i].size());
+      for (std::size_t c = 0; c < host.wire[i].size(); ++c) {
+        CAPTURE(c);
+        REQUIRE(host.wire[i][c].size() == device.wire[i][c].size());
+        CHECK(same_bytes(host.wire[i][c].data(), device.wire[i][c].data(), host.wire[i][c].size()));
+      }
+    }
+    const auto& hs = host.stats[i];
+    const auto& ds = device.stats[i];
+    CHECK(ds.rounds == static_cast<std::uint64_t>(rounds));
+    CHECK(same_bytes(&hs.pseudo_gradient_norm, &ds.pseudo_gradient_norm, sizeof(double)));
+    CHECK(same_bytes(&hs.compression_error_norm, &ds.compression_error_norm, sizeof(double)));
+    CHECK(hs.encoded_bytes_per_parameter == ds.encoded_bytes_per_parameter);
+    CHECK(hs.last_round_bytes_sent == ds.last_round_bytes_sent);
+    CHECK(hs.bytes_received == ds.bytes_received);
+  }
+}
+
+template <class C>
+void compare_engines(int m, int rounds, const std::vector<std::size_t>& sizes = model_sizes,
+                     typename C::options copts = {}) {
+  CAPTURE(m);
+  CAPTURE(C::name);
+  CAPTURE(C::has_error_feedback);
+  const auto host = train<dc::host_space, C>(m, rounds, sizes, copts);
+  sim::team_launches = 0;
+  sim::launches.reset();
+  const auto device = train<dc::device_space, C>(m, rounds, sizes, copts);
+  CHECK(sim::team_launches > 0);
+  check_same_run(host, device, m, rounds);
+  // The wire really carried data: one all-to-all and one all-gather per
+  // round for M > 1 (a world of one copies on the device).
+  if (m > 1) CHECK(device.wire[0].size() == static_cast<std::size_t>(2 * rounds));
+}
+
+}  // namespace
+
+TEST_CASE("device compressed mean: the host engine's bits, M = 1, 2, 3, 4, int8 / int4 / bf16, with and without error feedback") {
+  for (int m : {1, 2, 3, 4}) {
+    compare_engines<cp::blockwise<dc::int8, 128>>(m, 3);
+    compare_engines<cp::error_feedback<cp::blockwise<dc::int8, 128>>>(m, 3);
+    compare_engines<cp::blockwise<dc::int4, 128>>(m, 3);
+    compare_engines<cp::error_feedback<cp::blockwise<dc::int4, 128>>>(m, 3);
+    compare_engines<cp::cast<dc::bf16>>(m, 3);
+    compare_engines<cp::error_feedback<cp::cast<dc::bf16>>>(m, 3);
+  }
+}
+
+TEST_CASE("device compressed mean: more workers than blocks (empty shards)") {
+  compare_engines<cp::error_feedback<cp::blockwise<dc::int8, 128>>>(4, 2, {3});
+  compare_engines<cp::cast<dc::bf16>>(3, 2, {64, 1});
+}
+
+TEST_CASE("device compressed mean: stochastic rounding draws the host's numbers (packed element indices)") {
+  compare_engines<cp::error_feedback<cp::blockwise<dc::int4, 64, cp::stochastic_rounding>>>(3, 3, model_sizes,
+                                                                                            {.seed = 99});
+  compare_engines<cp::cast<dc::fp16, cp::stochastic_rounding>>(2, 2, model_sizes, {.seed = 7});
+}
+
+TEST_CASE("device compressed mean: shards of more than one reduction chunk sum their norms in the host's order") {
+  // B = 8: 17501 blocks over 2 shards, each more than exec::host's
+  // 8192-block chunk, so the norms' chunk partials are combined as on the
+  // host.
+  compare_engines<cp::error_feedback<cp::blockwise<dc::int8, 8>>>(2, 2, {140001, 3});
+}
+
+TEST_CASE("device compressed mean through a device communicator (device views, nothing staged)") {
+  using C = cp::error_feedback<cp::blockwise<dc::int4, 128>>;
+  const auto host = train<dc::host_space, C>(3, 2, model_sizes);
+  const auto device = train<dc::device_space, C, link_kind::device>(3, 2, model_sizes);
+  check_same_run(host, device, 3, 2);
+}
+
+TEST_CASE("device compressed mean over misaligned replicas: scalar accesses, same bits") {
+  using C = cp::error_feedback<cp::blockwise<dc::int8, 128>>;
+  const auto host = train<dc::host_space, C>(2, 2, model_sizes);
+  const auto device = train<dc::device_space, C>(2, 2, model_sizes, {}, /*misalign=*/1);
+  check_same_run(host, device, 2, 2);
+}
+
+// --------------------------------------------------------------- rejection
+namespace {
+
+// A host communicator over comm::threads whose all-to-all hands `victim`
+// damaged bytes (fault injection on a real exchange) on the second round.
+class flaky_link {
+ public:
+  using request = dc::comm::threads::request;
+  using damage = void (*)(std::span<std::byte> slot_of_rank_1);
+  flaky_link(dc::comm::threads& c, int victim, damage d) : c_(c), victim_(victim), damage_(d) {}
+  int rank() const { return c_.rank(); }
+  int size() const { return c_.size(); }
+  dc::traffic_counters traffic() const { return c_.traffic(); }
+  void all_reduce(std::span<float> b, dc::reduce_op op) { c_.all_reduce(b, op); }
+  void broadcast(std::span<float> b, int root) { c_.broadcast(b, root); }
+  void broadcast(std::span<std::byte> b, int root) { c_.broadcast(b, root); }
+  void all_to_all(std::span<const std::byte> s, std::span<std::byte> r) {
+    c_.all_to_all(s, r);
+    const std::size_t slot = r.size() / static_cast<std::size_t>(size());
+    if (++calls_ == 2 && rank() == victim_) damage_(r.subspan(slot, slot));
+  }
+  void all_gather(std::span<const std::byte> s, std::span<std::byte> r) { c_.all_gather(s, r); }
+  void barrier() { c_.barrier(); }
+  request iall_reduce(std::span<float> b, dc::reduce_op op) { return c_.iall_reduce(b, op); }
+  request ibroadcast(std::span<float> b, int root) { return c_.ibroadcast(b, root); }
+  request ibroadcast(std::span<std::byte> b, int root) { return c_.ibroadcast(b, root); }
+  request iall_to_all(std::span<const std::byte> s, std::span<std::byte> r) { return c_.iall_to_all(s, r); }
+  request iall_gather(std::span<const std::byte> s, std::span<std::byte> r) { return c_.iall_gather(s, r); }
+  request ibarrier() { return c_.ibarrier(); }
+
+ private:
+  dc::comm::threads& c_;
+  int victim_;
+  damage damage_;
+  int calls_ = 0;
+};
+
+// One flipped payload bit: the checksum no longer matches.
+void flip_a_bit(std::span<std::byte> seg) { seg[100] ^= std::byte{0x10}; }
+
+// An int8 code of -128 (never written) in block 0, with the checksum
+// recomputed: only the structure check can see it.
+void forge_a_code(std::span<std::byte> seg) {
+  seg[dc::wire::header_bytes + 4 + 5] = std::byte{0x80};
+  const auto payload = dc::wire::detail::get<std::uint64_t>(seg.data() + 24);
+  dc::wire::detail::put<std::uint64_t>(seg.data() + 48, dc::wire::detail::segment_checksum(seg.data(), payload));
+}
+
+struct rejection {
+  std::vector<std::string> what;  // [rank] the second round's error
+  bool state_kept = true;         // theta_global, residual, replica as the rules say
+  bool third_round_applied = true;
+};
+
+// Three rounds on 3 workers (one tensor of 500): the second is damaged on
+// rank 2 (`damage`) or carries a NaN from rank 1 (damage == nullptr).
+template <class Space>
+rejection reject_second_round(flaky_link::damage damage) {
+  using C = cp::error_feedback<cp::blockwise<dc::int8>>;
+  constexpr int m = 3;
+  rejection out;
+  out.what.resize(m);
+  std::mutex mu;
+  dc::comm::threads::world world(m);
+  world.run([&](dc::comm::threads& inner) {
+    const int r = inner.rank();
+    flaky_link comm(inner, 2, damage ? damage : [](std::span<std::byte>) {});
+    replica<Space> rep(r, {500});
+    dc::algorithm<dc::inner::sgd, dc::outer::nesterov, C, flaky_link> t(rep.params, comm,
+                                                                        {.inner_steps = 1, .inner = {.lr = 0.5f}});
+    rep.compute_grads(r);
+    t.step(rep.grads);
+    const auto g = t.template global_parameters<Space>();
+    const auto e = t.template compression_residual<Space>();
+    const std::vector<float> g0(g.data(), g.data() + g.size()), e0(e.data(), e.data() + e.size());
+    rep.compute_grads(r);
+    t.inner_step(rep.grads);
+    if (!damage && r == 1) rep.params[0][17] = std::numeric_limits<float>::quiet_NaN();
+    std::string what;
+    try {
+      t.outer_round();
+      what = "applied";
+    } catch (const dc::error& err) {
+      what = err.what();
+    }
+    bool kept = same(std::vector<float>(g.data(), g.data() + g.size()), g0) &&
+                same(std::vector<float>(e.data(), e.data() + e.size()), e0) &&
+                same(rep.flat(), std::vector<float>(g.data(), g.data() + 500));  // the replica reset to theta_global
+    rep.compute_grads(r);
+    const bool third = t.step(rep.grads);
+    std::lock_guard lock(mu);
+    out.what[static_cast<std::size_t>(r)] = what;
+    out.state_kept = out.state_kept && kept;
+    out.third_round_applied = out.third_round_applied && third;
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("device compressed mean: a NaN, a corrupt byte, a forged code reject the round as on the host") {
+  struct scenario {
+    const char* name;
+    flaky_link::damage damage;
+    const char* victim;  // what rank 2 must say
+  };
+  for (const scenario s : {scenario{"nan", nullptr, "non-finite pseudo-gradient from rank 1 (norm nan)"},
+                           scenario{"flipped bit", flip_a_bit, "checksum mismatch"},
+                           scenario{"forged code", forge_a_code, "block 0: quantized value out of range"}}) {
+    CAPTURE(s.name);
+    const auto host = reject_second_round<dc::host_space>(s.damage);
+    const auto device = reject_second_round<dc::device_space>(s.damage);
+    CHECK(device.state_kept);
+    CHECK(device.third_round_applied);
+    CHECK(host.state_kept);
+    for (int r = 0; r < 3; ++r) {
+      CAPTURE(r);
+      const auto i = static_cast<std::size_t>(r);
+      // The same words on every rank as the host engine, down to the
+      // stored checksum a corrupt segment is reported with.
+      CHECK(device.what[i] == host.what[i]);
+      CHECK(device.what[i].find("outer round 2 rejected") != std::string::npos);
+    }
+    CHECK(device.what[2].find(s.victim) != std::string::npos);
+    if (s.damage) CHECK(device.what[0].find("rank(s) 2 received corrupt compressed data") != std::string::npos);
+  }
+}
+
+TEST_CASE("topk has no device form: a compile-time error names what to use (see compile_fail_device_topk)") {
+  CHECK_FALSE(k::codec_elements<cp::topk_codec<64>>::supported);
+  CHECK(k::codec_elements<cp::blockwise_codec<dc::int4, 64, cp::round_nearest>>::supported);
+  CHECK(k::codec_elements<cp::cast_codec<dc::bf16, cp::round_nearest>>::supported);
+}
+
+TEST_CASE("host and device workers share compressed rounds: the same segments, the all-host run's bits") {
+  using C = cp::error_feedback<cp::blockwise<dc::int4, 128>>;
+  constexpr int m = 3, rounds = 2;
+  const auto host = train<dc::host_space, C>(m, rounds, model_sizes);
+  std::vector<std::vector<float>> mixed(m);
+  std::vector<wire_log> logs(m);
+  dc::comm::threads::world world(m);
+  world.run([&](dc::comm::threads& threads) {
+    const int r = threads.rank();
+    recording_link comm(threads, logs[static_cast<std::size_t>(r)]);
+    auto run = [&](auto rep) {
+      dc::algorithm<dc::inner::adamw, dc::outer::nesterov, C, recording_link> t(rep.params, comm,
+                                                                                make_options<C>());
+      for (int s = 0; s < rounds * 2; ++s) {
+        rep.compute_grads(r);
+        t.step(rep.grads);
+      }
+      mixed[static_cast<std::size_t>(r)] = rep.flat();
+    };
+    if (r == 1)
+      run(replica<dc::host_space>(r, model_sizes));
+    else
+      run(replica<dc::device_space>(r, model_sizes));
+  });
+  for (std::size_t r = 0; r < m; ++r) {
+    CAPTURE(r);
+    CHECK(same(mixed[r], host.replicas[r]));
+    REQUIRE(logs[r].size() == host.wire[r].size());
+    for (std::size_t c = 0; c < logs[r].size(); ++c) CHECK(logs[r][c] == host.wire[r][c]);
+  }
+}
