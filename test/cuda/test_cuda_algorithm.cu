@@ -10,6 +10,10 @@
 #include <thrust/device_vector.h>
 #include <vector>
 
+#if defined(DILOCO_TEST_NCCL)
+#include <diloco/comm/nccl.hpp>
+#endif
+
 namespace dc = diloco;
 
 namespace {
@@ -122,6 +126,31 @@ TEST_CASE("gpu: DiLoCo over thrust::device_vector with comm::threads (staged) ma
     check_close(device[m], host[m], 1e-4f);
   }
 }
+
+#if defined(DILOCO_TEST_NCCL)
+// The device communicator path of the engine (no staging): a world of one
+// NCCL rank on this GPU against comm::local over host tensors.
+TEST_CASE("gpu: DiLoCo over comm::nccl with device tensors matches host tensors") {
+  using nccl_trainer = dc::algorithm<dc::inner::adamw, dc::outer::nesterov, dc::compress::none, dc::comm::nccl>;
+  static_assert(dc::device_communicator<dc::comm::nccl>);
+  dc::comm::nccl comm(dc::comm::nccl::make_unique_id(), 0, 1);
+  device_model d(1);
+  nccl_trainer t(d.params, comm, opts);
+  for (int s = 0; s < 12; ++s) {
+    d.backward();
+    t.step(d.grads);
+  }
+  host_model h(1);
+  dc::comm::local local;
+  dc::algorithm<dc::inner::adamw, dc::outer::nesterov, dc::compress::none, dc::comm::local> th(h.params, local, opts);
+  for (int s = 0; s < 12; ++s) {
+    h.backward();
+    th.step(h.grads);
+  }
+  CHECK(t.stats().rounds == 3);
+  check_close(d.flat(), h.flat(), 1e-4f);
+}
+#endif
 
 TEST_CASE("gpu: a world of one over device tensors matches host tensors") {
   auto run = [](auto& m) {
