@@ -39,6 +39,31 @@ double median_seconds(int reps, F&& f) {
   return t[t.size() / 2];
 }
 
+// Median wall times of several functions measured in alternation (f0, f1,
+// ..., f0, f1, ...), so that a burst of noise on a shared machine falls on
+// all of them alike and their ratios stay meaningful.
+template <class... F>
+std::vector<double> interleaved_medians(int reps, F&&... fs) {
+  constexpr std::size_t k = sizeof...(F);
+  std::vector<std::vector<double>> t(k);
+  auto one = [](auto& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  (fs(), ...);  // warm-up
+  for (int r = 0; r < reps; ++r) {
+    std::size_t i = 0;
+    ((t[i++].push_back(one(fs))), ...);
+  }
+  std::vector<double> out;
+  for (auto& v : t) {
+    std::sort(v.begin(), v.end());
+    out.push_back(v[v.size() / 2]);
+  }
+  return out;
+}
+
 inline void print(const std::string& name, double value) { std::printf("%s: %.6g\n", name.c_str(), value); }
 inline void print(const std::string& name, const std::string& value) { std::printf("%s: %s\n", name.c_str(), value.c_str()); }
 

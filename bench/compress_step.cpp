@@ -17,8 +17,8 @@ namespace cp = diloco::compress;
 
 namespace {
 
-template <class Compressor>
-void run(const char* name, std::size_t n, int world, int reps, double triad_gbps) {
+template <class Compressor, class Triad>
+void run(const char* name, std::size_t n, int world, int reps, Triad&& triad) {
   using codec = typename Compressor::codec;
   const codec c = Compressor::make_codec({});
   const cp::block_layout layout({n}, codec::block, world);
@@ -39,12 +39,12 @@ void run(const char* name, std::size_t n, int world, int reps, double triad_gbps
 
   // Stage 1 over all shards: read global, local (+ residual), write the
   // encoding (+ the new residual).
-  const double t_encode = bench::median_seconds(reps, [&] {
+  auto encode = [&] {
     ex.transform_reduce(layout.block_count(),
                         dc::kernels::encode_pseudo_gradient<codec>{c, layout.blocks(), table, global.data(),
                                                                    ef ? residual.data() : nullptr,
                                                                    ef ? next.data() : nullptr, payload.data(), stride, 1});
-  });
+  };
   const double encode_bytes = (ef ? 16.0 : 8.0) + enc;
 
   // Stages 3+4 for one shard: read M encodings of the shard, write one.
@@ -52,27 +52,33 @@ void run(const char* name, std::size_t n, int world, int reps, double triad_gbps
   const std::size_t shard_blocks = layout.blocks_in(shard);
   std::vector<std::byte> out(shard_blocks * stride);
   std::vector<const std::byte*> received(static_cast<std::size_t>(world), payload.data());
-  const double t_reduce = bench::median_seconds(reps, [&] {
+  auto reduce = [&] {
     ex.transform_reduce(shard_blocks, dc::kernels::reduce_shard<codec>{c, layout.blocks(), offsets.data(),
                                                                        received.data(), world, out.data(), stride, 2});
-  });
+  };
   const double shard_elements = static_cast<double>(layout.elements_in(shard));
   const double reduce_bytes = (world + 1) * enc;
 
   // Stage 7 over all shards: read the mean's encoding, momentum and global,
   // write momentum, global and local.
   const auto nesterov = dc::outer::nesterov::make_update({}, 2);
-  const double t_apply = bench::median_seconds(reps, [&] {
+  auto apply = [&] {
     for (int s = 0; s < world; ++s)
       ex.for_each(layout.blocks_in(s),
                   dc::kernels::decode_apply<codec, dc::kernels::sgd_update>{
                       c, nesterov, layout.blocks() + layout.first_block(s), table,
                       payload.data() + layout.first_block(s) * stride, stride, global.data(), momentum.data(), n});
-  });
+  };
+  // In alternation with STREAM triad on buffers of the same size, so the
+  // ratios compare passes measured under the same conditions.
+  const auto t = bench::interleaved_medians(reps, encode, reduce, apply, triad);
+  const double t_encode = t[0], t_reduce = t[1], t_apply = t[2];
+  const double triad_gbps = 12.0 * static_cast<double>(n) / 1e9 / t[3];
   const double apply_bytes = 20.0 + enc;
 
   const double gn = static_cast<double>(n) / 1e9;
   const std::string p = std::string(name) + ".";
+  bench::print(p + "triad_gbps", triad_gbps);
   bench::print(p + "encoded_bytes_per_param", enc);
   bench::print(p + "encode_bytes_per_param", encode_bytes);
   bench::print(p + "encode_gbps", encode_bytes * gn / t_encode);
@@ -103,17 +109,15 @@ int main(int argc, char** argv) {
   float* zp = z.data();
   const float* xp = x.data();
   const float* yp = y.data();
-  const double t_triad = bench::median_seconds(reps, [&] {
+  auto triad = [&] {
 #pragma omp parallel for schedule(static)
     for (std::ptrdiff_t i = 0; i < sn; ++i) zp[i] = xp[i] + 0.5f * yp[i];
-  });
-  const double triad_gbps = 12.0 * static_cast<double>(n) / 1e9 / t_triad;
-  bench::print("triad_gbps", triad_gbps);
+  };
 
-  run<cp::cast<dc::bf16>>("bf16", n, world, reps, triad_gbps);
-  run<cp::error_feedback<cp::cast<dc::bf16>>>("bf16_ef", n, world, reps, triad_gbps);
-  run<cp::blockwise<dc::int8>>("int8", n, world, reps, triad_gbps);
-  run<cp::error_feedback<cp::blockwise<dc::int8>>>("int8_ef", n, world, reps, triad_gbps);
-  run<cp::error_feedback<cp::blockwise<dc::int4>>>("int4_ef", n, world, reps, triad_gbps);
+  run<cp::cast<dc::bf16>>("bf16", n, world, reps, triad);
+  run<cp::error_feedback<cp::cast<dc::bf16>>>("bf16_ef", n, world, reps, triad);
+  run<cp::blockwise<dc::int8>>("int8", n, world, reps, triad);
+  run<cp::error_feedback<cp::blockwise<dc::int8>>>("int8_ef", n, world, reps, triad);
+  run<cp::error_feedback<cp::blockwise<dc::int4>>>("int4_ef", n, world, reps, triad);
   return 0;
 }

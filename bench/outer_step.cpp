@@ -24,16 +24,19 @@ int main(int argc, char** argv) {
   constexpr int world = 4;  // the mean's 1/M; any M > 1 runs the same passes
   bench::print("threads", bench::threads());
 
+  // Buffers for the largest size, allocated and first touched once; each
+  // size uses their prefixes (no allocation churn between sizes).
+  const std::size_t largest = std::size_t{1} << hi;
+  std::vector<float> global(largest), local(largest), momentum(largest), wire(largest), delta(largest), update(largest);
+  bench::fill(global, 1.0f);
+  bench::fill(local, 0.99f);
+  bench::fill(momentum, 0.0f);
+  bench::fill(wire, 0.0f);
+  bench::fill(delta, 0.0f);
+  bench::fill(update, 0.0f);
   for (long k = lo; k <= hi; ++k) {
     const std::size_t n = std::size_t{1} << k;
     const std::string tag = "[2^" + std::to_string(k) + "]";
-    std::vector<float> global(n), local(n), momentum(n), wire(n), delta(n), update(n);
-    bench::fill(global, 1.0f);
-    bench::fill(local, 0.99f);
-    bench::fill(momentum, 0.0f);
-    bench::fill(wire, 0.0f);
-    bench::fill(delta, 0.0f);
-    bench::fill(update, 0.0f);
     dc::exec::host ex(bench::threads());
     const dc::outer::nesterov::options opt{};
     const auto nesterov = dc::outer::nesterov::make_update(opt, 2);
@@ -41,11 +44,11 @@ int main(int argc, char** argv) {
 
     // (a) fused: pseudo-gradient into the wire (12 B), then outer Nesterov +
     // copy-back (24 B). The same kernels the engine runs.
-    const double t_fused = bench::median_seconds(reps, [&] {
+    auto fused = [&] {
       ex.transform_reduce(n, dc::kernels::pseudo_gradient{global.data(), local.data(), wire.data()});
       ex.for_each(n, dc::kernels::outer_apply<dc::kernels::sgd_update>{nesterov, wire.data(), inv_m, global.data(),
                                                                         momentum.data(), n, local.data()});
-    });
+    };
 
     // (b) unfused, one pass per operation (72 B):
     //   delta = global - local; wire = delta; wire /= M; b = mu b + wire;
@@ -57,7 +60,7 @@ int main(int argc, char** argv) {
     float* w = wire.data();
     float* d = delta.data();
     float* u = update.data();
-    const double t_unfused = bench::median_seconds(reps, [&] {
+    auto unfused = [&] {
 #pragma omp parallel for schedule(static)
       for (std::ptrdiff_t i = 0; i < sn; ++i) d[i] = g[i] - l[i];
 #pragma omp parallel for schedule(static)
@@ -72,17 +75,20 @@ int main(int argc, char** argv) {
       for (std::ptrdiff_t i = 0; i < sn; ++i) g[i] = g[i] - lr * u[i];
 #pragma omp parallel for schedule(static)
       for (std::ptrdiff_t i = 0; i < sn; ++i) l[i] = g[i];
-    });
+    };
 
     // (c) STREAM copy (8 B) and triad (12 B) on the same buffers.
-    const double t_copy = bench::median_seconds(reps, [&] {
+    auto copy = [&] {
 #pragma omp parallel for schedule(static)
       for (std::ptrdiff_t i = 0; i < sn; ++i) d[i] = g[i];
-    });
-    const double t_triad = bench::median_seconds(reps, [&] {
+    };
+    auto triad = [&] {
 #pragma omp parallel for schedule(static)
       for (std::ptrdiff_t i = 0; i < sn; ++i) d[i] = g[i] + 0.5f * l[i];
-    });
+    };
+    // In alternation, so that noise falls on all four alike.
+    const auto t = bench::interleaved_medians(reps, fused, unfused, copy, triad);
+    const double t_fused = t[0], t_unfused = t[1], t_copy = t[2], t_triad = t[3];
 
     const double gb = static_cast<double>(n) / 1e9;
     const double fused_gbps = 36 * gb / t_fused, unfused_gbps = 72 * gb / t_unfused;

@@ -91,16 +91,15 @@ struct encode_pseudo_gradient {
       });
     }
     codec.encode(v, blk.len, payload + b * stride, dq, stream, off);
-    double error_sq;
+    // The error v - dq replaces dq in place (local arrays only, so the lane
+    // sums vectorize), then travels to the residual in one copy.
+    const double error_sq = lane_squares(blk.len, [&](std::size_t j) {
+      dq[j] = v[j] - dq[j];
+      return dq[j];
+    });
     if (new_residual) {
       float* DILOCO_RESTRICT e = new_residual + off;
-      error_sq = lane_squares(blk.len, [&](std::size_t j) {
-        const float err = v[j] - dq[j];
-        e[j] = err;
-        return err;
-      });
-    } else {
-      error_sq = lane_squares(blk.len, [&](std::size_t j) { return v[j] - dq[j]; });
+      for (std::size_t j = 0; j < blk.len; ++j) e[j] = dq[j];
     }
     return {delta_sq, error_sq};
   }
