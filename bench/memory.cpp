@@ -1,7 +1,10 @@
 // The library's own memory per parameter, measured: every allocation goes
 // through counting operator new/delete, and the live bytes an algorithm
-// instance adds (its construction, then one round) are divided by the
-// parameter count. The user's parameters and gradients are not counted.
+// instance adds (its construction, then one round) are recorded for n and 2n
+// parameters. The difference over n is the cost per parameter
+// (`bytes_per_param`); what remains at n is a fixed cost (`fixed_bytes`:
+// per-tensor tables, the communicator's bookkeeping) that does not grow with
+// the model. The user's parameters and gradients are not counted.
 //
 //   bench_memory [--log2 22] [--workers 4]
 
@@ -85,8 +88,12 @@ struct quiet_world {
   request ibarrier() { return {}; }
 };
 
+struct live_bytes {
+  long long constructed, after_round;
+};
+
 template <class Inner, class Compressor>
-void measure(const char* name, std::size_t n, int world) {
+live_bytes measure_at(std::size_t n, int world) {
   std::vector<float> params(n, 1.0f), grads(n, 0.001f);
   quiet_world comm{world};
   const long long before = live.load();
@@ -104,9 +111,21 @@ void measure(const char* name, std::size_t n, int world) {
     }
     after_round = live.load();
   }
+  return {after_construction - before, after_round - before};
+}
+
+template <class Inner, class Compressor>
+void measure(const char* name, std::size_t n, int world) {
+  const live_bytes at_n = measure_at<Inner, Compressor>(n, world);
+  const live_bytes at_2n = measure_at<Inner, Compressor>(2 * n, world);
   const double np = static_cast<double>(n);
-  bench::print(std::string(name) + ".bytes_per_param", static_cast<double>(after_construction - before) / np);
-  bench::print(std::string(name) + ".after_round_bytes_per_param", static_cast<double>(after_round - before) / np);
+  const auto report = [&](const std::string& what, long long b1, long long b2) {
+    const double per_param = static_cast<double>(b2 - b1) / np;
+    bench::print(std::string(name) + what + "bytes_per_param", per_param);
+    bench::print(std::string(name) + what + "fixed_bytes", static_cast<double>(b1) - per_param * np);
+  };
+  report(".", at_n.constructed, at_2n.constructed);
+  report(".after_round_", at_n.after_round, at_2n.after_round);
 }
 
 }  // namespace
@@ -116,6 +135,7 @@ int main(int argc, char** argv) {
   const std::size_t n = std::size_t{1} << a.get("--log2", 22);
   const int world = static_cast<int>(a.get("--workers", 4));
   bench::print("parameters", static_cast<double>(n));
+  bench::print("parameters_second_size", static_cast<double>(2 * n));
   bench::print("workers", world);
   // Inner SGD without momentum keeps no state: what remains is DiLoCo's.
   measure<dc::inner::sgd, cp::none>("none", n, world);
