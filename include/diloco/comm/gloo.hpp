@@ -155,14 +155,10 @@ class gloo {
   static constexpr std::uint32_t header_tag = 0;
   static constexpr std::uint32_t payload_tag = 1;
 
-  // A blocking operation runs on the caller's thread unless non-blocking
-  // ones are still pending, which it must not overtake.
+  // A blocking operation never overtakes pending non-blocking ones.
   template <class F>
   void blocking(F&& f) {
-    if (queue_.idle())
-      f();
-    else
-      queue_.submit(std::function<void()>(std::forward<F>(f))).wait();
+    queue_.run_in_order(std::forward<F>(f));
   }
 
   // ------------------------------------------------ argument validation

@@ -271,14 +271,10 @@ class threads {
  private:
   threads(std::shared_ptr<detail_threads::group> g, int rank) : group_(std::move(g)), rank_(rank) {}
 
-  // A blocking operation runs on the caller's thread unless non-blocking
-  // ones are still pending, which it must not overtake.
+  // A blocking operation never overtakes pending non-blocking ones.
   template <class F>
   void blocking(F&& f) {
-    if (queue_.idle())
-      f();
-    else
-      queue_.submit(std::function<void()>(std::forward<F>(f))).wait();
+    queue_.run_in_order(std::forward<F>(f));
   }
 
   // Local argument checks. They do not throw here: the rank still enters the

@@ -105,17 +105,24 @@ struct codec_options {
   std::uint64_t seed = 0;  // stochastic rounding stream
 };
 
-// The compressor policy: blockwise<int8, 128> or blockwise<int4, 64, stochastic_rounding>.
-template <class Format, std::size_t B = 128, class Rounding = round_nearest>
-struct blockwise {
+// What a lossy compressor without state of its own declares: its codec,
+// no error feedback, rounding from the codec's policy, options that need
+// no validation. blockwise and cast derive from it and add their name.
+template <class Codec, class Rounding>
+struct stateless_codec_policy {
   using options = codec_options;
-  using codec = blockwise_codec<Format, B, Rounding>;
-  static constexpr const char* name = Format::bits == 8 ? "blockwise int8" : "blockwise int4";
+  using codec = Codec;
   static constexpr bool lossless = false;
   static constexpr bool has_error_feedback = false;
   static constexpr bool stochastic = Rounding::stochastic;
   static void validate(const options&) {}
   static codec make_codec(const options&) { return {}; }
+};
+
+// The compressor policy: blockwise<int8, 128> or blockwise<int4, 64, stochastic_rounding>.
+template <class Format, std::size_t B = 128, class Rounding = round_nearest>
+struct blockwise : stateless_codec_policy<blockwise_codec<Format, B, Rounding>, Rounding> {
+  static constexpr const char* name = Format::bits == 8 ? "blockwise int8" : "blockwise int4";
 };
 
 }  // namespace diloco::compress

@@ -64,15 +64,8 @@ struct cast_codec {
 
 // The compressor policy: cast<bf16> or cast<fp16, stochastic_rounding>.
 template <class Format, class Rounding = round_nearest>
-struct cast {
-  using options = codec_options;
-  using codec = cast_codec<Format, Rounding>;
+struct cast : stateless_codec_policy<cast_codec<Format, Rounding>, Rounding> {
   static constexpr const char* name = std::is_same_v<Format, bf16> ? "cast bf16" : "cast fp16";
-  static constexpr bool lossless = false;
-  static constexpr bool has_error_feedback = false;
-  static constexpr bool stochastic = Rounding::stochastic;
-  static void validate(const options&) {}
-  static codec make_codec(const options&) { return {}; }
 };
 
 }  // namespace diloco::compress

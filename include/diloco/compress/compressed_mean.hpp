@@ -46,6 +46,43 @@ struct exchange_result {
   std::size_t encoded_bytes = 0;  // this rank's stage-1 segments, headers included
 };
 
+}  // namespace diloco::compress
+
+namespace diloco::detail {
+
+// Stage 6's outcome from the summed votes, one slot per rank (0 = apply,
+// 1 = non-finite numbers, 2 = corrupt bytes), and what this rank saw itself:
+// its own validation failure, the owners that reported bad bytes, the
+// senders of non-finite values and the shards whose mean is not finite.
+inline void read_verdicts(std::span<const float> verdict, const std::string& local_problem,
+                          const std::string& reporters, const std::string& bad_senders, const std::string& bad_shards,
+                          compress::exchange_result& out) {
+  std::string corrupt_ranks;
+  bool any = false;
+  for (std::size_t k = 0; k < verdict.size(); ++k) {
+    any = any || verdict[k] != 0.0f;
+    if (verdict[k] == 2.0f) corrupt_ranks += diloco::detail::concat(corrupt_ranks.empty() ? "" : ", ", k);
+  }
+  if (!any) return;
+  out.accepted = false;
+  if (!corrupt_ranks.empty()) {
+    out.corrupt = true;
+    out.problem = local_problem.empty()
+                      ? diloco::detail::concat("rank(s) ", corrupt_ranks, " received corrupt compressed data",
+                                               reporters.empty() ? "" : " (", reporters, reporters.empty() ? "" : ")")
+                      : local_problem;
+  } else if (!bad_senders.empty()) {
+    out.problem = diloco::detail::concat("non-finite pseudo-gradient from ", bad_senders);
+  } else {
+    out.problem = diloco::detail::concat("the compressed mean of ", bad_shards,
+                                         " is not finite (values beyond the codec's range?)");
+  }
+}
+
+}  // namespace diloco::detail
+
+namespace diloco::compress {
+
 template <class Compressor, class Space>
 class compressed_mean {
  public:
@@ -182,27 +219,7 @@ class compressed_mean {
     std::fill(verdict_.begin(), verdict_.end(), 0.0f);
     verdict_[static_cast<std::size_t>(rank_)] = corrupt ? 2.0f : (numeric ? 1.0f : 0.0f);
     comm.all_reduce(std::span<float>(verdict_), reduce_op::sum);
-    std::string corrupt_ranks;
-    bool any = false;
-    for (int k = 0; k < world_; ++k) {
-      const float v = verdict_[static_cast<std::size_t>(k)];
-      any = any || v != 0.0f;
-      if (v == 2.0f) corrupt_ranks += diloco::detail::concat(corrupt_ranks.empty() ? "" : ", ", k);
-    }
-    if (!any) return out;
-    out.accepted = false;
-    if (!corrupt_ranks.empty()) {
-      out.corrupt = true;
-      out.problem = local_problem.empty()
-                        ? diloco::detail::concat("rank(s) ", corrupt_ranks, " received corrupt compressed data",
-                                                 reporters.empty() ? "" : " (", reporters, reporters.empty() ? "" : ")")
-                        : local_problem;
-    } else if (!bad_senders.empty()) {
-      out.problem = diloco::detail::concat("non-finite pseudo-gradient from ", bad_senders);
-    } else {
-      out.problem = diloco::detail::concat("the compressed mean of ", bad_shards,
-                                           " is not finite (values beyond the codec's range?)");
-    }
+    diloco::detail::read_verdicts(verdict_, local_problem, reporters, bad_senders, bad_shards, out);
     return out;
   }
 

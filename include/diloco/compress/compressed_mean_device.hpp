@@ -286,27 +286,7 @@ class compressed_mean<Compressor, Space> {
       link.all_reduce(comm, exec, verdict_device_.data(), m, reduce_op::sum);
       exec.to_host(verdict_.data(), verdict_device_.data(), m);
     }
-    std::string corrupt_ranks;
-    bool any = false;
-    for (int k = 0; k < world_; ++k) {
-      const float v = verdict_[static_cast<std::size_t>(k)];
-      any = any || v != 0.0f;
-      if (v == 2.0f) corrupt_ranks += diloco::detail::concat(corrupt_ranks.empty() ? "" : ", ", k);
-    }
-    if (!any) return out;
-    out.accepted = false;
-    if (!corrupt_ranks.empty()) {
-      out.corrupt = true;
-      out.problem = local_problem.empty()
-                        ? diloco::detail::concat("rank(s) ", corrupt_ranks, " received corrupt compressed data",
-                                                 reporters.empty() ? "" : " (", reporters, reporters.empty() ? "" : ")")
-                        : local_problem;
-    } else if (!bad_senders.empty()) {
-      out.problem = diloco::detail::concat("non-finite pseudo-gradient from ", bad_senders);
-    } else {
-      out.problem = diloco::detail::concat("the compressed mean of ", bad_shards,
-                                           " is not finite (values beyond the codec's range?)");
-    }
+    diloco::detail::read_verdicts(verdict_, local_problem, reporters, bad_senders, bad_shards, out);
     return out;
   }
 

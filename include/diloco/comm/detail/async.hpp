@@ -113,6 +113,17 @@ class progress_queue {
     return tasks_.empty() && !running_;
   }
 
+  // A blocking operation: runs f on the caller's thread unless
+  // non-blocking ones are still pending, which it must not overtake; then
+  // it waits behind them (their errors stay with their own requests).
+  template <class F>
+  void run_in_order(F&& f) {
+    if (idle())
+      f();
+    else
+      submit(std::function<void()>(std::forward<F>(f))).wait();
+  }
+
   async_request submit(std::function<void()> task) {
     auto state = std::make_shared<request_state>();
     {
