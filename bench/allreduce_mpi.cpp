@@ -44,9 +44,7 @@ int main(int argc, char** argv) {
       const std::size_t n = std::size_t{1} << k;
       const std::string tag = "[2^" + std::to_string(k) + "]";
       std::vector<float> buf(n, 1.0f);
-      const double t_raw = bench::timed_mpi(reps, [&] {
-        MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-      });
+      const double t_raw = bench::raw_allreduce_seconds(buf, reps);
       const double t_checked = bench::timed_mpi(reps, [&] { checked.all_reduce(buf, dc::reduce_op::sum); });
       const double t_unchecked = bench::timed_mpi(reps, [&] { unchecked.all_reduce(buf, dc::reduce_op::sum); });
       const double bytes = 4.0 * static_cast<double>(n);

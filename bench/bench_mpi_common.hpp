@@ -30,6 +30,14 @@ double timed_mpi(int reps, F&& f) {
   return t[t.size() / 2];
 }
 
+// Median seconds of a raw in-place MPI_Allreduce (sum) of buf: the
+// baseline every communicator is compared against in the same run.
+inline double raw_allreduce_seconds(std::vector<float>& buf, int reps) {
+  return timed_mpi(reps, [&] {
+    MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(buf.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  });
+}
+
 // Seconds of one outer round (pseudo-gradient, exchange, outer step) over
 // `comm`, on n parameters after one inner SGD step.
 template <class Compressor, class Comm>

@@ -12,22 +12,12 @@
 #include <vector>
 
 #include "comm_conformance.hpp"
+#include "test_probes.hpp"
 
 namespace dc = diloco;
 using dc::comm::mpi;
 
 namespace {
-
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int m = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &m);
-  return m;
-}
 
 // Every rank's bytes, gathered with plain MPI (not the code under test).
 std::vector<std::vector<std::uint8_t>> gather_bits(const void* data, std::size_t bytes) {

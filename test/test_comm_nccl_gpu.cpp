@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "device_comm_conformance.hpp"
+#include "test_probes.hpp"
 
 namespace dc = diloco;
 using dc::comm::nccl;
@@ -25,15 +26,6 @@ using device_conformance::device_array;
 static_assert(dc::device_communicator<nccl>);
 
 namespace {
-
-int device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
 
 // Generous enough for a loaded machine, short enough that a bug fails the
 // test instead of hanging it.

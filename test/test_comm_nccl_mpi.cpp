@@ -16,33 +16,10 @@
 #include <vector>
 
 #include "device_comm_conformance.hpp"
+#include "test_probes.hpp"
 
 namespace dc = diloco;
 using dc::comm::nccl;
-
-namespace {
-
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-
-int device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
-
-}  // namespace
 
 TEST_SUITE("bootstrap") {
   TEST_CASE("every rank receives the id rank 0 made") {

@@ -6,13 +6,7 @@
 file(REMOVE_RECURSE ${WORK_DIR})
 file(MAKE_DIRECTORY ${WORK_DIR})
 
-function(run)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "command failed (${rc}): ${ARGN}\n${out}\n${err}")
-  endif()
-  message(STATUS "${out}")
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/run_common.cmake)
 
 run(${CMAKE_COMMAND} --install ${DILOCO_BINARY_DIR} --prefix ${WORK_DIR}/prefix)
 if(NOT EXISTS ${WORK_DIR}/prefix/include/diloco/comm/mpi.hpp)
