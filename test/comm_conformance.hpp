@@ -127,6 +127,12 @@ void check_overlapping_requests(C& comm) {
   for (int k = 0; k < m; ++k)
     for (std::size_t j = 0; j < send.size(); ++j)
       REQUIRE(gathered[static_cast<std::size_t>(k) * send.size() + j] == pattern(k, 9, j));
+  // A default-constructed request is complete, and so is one waited on:
+  // waiting again returns at once.
+  typename C::request empty{};
+  REQUIRE(empty.test());
+  empty.wait();
+  ra.wait();
   // A blocking operation after pending ones must not overtake them.
   std::vector<float> d(3, static_cast<float>(r));
   auto rd = comm.iall_reduce(d, diloco::reduce_op::sum);

@@ -88,7 +88,10 @@ concept compressor = requires {
 } && (C::lossless || compress::lossy_compressor<C>);
 
 // ---------------------------------------------------------- communicators
-// The handle of a non-blocking collective.
+// The handle of a non-blocking collective. wait() blocks until it has
+// completed (rethrowing its error), test() polls. A default-constructed
+// request is complete, and so is one already waited on: wait() returns at
+// once and test() is true.
 template <class R>
 concept comm_request = std::movable<R> && requires(R& r) {
   { r.wait() };
