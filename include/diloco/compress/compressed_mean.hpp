@@ -50,34 +50,59 @@ struct exchange_result {
 
 namespace diloco::detail {
 
-// Stage 6's outcome from the summed votes, one slot per rank (0 = apply,
-// 1 = non-finite numbers, 2 = corrupt bytes), and what this rank saw itself:
-// its own validation failure, the owners that reported bad bytes, the
-// senders of non-finite values and the shards whose mean is not finite.
-inline void read_verdicts(std::span<const float> verdict, const std::string& local_problem,
-                          const std::string& reporters, const std::string& bad_senders, const std::string& bad_shards,
-                          compress::exchange_result& out) {
-  std::string corrupt_ranks;
-  bool any = false;
-  for (std::size_t k = 0; k < verdict.size(); ++k) {
-    any = any || verdict[k] != 0.0f;
-    if (verdict[k] == 2.0f) corrupt_ranks += diloco::detail::concat(corrupt_ranks.empty() ? "" : ", ", k);
+// What one rank learns while it validates a round's segments (host and
+// device exchanges alike), the vote it casts in stage 6, and the outcome it
+// reads from the summed votes.
+struct round_findings {
+  std::string local_problem;  // bytes this rank found bad itself (a format_error's message)
+  std::string bad_senders;    // senders of non-finite pseudo-gradients
+  std::string bad_shards;     // shards whose mean is not finite
+  std::string reporters;      // shard owners that reported bad bytes
+
+  // Stage 3: a stage-1 segment from rank k passed its checks.
+  void sender(const wire::header& h, int k) {
+    if (!std::isfinite(h.norm)) bad_senders += concat(bad_senders.empty() ? "" : ", ", "rank ", k, " (norm ", h.norm, ")");
   }
-  if (!any) return;
-  out.accepted = false;
-  if (!corrupt_ranks.empty()) {
-    out.corrupt = true;
-    out.problem = local_problem.empty()
-                      ? diloco::detail::concat("rank(s) ", corrupt_ranks, " received corrupt compressed data",
-                                               reporters.empty() ? "" : " (", reporters, reporters.empty() ? "" : ")")
-                      : local_problem;
-  } else if (!bad_senders.empty()) {
-    out.problem = diloco::detail::concat("non-finite pseudo-gradient from ", bad_senders);
-  } else {
-    out.problem = diloco::detail::concat("the compressed mean of ", bad_shards,
-                                         " is not finite (values beyond the codec's range?)");
+  // Stage 5: shard k's reduced segment passed its checks; it may carry its
+  // owner's report (a status, no payload) instead of a mean.
+  void reduced(const wire::header& h, int k) {
+    if (h.status != 0)
+      reporters += concat(reporters.empty() ? "" : ", ", "rank ", k, " (about data from rank ", h.status - 1, ")");
+    else if (!std::isfinite(h.norm))
+      bad_shards += concat(bad_shards.empty() ? "" : ", ", "shard ", k);
   }
-}
+
+  // Stage 6: 0 = apply, 1 = non-finite numbers, 2 = corrupt bytes. A rank
+  // votes "corrupt" only for bytes it found bad itself; a shard owner's
+  // report is seen by all through the all-gather, and the owner votes for it.
+  float vote() const {
+    if (!local_problem.empty()) return 2.0f;
+    return bad_senders.empty() && bad_shards.empty() ? 0.0f : 1.0f;
+  }
+
+  // The round's outcome from the summed votes, one slot per rank.
+  void read(std::span<const float> verdict, compress::exchange_result& out) const {
+    std::string corrupt_ranks;
+    bool any = false;
+    for (std::size_t k = 0; k < verdict.size(); ++k) {
+      any = any || verdict[k] != 0.0f;
+      if (verdict[k] == 2.0f) corrupt_ranks += concat(corrupt_ranks.empty() ? "" : ", ", k);
+    }
+    if (!any) return;
+    out.accepted = false;
+    if (!corrupt_ranks.empty()) {
+      out.corrupt = true;
+      out.problem = local_problem.empty()
+                        ? concat("rank(s) ", corrupt_ranks, " received corrupt compressed data",
+                                 reporters.empty() ? "" : " (", reporters, reporters.empty() ? "" : ")")
+                        : local_problem;
+    } else if (!bad_senders.empty()) {
+      out.problem = concat("non-finite pseudo-gradient from ", bad_senders);
+    } else {
+      out.problem = concat("the compressed mean of ", bad_shards, " is not finite (values beyond the codec's range?)");
+    }
+  }
+};
 
 }  // namespace diloco::detail
 
@@ -156,8 +181,7 @@ class compressed_mean {
     comm.all_to_all(std::span<const std::byte>(send_.data(), send_.size()), std::span<std::byte>(recv_.data(), recv_.size()));
 
     // 3+4. validate, reduce and re-encode this rank's shard.
-    std::string local_problem;
-    std::string bad_senders;
+    diloco::detail::round_findings found;
     std::uint32_t status = 0;
     const std::size_t my_payload = layout_.blocks_in(rank_) * stride_;
     for (int k = 0; k < world_ && status == 0; ++k) {
@@ -167,10 +191,10 @@ class compressed_mean {
                                            static_cast<std::uint32_t>(k), layout_.elements_in(rank_), my_payload,
                                            round},
                                      rank_, "stage-1 segment");
-        if (!std::isfinite(h.norm)) bad_senders += diloco::detail::concat(bad_senders.empty() ? "" : ", ", "rank ", k, " (norm ", h.norm, ")");
+        found.sender(h, k);
         received_[static_cast<std::size_t>(k)] = seg + wire::header_bytes;
       } catch (const format_error& e) {
-        local_problem = e.what();
+        found.local_problem = e.what();
         status = 1 + static_cast<std::uint32_t>(k);
       }
     }
@@ -189,9 +213,7 @@ class compressed_mean {
 
     // 5. every reduced shard to every rank.
     comm.all_gather(std::span<const std::byte>(reduced_.data(), slot_), std::span<std::byte>(gathered_.data(), gathered_.size()));
-    std::string bad_shards;
-    std::string reporters;
-    for (int k = 0; k < world_ && local_problem.empty(); ++k) {
+    for (int k = 0; k < world_ && found.local_problem.empty(); ++k) {
       const std::byte* seg = gathered_.data() + static_cast<std::size_t>(k) * slot_;
       try {
         // A shard whose owner reported a problem carries a status and no
@@ -200,26 +222,17 @@ class compressed_mean {
         const auto h = check_segment(seg, {codec_type::id, flags, static_cast<std::uint32_t>(codec_type::block),
                                            static_cast<std::uint32_t>(k), layout_.elements_in(k), payload, round},
                                      k, "reduced segment", true);
-        if (h.status != 0)
-          reporters += diloco::detail::concat(reporters.empty() ? "" : ", ", "rank ", k, " (about data from rank ",
-                                              h.status - 1, ")");
-        else if (!std::isfinite(h.norm))
-          bad_shards += diloco::detail::concat(bad_shards.empty() ? "" : ", ", "shard ", k);
+        found.reduced(h, k);
       } catch (const format_error& e) {
-        local_problem = e.what();
+        found.local_problem = e.what();
       }
     }
 
-    // 6. agree: 0 = apply, 1 = non-finite numbers, 2 = corrupt bytes.
-    // A rank votes "corrupt" only for bytes it found bad itself; a shard
-    // owner's report (status) is seen by all through the all-gather, and the
-    // owner votes for it.
-    const bool numeric = !bad_senders.empty() || !bad_shards.empty();
-    const bool corrupt = !local_problem.empty();
+    // 6. agree on the round (round_findings::vote).
     std::fill(verdict_.begin(), verdict_.end(), 0.0f);
-    verdict_[static_cast<std::size_t>(rank_)] = corrupt ? 2.0f : (numeric ? 1.0f : 0.0f);
+    verdict_[static_cast<std::size_t>(rank_)] = found.vote();
     comm.all_reduce(std::span<float>(verdict_), reduce_op::sum);
-    diloco::detail::read_verdicts(verdict_, local_problem, reporters, bad_senders, bad_shards, out);
+    found.read(verdict_, out);
     return out;
   }
 

@@ -216,18 +216,16 @@ class compressed_mean<Compressor, Space> {
     // 3+4. validate, reduce and re-encode this rank's shard.
     const std::size_t mine = layout_.blocks_in(rank_);
     inspect(exec, recv_, recv_segments_, m * mine);
-    std::string local_problem;
-    std::string bad_senders;
+    diloco::detail::round_findings found;
     std::uint32_t status = 0;
     const std::size_t my_payload = mine * stride_;
     for (int k = 0; k < world_ && status == 0; ++k) {
       try {
         const auto h = check_segment(exec, static_cast<std::size_t>(k), recv_, expect(k, rank_, my_payload), rank_,
                                      "stage-1 segment", false);
-        if (!std::isfinite(h.norm))
-          bad_senders += diloco::detail::concat(bad_senders.empty() ? "" : ", ", "rank ", k, " (norm ", h.norm, ")");
+        found.sender(h, k);
       } catch (const format_error& e) {
-        local_problem = e.what();
+        found.local_problem = e.what();
         status = 1 + static_cast<std::uint32_t>(k);
       }
     }
@@ -257,36 +255,27 @@ class compressed_mean<Compressor, Space> {
     else
       exec.copy(gathered_.data(), reduced_.data(), slot_);
     inspect(exec, gathered_, gathered_segments_, layout_.block_count());
-    std::string bad_shards;
-    std::string reporters;
-    for (int k = 0; k < world_ && local_problem.empty(); ++k) {
+    for (int k = 0; k < world_ && found.local_problem.empty(); ++k) {
       try {
         // A shard whose owner reported a problem carries a status and no
         // payload.
         const auto h = check_segment(exec, static_cast<std::size_t>(k), gathered_,
                                      expect(k, k, layout_.blocks_in(k) * stride_), k, "reduced segment", true);
-        if (h.status != 0)
-          reporters += diloco::detail::concat(reporters.empty() ? "" : ", ", "rank ", k, " (about data from rank ",
-                                              h.status - 1, ")");
-        else if (!std::isfinite(h.norm))
-          bad_shards += diloco::detail::concat(bad_shards.empty() ? "" : ", ", "shard ", k);
+        found.reduced(h, k);
       } catch (const format_error& e) {
-        local_problem = e.what();
+        found.local_problem = e.what();
       }
     }
 
-    // 6. agree: 0 = apply, 1 = non-finite numbers, 2 = corrupt bytes (as on
-    // the host: a rank votes "corrupt" only for bytes it found bad itself).
-    const bool numeric = !bad_senders.empty() || !bad_shards.empty();
-    const bool corrupt = !local_problem.empty();
+    // 6. agree on the round (round_findings::vote, as on the host).
     std::fill(verdict_.begin(), verdict_.end(), 0.0f);
-    verdict_[static_cast<std::size_t>(rank_)] = corrupt ? 2.0f : (numeric ? 1.0f : 0.0f);
+    verdict_[static_cast<std::size_t>(rank_)] = found.vote();
     if (world_ > 1) {
       exec.from_host(verdict_device_.data(), verdict_.data(), m);
       link.all_reduce(comm, exec, verdict_device_.data(), m, reduce_op::sum);
       exec.to_host(verdict_.data(), verdict_device_.data(), m);
     }
-    diloco::detail::read_verdicts(verdict_, local_problem, reporters, bad_senders, bad_shards, out);
+    found.read(verdict_, out);
     return out;
   }
 
