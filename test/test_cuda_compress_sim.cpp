@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "cuda_grid_sim.hpp"
+#include "threads_device_link.hpp"
 
 // ---------------------------------------------------------------------------
 // This program's device: host memory behind device_space types.
@@ -385,44 +386,21 @@ class recording_link {
 
 // The same over device views only (a device_communicator such as NCCL; in
 // this program device memory is host memory).
-class recording_device_link {
+class recording_device_link : public threads_device_link {
  public:
-  using request = dc::comm::threads::request;
-  recording_device_link(dc::comm::threads& c, wire_log& log) : c_(c), log_(log) {}
-  int rank() const { return c_.rank(); }
-  int size() const { return c_.size(); }
-  dc::traffic_counters traffic() const { return c_.traffic(); }
-  void all_reduce(dc::device_view<float> b, dc::reduce_op op) { c_.all_reduce(span(b), op); }
-  void broadcast(dc::device_view<float> b, int root) { c_.broadcast(span(b), root); }
-  void broadcast(dc::device_view<std::byte> b, int root) { c_.broadcast(span(b), root); }
+  recording_device_link(dc::comm::threads& c, wire_log& log) : threads_device_link(c), log_(log) {}
   void all_to_all(dc::device_view<const std::byte> s, dc::device_view<std::byte> r) {
     ++device_all_to_alls;
     log_.emplace_back(s.data(), s.data() + s.size());
-    c_.all_to_all(span(s), span(r));
+    threads().all_to_all(span(s), span(r));
   }
   void all_gather(dc::device_view<const std::byte> s, dc::device_view<std::byte> r) {
     log_.emplace_back(s.data(), s.data() + s.size());
-    c_.all_gather(span(s), span(r));
+    threads().all_gather(span(s), span(r));
   }
-  void barrier() { c_.barrier(); }
-  request iall_reduce(dc::device_view<float> b, dc::reduce_op op) { return c_.iall_reduce(span(b), op); }
-  request ibroadcast(dc::device_view<float> b, int root) { return c_.ibroadcast(span(b), root); }
-  request ibroadcast(dc::device_view<std::byte> b, int root) { return c_.ibroadcast(span(b), root); }
-  request iall_to_all(dc::device_view<const std::byte> s, dc::device_view<std::byte> r) {
-    return c_.iall_to_all(span(s), span(r));
-  }
-  request iall_gather(dc::device_view<const std::byte> s, dc::device_view<std::byte> r) {
-    return c_.iall_gather(span(s), span(r));
-  }
-  request ibarrier() { return c_.ibarrier(); }
   int device_all_to_alls = 0;
 
  private:
-  template <class T>
-  static std::span<T> span(dc::device_view<T> v) {
-    return {v.data(), v.size()};
-  }
-  dc::comm::threads& c_;
   wire_log& log_;
 };
 static_assert(dc::device_communicator<recording_device_link> && !dc::communicator<recording_device_link>);

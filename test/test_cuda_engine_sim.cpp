@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cuda_grid_sim.hpp"
+#include "threads_device_link.hpp"
 
 // ---------------------------------------------------------------------------
 // This program's device: host memory behind device_space types.
@@ -125,39 +126,15 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 
 // A communicator of device memory only, over comm::threads (in this program
 // device memory is host memory). Counts the calls it receives.
-class device_only_threads {
+class device_only_threads : public threads_device_link {
  public:
-  using request = dc::comm::threads::request;
-  explicit device_only_threads(dc::comm::threads& c) : c_(c) {}
-  int rank() const { return c_.rank(); }
-  int size() const { return c_.size(); }
-  dc::traffic_counters traffic() const { return c_.traffic(); }
-  void all_reduce(dc::device_view<float> b, dc::reduce_op op) { ++all_reduces, c_.all_reduce(span(b), op); }
-  void broadcast(dc::device_view<float> b, int root) { ++broadcasts, c_.broadcast(span(b), root); }
-  void broadcast(dc::device_view<std::byte> b, int root) { c_.broadcast(span(b), root); }
-  void all_to_all(dc::device_view<const std::byte> s, dc::device_view<std::byte> r) { c_.all_to_all(span(s), span(r)); }
-  void all_gather(dc::device_view<const std::byte> s, dc::device_view<std::byte> r) { c_.all_gather(span(s), span(r)); }
-  void barrier() { c_.barrier(); }
-  request iall_reduce(dc::device_view<float> b, dc::reduce_op op) { return c_.iall_reduce(span(b), op); }
-  request ibroadcast(dc::device_view<float> b, int root) { return c_.ibroadcast(span(b), root); }
-  request ibroadcast(dc::device_view<std::byte> b, int root) { return c_.ibroadcast(span(b), root); }
-  request iall_to_all(dc::device_view<const std::byte> s, dc::device_view<std::byte> r) {
-    return c_.iall_to_all(span(s), span(r));
-  }
-  request iall_gather(dc::device_view<const std::byte> s, dc::device_view<std::byte> r) {
-    return c_.iall_gather(span(s), span(r));
-  }
-  request ibarrier() { return c_.ibarrier(); }
+  explicit device_only_threads(dc::comm::threads& c) : threads_device_link(c) {}
+  void all_reduce(dc::device_view<float> b, dc::reduce_op op) { ++all_reduces, threads().all_reduce(span(b), op); }
+  void broadcast(dc::device_view<float> b, int root) { ++broadcasts, threads().broadcast(span(b), root); }
+  void broadcast(dc::device_view<std::byte> b, int root) { threads().broadcast(span(b), root); }
 
   int all_reduces = 0;
   int broadcasts = 0;
-
- private:
-  template <class T>
-  static std::span<T> span(dc::device_view<T> v) {
-    return {v.data(), v.size()};
-  }
-  dc::comm::threads& c_;
 };
 
 static_assert(dc::device_communicator<device_only_threads> && !dc::communicator<device_only_threads>);
