@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "compressed_mean_bounds.hpp"
+#include "threads_link.hpp"
 
 namespace dc = diloco;
 namespace cp = diloco::compress;
@@ -118,32 +119,16 @@ namespace {
 // A threads communicator whose all-to-all delivers one flipped byte to
 // `victim` on the round numbered `on_call` (fault injection on a real
 // exchange).
-class flaky_link {
+class flaky_link : public threads_host_link {
  public:
-  using request = dc::comm::threads::request;
-  flaky_link(dc::comm::threads& c, int victim, int on_call) : c_(c), victim_(victim), on_call_(on_call) {}
-  int rank() const { return c_.rank(); }
-  int size() const { return c_.size(); }
-  dc::traffic_counters traffic() const { return c_.traffic(); }
-  void all_reduce(std::span<float> b, dc::reduce_op op) { c_.all_reduce(b, op); }
-  void broadcast(std::span<float> b, int root) { c_.broadcast(b, root); }
-  void broadcast(std::span<std::byte> b, int root) { c_.broadcast(b, root); }
+  flaky_link(dc::comm::threads& c, int victim, int on_call) : threads_host_link(c), victim_(victim), on_call_(on_call) {}
   void all_to_all(std::span<const std::byte> s, std::span<std::byte> r) {
-    c_.all_to_all(s, r);
+    threads().all_to_all(s, r);
     // Byte 100 of the slot from rank 1: inside its segment's payload.
     if (++calls_ == on_call_ && rank() == victim_) r[r.size() / static_cast<std::size_t>(size()) + 100] ^= std::byte{0x10};
   }
-  void all_gather(std::span<const std::byte> s, std::span<std::byte> r) { c_.all_gather(s, r); }
-  void barrier() { c_.barrier(); }
-  request iall_reduce(std::span<float> b, dc::reduce_op op) { return c_.iall_reduce(b, op); }
-  request ibroadcast(std::span<float> b, int root) { return c_.ibroadcast(b, root); }
-  request ibroadcast(std::span<std::byte> b, int root) { return c_.ibroadcast(b, root); }
-  request iall_to_all(std::span<const std::byte> s, std::span<std::byte> r) { return c_.iall_to_all(s, r); }
-  request iall_gather(std::span<const std::byte> s, std::span<std::byte> r) { return c_.iall_gather(s, r); }
-  request ibarrier() { return c_.ibarrier(); }
 
  private:
-  dc::comm::threads& c_;
   int victim_, on_call_, calls_ = 0;
 };
 

@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "cuda_grid_sim.hpp"
-#include "threads_device_link.hpp"
+#include "threads_link.hpp"
 
 // ---------------------------------------------------------------------------
 // This program's device: host memory behind device_space types.
@@ -353,34 +353,19 @@ struct replica {
 using wire_log = std::vector<std::vector<std::byte>>;
 
 // A host communicator over comm::threads that records what it sends.
-class recording_link {
+class recording_link : public threads_host_link {
  public:
-  using request = dc::comm::threads::request;
-  recording_link(dc::comm::threads& c, wire_log& log) : c_(c), log_(log) {}
-  int rank() const { return c_.rank(); }
-  int size() const { return c_.size(); }
-  dc::traffic_counters traffic() const { return c_.traffic(); }
-  void all_reduce(std::span<float> b, dc::reduce_op op) { c_.all_reduce(b, op); }
-  void broadcast(std::span<float> b, int root) { c_.broadcast(b, root); }
-  void broadcast(std::span<std::byte> b, int root) { c_.broadcast(b, root); }
+  recording_link(dc::comm::threads& c, wire_log& log) : threads_host_link(c), log_(log) {}
   void all_to_all(std::span<const std::byte> s, std::span<std::byte> r) {
     log_.emplace_back(s.begin(), s.end());
-    c_.all_to_all(s, r);
+    threads().all_to_all(s, r);
   }
   void all_gather(std::span<const std::byte> s, std::span<std::byte> r) {
     log_.emplace_back(s.begin(), s.end());
-    c_.all_gather(s, r);
+    threads().all_gather(s, r);
   }
-  void barrier() { c_.barrier(); }
-  request iall_reduce(std::span<float> b, dc::reduce_op op) { return c_.iall_reduce(b, op); }
-  request ibroadcast(std::span<float> b, int root) { return c_.ibroadcast(b, root); }
-  request ibroadcast(std::span<std::byte> b, int root) { return c_.ibroadcast(b, root); }
-  request iall_to_all(std::span<const std::byte> s, std::span<std::byte> r) { return c_.iall_to_all(s, r); }
-  request iall_gather(std::span<const std::byte> s, std::span<std::byte> r) { return c_.iall_gather(s, r); }
-  request ibarrier() { return c_.ibarrier(); }
 
  private:
-  dc::comm::threads& c_;
   wire_log& log_;
 };
 
@@ -567,33 +552,17 @@ namespace {
 
 // A host communicator over comm::threads whose all-to-all hands `victim`
 // damaged bytes (fault injection on a real exchange) on the second round.
-class flaky_link {
+class flaky_link : public threads_host_link {
  public:
-  using request = dc::comm::threads::request;
   using damage = void (*)(std::span<std::byte> slot_of_rank_1);
-  flaky_link(dc::comm::threads& c, int victim, damage d) : c_(c), victim_(victim), damage_(d) {}
-  int rank() const { return c_.rank(); }
-  int size() const { return c_.size(); }
-  dc::traffic_counters traffic() const { return c_.traffic(); }
-  void all_reduce(std::span<float> b, dc::reduce_op op) { c_.all_reduce(b, op); }
-  void broadcast(std::span<float> b, int root) { c_.broadcast(b, root); }
-  void broadcast(std::span<std::byte> b, int root) { c_.broadcast(b, root); }
+  flaky_link(dc::comm::threads& c, int victim, damage d) : threads_host_link(c), victim_(victim), damage_(d) {}
   void all_to_all(std::span<const std::byte> s, std::span<std::byte> r) {
-    c_.all_to_all(s, r);
+    threads().all_to_all(s, r);
     const std::size_t slot = r.size() / static_cast<std::size_t>(size());
     if (++calls_ == 2 && rank() == victim_) damage_(r.subspan(slot, slot));
   }
-  void all_gather(std::span<const std::byte> s, std::span<std::byte> r) { c_.all_gather(s, r); }
-  void barrier() { c_.barrier(); }
-  request iall_reduce(std::span<float> b, dc::reduce_op op) { return c_.iall_reduce(b, op); }
-  request ibroadcast(std::span<float> b, int root) { return c_.ibroadcast(b, root); }
-  request ibroadcast(std::span<std::byte> b, int root) { return c_.ibroadcast(b, root); }
-  request iall_to_all(std::span<const std::byte> s, std::span<std::byte> r) { return c_.iall_to_all(s, r); }
-  request iall_gather(std::span<const std::byte> s, std::span<std::byte> r) { return c_.iall_gather(s, r); }
-  request ibarrier() { return c_.ibarrier(); }
 
  private:
-  dc::comm::threads& c_;
   int victim_;
   damage damage_;
   int calls_ = 0;

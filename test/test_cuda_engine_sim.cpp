@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "cuda_grid_sim.hpp"
-#include "threads_device_link.hpp"
+#include "threads_link.hpp"
 
 // ---------------------------------------------------------------------------
 // This program's device: host memory behind device_space types.
