@@ -24,25 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "cuda_grid_sim.hpp"
+#include "sim_device.hpp"
 #include "threads_link.hpp"
-
-// ---------------------------------------------------------------------------
-// This program's device: host memory behind device_space types.
-namespace diloco {
-template <class T>
-class buffer<T, device_space> : public buffer<T, host_space> {
- public:
-  using buffer<T, host_space>::buffer;
-  tensor_view<T, device_space> view() { return {this->data(), this->size()}; }
-};
-namespace detail {
-template <>
-struct executor_for<device_space> {
-  using type = sim::cuda_executor;
-};
-}  // namespace detail
-}  // namespace diloco
 
 namespace dc = diloco;
 namespace cp = diloco::compress;
