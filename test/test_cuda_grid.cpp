@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cuda_grid_sim.hpp"
+#include "random_inputs.hpp"
 
 namespace dc = diloco;
 namespace grid = dc::exec::grid;
@@ -45,14 +46,6 @@ struct index_value {
   }
   bool vec4_aligned() const { return true; }
 };
-
-std::vector<float> random_floats(std::size_t n, std::uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = u(rng);
-  return v;
-}
 
 // 64-byte aligned storage with `offset` floats of slack in front, so
 // data() + offset is misaligned by `offset` floats.

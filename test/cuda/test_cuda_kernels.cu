@@ -14,18 +14,12 @@
 #include <thrust/fill.h>
 #include <vector>
 
+#include "../random_inputs.hpp"
+
 namespace dc = diloco;
 namespace k = dc::kernels;
 
 namespace {
-
-std::vector<float> random_floats(std::size_t n, std::uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = u(rng);
-  return v;
-}
 
 // Host memory and device memory holding the same values, each starting
 // `offset` floats into an aligned allocation.
