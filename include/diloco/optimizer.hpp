@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <ranges>
 #include <span>
+#include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -90,6 +92,13 @@ class optimizer_core {
   }
   std::uint64_t steps() const { return steps_; }
   const typename Opt::options& settings() const { return opts_; }
+
+  // The moments (slot k of parameter i at k * total + i) and the step count.
+  template <class Visitor>
+  void visit_state(Visitor& v, std::string_view prefix) {
+    if (slots_) v.buffer(std::string(prefix) + ".slots", state_.data(), state_.size(), !std::is_same_v<Space, host_space>);
+    v.scalar(std::string(prefix) + ".steps", steps_);
+  }
 
  private:
   typename Opt::options opts_{};

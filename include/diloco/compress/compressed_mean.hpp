@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -28,6 +29,7 @@
 #include "diloco/compress/codec.hpp"
 #include "diloco/compress/segment.hpp"
 #include "diloco/compress/wire_format.hpp"
+#include "diloco/core/comm_types.hpp"
 #include "diloco/core/error.hpp"
 #include "diloco/kernels/compressed_passes.hpp"
 #include "diloco/kernels/random.hpp"
@@ -144,17 +146,43 @@ class compressed_mean {
   std::size_t slot_bytes() const { return slot_; }
   // The error-feedback residual (empty without error feedback).
   std::span<const float> residual() const { return {residual_.data(), residual_.size()}; }
+  // The error-feedback residual is state (the rest is scratch).
+  template <class Visitor>
+  void visit_state(Visitor& v, std::string_view prefix) {
+    if constexpr (Compressor::has_error_feedback)
+      v.buffer(std::string(prefix) + ".residual", residual_.data(), residual_.size(), false);
+    else
+      (void)v, (void)prefix;
+  }
 
-  // Stages 1-6. `global` is theta_global in flat layout. Every rank must
-  // call it for the same round.
+  // Stages 1-6 with blocking collectives. `global` is the point the
+  // pseudo-gradient is taken from (theta_global, or a schedule's anchor) in
+  // flat layout. Every rank must call it for the same round.
   template <class Exec, class Comm>
   exchange_result exchange(Exec& exec, Comm& comm, const float* global, std::uint64_t round) {
-    exchange_result out;
-    const kernels::tensor_table table{local_.data(), offset_.data()};
-    const std::uint8_t flags = static_cast<std::uint8_t>((Compressor::stochastic ? wire::flag_stochastic : 0) |
-                                                         (Compressor::has_error_feedback ? wire::flag_error_feedback : 0));
+    encode(exec, global, round);
+    comm.all_to_all(send_bytes(), recv_bytes());
+    reduce(exec);
+    comm.all_gather(reduced_bytes(), gathered_bytes());
+    check_gathered();
+    comm.all_reduce(verdict(), reduce_op::sum);
+    return result();
+  }
 
-    // 1. encode every shard.
+  // The same stages one at a time, for a caller that runs the collectives
+  // between them itself (non-blocking, overlapped with inner steps):
+  //   encode -> all_to_all(send_bytes, recv_bytes) -> reduce
+  //   -> all_gather(reduced_bytes, gathered_bytes) -> check_gathered
+  //   -> all_reduce(verdict, sum) -> result
+  // The buffers stay untouched between the stages.
+
+  // 1. encode every shard (shard k is meant for rank k).
+  template <class Exec>
+  void encode(Exec& exec, const float* global, std::uint64_t round) {
+    out_ = {};
+    found_ = {};
+    round_ = round;
+    const kernels::tensor_table table{local_.data(), offset_.data()};
     const std::uint64_t stream1 = kernels::make_stream(seed_, round, static_cast<std::uint64_t>(rank_), 1);
     kernels::sums2 sums;
     for (int s = 0; s < world_; ++s) {
@@ -166,87 +194,99 @@ class compressed_mean {
                                                       Compressor::has_error_feedback ? next_residual_.data() : nullptr,
                                                       seg + wire::header_bytes, stride_, stream1});
     }
-    out.delta_norm = std::sqrt(sums.a);
-    out.error_norm = std::sqrt(sums.b);
+    out_.delta_norm = std::sqrt(sums.a);
+    out_.error_norm = std::sqrt(sums.b);
     for (int s = 0; s < world_; ++s) {
       const std::size_t payload = layout_.blocks_in(s) * stride_;
       wire::write_header(send_.data() + static_cast<std::size_t>(s) * slot_,
-                         {codec_type::id, flags, static_cast<std::uint32_t>(codec_type::block),
+                         {codec_type::id, flags(), static_cast<std::uint32_t>(codec_type::block),
                           static_cast<std::uint32_t>(rank_), layout_.elements_in(s), payload, round,
-                          static_cast<float>(out.delta_norm), 0});
-      out.encoded_bytes += wire::header_bytes + payload;
+                          static_cast<float>(out_.delta_norm), 0});
+      out_.encoded_bytes += wire::header_bytes + payload;
     }
+  }
+  // 2. shard r of every rank to rank r.
+  std::span<const std::byte> send_bytes() const { return {send_.data(), send_.size()}; }
+  std::span<std::byte> recv_bytes() { return {recv_.data(), recv_.size()}; }
 
-    // 2. shard r of every rank to rank r.
-    comm.all_to_all(std::span<const std::byte>(send_.data(), send_.size()), std::span<std::byte>(recv_.data(), recv_.size()));
-
-    // 3+4. validate, reduce and re-encode this rank's shard.
-    diloco::detail::round_findings found;
+  // 3+4. validate, reduce and re-encode this rank's shard.
+  template <class Exec>
+  void reduce(Exec& exec) {
     std::uint32_t status = 0;
     const std::size_t my_payload = layout_.blocks_in(rank_) * stride_;
     for (int k = 0; k < world_ && status == 0; ++k) {
       const std::byte* seg = recv_.data() + static_cast<std::size_t>(k) * slot_;
       try {
-        const auto h = check_segment(seg, {codec_type::id, flags, static_cast<std::uint32_t>(codec_type::block),
+        const auto h = check_segment(seg, {codec_type::id, flags(), static_cast<std::uint32_t>(codec_type::block),
                                            static_cast<std::uint32_t>(k), layout_.elements_in(rank_), my_payload,
-                                           round},
+                                           round_},
                                      rank_, "stage-1 segment");
-        found.sender(h, k);
+        found_.sender(h, k);
         received_[static_cast<std::size_t>(k)] = seg + wire::header_bytes;
       } catch (const format_error& e) {
-        found.local_problem = e.what();
+        found_.local_problem = e.what();
         status = 1 + static_cast<std::uint32_t>(k);
       }
     }
     double reduced_norm = 0.0;
     if (status == 0) {
-      const std::uint64_t stream2 = kernels::make_stream(seed_, round, static_cast<std::uint64_t>(rank_), 2);
+      const std::uint64_t stream2 = kernels::make_stream(seed_, round_, static_cast<std::uint64_t>(rank_), 2);
       reduced_norm = std::sqrt(exec.transform_reduce(
           layout_.blocks_in(rank_),
           kernels::reduce_shard<codec_type>{codec_, layout_.blocks() + layout_.first_block(rank_), offset_.data(),
                                             received_.data(), world_, reduced_.data() + wire::header_bytes, stride_,
                                             stream2}));
     }
-    wire::write_header(reduced_.data(), {codec_type::id, flags, static_cast<std::uint32_t>(codec_type::block),
+    wire::write_header(reduced_.data(), {codec_type::id, flags(), static_cast<std::uint32_t>(codec_type::block),
                                          static_cast<std::uint32_t>(rank_), layout_.elements_in(rank_),
-                                         status == 0 ? my_payload : 0, round, static_cast<float>(reduced_norm), status});
+                                         status == 0 ? my_payload : 0, round_, static_cast<float>(reduced_norm),
+                                         status});
+  }
+  // 5. every reduced shard to every rank.
+  std::span<const std::byte> reduced_bytes() const { return {reduced_.data(), slot_}; }
+  std::span<std::byte> gathered_bytes() { return {gathered_.data(), gathered_.size()}; }
 
-    // 5. every reduced shard to every rank.
-    comm.all_gather(std::span<const std::byte>(reduced_.data(), slot_), std::span<std::byte>(gathered_.data(), gathered_.size()));
-    for (int k = 0; k < world_ && found.local_problem.empty(); ++k) {
+  // Validates the gathered shards and casts this rank's vote.
+  void check_gathered() {
+    for (int k = 0; k < world_ && found_.local_problem.empty(); ++k) {
       const std::byte* seg = gathered_.data() + static_cast<std::size_t>(k) * slot_;
       try {
         // A shard whose owner reported a problem carries a status and no
         // payload.
         const std::uint64_t payload = layout_.blocks_in(k) * stride_;
-        const auto h = check_segment(seg, {codec_type::id, flags, static_cast<std::uint32_t>(codec_type::block),
-                                           static_cast<std::uint32_t>(k), layout_.elements_in(k), payload, round},
+        const auto h = check_segment(seg, {codec_type::id, flags(), static_cast<std::uint32_t>(codec_type::block),
+                                           static_cast<std::uint32_t>(k), layout_.elements_in(k), payload, round_},
                                      k, "reduced segment", true);
-        found.reduced(h, k);
+        found_.reduced(h, k);
       } catch (const format_error& e) {
-        found.local_problem = e.what();
+        found_.local_problem = e.what();
       }
     }
-
-    // 6. agree on the round (round_findings::vote).
     std::fill(verdict_.begin(), verdict_.end(), 0.0f);
-    verdict_[static_cast<std::size_t>(rank_)] = found.vote();
-    comm.all_reduce(std::span<float>(verdict_), reduce_op::sum);
-    found.read(verdict_, out);
+    verdict_[static_cast<std::size_t>(rank_)] = found_.vote();
+  }
+  // 6. agree on the round (round_findings::vote): summed over the ranks.
+  std::span<float> verdict() { return std::span<float>(verdict_); }
+
+  // The round's outcome, once the votes are summed.
+  exchange_result result() const {
+    exchange_result out = out_;
+    found_.read(verdict_, out);
     return out;
   }
 
   // Stage 7: decode the mean, outer step, copy-back; then keep the new
   // error-feedback residual.
-  template <class Exec, class Update>
-  void apply(Exec& exec, const Update& update, float* global, float* state, std::size_t state_stride) {
+  template <class Exec, class Update, class Merge = kernels::merge::overwrite>
+  void apply(Exec& exec, const Update& update, float* global, float* state, std::size_t state_stride,
+             const Merge& merge = {}) {
     const kernels::tensor_table table{local_.data(), offset_.data()};
     for (int s = 0; s < world_; ++s) {
       exec.for_each(layout_.blocks_in(s),
-                    kernels::decode_apply<codec_type, Update>{
+                    kernels::decode_apply<codec_type, Update, Merge>{
                         codec_, update, layout_.blocks() + layout_.first_block(s), table,
                         gathered_.data() + static_cast<std::size_t>(s) * slot_ + wire::header_bytes, stride_, global,
-                        state, state_stride});
+                        state, state_stride, merge});
     }
     if constexpr (Compressor::has_error_feedback) std::swap(residual_, next_residual_);
   }
@@ -268,6 +308,11 @@ class compressed_mean {
                             allow_status, world_);
   }
 
+  std::uint8_t flags() const {
+    return static_cast<std::uint8_t>((Compressor::stochastic ? wire::flag_stochastic : 0) |
+                                     (Compressor::has_error_feedback ? wire::flag_error_feedback : 0));
+  }
+
   codec_type codec_;
   std::uint64_t seed_;
   int world_;
@@ -281,6 +326,10 @@ class compressed_mean {
   host_buffer<float> residual_, next_residual_;
   std::vector<float> verdict_;
   std::vector<const std::byte*> received_;
+  // The exchange in progress.
+  std::uint64_t round_ = 0;
+  exchange_result out_;
+  diloco::detail::round_findings found_;
 };
 
 }  // namespace diloco::compress

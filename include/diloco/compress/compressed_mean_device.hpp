@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -160,6 +161,14 @@ class compressed_mean<Compressor, Space> {
   // The error-feedback residual in the flat (padded) layout, in device
   // memory; empty without error feedback.
   tensor_view<const float, device_space> residual() const { return {residual_.data(), residual_.size()}; }
+  // The error-feedback residual is state (the rest is scratch).
+  template <class Visitor>
+  void visit_state(Visitor& v, std::string_view prefix) {
+    if constexpr (Compressor::has_error_feedback)
+      v.buffer(std::string(prefix) + ".residual", residual_.data(), residual_.size(), true);
+    else
+      (void)v, (void)prefix;
+  }
 
   // Stages 1-6 (see compressed_mean.hpp). `global` is theta_global in the
   // flat device layout; `link` the engine's detail::wire_transport for
@@ -281,15 +290,16 @@ class compressed_mean<Compressor, Space> {
 
   // Stage 7: decode the mean, outer step, copy-back; then keep the new
   // error-feedback residual.
-  template <class Exec, class Update>
-  void apply(Exec& exec, const Update& update, float* global, float* state, std::size_t state_stride) {
+  template <class Exec, class Update, class Merge = kernels::merge::overwrite>
+  void apply(Exec& exec, const Update& update, float* global, float* state, std::size_t state_stride,
+             const Merge& merge = {}) {
     const bool vector = vector_ && kernels::stride_keeps_alignment(state, state_stride);
     for (int s = 0; s < world_; ++s)
       exec.run_teams(layout_.blocks_in(s),
-                     kernels::decode_apply_blocks<elements, Update>{
+                     kernels::decode_apply_blocks<elements, Update, Merge>{
                          update, blocks_.data() + layout_.first_block(s), tensors_.data(),
                          segment(gathered_, static_cast<std::size_t>(s)) + wire::header_bytes, global, state,
-                         state_stride, vector});
+                         state_stride, vector, merge});
     if constexpr (Compressor::has_error_feedback) std::swap(residual_, next_residual_);
   }
 

@@ -99,31 +99,34 @@ concept comm_request = std::movable<R> && requires(R& r) {
 };
 
 // The operations of a communicator over buffers of the given kinds (fp32
-// values, bytes, read-only bytes): fp32 all-reduce (sum or mean) and
-// broadcast; byte broadcast, all-to-all and all-gather, where compressed
-// payloads travel; a barrier. Every operation also comes non-blocking
-// (i-prefixed), returning a request to wait() on. traffic() counts this
-// rank's bytes.
+// values, bytes, read-only bytes) that the library calls: fp32 all-reduce
+// (sum or mean) and broadcast; byte all-to-all and all-gather, where
+// compressed payloads travel. traffic() counts this rank's bytes. A
+// communicator with these blocking operations alone runs sync::blocking.
 template <class C, class Floats, class Bytes, class ConstBytes>
 concept communicator_over = requires(C& c, const C& cc, Floats f, Bytes b, ConstBytes cb, reduce_op op) {
-  typename C::request;
-  requires comm_request<typename C::request>;
   { cc.rank() } -> std::convertible_to<int>;
   { cc.size() } -> std::convertible_to<int>;
   { cc.traffic() } -> std::convertible_to<traffic_counters>;
   { c.all_reduce(f, op) };
   { c.broadcast(f, 0) };
-  { c.broadcast(b, 0) };
   { c.all_to_all(cb, b) };
   { c.all_gather(cb, b) };
-  { c.barrier() };
-  { c.iall_reduce(f, op) } -> std::same_as<typename C::request>;
-  { c.ibroadcast(f, 0) } -> std::same_as<typename C::request>;
-  { c.ibroadcast(b, 0) } -> std::same_as<typename C::request>;
-  { c.iall_to_all(cb, b) } -> std::same_as<typename C::request>;
-  { c.iall_gather(cb, b) } -> std::same_as<typename C::request>;
-  { c.ibarrier() } -> std::same_as<typename C::request>;
 };
+
+// The same operations non-blocking (i-prefixed), each returning a request
+// to wait() on: what the overlapping schedules (sync::streaming,
+// sync::one_step_delay, sync::eager) need to keep a reduction in flight
+// while inner steps run.
+template <class C, class Floats, class Bytes, class ConstBytes>
+concept async_communicator_over =
+    communicator_over<C, Floats, Bytes, ConstBytes> && requires(C& c, Floats f, Bytes b, ConstBytes cb, reduce_op op) {
+      typename C::request;
+      requires comm_request<typename C::request>;
+      { c.iall_reduce(f, op) } -> std::same_as<typename C::request>;
+      { c.iall_to_all(cb, b) } -> std::same_as<typename C::request>;
+      { c.iall_gather(cb, b) } -> std::same_as<typename C::request>;
+    };
 
 // A member of a group of workers exchanging host buffers (std::span).
 template <class C>
@@ -142,5 +145,17 @@ concept device_communicator = communicator_over<C, tensor_view<float, device_spa
 // buffers through host memory when it only takes host memory.
 template <class C>
 concept any_communicator = communicator<C> || device_communicator<C>;
+
+// A communicator whose collectives also run non-blocking, over host
+// buffers (async_host_communicator) or device buffers.
+template <class C>
+concept async_host_communicator =
+    async_communicator_over<C, std::span<float>, std::span<std::byte>, std::span<const std::byte>>;
+template <class C>
+concept async_device_communicator =
+    async_communicator_over<C, tensor_view<float, device_space>, tensor_view<std::byte, device_space>,
+                            tensor_view<const std::byte, device_space>>;
+template <class C>
+concept async_communicator = async_host_communicator<C> || async_device_communicator<C>;
 
 }  // namespace diloco

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace diloco {
 
@@ -25,6 +26,20 @@ struct stats {
   double comm_seconds = 0.0;          // wall time spent inside the communicator
   double last_round_comm_seconds = 0.0;
   double outer_seconds = 0.0;  // wall time of outer rounds, communication included
+  // Overlap. A round is one reduction (the whole model's, or one fragment's
+  // under sync::streaming), from the pass that begins it to the pass that
+  // applies it. blocked: wall time this worker spent on it outside its
+  // inner steps (passes, starting and finishing collectives, waiting);
+  // hidden: time it was in flight while inner steps ran (zero for
+  // schedules that do not overlap). hidden / (hidden + blocked) is the share
+  // of the exchange the schedule hid.
+  double blocked_seconds = 0.0;
+  double last_round_blocked_seconds = 0.0;
+  double hidden_seconds = 0.0;
+  double last_round_hidden_seconds = 0.0;
+  // Bytes this worker sent for each fragment's reductions (one entry per
+  // fragment; one in all for a whole-model schedule).
+  std::vector<std::uint64_t> fragment_bytes_sent;
 };
 
 }  // namespace diloco

@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <cuda_runtime_api.h>
 
-#include "diloco/algorithm.hpp"
+#include "diloco/engine.hpp"
 #include "diloco/core/memory_space.hpp"
 #include "diloco/exec/cuda/kernels.cuh"
 #include "diloco/exec/cuda/launch_plan.hpp"

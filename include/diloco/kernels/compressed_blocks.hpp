@@ -33,6 +33,7 @@
 #include "diloco/kernels/compressed_passes.hpp"
 #include "diloco/kernels/exact_float.hpp"
 #include "diloco/kernels/float_formats.hpp"
+#include "diloco/kernels/merge.hpp"
 #include "diloco/kernels/random.hpp"
 #include "diloco/kernels/vec4.hpp"
 
@@ -320,7 +321,7 @@ struct reduce_blocks {
 // Bytes per element, int8 and Nesterov: read 9 + 4/B (code, global,
 // momentum: 16-byte loads), write 12 (global, momentum, local: 16-byte
 // stores).
-template <class E, class Update>
+template <class E, class Update, class Merge = merge::overwrite>
 struct decode_apply_blocks {
   using shape = team_shape<E>;
   static constexpr unsigned team = shape::threads;
@@ -338,6 +339,7 @@ struct decode_apply_blocks {
   float* state;                       // nullptr when the outer optimizer keeps none
   std::size_t state_stride;
   bool vector;                        // replica, global and state all allow 16-byte accesses (and W == 4)
+  Merge merge{};                      // how theta_global reaches the replica (kernels/merge.hpp)
 
   DILOCO_HD std::int32_t load(std::size_t, unsigned, shared&, registers&) const { return 0; }
 
@@ -356,7 +358,7 @@ struct decode_apply_blocks {
       E::codes(in, j0, q);
       float dq[W];
       for (std::size_t i = 0; i < W; ++i) dq[i] = E::decode(q[i], amax);
-      if constexpr (W == vec_width && vectorizable_update<Update>) {
+      if constexpr (W == vec_width && vectorizable_update<Update> && Merge::is_overwrite) {
         if (vector && j0 + W <= len) {
           vec4f x = load4(global + off + j0);
           update4(update, x, {{dq[0], dq[1], dq[2], dq[3]}}, state ? state + off + j0 : nullptr, state_stride);
@@ -368,9 +370,15 @@ struct decode_apply_blocks {
       for (std::size_t i = 0; i < W && j0 + i < len; ++i) {
         const std::size_t j = j0 + i;
         float g = global[off + j];
-        update(g, dq[i], state ? state + off + j : nullptr, state_stride);
+        if constexpr (Merge::is_overwrite) {
+          update(g, dq[i], state ? state + off + j : nullptr, state_stride);
+          local[j] = g;
+        } else {
+          float l = local[j];
+          merge::apply_element(update, merge, off + j, g, dq[i], state ? state + off + j : nullptr, state_stride, l);
+          local[j] = l;
+        }
         global[off + j] = g;
-        local[j] = g;
       }
     }
   }

@@ -10,6 +10,7 @@
 
 #include "diloco/compress/block_layout.hpp"
 #include "diloco/core/macros.hpp"
+#include "diloco/kernels/merge.hpp"
 
 namespace diloco::kernels {
 
@@ -142,7 +143,7 @@ struct reduce_shard {
 // optimizer to the global parameters and copy them into the replica.
 // Bytes per element, int8 and Nesterov: read ~9 (1 value, state, global),
 // write 12 (state, global, local).
-template <class Codec, class Update>
+template <class Codec, class Update, class Merge = merge::overwrite>
 struct decode_apply {
   Codec codec;
   Update update;
@@ -153,6 +154,7 @@ struct decode_apply {
   float* global;
   float* state;  // nullptr when the outer optimizer keeps none
   std::size_t state_stride;
+  Merge merge{};  // how theta_global reaches the replica (kernels/merge.hpp)
 
   DILOCO_HD void operator()(std::size_t b) const {
     const compress::block_ref blk = blocks[b];
@@ -162,9 +164,15 @@ struct decode_apply {
     codec.decode(payload + b * stride, blk.len, dq);
     for (std::size_t j = 0; j < blk.len; ++j) {
       float g = global[off + j];
-      update(g, dq[j], state ? state + off + j : nullptr, state_stride);
+      if constexpr (Merge::is_overwrite) {
+        update(g, dq[j], state ? state + off + j : nullptr, state_stride);
+        local[j] = g;
+      } else {
+        float l = local[j];
+        merge::apply_element(update, merge, off + j, g, dq[j], state ? state + off + j : nullptr, state_stride, l);
+        local[j] = l;
+      }
       global[off + j] = g;
-      local[j] = g;
     }
   }
 };

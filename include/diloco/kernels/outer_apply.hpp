@@ -3,6 +3,7 @@
 #include <cstddef>
 
 #include "diloco/core/macros.hpp"
+#include "diloco/kernels/merge.hpp"
 #include "diloco/kernels/vec4.hpp"
 
 namespace diloco::kernels {
@@ -13,7 +14,7 @@ namespace diloco::kernels {
 // the worker's replica.
 // Bytes per element with one state slot (Nesterov): read 12 (wire, state,
 // global), write 12 (state, global, local) = 24.
-template <class Update>
+template <class Update, class Merge = merge::overwrite>
 struct outer_apply {
   Update update;
   const float* DILOCO_RESTRICT reduced;
@@ -22,17 +23,24 @@ struct outer_apply {
   float* DILOCO_RESTRICT state;  // nullptr when the optimizer keeps none
   std::size_t stride;
   float* DILOCO_RESTRICT local;
+  Merge merge{};  // how theta_global reaches the replica (kernels/merge.hpp)
 
   DILOCO_HD DILOCO_FORCEINLINE void operator()(std::size_t i) const {
     float g = global[i];
-    update(g, reduced[i] * scale, state == nullptr ? nullptr : state + i, stride);
+    if constexpr (Merge::is_overwrite) {
+      update(g, reduced[i] * scale, state == nullptr ? nullptr : state + i, stride);
+      local[i] = g;
+    } else {
+      float l = local[i];
+      merge::apply_element(update, merge, i, g, reduced[i] * scale, state == nullptr ? nullptr : state + i, stride, l);
+      local[i] = l;
+    }
     global[i] = g;
-    local[i] = g;
   }
 
   // Elements [i, i + 4) with 16-byte accesses (see vec4.hpp).
   DILOCO_HD DILOCO_FORCEINLINE void vec4(std::size_t i) const
-    requires vectorizable_update<Update>
+    requires(vectorizable_update<Update> && Merge::is_overwrite)
   {
     vec4f g = load4(global + i);
     vec4f d = load4_readonly(reduced + i);
@@ -42,7 +50,7 @@ struct outer_apply {
     store4(local + i, g);
   }
   bool vec4_aligned() const
-    requires vectorizable_update<Update>
+    requires(vectorizable_update<Update> && Merge::is_overwrite)
   {
     return aligned16(reduced, global, state, local) && stride_keeps_alignment(state, stride);
   }
@@ -51,23 +59,30 @@ struct outer_apply {
 // The same step for a world of one: the pseudo-gradient is computed in the
 // pass itself, nothing travels. Bytes per element with one state slot:
 // read 12 (global, local, state), write 12 (state, global, local) = 24.
-template <class Update>
+template <class Update, class Merge = merge::overwrite>
 struct outer_apply_local {
   Update update;
   float* DILOCO_RESTRICT global;
   float* DILOCO_RESTRICT state;
   std::size_t stride;
   float* DILOCO_RESTRICT local;
+  Merge merge{};
 
   DILOCO_HD DILOCO_FORCEINLINE void operator()(std::size_t i) const {
     float g = global[i];
-    update(g, g - local[i], state == nullptr ? nullptr : state + i, stride);
+    float l = local[i];
+    if constexpr (Merge::is_overwrite) {
+      update(g, g - l, state == nullptr ? nullptr : state + i, stride);
+      l = g;
+    } else {
+      merge::apply_element(update, merge, i, g, g - l, state == nullptr ? nullptr : state + i, stride, l);
+    }
     global[i] = g;
-    local[i] = g;
+    local[i] = l;
   }
 
   DILOCO_HD DILOCO_FORCEINLINE void vec4(std::size_t i) const
-    requires vectorizable_update<Update>
+    requires(vectorizable_update<Update> && Merge::is_overwrite)
   {
     vec4f g = load4(global + i);
     const vec4f x = load4(local + i);
@@ -78,7 +93,7 @@ struct outer_apply_local {
     store4(local + i, g);
   }
   bool vec4_aligned() const
-    requires vectorizable_update<Update>
+    requires(vectorizable_update<Update> && Merge::is_overwrite)
   {
     return aligned16(global, state, local) && stride_keeps_alignment(state, stride);
   }

@@ -1,0 +1,36 @@
+#pragma once
+
+// The visitable state of an algorithm instance: every stateful part
+// (theta_global, outer and inner optimizer slots and step counts,
+// error-feedback residuals, round counters, the schedule's position and
+// buffers) exposes visit_state(state_visitor&) over named fp32 buffers in
+// their memory space and named integer scalars. Checkpoints, elastic joins
+// and tests walk the same list; nothing stateful is reachable only through
+// a private member.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace diloco {
+
+class state_visitor {
+ public:
+  virtual ~state_visitor() = default;
+  // `device`: the buffer lives in device memory.
+  virtual void buffer(std::string_view name, float* data, std::size_t size, bool device) = 0;
+  virtual void scalar(std::string_view name, std::uint64_t& value) = 0;
+};
+
+// One entry of a read-only walk (algorithm::state()).
+struct state_entry {
+  std::string name;
+  bool is_scalar = false;
+  bool device = false;           // buffers: in device memory
+  const float* data = nullptr;   // buffers
+  std::size_t size = 0;          // buffers: elements
+  std::uint64_t value = 0;       // scalars
+};
+
+}  // namespace diloco

@@ -1,0 +1,532 @@
+#pragma once
+
+// detail::engine: one worker's DiLoCo, assembled from its parts.
+//   replica state  theta_global, outer slots, inner slots and step count,
+//                  per-fragment outer step counts, error-feedback residuals,
+//                  the schedule's position and buffers: all visitable
+//                  (visit_state), nothing reachable only privately;
+//   reducers       one per fragment (reduce/fp32_mean.hpp for lossless
+//                  pseudo-gradients, reduce/compressed.hpp for lossy codecs),
+//                  each begin -> poll/wait -> verdict -> apply(update, merge);
+//   schedule       the Sync policy (sync/): which fragment begins and which
+//                  is applied after each inner step;
+//   merge          how the outer step reaches the replica (kernels/merge.hpp),
+//                  fused into the apply pass.
+// Flat buffers are laid out fragment by fragment: fragment p occupies
+// [base_p, base_p + total_p) of theta_global and of every outer slot, so a
+// fragment's reducer sees a contiguous flat space. With one fragment this is
+// the model's own order.
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "diloco/comm/detail/transport.hpp"
+#include "diloco/core/concepts.hpp"
+#include "diloco/core/error.hpp"
+#include "diloco/core/state.hpp"
+#include "diloco/core/stats.hpp"
+#include "diloco/exec/host.hpp"
+#include "diloco/kernels/merge.hpp"
+#include "diloco/kernels/pseudo_gradient.hpp"
+#include "diloco/optimizer.hpp"
+#include "diloco/reduce/compressed.hpp"
+#include "diloco/reduce/fp32_mean.hpp"
+#include "diloco/sync/blocking.hpp"
+#include "diloco/sync/concepts.hpp"
+#include "diloco/sync/eager.hpp"
+#include "diloco/sync/one_step_delay.hpp"
+#include "diloco/sync/streaming.hpp"
+#include "diloco/tensor/buffer.hpp"
+#include "diloco/tensor/parameter_set.hpp"
+
+namespace diloco {
+
+// Hyper-parameters of one algorithm instance. Algorithmic choices are the
+// template's types; numbers live here, with designated-initializer defaults.
+template <class Inner, class Outer, class Compressor, class Sync = sync::blocking>
+struct algorithm_options {
+  std::size_t inner_steps = 500;  // H: inner steps between outer rounds
+  typename Inner::options inner{};
+  typename Outer::options outer{};
+  typename Compressor::options compress{};
+  typename Sync::options sync{};
+  // At construction, rank 0's parameters are broadcast so every replica
+  // starts from the same theta_global. Turn off only if the replicas are
+  // already identical.
+  bool broadcast_initial = true;
+  // Host threads per worker for the fused passes; 0 = the cores divided
+  // among the workers that share this process.
+  int host_threads = 0;
+};
+
+namespace detail {
+
+enum class space_id { host, device };
+template <class Space>
+inline constexpr space_id space_id_v = std::is_same_v<Space, host_space> ? space_id::host : space_id::device;
+
+// The executor that runs passes over memory of a space. The CUDA backend
+// adds the device_space specialization (exec/cuda.hpp).
+template <class Space>
+struct executor_for;
+template <>
+struct executor_for<host_space> {
+  using type = exec::host;
+};
+
+template <class Comm>
+int workers_on_host(const Comm& c) {
+  if constexpr (requires { c.workers_on_host(); })
+    return c.workers_on_host();
+  else
+    return 1;
+}
+
+// What the algorithm front end calls; one implementation per memory space,
+// instantiated only for the space the user's tensors live in.
+struct engine_base {
+  virtual ~engine_base() = default;
+  virtual space_id space() const = 0;
+  virtual void inner_step(std::span<const raw_tensor> grads) = 0;
+  // The schedule's decisions after a step(); true when a reduction was applied.
+  virtual bool after_step() = 0;
+  virtual void outer_round() = 0;
+  virtual void finish() = 0;
+  virtual void reset_inner_state() = 0;
+  virtual void set_inner_lr(float lr) = 0;
+  virtual float inner_lr() const = 0;
+  virtual const float* global_data() const = 0;
+  // The error-feedback residual (flat layout, the parameters' space).
+  virtual const float* residual_data() const = 0;
+  virtual std::size_t residual_size() const = 0;
+  virtual std::size_t parameter_count() const = 0;
+  virtual std::size_t flat_size() const = 0;
+  virtual std::size_t offset(std::size_t k) const = 0;
+  virtual std::size_t tensor_count() const = 0;
+  virtual std::size_t steps_in_round() const = 0;
+  virtual std::size_t fragment_count() const = 0;
+  virtual std::size_t fragment_of(std::size_t k) const = 0;
+  virtual const diloco::stats& statistics() const = 0;
+  virtual void visit_state(state_visitor& v) = 0;
+};
+
+template <class Inner, class Outer, class Compressor, class Comm, class Space, class Sync>
+class engine final : public engine_base {
+ public:
+  using options = algorithm_options<Inner, Outer, Compressor, Sync>;
+  using executor = typename executor_for<Space>::type;
+  using clock = std::chrono::steady_clock;
+  using transport_type = wire_transport<Comm, Space, executor>;
+  using reducer_type = std::conditional_t<Compressor::lossless, reduce::fp32_mean<Comm, Space, executor>,
+                                          reduce::compressed<Compressor, Comm, Space, executor>>;
+  static constexpr bool blocking = std::is_same_v<Sync, sync::blocking>;
+  static constexpr bool delayed = Sync::kind == sync::schedule_kind::delayed;
+  static constexpr bool eager = std::is_same_v<Sync, sync::eager>;
+  static constexpr bool device = !std::is_same_v<Space, host_space>;
+
+  engine(parameter_set<float, Space> params, Comm& comm, const options& opts)
+      : comm_(comm),
+        opts_(opts),
+        params_(std::move(params)),
+        world_(comm.size()),
+        rank_(comm.rank()),
+        transport_(world_ > 1 ? params_.total() + static_cast<std::size_t>(world_) : 0) {
+    std::vector<std::size_t> sizes;
+    for (const auto& t : params_) sizes.push_back(t.size());
+    Sync::validate(opts_.sync, opts_.inner_steps, sizes.size());
+    plan_ = Sync::plan(opts_.sync, opts_.inner_steps, sizes);
+    outer_slots_ = Outer::state_slots(opts_.outer);
+    if constexpr (eager)
+      if (outer_slots_ > kernels::merge::eager::max_slots)
+        raise<config_error>("sync::eager: the outer optimizer keeps ", outer_slots_,
+                            " state slots per parameter; the eager merge supports at most ",
+                            kernels::merge::eager::max_slots);
+    if constexpr (!Compressor::lossless) Compressor::validate(opts_.compress);
+
+    // Fragments, their flat layout, and where each tensor landed.
+    offsets_.assign(params_.count(), 0);
+    fragment_of_.assign(params_.count(), 0);
+    std::size_t base = 0;
+    for (std::size_t p = 0; p < plan_.fragments(); ++p) {
+      auto f = std::make_unique<fragment>();
+      f->tensors = plan_.tensors[p];
+      std::vector<tensor_view<float, Space>> views;
+      for (std::size_t k : f->tensors) views.push_back(params_[k]);
+      f->params = parameter_set<float, Space>(views);
+      f->base = base;
+      for (std::size_t j = 0; j < f->tensors.size(); ++j) {
+        offsets_[f->tensors[j]] = base + f->params.offset(j);
+        fragment_of_[f->tensors[j]] = p;
+      }
+      base += f->params.total();
+      frags_.push_back(std::move(f));
+    }
+    flat_ = base;
+    global_ = buffer<float, Space>(flat_);
+    inner_ = optimizer_core<Inner, Space>(params_.total(), opts_.inner);
+    outer_state_ = buffer<float, Space>(flat_ * outer_slots_);
+    stats_.fragment_bytes_sent.assign(frags_.size(), 0);
+
+    // A reduction overlaps inner steps only when the schedule lets one stay
+    // in flight; otherwise the blocking collectives run (same bits).
+    overlap_ = Sync::overlaps && (delayed || plan_.delay > 0);
+    std::size_t slot_bytes = 0;
+    for (std::size_t p = 0; p < frags_.size(); ++p) {
+      fragment& f = *frags_[p];
+      if constexpr (Compressor::lossless) {
+        f.reducer = std::make_unique<reducer_type>(f.params, world_, rank_, overlap_);
+      } else {
+        f.reducer = std::make_unique<reducer_type>(f.params, world_, rank_, opts_.compress, p, exec_);
+        slot_bytes = std::max(slot_bytes, f.reducer->slot_bytes());
+      }
+    }
+    if (!Compressor::lossless && device && world_ > 1)
+      transport_.reserve_bytes(static_cast<std::size_t>(world_) * slot_bytes);
+
+    if constexpr (requires { exec_.set_threads(1); }) {
+      const int cores = executor{}.threads();
+      exec_.set_threads(opts_.host_threads > 0 ? opts_.host_threads
+                                               : std::max(1, cores / std::max(1, workers_on_host(comm_))));
+    }
+    if (opts_.broadcast_initial && world_ > 1) {
+      const auto traffic0 = comm_.traffic();
+      const auto t0 = clock::now();
+      for (std::size_t k = 0; k < params_.count(); ++k) {
+        auto& p = params_[k];
+        transport_.broadcast(comm_, exec_, p.data(), p.size(), 0);
+      }
+      stats_.comm_seconds += seconds_since(t0);
+      const auto after = comm_.traffic();
+      stats_.bytes_sent += after.bytes_sent - traffic0.bytes_sent;
+      stats_.bytes_received += after.bytes_received - traffic0.bytes_received;
+    }
+    copy_local_to(global_.data());
+    if constexpr (delayed) {
+      // The schedule's anchor starts at theta_global (one_step_delay: the
+      // point the phase started from; eager: that point plus `own`).
+      anchor_ = buffer<float, Space>(flat_);
+      copy_local_to(anchor_.data());
+      if constexpr (eager) own_ = buffer<float, Space>(flat_);
+    }
+  }
+
+  space_id space() const override { return space_id_v<Space>; }
+  const float* global_data() const override { return global_.data(); }
+  const float* residual_data() const override {
+    if constexpr (Compressor::has_error_feedback)
+      return frags_.size() == 1 ? frags_[0]->reducer->residual().data() : nullptr;
+    else
+      return nullptr;
+  }
+  std::size_t residual_size() const override {
+    if constexpr (Compressor::has_error_feedback)
+      return frags_.size() == 1 ? frags_[0]->reducer->residual().size() : 0;
+    else
+      return 0;
+  }
+  std::size_t parameter_count() const override { return params_.elements(); }
+  std::size_t flat_size() const override { return flat_; }
+  std::size_t offset(std::size_t k) const override { return offsets_[k]; }
+  std::size_t tensor_count() const override { return params_.count(); }
+  std::size_t steps_in_round() const override { return steps_in_round_; }
+  std::size_t fragment_count() const override { return frags_.size(); }
+  std::size_t fragment_of(std::size_t k) const override { return fragment_of_[k]; }
+  const diloco::stats& statistics() const override { return stats_; }
+
+  void reset_inner_state() override { inner_.reset(); }
+  void set_inner_lr(float lr) override { inner_.set_lr(lr); }
+  float inner_lr() const override { return inner_.settings().lr; }
+
+  void inner_step(std::span<const raw_tensor> grads) override {
+    inner_.step(exec_, params_, grads);
+    ++steps_in_round_;
+    ++position_;
+    ++stats_.inner_steps;
+  }
+
+  bool after_step() override {
+    if constexpr (blocking) {
+      if (steps_in_round_ < opts_.inner_steps) return false;
+      outer_round();
+      return true;
+    } else {
+      poll_in_flight();
+      if constexpr (delayed) {
+        if (position_ % opts_.inner_steps != 0) return false;
+        return end_of_phase();
+      } else {
+        // Begins first: with tau = 0 a fragment begins and is applied after
+        // the same step. Fragments never overlap otherwise (validation).
+        for (std::size_t p = 0; p < frags_.size(); ++p)
+          if (plan_.begins_after(p, position_)) begin(p);
+        bool applied = false;
+        for (std::size_t p = 0; p < frags_.size(); ++p)
+          if (plan_.applies_after(p, position_) && frags_[p]->in_flight) {
+            complete(p);
+            applied = true;
+          }
+        return applied;
+      }
+    }
+  }
+
+  // The whole model's round now (sync::blocking).
+  void outer_round() override {
+    begin(0);
+    complete(0);
+  }
+
+  void finish() override {
+    for (std::size_t p = 0; p < frags_.size(); ++p)
+      if (frags_[p]->in_flight) complete(p);
+  }
+
+  void visit_state(state_visitor& v) override {
+    v.buffer("theta_global", global_.data(), global_.size(), device);
+    if (outer_slots_) v.buffer("outer.slots", outer_state_.data(), outer_state_.size(), device);
+    inner_.visit_state(v, "inner");
+    v.scalar("rounds", stats_.rounds);
+    v.scalar("schedule.position", position_);
+    v.scalar("schedule.steps_in_round", steps_in_round_);
+    for (std::size_t p = 0; p < frags_.size(); ++p) {
+      const std::string name = concat("fragment.", p);
+      v.scalar(name + ".outer_steps", frags_[p]->outer_steps);
+      if constexpr (!Compressor::lossless) frags_[p]->reducer->visit_state(v, name);
+    }
+    if constexpr (delayed) v.buffer(eager ? "schedule.anchor" : "schedule.start", anchor_.data(), anchor_.size(), device);
+    if constexpr (eager) v.buffer("schedule.own", own_.data(), own_.size(), device);
+  }
+
+ private:
+  struct fragment {
+    parameter_set<float, Space> params;  // views of its tensors; offsets from `base`
+    std::vector<std::size_t> tensors;    // model indices
+    std::size_t base = 0;                // start in the flat buffers
+    std::unique_ptr<reducer_type> reducer;
+    std::uint64_t outer_steps = 0;  // applied reductions: the outer optimizer's step count
+    // The reduction in flight.
+    bool in_flight = false;
+    bool completed = false;  // poll() found it complete
+    traffic_counters traffic0{};
+    clock::time_point begun{}, completed_at{};
+    double blocked = 0.0;  // seconds this worker spent on it so far
+  };
+
+  // The point the fragment's pseudo-gradient is taken from: theta_global,
+  // or eager's anchor.
+  const float* reference() const {
+    if constexpr (eager)
+      return anchor_.data();
+    else
+      return global_.data();
+  }
+
+  void begin(std::size_t p) {
+    fragment& f = *frags_[p];
+    f.traffic0 = comm_.traffic();
+    const auto t0 = clock::now();
+    if constexpr (Compressor::lossless)
+      f.reducer->begin(exec_, comm_, transport_, reference() + f.base, overlap_);
+    else
+      f.reducer->begin(exec_, comm_, transport_, reference() + f.base, f.outer_steps + 1, overlap_);
+    f.in_flight = true;
+    f.completed = false;
+    f.begun = clock::now();
+    f.blocked = seconds_between(t0, f.begun);
+  }
+
+  // Lets in-flight reductions make progress (runs the stages whose
+  // collectives completed); notes when one has finished.
+  void poll_in_flight() {
+    if (!overlap_) return;
+    for (auto& fp : frags_) {
+      fragment& f = *fp;
+      if (!f.in_flight || f.completed) continue;
+      const auto t0 = clock::now();
+      bool done;
+      if constexpr (Compressor::lossless)
+        done = f.reducer->poll();
+      else
+        done = f.reducer->poll(exec_, comm_);
+      const auto t1 = clock::now();
+      f.blocked += seconds_between(t0, t1);
+      if (done) {
+        f.completed = true;
+        f.completed_at = t1;
+      }
+    }
+  }
+
+  // Waits for fragment p's reduction, accounts for it, and applies it (or
+  // refuses it, raising on every rank).
+  void complete(std::size_t p) {
+    fragment& f = *frags_[p];
+    const auto t0 = clock::now();
+    const reduce::verdict v = [&] {
+      if constexpr (Compressor::lossless)
+        return f.reducer->wait(exec_);
+      else
+        return f.reducer->wait(exec_, comm_);
+    }();
+    const auto t1 = clock::now();
+    f.in_flight = false;
+    f.blocked += seconds_between(t0, t1);
+    const double hidden = overlap_ ? seconds_between(f.begun, f.completed ? f.completed_at : t0) : 0.0;
+    account(p, v, f.blocked, hidden);
+    if (!v.accepted) reject(p, v);
+
+    const auto update = Outer::make_update(opts_.outer, f.outer_steps + 1);
+    float* state = outer_slots_ ? outer_state_.data() + f.base : nullptr;
+    float* global = global_.data() + f.base;
+    if constexpr (delayed) {
+      if constexpr (eager)
+        f.reducer->apply(exec_, update, global, state, flat_,
+                         kernels::merge::eager{{}, anchor_.data() + f.base, own_.data() + f.base,
+                                               1.0f / static_cast<float>(world_),
+                                               static_cast<unsigned>(outer_slots_)});
+      else
+        f.reducer->apply(exec_, update, global, state, flat_, kernels::merge::rebase{{}, anchor_.data() + f.base});
+    } else {
+      const float alpha = mix_alpha();
+      if (alpha == 0.0f)
+        f.reducer->apply(exec_, update, global, state, flat_, kernels::merge::overwrite{});
+      else
+        f.reducer->apply(exec_, update, global, state, flat_, kernels::merge::mix{{}, alpha});
+    }
+    ++f.outer_steps;
+    ++stats_.rounds;
+    steps_in_round_ = 0;
+    stats_.outer_seconds += seconds_since(t1) + f.blocked;
+  }
+
+  // one_step_delay / eager: the end of an inner phase. Applies the
+  // reduction begun at the end of the previous phase (re-basing or eagerly
+  // stepping the replica), then begins this phase's.
+  bool end_of_phase() {
+    fragment& f = *frags_[0];
+    bool applied = false;
+    if (f.in_flight) {
+      complete(0);
+      applied = true;
+    } else {
+      // Nothing to apply (first phase, after finish() or a refused round):
+      // the anchor is made consistent with this phase's start.
+      for (std::size_t k = 0; k < params_.count(); ++k) {
+        const std::size_t off = offsets_[k];
+        if constexpr (eager)
+          (void)exec_.transform_reduce(params_[k].size(), kernels::pseudo_gradient{anchor_.data() + off,
+                                                                                   params_[k].data(), own_.data() + off});
+        else
+          exec_.for_each(params_[k].size(), kernels::copy{params_[k].data(), anchor_.data() + off});
+      }
+    }
+    begin(0);
+    return applied;
+  }
+
+  float mix_alpha() const {
+    if constexpr (requires { opts_.sync.alpha; })
+      return opts_.sync.alpha;
+    else
+      return 0.0f;
+  }
+
+  void account(std::size_t p, const reduce::verdict& v, double blocked, double hidden) {
+    const fragment& f = *frags_[p];
+    const auto after = comm_.traffic();
+    const std::uint64_t sent = after.bytes_sent - f.traffic0.bytes_sent;
+    const std::uint64_t received = after.bytes_received - f.traffic0.bytes_received;
+    stats_.bytes_sent += sent;
+    stats_.bytes_received += received;
+    stats_.last_round_bytes_sent = sent;
+    stats_.last_round_bytes_received = received;
+    stats_.fragment_bytes_sent[p] += sent;
+    stats_.last_round_comm_seconds = blocked;
+    stats_.comm_seconds += blocked;
+    stats_.last_round_blocked_seconds = blocked;
+    stats_.blocked_seconds += blocked;
+    stats_.last_round_hidden_seconds = hidden;
+    stats_.hidden_seconds += hidden;
+    stats_.pseudo_gradient_norm = v.delta_norm;
+    if constexpr (!Compressor::lossless) {
+      stats_.compression_error_norm = v.error_norm;
+      stats_.encoded_bytes_per_parameter =
+          static_cast<double>(v.encoded_bytes) / static_cast<double>(f.params.elements());
+    }
+    stats_.wire_bytes_per_parameter = static_cast<double>(sent) / static_cast<double>(params_.elements());
+  }
+
+  // Refuses fragment p's reduction: theta_global, the outer state and any
+  // error-feedback residual stay as they were; the fragment's tensors (the
+  // whole replica and the schedule's anchor under a delayed schedule)
+  // restart from theta_global, nothing stays in flight, and every rank
+  // raises (numeric_error for non-finite values, format_error for corrupt
+  // bytes).
+  [[noreturn]] void reject(std::size_t p, const reduce::verdict& v) {
+    const fragment& f = *frags_[p];
+    for (std::size_t k : f.tensors)
+      exec_.for_each(params_[k].size(), kernels::copy{global_.data() + offsets_[k], params_[k].data()});
+    if constexpr (delayed) {
+      exec_.for_each(flat_, kernels::copy{global_.data(), anchor_.data()});
+      if constexpr (eager) exec_.for_each(flat_, kernels::copy{zeros(), own_.data()});
+    }
+    steps_in_round_ = 0;
+    ++stats_.rejected_rounds;
+    const std::string what = frags_.size() == 1 ? std::string("the replica was")
+                                                : concat("fragment ", p, "'s tensors were");
+    const auto msg = concat(frags_.size() == 1 ? "" : concat("fragment ", p, " of ", frags_.size(), ": "),
+                            "outer round ", f.outer_steps + 1, " rejected: ", v.problem,
+                            "; theta_global is unchanged and ", what, " reset to it");
+    if (v.corrupt) raise<format_error>(msg);
+    raise<numeric_error>(msg);
+  }
+
+  // A zero flat buffer (eager's reset), allocated on first use.
+  const float* zeros() {
+    if (zeros_.size() != flat_) zeros_ = buffer<float, Space>(flat_);
+    return zeros_.data();
+  }
+
+  void copy_local_to(float* flat) {
+    for (std::size_t k = 0; k < params_.count(); ++k)
+      exec_.for_each(params_[k].size(), kernels::copy{params_[k].data(), flat + offsets_[k]});
+  }
+
+  static double seconds_between(clock::time_point a, clock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  }
+  static double seconds_since(clock::time_point t0) { return seconds_between(t0, clock::now()); }
+
+  Comm& comm_;
+  options opts_;
+  parameter_set<float, Space> params_;
+  int world_;
+  int rank_;
+  executor exec_;
+  transport_type transport_;
+  sync::fragment_plan plan_;
+  std::vector<std::unique_ptr<fragment>> frags_;
+  std::vector<std::size_t> offsets_;      // tensor k's start in the flat buffers
+  std::vector<std::size_t> fragment_of_;  // tensor k's fragment
+  std::size_t flat_ = 0;
+  std::size_t outer_slots_ = 0;
+  bool overlap_ = false;
+  buffer<float, Space> global_;
+  optimizer_core<Inner, Space> inner_;
+  buffer<float, Space> outer_state_;
+  buffer<float, Space> anchor_, own_, zeros_;  // delayed schedules only
+  std::uint64_t steps_in_round_ = 0;
+  std::uint64_t position_ = 0;  // inner steps taken: the schedule's clock
+  diloco::stats stats_;
+};
+
+}  // namespace detail
+}  // namespace diloco

@@ -1,0 +1,105 @@
+#pragma once
+
+// How a finished outer step reaches the replica. The outer-apply and
+// decode-apply passes compute, per element i of a fragment,
+//   l' = merge.pre(update, i, g, mean, state, stride, l)   (before the update)
+//   update(g, mean, state, stride);  global[i] = g;
+//   local[i] = merge(i, g, l')                              (after it)
+// so the copy-back costs no pass of its own. `g` is theta_global, `l` the
+// replica's value, `mean` the averaged pseudo-gradient.
+
+#include <cstddef>
+
+#include "diloco/core/macros.hpp"
+
+namespace diloco::kernels::merge {
+
+// Nothing to do before the update (every merge but eager's).
+struct base {
+  template <class Update>
+  DILOCO_HD DILOCO_FORCEINLINE float pre(const Update&, std::size_t, float, float, const float*, std::size_t,
+                                         float l) const {
+    return l;
+  }
+};
+
+// theta_local <- theta_global (DiLoCo; the blocking schedule).
+struct overwrite : base {
+  static constexpr bool is_overwrite = true;
+  overwrite shifted(std::size_t) const { return *this; }
+  DILOCO_HD DILOCO_FORCEINLINE float operator()(std::size_t, float g, float) const { return g; }
+};
+
+// theta_local <- alpha·theta_local + (1 − alpha)·theta_global (Streaming
+// DiLoCo's mixing factor; alpha = 0 is overwrite).
+struct mix : base {
+  static constexpr bool is_overwrite = false;
+  float alpha;
+  mix shifted(std::size_t) const { return *this; }
+  DILOCO_HD DILOCO_FORCEINLINE float operator()(std::size_t, float g, float l) const {
+    return alpha * l + (1.0f - alpha) * g;
+  }
+};
+
+// One-step delay: keep the progress made since this phase started at
+// `start` and replace the stale part by the new theta_global:
+//   theta_local <- theta_global − (start − theta_local);  start <- theta_local.
+struct rebase : base {
+  static constexpr bool is_overwrite = false;
+  float* DILOCO_RESTRICT start;
+  rebase shifted(std::size_t off) const { return {{}, start + off}; }
+  DILOCO_HD DILOCO_FORCEINLINE float operator()(std::size_t i, float g, float l) const {
+    const float v = g - (start[i] - l);
+    start[i] = v;
+    return v;
+  }
+};
+
+// Eager updates (Kale, Douillard, Donchev 2025): the replica becomes one
+// outer step from theta_global before this round's update, with the outer
+// state before it (a scratch copy), along the eager gradient
+//   mean − own/M + fresh/M
+// where `own` is this worker's pseudo-gradient inside `mean` (sent one round
+// ago) and `fresh` = (anchor − own) − theta_local the progress of the phase
+// just ended. Afterwards own <- fresh (it travels next) and
+// anchor <- theta_local + fresh, so anchor − theta_local is what is sent
+// and anchor − own is where the next phase starts.
+struct eager : base {
+  static constexpr bool is_overwrite = false;
+  static constexpr unsigned max_slots = 4;
+  float* DILOCO_RESTRICT anchor;
+  float* DILOCO_RESTRICT own;
+  float inv_workers;
+  unsigned slots;
+  eager shifted(std::size_t off) const { return {{}, anchor + off, own + off, inv_workers, slots}; }
+
+  template <class Update>
+  DILOCO_HD DILOCO_FORCEINLINE float pre(const Update& update, std::size_t i, float g, float mean, const float* state,
+                                         std::size_t stride, float l) const {
+    const float stale = own[i];
+    const float fresh = (anchor[i] - stale) - l;
+    float scratch[max_slots] = {};
+    for (unsigned k = 0; k < slots; ++k) scratch[k] = state[k * stride];
+    float x = g;
+    update(x, mean + (fresh - stale) * inv_workers, slots ? scratch : nullptr, 1);
+    own[i] = fresh;
+    anchor[i] = x + fresh;
+    return x;
+  }
+  DILOCO_HD DILOCO_FORCEINLINE float operator()(std::size_t, float, float l) const { return l; }
+};
+
+// Merges index their buffers by the element's position in the flat layout
+// of the pass that runs them; `shifted(off)` moves them to a pass over the
+// elements from `off` on.
+
+// The element step every apply pass runs.
+template <class Update, class Merge>
+DILOCO_HD DILOCO_FORCEINLINE void apply_element(const Update& update, const Merge& merge, std::size_t i, float& g,
+                                                float mean, float* state, std::size_t stride, float& l) {
+  const float lm = merge.pre(update, i, g, mean, state, stride, l);
+  update(g, mean, state, stride);
+  l = merge(i, g, lm);
+}
+
+}  // namespace diloco::kernels::merge

@@ -1,0 +1,126 @@
+#pragma once
+
+// The reducer for lossless pseudo-gradients: the mean travels as fp32
+// through the communicator's all-reduce (sum).
+//   begin: one pass writes Δ = ref − local into the wire and its squares
+//          into this rank's norm slot (M slots behind the values: every rank
+//          learns every norm, so all refuse a bad round together), then the
+//          all-reduce starts (non-blocking when the schedule overlaps);
+//   wait:  completes it and checks the norms;
+//   apply: one pass of outer step + merge per tensor.
+// A world of one with nothing to overlap keeps no wire: the norm is taken
+// at begin and the apply pass computes Δ itself (outer_apply_local).
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include "diloco/comm/detail/transport.hpp"
+#include "diloco/core/concepts.hpp"
+#include "diloco/core/error.hpp"
+#include "diloco/kernels/outer_apply.hpp"
+#include "diloco/kernels/pseudo_gradient.hpp"
+#include "diloco/reduce/verdict.hpp"
+#include "diloco/tensor/buffer.hpp"
+#include "diloco/tensor/parameter_set.hpp"
+
+namespace diloco::reduce {
+
+template <class Comm, class Space, class Exec>
+class fp32_mean {
+ public:
+  using transport = detail::wire_transport<Comm, Space, Exec>;
+
+  // `params`: the fragment's tensors, offsets from the fragment's start.
+  // `snapshot`: the pseudo-gradient must be kept from begin to apply
+  // (inner steps run in between), so even a world of one needs a wire.
+  fp32_mean(const parameter_set<float, Space>& params, int world, int rank, bool snapshot)
+      : params_(&params), world_(world), rank_(rank), local_only_(world == 1 && !snapshot) {
+    if (!local_only_) wire_ = buffer<float, Space>(params.total() + static_cast<std::size_t>(world));
+    norms_.assign(static_cast<std::size_t>(world), 0.0f);
+  }
+
+  // Floats the transport must be able to stage.
+  std::size_t wire_floats() const { return wire_.size(); }
+
+  void begin(Exec& exec, Comm& comm, transport& link, const float* ref, bool overlap) {
+    const parameter_set<float, Space>& ps = *params_;
+    double sq = 0.0;
+    out_ = {};
+    if (local_only_) {
+      for (std::size_t k = 0; k < ps.count(); ++k)
+        sq += exec.transform_reduce(ps[k].size(), kernels::pseudo_gradient_sq{ref + ps.offset(k), ps[k].data()});
+      out_.delta_norm = std::sqrt(sq);
+      return;
+    }
+    for (std::size_t k = 0; k < ps.count(); ++k) {
+      const std::size_t off = ps.offset(k);
+      sq += exec.transform_reduce(ps[k].size(),
+                                  kernels::pseudo_gradient{ref + off, ps[k].data(), wire_.data() + off});
+    }
+    out_.delta_norm = std::sqrt(sq);
+    std::fill(norms_.begin(), norms_.end(), 0.0f);
+    norms_[static_cast<std::size_t>(rank_)] = static_cast<float>(out_.delta_norm);
+    exec.from_host(wire_.data() + ps.total(), norms_.data(), norms_.size());
+    if (world_ == 1) return;
+    if constexpr (async_host_communicator<Comm> && std::is_same_v<Space, host_space>) {
+      if (overlap) {
+        pending_.req = comm.iall_reduce(std::span<float>(wire_.data(), wire_.size()), reduce_op::sum);
+        return;
+      }
+    }
+    (void)overlap;
+    link.all_reduce(comm, exec, wire_.data(), wire_.size(), reduce_op::sum);
+  }
+
+  // True once the reduction has completed (it makes progress here).
+  bool poll() { return pending_.test(); }
+
+  verdict wait(Exec& exec) {
+    pending_.wait();
+    verdict out = out_;
+    if (local_only_) {
+      if (!std::isfinite(out.delta_norm)) {
+        out.accepted = false;
+        out.problem = detail::concat("non-finite pseudo-gradient from rank 0 (norm ", out.delta_norm, ")");
+      }
+      return out;
+    }
+    exec.to_host(norms_.data(), wire_.data() + params_->total(), norms_.size());
+    check_norms(norms_, out);
+    return out;
+  }
+
+  // Outer step on `global` (the fragment's theta_global) with the mean,
+  // then the merge into the replica.
+  template <class Update, class Merge>
+  void apply(Exec& exec, const Update& update, float* global, float* state, std::size_t stride, const Merge& merge) {
+    const parameter_set<float, Space>& ps = *params_;
+    const float scale = 1.0f / static_cast<float>(world_);
+    for (std::size_t k = 0; k < ps.count(); ++k) {
+      const std::size_t off = ps.offset(k);
+      float* st = state ? state + off : nullptr;
+      if (local_only_)
+        exec.for_each(ps[k].size(), kernels::outer_apply_local<Update, Merge>{update, global + off, st, stride,
+                                                                              ps[k].data(), merge.shifted(off)});
+      else
+        exec.for_each(ps[k].size(), kernels::outer_apply<Update, Merge>{update, wire_.data() + off, scale, global + off,
+                                                                        st, stride, ps[k].data(), merge.shifted(off)});
+    }
+  }
+
+ private:
+  const parameter_set<float, Space>* params_;
+  int world_;
+  int rank_;
+  bool local_only_;
+  buffer<float, Space> wire_;
+  std::vector<float> norms_;
+  verdict out_;
+  pending<Comm> pending_;
+};
+
+}  // namespace diloco::reduce
