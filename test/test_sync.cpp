@@ -1,0 +1,651 @@
+// The sync schedules (the fifth policy): blocking equals streaming with one
+// fragment bit for bit; every fragment begins and is applied at exactly the
+// steps the definition gives; streaming, one-step delay and eager follow a
+// double-precision reference written from their definitions
+// (docs/algorithms.md); overlap hides a slow exchange; refused rounds keep
+// theta_global; bad options are config_errors.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <diloco/comm/detail/async.hpp>
+#include <diloco/diloco.hpp>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "threads_link.hpp"
+
+namespace dc = diloco;
+
+namespace {
+
+// ------------------------------------------------------------ a problem
+// Worker m's loss: 1/2 ||w - c_m||^2 over tensors of the given sizes, so its
+// gradient is w - c_m (c_m differs per worker and element).
+float target(int m, std::size_t tensor, std::size_t i) {
+  return 0.5f + 0.25f * static_cast<float>(m) - 0.125f * static_cast<float>(tensor) + 0.03125f * static_cast<float>(i);
+}
+
+struct model {
+  std::vector<std::vector<float>> w;
+  explicit model(const std::vector<std::size_t>& sizes) {
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      w.emplace_back(sizes[k]);
+      for (std::size_t i = 0; i < sizes[k]; ++i) w[k][i] = 0.1f * static_cast<float>(k + 1) - 0.01f * static_cast<float>(i);
+    }
+  }
+  std::vector<std::vector<float>> grads(int m) const {
+    auto g = w;
+    for (std::size_t k = 0; k < w.size(); ++k)
+      for (std::size_t i = 0; i < w[k].size(); ++i) g[k][i] = w[k][i] - target(m, k, i);
+    return g;
+  }
+};
+
+template <class Sync, class Compressor = dc::compress::none>
+using sgd_trainer = dc::algorithm<dc::inner::sgd, dc::outer::nesterov, Compressor, dc::comm::threads, Sync>;
+
+// theta_global of each tensor after every step, and the final replicas.
+struct run_result {
+  std::vector<std::vector<float>> global_after_step;  // flat, model order
+  std::vector<std::vector<float>> replica;            // final, model order
+};
+
+template <class Trainer>
+run_result train(Trainer& t, model& mdl, int m, int steps) {
+  run_result r;
+  for (int s = 0; s < steps; ++s) {
+    t.step(mdl.grads(m));
+    const auto g = t.global_parameters();
+    std::vector<float> flat;
+    for (std::size_t k = 0; k < mdl.w.size(); ++k)
+      flat.insert(flat.end(), g.data() + t.global_offset(k), g.data() + t.global_offset(k) + mdl.w[k].size());
+    r.global_after_step.push_back(flat);
+  }
+  for (auto& w : mdl.w) r.replica.push_back(w);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("streaming with P = 1, tau = 0, alpha = 0 is sync::blocking bit for bit (4 workers, fp32 and int8+EF)") {
+  const std::vector<std::size_t> sizes{3, 130, 7, 64};
+  const int workers = 4, h = 5, steps = 3 * h + 2;
+  auto compare = [&]<class Compressor>(Compressor) {
+    std::vector<run_result> blocking(workers), streaming(workers);
+    dc::comm::threads::world world(workers);
+    world.run([&](dc::comm::threads& comm) {
+      const int m = comm.rank();
+      model a(sizes), b(sizes);
+      sgd_trainer<dc::sync::blocking, Compressor> tb(a.w, comm, {.inner_steps = h, .inner = {.lr = 0.1f}});
+      sgd_trainer<dc::sync::streaming, Compressor> ts(
+          b.w, comm, {.inner_steps = h, .inner = {.lr = 0.1f}, .sync = {.fragments = 1, .delay = 0, .alpha = 0.0f}});
+      blocking[static_cast<std::size_t>(m)] = train(tb, a, m, steps);
+      streaming[static_cast<std::size_t>(m)] = train(ts, b, m, steps);
+      CHECK(tb.stats().rounds == 3);
+      CHECK(ts.stats().rounds == 3);
+      CHECK(tb.stats().bytes_sent == ts.stats().bytes_sent);
+    });
+    for (int m = 0; m < workers; ++m) {
+      const auto& x = blocking[static_cast<std::size_t>(m)];
+      const auto& y = streaming[static_cast<std::size_t>(m)];
+      for (int s = 0; s < steps; ++s)
+        CHECK(std::memcmp(x.global_after_step[static_cast<std::size_t>(s)].data(),
+                          y.global_after_step[static_cast<std::size_t>(s)].data(),
+                          x.global_after_step[static_cast<std::size_t>(s)].size() * sizeof(float)) == 0);
+      for (std::size_t k = 0; k < sizes.size(); ++k)
+        CHECK(std::memcmp(x.replica[k].data(), y.replica[k].data(), sizes[k] * sizeof(float)) == 0);
+    }
+    // The outer step moved theta_global: the comparison is not of constants.
+    CHECK(blocking[0].global_after_step.back() != blocking[0].global_after_step.front());
+  };
+  SUBCASE("fp32") { compare(dc::compress::none{}); }
+  SUBCASE("int8 + error feedback") { compare(dc::compress::error_feedback<dc::compress::blockwise<dc::int8, 32>>{}); }
+}
+
+namespace {
+
+// Records, per fp32 all-reduce (blocking or not), the step it was started
+// in and its length: one reduction of fragment p is one all-reduce of
+// (its elements + M) floats.
+class recording_link : public threads_host_link {
+ public:
+  recording_link(dc::comm::threads& c, const std::atomic<int>& step) : threads_host_link(c), step_(step) {}
+  void all_reduce(std::span<float> b, dc::reduce_op op) {
+    calls.emplace_back(step_.load(), b.size());
+    threads_host_link::all_reduce(b, op);
+  }
+  request iall_reduce(std::span<float> b, dc::reduce_op op) {
+    calls.emplace_back(step_.load(), b.size());
+    return threads_host_link::iall_reduce(b, op);
+  }
+  std::vector<std::pair<int, std::size_t>> calls;
+
+ private:
+  const std::atomic<int>& step_;
+};
+
+}  // namespace
+
+TEST_CASE("streaming: every fragment begins and is applied exactly at the steps of the definition") {
+  // Sizes whose subset sums differ, so a reduction's length names its fragment.
+  const std::vector<std::size_t> sizes{1, 2, 4, 8};
+  const int workers = 2;
+  int checked = 0, refused = 0;
+  for (std::size_t P : {1u, 2u, 3u, 4u})
+    for (std::size_t H : {4u, 6u, 10u})
+      for (std::size_t tau : {0u, 1u, 2u}) {
+        CAPTURE(P);
+        CAPTURE(H);
+        CAPTURE(tau);
+        const bool valid = P <= H && P <= sizes.size() && tau + 1 <= H / P;
+        const dc::sync::streaming::options so{.fragments = P, .delay = tau, .alpha = 0.0f};
+        if (!valid) {
+          dc::comm::threads::world world(1);
+          world.run([&](dc::comm::threads& comm) {
+            model mdl(sizes);
+            CHECK_THROWS_AS(sgd_trainer<dc::sync::streaming>(mdl.w, comm, {.inner_steps = H, .sync = so}),
+                            dc::config_error);
+          });
+          ++refused;
+          continue;
+        }
+        // The definition: s_p = floor((p+1) H / P); applied after t = s_p + kH,
+        // begun after t = s_p + kH - tau.
+        const int steps = static_cast<int>(3 * H);
+        std::map<std::size_t, std::vector<int>> want_begin, want_apply;  // keyed by fragment
+        for (std::size_t p = 0; p < P; ++p) {
+          const std::size_t sp = (p + 1) * H / P;
+          for (std::size_t t = sp; t <= static_cast<std::size_t>(steps); t += H) {
+            want_apply[p].push_back(static_cast<int>(t));
+            want_begin[p].push_back(static_cast<int>(t - tau));
+          }
+        }
+        std::vector<std::map<std::size_t, std::vector<int>>> got_begin(workers), got_apply(workers);
+        std::vector<std::vector<std::size_t>> owner(workers);
+        dc::comm::threads::world world(workers);
+        world.run([&](dc::comm::threads& comm) {
+          const int m = comm.rank();
+          std::atomic<int> step{0};
+          recording_link link(comm, step);
+          model mdl(sizes);
+          dc::algorithm<dc::inner::sgd, dc::outer::nesterov, dc::compress::none, recording_link, dc::sync::streaming>
+              t(mdl.w, link, {.inner_steps = H, .inner = {.lr = 0.1f}, .sync = so});
+          REQUIRE(t.fragment_count() == P);
+          // Each tensor in exactly one fragment; a fragment's all-reduce has
+          // its elements + M floats.
+          std::map<std::size_t, std::size_t> length_to_fragment;
+          std::vector<std::size_t> elements(P, 0);
+          for (std::size_t k = 0; k < sizes.size(); ++k) {
+            REQUIRE(t.fragment_of(k) < P);
+            elements[t.fragment_of(k)] += sizes[k];
+            owner[static_cast<std::size_t>(m)].push_back(t.fragment_of(k));
+          }
+          for (std::size_t p = 0; p < P; ++p) {
+            REQUIRE(elements[p] > 0);
+            length_to_fragment[elements[p] + workers] = p;
+          }
+          link.calls.clear();  // the initial broadcast is not an all-reduce, but be sure
+          std::vector<std::uint64_t> sent(P, 0);
+          for (int s = 1; s <= steps; ++s) {
+            step = s;
+            const bool applied = t.step(mdl.grads(m));
+            bool any = false;
+            for (std::size_t p = 0; p < P; ++p)
+              if (t.stats().fragment_bytes_sent[p] != sent[p]) {
+                got_apply[static_cast<std::size_t>(m)][p].push_back(s);
+                sent[p] = t.stats().fragment_bytes_sent[p];
+                any = true;
+              }
+            CHECK(applied == any);
+          }
+          for (auto [s, len] : link.calls) {
+            REQUIRE(length_to_fragment.count(len) == 1);
+            got_begin[static_cast<std::size_t>(m)][length_to_fragment[len]].push_back(s);
+          }
+        });
+        for (int m = 0; m < workers; ++m) {
+          CHECK(got_begin[static_cast<std::size_t>(m)] == want_begin);
+          CHECK(got_apply[static_cast<std::size_t>(m)] == want_apply);
+        }
+        CHECK(owner[0] == owner[1]);
+        ++checked;
+      }
+  // The grid has both kinds.
+  CHECK(checked > 10);
+  CHECK(refused > 5);
+}
+
+TEST_CASE("streaming: contiguous and strided assignment of tensors to fragments") {
+  dc::comm::threads::world world(1);
+  world.run([&](dc::comm::threads& comm) {
+    auto assignment = [&](std::vector<std::size_t> sizes, std::size_t P, dc::sync::fragment_assignment a) {
+      model mdl(sizes);
+      sgd_trainer<dc::sync::streaming> t(mdl.w, comm, {.inner_steps = 8, .sync = {.fragments = P, .assignment = a}});
+      std::vector<std::size_t> out;
+      for (std::size_t k = 0; k < sizes.size(); ++k) out.push_back(t.fragment_of(k));
+      return out;
+    };
+    using fa = dc::sync::fragment_assignment;
+    // Totals 16: cuts where the running size first reaches 8 (P = 2), or
+    // 16/3 and 32/3 (P = 3).
+    CHECK(assignment({4, 4, 4, 4}, 2, fa::contiguous) == std::vector<std::size_t>{0, 0, 1, 1});
+    CHECK(assignment({4, 4, 4, 4}, 3, fa::contiguous) == std::vector<std::size_t>{0, 0, 1, 2});
+    CHECK(assignment({1, 1, 6, 8}, 2, fa::contiguous) == std::vector<std::size_t>{0, 0, 0, 1});
+    // A large first tensor would take every cut: each fragment keeps one.
+    CHECK(assignment({100, 1, 1}, 3, fa::contiguous) == std::vector<std::size_t>{0, 1, 2});
+    CHECK(assignment({4, 4, 4, 4, 4}, 2, fa::strided) == std::vector<std::size_t>{0, 1, 0, 1, 0});
+  });
+}
+
+namespace {
+
+// ------------------------------------------- double-precision references
+// Two workers, inner SGD (lr eta) on 1/2 ||w - c_m||^2, outer Nesterov (lr,
+// mu) exactly as torch.optim.SGD(nesterov=True): b = d on a fragment's
+// first step, else b = mu b + d; theta -= lr (d + mu b).
+constexpr double eta = 0.1, outer_lr = 0.7, mu = 0.9;
+constexpr int M = 2;
+
+struct nesterov_ref {
+  std::vector<double> b;
+  std::uint64_t steps = 0;
+  void step(std::vector<double>& theta, const std::vector<double>& d, std::size_t lo, std::size_t hi) {
+    if (b.size() < theta.size()) b.assign(theta.size(), 0.0);
+    for (std::size_t i = lo; i < hi; ++i) {
+      b[i] = steps == 0 ? d[i] : mu * b[i] + d[i];
+      theta[i] -= outer_lr * (d[i] + mu * b[i]);
+    }
+    ++steps;
+  }
+};
+
+using vec = std::vector<double>;
+
+vec flat_targets(int m, const std::vector<std::size_t>& sizes) {
+  vec c;
+  for (std::size_t k = 0; k < sizes.size(); ++k)
+    for (std::size_t i = 0; i < sizes[k]; ++i) c.push_back(target(m, k, i));
+  return c;
+}
+vec flat_init(const std::vector<std::size_t>& sizes) {
+  model mdl(sizes);
+  vec w;
+  for (auto& t : mdl.w) w.insert(w.end(), t.begin(), t.end());
+  return w;
+}
+void inner_step(vec& w, const vec& c) {
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] -= eta * (w[i] - c[i]);
+}
+
+// The library's theta_global and replica of worker m after every step.
+struct observed {
+  std::vector<vec> global, local;
+};
+
+template <class Sync>
+std::vector<observed> run_library(const std::vector<std::size_t>& sizes, int steps, std::size_t H,
+                                  typename Sync::options so) {
+  std::vector<observed> out(M);
+  dc::comm::threads::world world(M);
+  world.run([&](dc::comm::threads& comm) {
+    const int m = comm.rank();
+    model mdl(sizes);
+    sgd_trainer<Sync> t(mdl.w, comm,
+                        {.inner_steps = H, .inner = {.lr = static_cast<float>(eta)},
+                         .outer = {.lr = static_cast<float>(outer_lr), .momentum = static_cast<float>(mu)}, .sync = so});
+    for (int s = 1; s <= steps; ++s) {
+      t.step(mdl.grads(m));
+      vec g, l;
+      const auto gp = t.global_parameters();
+      for (std::size_t k = 0; k < sizes.size(); ++k) {
+        for (std::size_t i = 0; i < sizes[k]; ++i) g.push_back(gp.data()[t.global_offset(k) + i]);
+        l.insert(l.end(), mdl.w[k].begin(), mdl.w[k].end());
+      }
+      out[static_cast<std::size_t>(m)].global.push_back(g);
+      out[static_cast<std::size_t>(m)].local.push_back(l);
+    }
+  });
+  return out;
+}
+
+double rel_err(const vec& want, const vec& got) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    num += (want[i] - got[i]) * (want[i] - got[i]);
+    den += want[i] * want[i];
+  }
+  return std::sqrt(num / den);
+}
+
+void check_against(const std::vector<observed>& lib, const std::vector<vec>& ref_global,
+                   const std::vector<std::vector<vec>>& ref_local) {
+  for (std::size_t s = 0; s < ref_global.size(); ++s) {
+    CAPTURE(s + 1);
+    for (int m = 0; m < M; ++m) {
+      CHECK(rel_err(ref_global[s], lib[static_cast<std::size_t>(m)].global[s]) <= 1e-5);
+      CHECK(rel_err(ref_local[static_cast<std::size_t>(m)][s], lib[static_cast<std::size_t>(m)].local[s]) <= 1e-5);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("streaming (P = 2, tau = 1, alpha = 0.5): three rounds against the definition in double precision") {
+  // Two tensors, contiguous: fragment 0 = tensor 0, fragment 1 = tensor 1.
+  const std::vector<std::size_t> sizes{3, 3};
+  const std::size_t H = 4, tau = 1;
+  const double alpha = 0.5;
+  const int steps = 3 * static_cast<int>(H);
+  const std::size_t cut = 3;
+  // s_0 = 2, s_1 = 4: fragment 0 begins after steps 1, 5, 9 and is applied
+  // after 2, 6, 10; fragment 1 begins after 3, 7, 11, applied after 4, 8, 12.
+  vec global = flat_init(sizes);
+  std::vector<vec> w(M, global), snap(M);
+  std::vector<vec> c{flat_targets(0, sizes), flat_targets(1, sizes)};
+  nesterov_ref outer;
+  std::vector<nesterov_ref> frag(2);
+  std::vector<vec> ref_global;
+  std::vector<std::vector<vec>> ref_local(M);
+  for (int t = 1; t <= steps; ++t) {
+    for (int m = 0; m < M; ++m) inner_step(w[static_cast<std::size_t>(m)], c[static_cast<std::size_t>(m)]);
+    for (std::size_t p = 0; p < 2; ++p) {
+      const std::size_t lo = p == 0 ? 0 : cut, hi = p == 0 ? cut : 2 * cut;
+      const int sp = static_cast<int>((p + 1) * H / 2);
+      if ((t + static_cast<int>(tau) - sp) % static_cast<int>(H) == 0)  // begin: snapshot Δ_m,p
+        for (int m = 0; m < M; ++m) {
+          auto& d = snap[static_cast<std::size_t>(m)];
+          d.resize(global.size());
+          for (std::size_t i = lo; i < hi; ++i) d[i] = global[i] - w[static_cast<std::size_t>(m)][i];
+        }
+      if ((t - sp) % static_cast<int>(H) == 0) {  // apply
+        vec mean(global.size(), 0.0);
+        for (std::size_t i = lo; i < hi; ++i) mean[i] = (snap[0][i] + snap[1][i]) / M;
+        frag[p].step(global, mean, lo, hi);
+        for (int m = 0; m < M; ++m)
+          for (std::size_t i = lo; i < hi; ++i)
+            w[static_cast<std::size_t>(m)][i] = alpha * w[static_cast<std::size_t>(m)][i] + (1 - alpha) * global[i];
+      }
+    }
+    ref_global.push_back(global);
+    for (int m = 0; m < M; ++m) ref_local[static_cast<std::size_t>(m)].push_back(w[static_cast<std::size_t>(m)]);
+  }
+  const auto lib = run_library<dc::sync::streaming>(sizes, steps, H, {.fragments = 2, .delay = tau, .alpha = 0.5f});
+  check_against(lib, ref_global, ref_local);
+  CHECK(ref_global.back() != flat_init(sizes));
+}
+
+TEST_CASE("one-step delay and eager: three rounds against the definitions in double precision") {
+  const std::vector<std::size_t> sizes{2, 3};
+  const std::size_t H = 3;
+  const int steps = 4 * static_cast<int>(H);  // four phases: three applied rounds
+  for (bool is_eager : {false, true}) {
+    CAPTURE(is_eager);
+    vec global = flat_init(sizes);
+    const std::size_t n = global.size();
+    std::vector<vec> w(M, global), start(M, global), own(M, vec(n, 0.0));
+    std::vector<vec> c{flat_targets(0, sizes), flat_targets(1, sizes)};
+    nesterov_ref outer;
+    bool in_flight = false;
+    vec mean(n, 0.0);
+    std::vector<vec> ref_global;
+    std::vector<std::vector<vec>> ref_local(M);
+    for (int t = 1; t <= steps; ++t) {
+      for (int m = 0; m < M; ++m) inner_step(w[static_cast<std::size_t>(m)], c[static_cast<std::size_t>(m)]);
+      if (t % static_cast<int>(H) == 0) {
+        std::vector<vec> fresh(M, vec(n));
+        for (int m = 0; m < M; ++m)
+          for (std::size_t i = 0; i < n; ++i)
+            fresh[static_cast<std::size_t>(m)][i] = start[static_cast<std::size_t>(m)][i] - w[static_cast<std::size_t>(m)][i];
+        if (in_flight) {
+          if (is_eager) {
+            // One outer step from theta_g and the state before this round's
+            // update, along mean - own/M + fresh/M.
+            for (int m = 0; m < M; ++m) {
+              nesterov_ref scratch = outer;
+              vec x = global, ge(n);
+              for (std::size_t i = 0; i < n; ++i)
+                ge[i] = mean[i] - own[static_cast<std::size_t>(m)][i] / M + fresh[static_cast<std::size_t>(m)][i] / M;
+              scratch.step(x, ge, 0, n);
+              w[static_cast<std::size_t>(m)] = x;
+            }
+            outer.step(global, mean, 0, n);
+          } else {
+            outer.step(global, mean, 0, n);
+            for (int m = 0; m < M; ++m)
+              for (std::size_t i = 0; i < n; ++i)
+                w[static_cast<std::size_t>(m)][i] = global[i] - fresh[static_cast<std::size_t>(m)][i];
+          }
+        }
+        for (int m = 0; m < M; ++m) {
+          start[static_cast<std::size_t>(m)] = w[static_cast<std::size_t>(m)];
+          own[static_cast<std::size_t>(m)] = fresh[static_cast<std::size_t>(m)];
+        }
+        for (std::size_t i = 0; i < n; ++i) mean[i] = (fresh[0][i] + fresh[1][i]) / M;
+        in_flight = true;
+      }
+      ref_global.push_back(global);
+      for (int m = 0; m < M; ++m) ref_local[static_cast<std::size_t>(m)].push_back(w[static_cast<std::size_t>(m)]);
+    }
+    const auto lib = is_eager ? run_library<dc::sync::eager>(sizes, steps, H, {})
+                              : run_library<dc::sync::one_step_delay>(sizes, steps, H, {});
+    check_against(lib, ref_global, ref_local);
+    CHECK(outer.steps == 3);
+  }
+}
+
+TEST_CASE("finish() applies the reduction in flight; step() says when something was applied") {
+  const std::vector<std::size_t> sizes{4, 4};
+  dc::comm::threads::world world(2);
+  world.run([&](dc::comm::threads& comm) {
+    model mdl(sizes);
+    sgd_trainer<dc::sync::one_step_delay> t(mdl.w, comm, {.inner_steps = 3, .inner = {.lr = 0.1f}});
+    std::vector<bool> applied;
+    for (int s = 0; s < 6; ++s) applied.push_back(t.step(mdl.grads(comm.rank())));
+    // Phase 1 only begins; phase 2 applies round 1.
+    CHECK(applied == std::vector<bool>{false, false, false, false, false, true});
+    CHECK(t.stats().rounds == 1);
+    CHECK(t.steps_in_round() == 0);
+    t.step(mdl.grads(comm.rank()));
+    CHECK(t.steps_in_round() == 1);
+    const std::vector<float> before(t.global_parameters().data(), t.global_parameters().data() + 8);
+    t.finish();  // round 2 (begun after step 6) is applied now
+    CHECK(t.stats().rounds == 2);
+    const std::vector<float> after(t.global_parameters().data(), t.global_parameters().data() + 8);
+    CHECK(before != after);
+    t.finish();  // nothing in flight: no change
+    CHECK(t.stats().rounds == 2);
+    // Training goes on: the next phase end only begins (nothing in flight).
+    CHECK_FALSE(t.step(mdl.grads(comm.rank())));
+    CHECK_FALSE(t.step(mdl.grads(comm.rank())));
+    CHECK(t.stats().rounds == 2);
+    for (int s = 0; s < 3; ++s) t.step(mdl.grads(comm.rank()));
+    CHECK(t.stats().rounds == 3);
+  });
+}
+
+TEST_CASE("state(): every stateful part by name") {
+  const std::vector<std::size_t> sizes{5, 3};
+  dc::comm::threads::world world(1);
+  world.run([&](dc::comm::threads& comm) {
+    model mdl(sizes);
+    dc::algorithm<dc::inner::adamw, dc::outer::nesterov, dc::compress::error_feedback<dc::compress::blockwise<dc::int8, 32>>,
+                  dc::comm::threads, dc::sync::eager>
+        t(mdl.w, comm, {.inner_steps = 2});
+    for (int s = 0; s < 4; ++s) t.step(mdl.grads(0));
+    std::map<std::string, dc::state_entry> by_name;
+    for (auto& e : t.state()) by_name[e.name] = e;
+    for (const char* b : {"theta_global", "outer.slots", "inner.slots", "fragment.0.residual", "schedule.anchor",
+                          "schedule.own"}) {
+      CAPTURE(b);
+      REQUIRE(by_name.count(b) == 1);
+      CHECK_FALSE(by_name[b].is_scalar);
+    }
+    CHECK(by_name["theta_global"].size == 8);
+    CHECK(by_name["outer.slots"].size == 8);       // Nesterov: one slot
+    CHECK(by_name["inner.slots"].size == 16);      // AdamW: two slots
+    CHECK(by_name["theta_global"].data == t.global_parameters().data());
+    CHECK(by_name["inner.steps"].value == 4);
+    CHECK(by_name["schedule.position"].value == 4);
+    CHECK(by_name["rounds"].value == 1);
+    CHECK(by_name["fragment.0.outer_steps"].value == 1);
+  });
+}
+
+namespace {
+
+// Every collective takes `delay` longer, inside the transfer: the blocking
+// ones on the caller's thread, the non-blocking ones on a progress thread of
+// this link's own, so they overlap whatever the caller does meanwhile.
+class slow_link : public threads_host_link {
+ public:
+  slow_link(dc::comm::threads& c, std::chrono::milliseconds d) : threads_host_link(c), delay_(d) {}
+  using request = dc::comm::async_request;
+  void all_reduce(std::span<float> b, dc::reduce_op op) {
+    std::this_thread::sleep_for(delay_);
+    threads().all_reduce(b, op);
+  }
+  request iall_reduce(std::span<float> b, dc::reduce_op op) {
+    return queue_.submit([this, b, op] {
+      std::this_thread::sleep_for(delay_);
+      threads().all_reduce(b, op);
+    });
+  }
+  request iall_to_all(std::span<const std::byte> s, std::span<std::byte> r) {
+    return queue_.submit([this, s, r] { threads().all_to_all(s, r); });
+  }
+  request iall_gather(std::span<const std::byte> s, std::span<std::byte> r) {
+    return queue_.submit([this, s, r] { threads().all_gather(s, r); });
+  }
+
+ private:
+  std::chrono::milliseconds delay_;
+  dc::comm::detail::progress_queue queue_;
+};
+
+template <class Sync>
+double blocked_per_round(std::chrono::milliseconds d, std::chrono::milliseconds step_time, std::size_t H, int phases) {
+  std::vector<double> per_round(2);
+  dc::comm::threads::world world(2);
+  world.run([&](dc::comm::threads& comm) {
+    slow_link link(comm, d);
+    model mdl({16, 16});
+    dc::algorithm<dc::inner::sgd, dc::outer::nesterov, dc::compress::none, slow_link, Sync> t(
+        mdl.w, link, {.inner_steps = H, .inner = {.lr = 0.1f}});
+    for (std::size_t s = 0; s < H * static_cast<std::size_t>(phases); ++s) {
+      std::this_thread::sleep_for(step_time);  // the inner step's compute
+      t.step(mdl.grads(comm.rank()));
+    }
+    // Rounds applied inside the loop (finish() would wait for the last one
+    // at once: nothing is left to hide it behind).
+    per_round[static_cast<std::size_t>(comm.rank())] =
+        t.stats().blocked_seconds / static_cast<double>(t.stats().rounds);
+    if (!std::is_same_v<Sync, dc::sync::blocking>) CHECK(t.stats().hidden_seconds > 0.0);
+    t.finish();
+  });
+  return std::max(per_round[0], per_round[1]);
+}
+
+}  // namespace
+
+TEST_CASE("overlap is real: one-step delay hides an exchange that a blocking round waits for") {
+  // d = 60 ms per collective; an inner phase of 4 x 40 ms = 160 ms >= 2d.
+  const auto d = std::chrono::milliseconds(60), step = std::chrono::milliseconds(40);
+  const double blocking = blocked_per_round<dc::sync::blocking>(d, step, 4, 4);
+  const double delayed = blocked_per_round<dc::sync::one_step_delay>(d, step, 4, 4);
+  MESSAGE("blocked per round: blocking ", blocking, " s, one_step_delay ", delayed, " s");
+  CHECK(blocking >= 0.055);
+  CHECK(delayed < 0.2 * blocking);
+}
+
+TEST_CASE("a non-finite pseudo-gradient under streaming and one-step delay: refused on every rank, training goes on") {
+  const std::vector<std::size_t> sizes{4, 4};
+  SUBCASE("streaming: only the fragment's tensors are reset") {
+    dc::comm::threads::world world(2);
+    world.run([&](dc::comm::threads& comm) {
+      const int m = comm.rank();
+      model mdl(sizes);
+      sgd_trainer<dc::sync::streaming> t(mdl.w, comm,
+                                         {.inner_steps = 4, .inner = {.lr = 0.1f}, .sync = {.fragments = 2, .delay = 1}});
+      for (int s = 0; s < 4; ++s) t.step(mdl.grads(m));  // fragments 0 and 1 applied once
+      REQUIRE(t.stats().rounds == 2);
+      const std::vector<float> g0(t.global_parameters().data(), t.global_parameters().data() + 8);
+      t.step(mdl.grads(m));  // step 5: fragment 0 begins
+      // Fragment 0 (tensor 0) went bad on rank 1 before it began? No: after.
+      // Poison before the next begin instead: step 6 applies fragment 0 fine.
+      t.step(mdl.grads(m));
+      REQUIRE(t.stats().rounds == 3);
+      if (m == 1) mdl.w[1][2] = std::numeric_limits<float>::quiet_NaN();  // tensor 1 = fragment 1
+      t.step(mdl.grads(m));  // step 7: fragment 1 begins with a NaN on rank 1
+      const std::vector<float> before(t.global_parameters().data(), t.global_parameters().data() + 8);
+      const std::vector<float> tensor0 = mdl.w[0];
+      CHECK_THROWS_AS(t.step(mdl.grads(m)), dc::numeric_error);  // step 8: applied -> refused everywhere
+      const std::vector<float> after(t.global_parameters().data(), t.global_parameters().data() + 8);
+      CHECK(std::memcmp(before.data(), after.data(), 8 * sizeof(float)) == 0);
+      CHECK(t.stats().rejected_rounds == 1);
+      // Fragment 1's tensor is theta_global again; fragment 0's kept its step 8 progress.
+      for (std::size_t i = 0; i < 4; ++i) CHECK(mdl.w[1][i] == after[t.global_offset(1) + i]);
+      CHECK(mdl.w[0] != tensor0);  // step 8's inner step ran
+      for (int s = 0; s < 8; ++s) t.step(mdl.grads(m));
+      CHECK(t.stats().rounds == 7);
+      for (float v : mdl.w[1]) CHECK(std::isfinite(v));
+      (void)g0;
+    });
+  }
+  SUBCASE("one-step delay: the replica is reset and nothing stays in flight") {
+    dc::comm::threads::world world(2);
+    world.run([&](dc::comm::threads& comm) {
+      const int m = comm.rank();
+      model mdl(sizes);
+      sgd_trainer<dc::sync::one_step_delay> t(mdl.w, comm, {.inner_steps = 3, .inner = {.lr = 0.1f}});
+      for (int s = 0; s < 6; ++s) t.step(mdl.grads(m));
+      REQUIRE(t.stats().rounds == 1);
+      if (m == 0) mdl.w[0][0] = std::numeric_limits<float>::infinity();
+      for (int s = 0; s < 2; ++s) t.step(mdl.grads(m));
+      t.step(mdl.grads(m));  // phase 3 ends: round 2 applied, round 3 (with Inf) begins
+      REQUIRE(t.stats().rounds == 2);
+      const std::vector<float> before(t.global_parameters().data(), t.global_parameters().data() + 8);
+      for (int s = 0; s < 2; ++s) t.step(mdl.grads(m));
+      CHECK_THROWS_AS(t.step(mdl.grads(m)), dc::numeric_error);
+      const std::vector<float> after(t.global_parameters().data(), t.global_parameters().data() + 8);
+      CHECK(std::memcmp(before.data(), after.data(), 8 * sizeof(float)) == 0);
+      for (std::size_t k = 0; k < 2; ++k)
+        for (std::size_t i = 0; i < 4; ++i) CHECK(mdl.w[k][i] == after[t.global_offset(k) + i]);
+      t.finish();  // nothing in flight
+      CHECK(t.stats().rounds == 2);
+      for (int s = 0; s < 6; ++s) t.step(mdl.grads(m));  // begins, then applies
+      CHECK(t.stats().rounds == 3);
+    });
+  }
+}
+
+TEST_CASE("schedule options out of range are config_errors naming the option and its range") {
+  dc::comm::threads::world world(1);
+  world.run([&](dc::comm::threads& comm) {
+    model mdl({2, 2, 2});
+    auto message = [&](std::size_t H, dc::sync::streaming::options so) {
+      try {
+        sgd_trainer<dc::sync::streaming> t(mdl.w, comm, {.inner_steps = H, .sync = so});
+      } catch (const dc::config_error& e) {
+        return std::string(e.what());
+      }
+      return std::string("no error");
+    };
+    CHECK(message(8, {.fragments = 0}).find("fragments (P) must be in [1, min(H, tensor count)] = [1, 3]") !=
+          std::string::npos);
+    CHECK(message(2, {.fragments = 3}).find("[1, 2]") != std::string::npos);   // P > H
+    CHECK(message(8, {.fragments = 4}).find("[1, 3]") != std::string::npos);   // P > tensors
+    CHECK(message(8, {.fragments = 2, .delay = 4}).find("delay (tau) must be in [0, floor(H/P) - 1] = [0, 3]") !=
+          std::string::npos);
+    CHECK(message(8, {.fragments = 2, .delay = 3}) == "no error");
+    CHECK(message(8, {.alpha = 1.5f}).find("alpha must be in [0, 1], got 1.5") != std::string::npos);
+    CHECK(message(8, {.alpha = -0.1f}).find("alpha must be in [0, 1]") != std::string::npos);
+    CHECK(message(8, {.alpha = std::numeric_limits<float>::quiet_NaN()}).find("alpha") != std::string::npos);
+  });
+}
