@@ -171,3 +171,34 @@ TEST_CASE("AdamW inner over MPI, several tensors: replicas agree with threads an
   for (int k = 1; k < workers; ++k)
     CHECK(std::memcmp(all.data() + static_cast<std::size_t>(k) * features, all.data(), features * sizeof(float)) == 0);
 }
+
+TEST_CASE("sync::streaming with P = 1, tau = 0, alpha = 0 over MPI is sync::blocking bit for bit (fp32, int8+EF)") {
+  const int workers = world_size();
+  const auto data = make_data(workers);
+  dc::comm::mpi comm(MPI_COMM_WORLD, {.expected_size = workers});
+  const int m = comm.rank();
+  auto run = [&]<class Compressor, class Sync>(Compressor, Sync, typename Sync::options so) {
+    std::vector<float> w(features, 0.0f);
+    dc::algorithm<dc::inner::sgd, dc::outer::nesterov, Compressor, dc::comm::mpi, Sync> t(
+        w, comm, {.inner_steps = h, .inner = {.lr = inner_lr, .momentum = inner_mu}, .sync = so, .host_threads = 1});
+    std::vector<std::vector<float>> seen;
+    std::vector<float> g(features);
+    for (int step = 0; step < h * rounds; ++step) {
+      const auto gd = gradient(data, m, w);
+      for (std::size_t j = 0; j < features; ++j) g[j] = static_cast<float>(gd[j]);
+      if (t.step(g)) seen.push_back(std::vector<float>(t.global_parameters().data(), t.global_parameters().data() + features));
+    }
+    seen.push_back(w);
+    return seen;
+  };
+  auto compare = [&]<class Compressor>(Compressor c) {
+    const auto a = run(c, dc::sync::blocking{}, {});
+    const auto b = run(c, dc::sync::streaming{}, {.fragments = 1, .delay = 0, .alpha = 0.0f});
+    REQUIRE(a.size() == static_cast<std::size_t>(rounds) + 1);
+    REQUIRE(b.size() == a.size());
+    for (std::size_t r = 0; r < a.size(); ++r) CHECK(std::memcmp(a[r].data(), b[r].data(), features * sizeof(float)) == 0);
+    CHECK(a.front() != a.back());
+  };
+  SUBCASE("fp32") { compare(dc::compress::none{}); }
+  SUBCASE("int8 + error feedback") { compare(dc::compress::error_feedback<dc::compress::blockwise<dc::int8, 32>>{}); }
+}
