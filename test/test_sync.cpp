@@ -649,3 +649,74 @@ TEST_CASE("schedule options out of range are config_errors naming the option and
     CHECK(message(8, {.alpha = std::numeric_limits<float>::quiet_NaN()}).find("alpha") != std::string::npos);
   });
 }
+
+namespace {
+
+// Non-blocking collectives that complete before they return (the blocking
+// operation runs inside the i-call), and a record of the fragment id in
+// every stage-1 segment header that is sent.
+class eager_link : public threads_host_link {
+ public:
+  using threads_host_link::threads_host_link;
+  request iall_reduce(std::span<float> b, dc::reduce_op op) { return all_reduce(b, op), request{}; }
+  request iall_to_all(std::span<const std::byte> s, std::span<std::byte> r) {
+    record(s);
+    return all_to_all(s, r), request{};
+  }
+  request iall_gather(std::span<const std::byte> s, std::span<std::byte> r) { return all_gather(s, r), request{}; }
+  void all_to_all(std::span<const std::byte> s, std::span<std::byte> r) { threads_host_link::all_to_all(s, r); }
+  std::vector<std::uint32_t> fragments;
+
+ private:
+  void record(std::span<const std::byte> s) {
+    std::uint32_t f;
+    std::memcpy(&f, s.data() + 56, 4);
+    fragments.push_back(f);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("compressed streaming: the staged non-blocking exchange gives the bits of the exchange run at once; headers "
+          "carry the fragment") {
+  using codec = dc::compress::error_feedback<dc::compress::blockwise<dc::int8, 32>>;
+  const std::vector<std::size_t> sizes{40, 70, 33};
+  const std::size_t H = 6;
+  const int steps = 4 * static_cast<int>(H);
+  const dc::sync::streaming::options so{.fragments = 3, .delay = 1, .alpha = 0.25f};
+  std::vector<std::vector<std::vector<float>>> staged(2), at_once(2);
+  std::vector<std::uint32_t> seen;
+  dc::comm::threads::world world(2);
+  world.run([&](dc::comm::threads& comm) {
+    const int m = comm.rank();
+    {
+      model mdl(sizes);
+      dc::algorithm<dc::inner::sgd, dc::outer::nesterov, codec, dc::comm::threads, dc::sync::streaming> t(
+          mdl.w, comm, {.inner_steps = H, .inner = {.lr = 0.1f}, .sync = so});
+      for (int s = 0; s < steps; ++s) t.step(mdl.grads(m));
+      t.finish();
+      staged[static_cast<std::size_t>(m)] = mdl.w;
+      CHECK(t.stats().rounds == 12);
+      for (std::size_t p = 0; p < 3; ++p) CHECK(t.stats().fragment_bytes_sent[p] > 0);
+    }
+    {
+      eager_link link(comm);
+      model mdl(sizes);
+      dc::algorithm<dc::inner::sgd, dc::outer::nesterov, codec, eager_link, dc::sync::streaming> t(
+          mdl.w, link, {.inner_steps = H, .inner = {.lr = 0.1f}, .sync = so});
+      for (int s = 0; s < steps; ++s) t.step(mdl.grads(m));
+      t.finish();
+      at_once[static_cast<std::size_t>(m)] = mdl.w;
+      if (m == 0) seen = link.fragments;
+    }
+  });
+  for (int m = 0; m < 2; ++m)
+    for (std::size_t k = 0; k < sizes.size(); ++k)
+      CHECK(std::memcmp(staged[static_cast<std::size_t>(m)][k].data(), at_once[static_cast<std::size_t>(m)][k].data(),
+                        sizes[k] * sizeof(float)) == 0);
+  // Fragments 0, 1, 2 in turn, four rounds each.
+  std::vector<std::uint32_t> want;
+  for (int r = 0; r < 4; ++r)
+    for (std::uint32_t p = 0; p < 3; ++p) want.push_back(p);
+  CHECK(seen == want);
+}

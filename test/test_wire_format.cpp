@@ -81,7 +81,7 @@ TEST_CASE("each header field names itself when wrong") {
                                {7, 1, "flags"},              {8, 4, "block size"},          {12, 4, "sender rank"},
                                {16, 8, "element count"},     {24, 8, "payload length"},     {32, 8, "round"},
                                {40, 4, "checksum mismatch"}, {44, 4, "payload length"},     {48, 8, "checksum mismatch"},
-                               {56, 8, "reserved header byte"}};
+                               {56, 4, "fragment 1 (expected 0)"}, {60, 4, "reserved header byte"}};
   for (const auto& f : fields) {
     CAPTURE(f.offset);
     auto bad = s.bytes;
@@ -107,6 +107,11 @@ TEST_CASE("a segment that is valid but not the expected one is a format_error") 
   want = s.want;
   want.sender = 1;
   CHECK_THROWS_WITH_AS(wire::read_header(s.bytes, want, "test"), doctest::Contains("sender rank 2 (expected 1)"),
+                       dc::format_error);
+  want = s.want;
+  want.fragment = 3;
+  CHECK_THROWS_WITH_AS(wire::read_header(s.bytes, want, "test"),
+                       doctest::Contains("fragment 0 (expected 3): a segment of another fragment's reduction"),
                        dc::format_error);
   want = s.want;
   want.codec = cp::codec_id::int4;

@@ -115,9 +115,11 @@ class compressed_mean {
  public:
   using codec_type = typename Compressor::codec;
 
+  // `fragment`: the sync schedule's fragment these parameters form (carried
+  // in every segment header; 0 for the whole model).
   compressed_mean(const parameter_set<float, Space>& params, int world, int rank,
-                  const typename Compressor::options& opts)
-      : codec_(Compressor::make_codec(opts)), seed_(seed_of(opts)), world_(world), rank_(rank) {
+                  const typename Compressor::options& opts, std::uint32_t fragment = 0)
+      : codec_(Compressor::make_codec(opts)), seed_(seed_of(opts)), world_(world), rank_(rank), fragment_(fragment) {
     std::vector<std::size_t> sizes;
     for (std::size_t k = 0; k < params.count(); ++k) {
       sizes.push_back(params[k].size());
@@ -201,7 +203,7 @@ class compressed_mean {
       wire::write_header(send_.data() + static_cast<std::size_t>(s) * slot_,
                          {codec_type::id, flags(), static_cast<std::uint32_t>(codec_type::block),
                           static_cast<std::uint32_t>(rank_), layout_.elements_in(s), payload, round,
-                          static_cast<float>(out_.delta_norm), 0});
+                          static_cast<float>(out_.delta_norm), 0, fragment_});
       out_.encoded_bytes += wire::header_bytes + payload;
     }
   }
@@ -219,7 +221,7 @@ class compressed_mean {
       try {
         const auto h = check_segment(seg, {codec_type::id, flags(), static_cast<std::uint32_t>(codec_type::block),
                                            static_cast<std::uint32_t>(k), layout_.elements_in(rank_), my_payload,
-                                           round_},
+                                           round_, fragment_},
                                      rank_, "stage-1 segment");
         found_.sender(h, k);
         received_[static_cast<std::size_t>(k)] = seg + wire::header_bytes;
@@ -240,7 +242,7 @@ class compressed_mean {
     wire::write_header(reduced_.data(), {codec_type::id, flags(), static_cast<std::uint32_t>(codec_type::block),
                                          static_cast<std::uint32_t>(rank_), layout_.elements_in(rank_),
                                          status == 0 ? my_payload : 0, round_, static_cast<float>(reduced_norm),
-                                         status});
+                                         status, fragment_});
   }
   // 5. every reduced shard to every rank.
   std::span<const std::byte> reduced_bytes() const { return {reduced_.data(), slot_}; }
@@ -255,7 +257,7 @@ class compressed_mean {
         // payload.
         const std::uint64_t payload = layout_.blocks_in(k) * stride_;
         const auto h = check_segment(seg, {codec_type::id, flags(), static_cast<std::uint32_t>(codec_type::block),
-                                           static_cast<std::uint32_t>(k), layout_.elements_in(k), payload, round_},
+                                           static_cast<std::uint32_t>(k), layout_.elements_in(k), payload, round_, fragment_},
                                      k, "reduced segment", true);
         found_.reduced(h, k);
       } catch (const format_error& e) {
@@ -317,6 +319,7 @@ class compressed_mean {
   std::uint64_t seed_;
   int world_;
   int rank_;
+  std::uint32_t fragment_ = 0;
   block_layout layout_;
   std::vector<float*> local_;
   std::vector<std::size_t> offset_;

@@ -76,8 +76,8 @@ class compressed_mean<Compressor, Space> {
   // Uploads the layout's tables with `exec`; every buffer is sized here.
   template <class Exec>
   compressed_mean(const parameter_set<float, device_space>& params, int world, int rank,
-                  const typename Compressor::options& opts, Exec& exec)
-      : codec_(Compressor::make_codec(opts)), seed_(seed_of(opts)), world_(world), rank_(rank) {
+                  const typename Compressor::options& opts, Exec& exec, std::uint32_t fragment = 0)
+      : codec_(Compressor::make_codec(opts)), seed_(seed_of(opts)), world_(world), rank_(rank), fragment_(fragment) {
     if (static_cast<std::size_t>(world) > diloco::exec::grid::max_checksum_segments)
       diloco::detail::raise<config_error>("the device compressed mean takes at most ",
                                           diloco::exec::grid::max_checksum_segments, " workers, got ", world);
@@ -186,7 +186,8 @@ class compressed_mean<Compressor, Space> {
                                static_cast<std::uint32_t>(sender),
                                layout_.elements_in(shard),
                                payload,
-                               round};
+                               round,
+                               fragment_};
     };
 
     // 1. encode every shard, then its checksum and the norms.
@@ -209,7 +210,7 @@ class compressed_mean<Compressor, Space> {
       wire::write_header(host_headers_.data() + static_cast<std::size_t>(s) * wire::header_bytes,
                          {codec_type::id, flags, static_cast<std::uint32_t>(codec_type::block),
                           static_cast<std::uint32_t>(rank_), layout_.elements_in(s), payload, round,
-                          static_cast<float>(out.delta_norm), 0},
+                          static_cast<float>(out.delta_norm), 0, fragment_},
                          host_results_[static_cast<std::size_t>(s)]);
       out.encoded_bytes += wire::header_bytes + payload;
     }
@@ -254,7 +255,7 @@ class compressed_mean<Compressor, Space> {
     wire::write_header(host_headers_.data(),
                        {codec_type::id, flags, static_cast<std::uint32_t>(codec_type::block),
                         static_cast<std::uint32_t>(rank_), layout_.elements_in(rank_), status == 0 ? my_payload : 0,
-                        round, static_cast<float>(reduced_norm), status},
+                        round, static_cast<float>(reduced_norm), status, fragment_},
                        reduced_sum);
     exec.from_host(reduced_.data(), host_headers_.data(), wire::header_bytes);
 
@@ -391,6 +392,7 @@ class compressed_mean<Compressor, Space> {
   std::uint64_t seed_;
   int world_;
   int rank_;
+  std::uint32_t fragment_ = 0;
   block_layout layout_;
   std::size_t stride_ = 0;
   std::size_t slot_ = 0;

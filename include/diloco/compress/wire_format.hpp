@@ -21,7 +21,9 @@
 //                from rank r and sends no data)
 //       48    8 checksum of the 64 header bytes (this field as zero) and
 //                the payload (diloco/core/checksum.hpp)
-//       56    8 reserved, zero
+//       56    4 fragment (the sync schedule's fragment the segment belongs
+//                to; 0 for a whole-model round)
+//       60    4 reserved, zero
 // All multi-byte fields are little-endian.
 
 #include <cmath>
@@ -53,6 +55,7 @@ struct header {
   std::uint64_t round = 0;
   float norm = 0.0f;
   std::uint32_t status = 0;
+  std::uint32_t fragment = 0;
 };
 
 namespace detail {
@@ -99,6 +102,7 @@ inline void write_fields(std::byte* seg, const header& h) {
   put<std::uint64_t>(seg + 32, h.round);
   put<float>(seg + 40, h.norm);
   put<std::uint32_t>(seg + 44, h.status);
+  put<std::uint32_t>(seg + 56, h.fragment);
 }
 }  // namespace detail
 
@@ -126,6 +130,7 @@ struct expectation {
   std::uint64_t elements;
   std::uint64_t payload_bytes;
   std::uint64_t round;
+  std::uint32_t fragment = 0;
 };
 
 // Validates `bytes` (a received slot: the segment and any padding after it)
@@ -155,6 +160,7 @@ header read_header(const std::byte* s, std::size_t slot_bytes, const expectation
   h.round = get<std::uint64_t>(s + 32);
   h.norm = get<float>(s + 40);
   h.status = get<std::uint32_t>(s + 44);
+  h.fragment = get<std::uint32_t>(s + 56);
   if (h.codec != want.codec)
     fail("codec id ", static_cast<unsigned>(h.codec), " (expected ", static_cast<unsigned>(want.codec), ")");
   if (h.flags & ~known_flags) fail("unknown flags ", static_cast<unsigned>(h.flags));
@@ -162,12 +168,14 @@ header read_header(const std::byte* s, std::size_t slot_bytes, const expectation
   if (h.block_size != want.block_size) fail("block size ", h.block_size, " (expected ", want.block_size, ")");
   if (h.sender != want.sender) fail("sender rank ", h.sender, " (expected ", want.sender, ")");
   if (h.round != want.round) fail("round ", h.round, " (expected ", want.round, "): a stale or future segment");
+  if (h.fragment != want.fragment)
+    fail("fragment ", h.fragment, " (expected ", want.fragment, "): a segment of another fragment's reduction");
   if (h.elements != want.elements) fail("element count ", h.elements, " (expected ", want.elements, ")");
   const std::uint64_t payload = h.status == 0 ? want.payload_bytes : 0;
   if (h.payload_bytes != payload) fail("payload length ", h.payload_bytes, " (expected ", payload, ")");
   if (slot_bytes - header_bytes < h.payload_bytes)
     fail("truncated segment: ", slot_bytes, " bytes, header and payload need ", header_bytes + h.payload_bytes);
-  for (std::size_t b = 56; b < header_bytes; ++b)
+  for (std::size_t b = 60; b < header_bytes; ++b)
     if (s[b] != std::byte{0}) fail("reserved header byte ", b, " is not zero");
   if (const auto c = get<std::uint64_t>(s + 48);
       c != detail::finish_checksum(detail::header_words_sum(s), payload_sum(h.payload_bytes), h.payload_bytes))

@@ -42,9 +42,9 @@ class compressed {
       if (fragment != 0) o.seed = kernels::mix64(o.seed ^ (0x667261676d656e74ULL + fragment));
     if constexpr (std::is_same_v<Space, host_space>) {
       (void)exec;
-      engine_ = std::make_unique<engine_type>(params, world, rank, o);
+      engine_ = std::make_unique<engine_type>(params, world, rank, o, static_cast<std::uint32_t>(fragment));
     } else {
-      engine_ = std::make_unique<engine_type>(params, world, rank, o, exec);
+      engine_ = std::make_unique<engine_type>(params, world, rank, o, exec, static_cast<std::uint32_t>(fragment));
     }
   }
 
