@@ -306,3 +306,72 @@ TEST_CASE("optimizer<adamw> on device tensors: the host optimizer's bits") {
   CHECK(sim::launches.vector > 0);
   CHECK(same_bits(run(dc::host_space{}, dc::exec::host{}), device));
 }
+
+namespace {
+
+// Every schedule over device-space tensors against the host engine: the
+// merges run inside the device apply passes (fp32 and decode-apply).
+template <class Space, class Compressor, class Sync>
+run_result train_schedule(typename Sync::options so, int steps) {
+  run_result out;
+  out.replicas.resize(workers);
+  out.globals.resize(workers);
+  out.stats.resize(workers);
+  dc::comm::threads::world world(workers);
+  world.run([&](dc::comm::threads& comm) {
+    const int m = comm.rank();
+    replica<Space> r(m);
+    dc::algorithm<dc::inner::adamw, dc::outer::nesterov, Compressor, dc::comm::threads, Sync> t(
+        r.params, comm,
+        {.inner_steps = 6, .inner = {.lr = 0.05f, .weight_decay = 0.01f}, .outer = {.lr = 0.7f, .momentum = 0.9f},
+         .sync = so});
+    for (int s = 0; s < steps; ++s) {
+      r.compute_grads(m);
+      t.step(r.grads);
+    }
+    t.finish();
+    const auto g = t.template global_parameters<Space>();
+    auto& packed = out.globals[static_cast<std::size_t>(m)];
+    for (std::size_t k = 0; k < sizes.size(); ++k)
+      packed.insert(packed.end(), g.data() + t.global_offset(k), g.data() + t.global_offset(k) + sizes[k]);
+    out.replicas[static_cast<std::size_t>(m)] = r.flat();
+    out.stats[static_cast<std::size_t>(m)] = t.stats();
+  });
+  return out;
+}
+
+template <class Compressor, class Sync>
+void host_and_device_agree(typename Sync::options so, std::uint64_t rounds) {
+  const auto host = train_schedule<dc::host_space, Compressor, Sync>(so, 20);
+  const auto device = train_schedule<dc::device_space, Compressor, Sync>(so, 20);
+  for (int m = 0; m < workers; ++m) {
+    CAPTURE(m);
+    const auto i = static_cast<std::size_t>(m);
+    CHECK(same_bits(host.replicas[i], device.replicas[i]));
+    CHECK(same_bits(host.globals[i], device.globals[i]));
+    CHECK(device.stats[i].rounds == rounds);
+    CHECK(host.stats[i].rounds == rounds);
+  }
+  CHECK(same_bits(device.globals[0], device.globals[1]));
+}
+
+}  // namespace
+
+TEST_CASE("every schedule over device tensors gives the host engine's bits (fp32 and int8 + error feedback)") {
+  using int8_ef = dc::compress::error_feedback<dc::compress::blockwise<dc::int8, 16>>;
+  // 20 steps of H = 6. streaming P = 3 (s_p = 2, 4, 6), tau = 1: applied
+  // after 2,4,6, 8,10,12, 14,16,18, 20, and finish() has none in flight:
+  // 10 rounds. Delayed: begins after 6, applies after 12 and 18, finish()
+  // applies the third.
+  SUBCASE("fp32") {
+    host_and_device_agree<dc::compress::none, dc::sync::streaming>({.fragments = 3, .delay = 1, .alpha = 0.5f}, 10);
+    host_and_device_agree<dc::compress::none, dc::sync::one_step_delay>({}, 3);
+    host_and_device_agree<dc::compress::none, dc::sync::eager>({}, 3);
+  }
+  SUBCASE("int8 + error feedback") {
+    host_and_device_agree<int8_ef, dc::sync::streaming>(
+        {.fragments = 2, .delay = 2, .alpha = 0.25f, .assignment = dc::sync::fragment_assignment::strided}, 7);
+    host_and_device_agree<int8_ef, dc::sync::one_step_delay>({}, 3);
+    host_and_device_agree<int8_ef, dc::sync::eager>({}, 3);
+  }
+}
