@@ -355,7 +355,7 @@ class engine final : public engine_base {
       if constexpr (Compressor::lossless)
         done = f.reducer->poll();
       else
-        done = f.reducer->poll(exec_, comm_);
+        done = f.reducer->poll(exec_, comm_, transport_);
       const auto t1 = clock::now();
       f.blocked += seconds_between(t0, t1);
       if (done) {
@@ -374,7 +374,7 @@ class engine final : public engine_base {
       if constexpr (Compressor::lossless)
         return f.reducer->wait(exec_);
       else
-        return f.reducer->wait(exec_, comm_);
+        return f.reducer->wait(exec_, comm_, transport_);
     }();
     const auto t1 = clock::now();
     f.in_flight = false;

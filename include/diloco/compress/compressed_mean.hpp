@@ -157,26 +157,14 @@ class compressed_mean {
       (void)v, (void)prefix;
   }
 
-  // Stages 1-6 with blocking collectives. `global` is the point the
-  // pseudo-gradient is taken from (theta_global, or a schedule's anchor) in
-  // flat layout. Every rank must call it for the same round.
-  template <class Exec, class Comm>
-  exchange_result exchange(Exec& exec, Comm& comm, const float* global, std::uint64_t round) {
-    encode(exec, global, round);
-    comm.all_to_all(send_bytes(), recv_bytes());
-    reduce(exec);
-    comm.all_gather(reduced_bytes(), gathered_bytes());
-    check_gathered();
-    comm.all_reduce(verdict(), reduce_op::sum);
-    return result();
-  }
-
-  // The same stages one at a time, for a caller that runs the collectives
-  // between them itself (non-blocking, overlapped with inner steps):
-  //   encode -> all_to_all(send_bytes, recv_bytes) -> reduce
-  //   -> all_gather(reduced_bytes, gathered_bytes) -> check_gathered
-  //   -> all_reduce(verdict, sum) -> result
-  // The buffers stay untouched between the stages.
+  // Stages 1-6, the operations between the collectives. The protocol (which
+  // collective follows which stage) is reduce::compressed's, for host and
+  // device engines alike:
+  //   encode -> all_to_all(send -> recv, exchange_bytes) -> reduce
+  //   -> all_gather(reduced -> gathered, slot_bytes each) -> check_gathered
+  //   -> all_reduce(vote_data, vote_count, sum) -> result
+  // A world of one copies instead (self_all_to_all, self_all_gather). The
+  // buffers stay untouched between the stages.
 
   // 1. encode every shard (shard k is meant for rank k).
   template <class Exec>
@@ -208,8 +196,13 @@ class compressed_mean {
     }
   }
   // 2. shard r of every rank to rank r.
-  std::span<const std::byte> send_bytes() const { return {send_.data(), send_.size()}; }
-  std::span<std::byte> recv_bytes() { return {recv_.data(), recv_.size()}; }
+  const std::byte* send_data() const { return send_.data(); }
+  std::byte* recv_data() { return recv_.data(); }
+  std::size_t exchange_bytes() const { return send_.size(); }
+  template <class Exec>
+  void self_all_to_all(Exec&) {
+    std::memcpy(recv_.data(), send_.data(), slot_);
+  }
 
   // 3+4. validate, reduce and re-encode this rank's shard.
   template <class Exec>
@@ -245,11 +238,16 @@ class compressed_mean {
                                          status, fragment_});
   }
   // 5. every reduced shard to every rank.
-  std::span<const std::byte> reduced_bytes() const { return {reduced_.data(), slot_}; }
-  std::span<std::byte> gathered_bytes() { return {gathered_.data(), gathered_.size()}; }
+  const std::byte* reduced_data() const { return reduced_.data(); }
+  std::byte* gathered_data() { return gathered_.data(); }
+  template <class Exec>
+  void self_all_gather(Exec&) {
+    std::memcpy(gathered_.data(), reduced_.data(), slot_);
+  }
 
   // Validates the gathered shards and casts this rank's vote.
-  void check_gathered() {
+  template <class Exec>
+  void check_gathered(Exec&) {
     for (int k = 0; k < world_ && found_.local_problem.empty(); ++k) {
       const std::byte* seg = gathered_.data() + static_cast<std::size_t>(k) * slot_;
       try {
@@ -268,10 +266,12 @@ class compressed_mean {
     verdict_[static_cast<std::size_t>(rank_)] = found_.vote();
   }
   // 6. agree on the round (round_findings::vote): summed over the ranks.
-  std::span<float> verdict() { return std::span<float>(verdict_); }
+  float* vote_data() { return verdict_.data(); }
+  std::size_t vote_count() const { return verdict_.size(); }
 
   // The round's outcome, once the votes are summed.
-  exchange_result result() const {
+  template <class Exec>
+  exchange_result result(Exec&) const {
     exchange_result out = out_;
     found_.read(verdict_, out);
     return out;

@@ -170,27 +170,21 @@ class compressed_mean<Compressor, Space> {
       (void)v, (void)prefix;
   }
 
-  // Stages 1-6 (see compressed_mean.hpp). `global` is theta_global in the
-  // flat device layout; `link` the engine's detail::wire_transport for
-  // `comm`, with reserve_bytes(world * slot_bytes()) done.
-  template <class Exec, class Comm, class Link>
-  exchange_result exchange(Exec& exec, Comm& comm, Link& link, const float* global, std::uint64_t round) {
-    exchange_result out;
-    const auto m = static_cast<std::size_t>(world_);
-    const std::uint8_t flags = static_cast<std::uint8_t>((Compressor::stochastic ? wire::flag_stochastic : 0) |
-                                                         (Compressor::has_error_feedback ? wire::flag_error_feedback : 0));
-    auto expect = [&](int sender, int shard, std::uint64_t payload) {
-      return wire::expectation{codec_type::id,
-                               flags,
-                               static_cast<std::uint32_t>(codec_type::block),
-                               static_cast<std::uint32_t>(sender),
-                               layout_.elements_in(shard),
-                               payload,
-                               round,
-                               fragment_};
-    };
+  // Stages 1-6 as the host engine offers them (compressed_mean.hpp): the
+  // protocol, which collective follows which stage, is reduce::compressed's,
+  // for both spaces; here are the device operations between collectives.
+  // Segments move as raw device bytes (send_data()/recv_data() etc.)
+  // through the engine's detail::wire_transport, with
+  // reserve_bytes(world * slot_bytes()) done.
 
-    // 1. encode every shard, then its checksum and the norms.
+  // 1. encode every shard, then its checksum and the norms; `global` is the
+  // point the pseudo-gradient is taken from, in the flat device layout.
+  template <class Exec>
+  void encode(Exec& exec, const float* global, std::uint64_t round) {
+    out_ = {};
+    found_ = {};
+    round_ = round;
+    const auto m = static_cast<std::size_t>(world_);
     const std::uint64_t stream1 = kernels::make_stream(seed_, round, static_cast<std::uint64_t>(rank_), 1);
     for (int s = 0; s < world_; ++s)
       exec.run_teams(layout_.blocks_in(s),
@@ -203,46 +197,53 @@ class compressed_mean<Compressor, Space> {
     exec.checksum_segments(send_segments_.data(), m, max_payload_, results_.data());
     const kernels::sums2 sums = shard_sums(exec, 0, world_);
     exec.to_host(host_results_.data(), results_.data(), m);
-    out.delta_norm = std::sqrt(sums.a);
-    out.error_norm = std::sqrt(sums.b);
+    out_.delta_norm = std::sqrt(sums.a);
+    out_.error_norm = std::sqrt(sums.b);
     for (int s = 0; s < world_; ++s) {
       const std::size_t payload = layout_.blocks_in(s) * stride_;
       wire::write_header(host_headers_.data() + static_cast<std::size_t>(s) * wire::header_bytes,
-                         {codec_type::id, flags, static_cast<std::uint32_t>(codec_type::block),
+                         {codec_type::id, flags(), static_cast<std::uint32_t>(codec_type::block),
                           static_cast<std::uint32_t>(rank_), layout_.elements_in(s), payload, round,
-                          static_cast<float>(out.delta_norm), 0, fragment_},
+                          static_cast<float>(out_.delta_norm), 0, fragment_},
                          host_results_[static_cast<std::size_t>(s)]);
-      out.encoded_bytes += wire::header_bytes + payload;
+      out_.encoded_bytes += wire::header_bytes + payload;
     }
     exec.from_host(headers_.data(), host_headers_.data(), m * wire::header_bytes);
     exec.for_each(m * header_words, kernels::copy_headers{headers_.data(), wire::header_bytes, send_.data(), slot_});
+  }
 
-    // 2. shard r of every rank to rank r.
-    if (world_ > 1)
-      link.all_to_all(comm, exec, send_.data(), recv_.data(), m * slot_);
-    else
-      exec.copy(recv_.data(), send_.data(), slot_);
+  // 2. shard r of every rank to rank r: the M slots of send_data() to
+  // recv_data() (exchange_bytes() in all); a world of one copies.
+  const std::byte* send_data() const { return send_.data(); }
+  std::byte* recv_data() { return recv_.data(); }
+  std::size_t exchange_bytes() const { return static_cast<std::size_t>(world_) * slot_; }
+  template <class Exec>
+  void self_all_to_all(Exec& exec) {
+    exec.copy(recv_.data(), send_.data(), slot_);
+  }
 
-    // 3+4. validate, reduce and re-encode this rank's shard.
+  // 3+4. validate, reduce and re-encode this rank's shard.
+  template <class Exec>
+  void reduce(Exec& exec) {
+    const auto m = static_cast<std::size_t>(world_);
     const std::size_t mine = layout_.blocks_in(rank_);
     inspect(exec, recv_, recv_segments_, m * mine);
-    diloco::detail::round_findings found;
     std::uint32_t status = 0;
     const std::size_t my_payload = mine * stride_;
     for (int k = 0; k < world_ && status == 0; ++k) {
       try {
         const auto h = check_segment(exec, static_cast<std::size_t>(k), recv_, expect(k, rank_, my_payload), rank_,
                                      "stage-1 segment", false);
-        found.sender(h, k);
+        found_.sender(h, k);
       } catch (const format_error& e) {
-        found.local_problem = e.what();
+        found_.local_problem = e.what();
         status = 1 + static_cast<std::uint32_t>(k);
       }
     }
     double reduced_norm = 0.0;
     std::uint64_t reduced_sum = 0;
     if (status == 0) {
-      const std::uint64_t stream2 = kernels::make_stream(seed_, round, static_cast<std::uint64_t>(rank_), 2);
+      const std::uint64_t stream2 = kernels::make_stream(seed_, round_, static_cast<std::uint64_t>(rank_), 2);
       exec.run_teams(mine, kernels::reduce_blocks<elements>{blocks_.data() + layout_.first_block(rank_), tensors_.data(),
                                                             received_.data(), world_,
                                                             reduced_.data() + wire::header_bytes, stream2,
@@ -253,39 +254,54 @@ class compressed_mean<Compressor, Space> {
       reduced_sum = host_results_[0];
     }
     wire::write_header(host_headers_.data(),
-                       {codec_type::id, flags, static_cast<std::uint32_t>(codec_type::block),
+                       {codec_type::id, flags(), static_cast<std::uint32_t>(codec_type::block),
                         static_cast<std::uint32_t>(rank_), layout_.elements_in(rank_), status == 0 ? my_payload : 0,
-                        round, static_cast<float>(reduced_norm), status, fragment_},
+                        round_, static_cast<float>(reduced_norm), status, fragment_},
                        reduced_sum);
     exec.from_host(reduced_.data(), host_headers_.data(), wire::header_bytes);
+  }
 
-    // 5. every reduced shard to every rank.
-    if (world_ > 1)
-      link.all_gather(comm, exec, reduced_.data(), slot_, gathered_.data());
-    else
-      exec.copy(gathered_.data(), reduced_.data(), slot_);
+  // 5. every reduced shard (slot_bytes() from reduced_data()) to every rank
+  // (gathered_data()); a world of one copies.
+  const std::byte* reduced_data() const { return reduced_.data(); }
+  std::byte* gathered_data() { return gathered_.data(); }
+  template <class Exec>
+  void self_all_gather(Exec& exec) {
+    exec.copy(gathered_.data(), reduced_.data(), slot_);
+  }
+
+  // Validates the gathered shards and casts this rank's vote into
+  // vote_data() (device memory, one slot per rank).
+  template <class Exec>
+  void check_gathered(Exec& exec) {
+    const auto m = static_cast<std::size_t>(world_);
     inspect(exec, gathered_, gathered_segments_, layout_.block_count());
-    for (int k = 0; k < world_ && found.local_problem.empty(); ++k) {
+    for (int k = 0; k < world_ && found_.local_problem.empty(); ++k) {
       try {
         // A shard whose owner reported a problem carries a status and no
         // payload.
         const auto h = check_segment(exec, static_cast<std::size_t>(k), gathered_,
                                      expect(k, k, layout_.blocks_in(k) * stride_), k, "reduced segment", true);
-        found.reduced(h, k);
+        found_.reduced(h, k);
       } catch (const format_error& e) {
-        found.local_problem = e.what();
+        found_.local_problem = e.what();
       }
     }
-
-    // 6. agree on the round (round_findings::vote, as on the host).
     std::fill(verdict_.begin(), verdict_.end(), 0.0f);
-    verdict_[static_cast<std::size_t>(rank_)] = found.vote();
-    if (world_ > 1) {
-      exec.from_host(verdict_device_.data(), verdict_.data(), m);
-      link.all_reduce(comm, exec, verdict_device_.data(), m, reduce_op::sum);
-      exec.to_host(verdict_.data(), verdict_device_.data(), m);
-    }
-    found.read(verdict_, out);
+    verdict_[static_cast<std::size_t>(rank_)] = found_.vote();
+    exec.from_host(verdict_device_.data(), verdict_.data(), m);
+  }
+
+  // 6. the votes, summed over the ranks (an fp32 all-reduce of vote_count()).
+  float* vote_data() { return verdict_device_.data(); }
+  std::size_t vote_count() const { return static_cast<std::size_t>(world_); }
+
+  // The round's outcome, once the votes are summed.
+  template <class Exec>
+  exchange_result result(Exec& exec) {
+    exec.to_host(verdict_.data(), verdict_device_.data(), verdict_.size());
+    exchange_result out = out_;
+    found_.read(verdict_, out);
     return out;
   }
 
@@ -307,6 +323,21 @@ class compressed_mean<Compressor, Space> {
  private:
   static constexpr std::size_t lanes = kernels::chunk_lane_sums::lanes_per_chunk;
   static constexpr std::size_t header_words = wire::header_bytes / 4;
+
+  std::uint8_t flags() const {
+    return static_cast<std::uint8_t>((Compressor::stochastic ? wire::flag_stochastic : 0) |
+                                     (Compressor::has_error_feedback ? wire::flag_error_feedback : 0));
+  }
+  wire::expectation expect(int sender, int shard, std::uint64_t payload) const {
+    return {codec_type::id,
+            flags(),
+            static_cast<std::uint32_t>(codec_type::block),
+            static_cast<std::uint32_t>(sender),
+            layout_.elements_in(shard),
+            payload,
+            round_,
+            fragment_};
+  }
 
   static std::uint64_t seed_of(const typename Compressor::options& o) {
     if constexpr (requires { o.seed; })
@@ -412,6 +443,10 @@ class compressed_mean<Compressor, Space> {
   host_buffer<std::byte> host_headers_, bad_block_bytes_;
   host_buffer<std::uint64_t> host_results_;
   std::vector<float> verdict_;
+  // The exchange in progress.
+  std::uint64_t round_ = 0;
+  exchange_result out_;
+  diloco::detail::round_findings found_;
 };
 
 }  // namespace diloco::compress

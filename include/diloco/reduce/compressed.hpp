@@ -1,13 +1,15 @@
 #pragma once
 
-// The reducer for lossy codecs: compress::compressed_mean's protocol
-// (encode, all-to-all, reduce the shard, all-gather, vote) as a state
-// machine. With an async communicator and an overlapping schedule each
-// collective is started non-blocking and the next stage runs when poll()
-// finds it complete, between inner steps; otherwise begin() runs every
-// stage at once. Device tensors run the device engine's exchange through
-// the transport in begin() (their collectives are staged or NCCL-blocking),
-// so they overlap nothing yet.
+// The reducer for lossy codecs: the compressed mean's protocol (encode,
+// all-to-all, reduce the shard, all-gather, vote; compress/compressed_mean.hpp
+// says why) written once as a state machine, over the per-space operations of
+// compress::compressed_mean<C, host_space> (fused host passes) and
+// <C, device_space> (team programs, device checksums). With an async host
+// communicator and an overlapping schedule each collective is started
+// non-blocking and the next stage runs when poll() finds it complete, between
+// inner steps; otherwise begin() runs every stage at once through the
+// engine's transport (device buffers: staged or handed to a device
+// communicator), which gives the same bits.
 
 #include <cstddef>
 #include <cstdint>
@@ -57,38 +59,26 @@ class compressed {
   }
 
   void begin(Exec& exec, Comm& comm, transport& link, const float* ref, std::uint64_t round, bool overlap) {
-    if constexpr (staged_async) {
-      if (overlap) {
-        engine_->encode(exec, ref, round);
-        stage_ = stage::all_to_all;
-        pending_.req = comm.iall_to_all(engine_->send_bytes(), engine_->recv_bytes());
-        return;
-      }
-    }
-    (void)overlap;
-    if constexpr (std::is_same_v<Space, host_space>) {
-      (void)link;
-      out_ = engine_->exchange(exec, comm, ref, round);
-    } else {
-      out_ = engine_->exchange(exec, comm, link, ref, round);
-    }
-    stage_ = stage::done;
+    async_ = staged_async && overlap;
+    engine_->encode(exec, ref, round);
+    stage_ = stage::all_to_all;
+    start(exec, comm, link);
   }
 
   // Runs every stage whose collective has completed; true when the whole
   // exchange has.
-  bool poll(Exec& exec, Comm& comm) {
+  bool poll(Exec& exec, Comm& comm, transport& link) {
     while (stage_ != stage::done) {
       if (!pending_.test()) return false;
-      advance(exec, comm);
+      advance(exec, comm, link);
     }
     return true;
   }
 
-  verdict wait(Exec& exec, Comm& comm) {
+  verdict wait(Exec& exec, Comm& comm, transport& link) {
     while (stage_ != stage::done) {
       pending_.wait();
-      advance(exec, comm);
+      advance(exec, comm, link);
     }
     return out_;
   }
@@ -99,38 +89,82 @@ class compressed {
   }
 
  private:
+  // The protocol: stage_ names the collective in flight (or just done).
   enum class stage { all_to_all, all_gather, vote, done };
 
-  // The collective of the current stage has completed: run the next stage.
-  void advance(Exec& exec, Comm& comm) {
+  // Starts the current stage's collective: non-blocking when overlapping
+  // (poll/wait finish it), else blocking through the transport (staged for
+  // device buffers and a host communicator); a world of one copies.
+  void start(Exec& exec, Comm& comm, transport& link) {
+    engine_type& e = *engine_;
+    const bool alone = comm.size() == 1;
     if constexpr (staged_async) {
-      switch (stage_) {
-        case stage::all_to_all:
-          engine_->reduce(exec);
-          stage_ = stage::all_gather;
-          pending_.req = comm.iall_gather(engine_->reduced_bytes(), engine_->gathered_bytes());
-          return;
-        case stage::all_gather:
-          engine_->check_gathered();
-          stage_ = stage::vote;
-          pending_.req = comm.iall_reduce(engine_->verdict(), reduce_op::sum);
-          return;
-        case stage::vote:
-          out_ = engine_->result();
-          stage_ = stage::done;
-          return;
-        case stage::done:
-          return;
+      if (async_ && !alone) {
+        switch (stage_) {
+          case stage::all_to_all:
+            pending_.req = comm.iall_to_all(std::span<const std::byte>(e.send_data(), e.exchange_bytes()),
+                                            std::span<std::byte>(e.recv_data(), e.exchange_bytes()));
+            return;
+          case stage::all_gather:
+            pending_.req = comm.iall_gather(std::span<const std::byte>(e.reduced_data(), e.slot_bytes()),
+                                            std::span<std::byte>(e.gathered_data(), e.exchange_bytes()));
+            return;
+          case stage::vote:
+            pending_.req = comm.iall_reduce(std::span<float>(e.vote_data(), e.vote_count()), reduce_op::sum);
+            return;
+          case stage::done:
+            return;
+        }
       }
-    } else {
-      (void)exec;
-      (void)comm;
-      stage_ = stage::done;
     }
+    switch (stage_) {
+      case stage::all_to_all:
+        if (alone)
+          e.self_all_to_all(exec);
+        else
+          link.all_to_all(comm, exec, e.send_data(), e.recv_data(), e.exchange_bytes());
+        break;
+      case stage::all_gather:
+        if (alone)
+          e.self_all_gather(exec);
+        else
+          link.all_gather(comm, exec, e.reduced_data(), e.slot_bytes(), e.gathered_data());
+        break;
+      case stage::vote:
+        if (!alone) link.all_reduce(comm, exec, e.vote_data(), e.vote_count(), reduce_op::sum);
+        break;
+      case stage::done:
+        return;
+    }
+    // Blocking: the collective is complete, go on at once.
+    advance(exec, comm, link);
+  }
+
+  // The current stage's collective has completed: run the operations after
+  // it and start the next collective.
+  void advance(Exec& exec, Comm& comm, transport& link) {
+    switch (stage_) {
+      case stage::all_to_all:
+        engine_->reduce(exec);
+        stage_ = stage::all_gather;
+        break;
+      case stage::all_gather:
+        engine_->check_gathered(exec);
+        stage_ = stage::vote;
+        break;
+      case stage::vote:
+        out_ = engine_->result(exec);
+        stage_ = stage::done;
+        return;
+      case stage::done:
+        return;
+    }
+    start(exec, comm, link);
   }
 
   std::unique_ptr<engine_type> engine_;
   stage stage_ = stage::done;
+  bool async_ = false;
   verdict out_;
   pending<Comm> pending_;
 };
