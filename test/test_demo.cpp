@@ -151,6 +151,7 @@ TEST_CASE("demo defaults: int8 + error feedback within 1% and int4 + error feedb
 TEST_CASE("the synthetic corpus on the demo's former defaults: DiLoCo within 5% of data parallel") {
   char_mlp::config c;
   c.synthetic = true;
+  c.corpus_chars = 400000;
   c.steps = 2000;
   c.batch = 256;
   c.inner_steps = 50;

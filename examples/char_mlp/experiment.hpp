@@ -44,9 +44,9 @@ struct config {
   float outer_momentum = 0.9f;
   shape dims{};            // vocab is filled in from the corpus
   std::uint64_t seed = 1;
-  std::size_t corpus_chars = 400000;  // of the synthetic corpus
-  std::string corpus_path;            // a text file to train on; empty: the fortunes (or the synthetic corpus)
-  bool synthetic = false;             // the built-in synthetic corpus, on purpose
+  std::size_t corpus_chars = 2304000;  // of the synthetic corpus: one pass at the default steps x batch
+  std::string corpus_path;             // a text file to train on; empty: the fortunes (or the synthetic corpus)
+  bool synthetic = false;              // the built-in synthetic corpus, on purpose
   std::string fortunes_dir = default_fortunes_dir;
   std::size_t eval_windows = 65536;  // evenly spaced over the held-out text (every 4th character of the fortunes')
   int log_every = 1500;     // 0: quiet
