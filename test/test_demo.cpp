@@ -94,7 +94,7 @@ struct temp_dir {
 
 }  // namespace
 
-TEST_CASE("demo defaults train on the fortunes: DiLoCo learns, within 2.5% of data parallel, >= H/2 times fewer bytes") {
+TEST_CASE("demo defaults on the fortunes: DiLoCo learns, within 2.5% of data parallel, >= H/2 times fewer bytes") {
   const auto& r = fortunes_runs();
   REQUIRE_MESSAGE(r.data.fallback.empty(), "the demo's default corpus is missing (", r.data.fallback,
                   "): install Debian's fortunes package (scripts/install-deps.sh)");
@@ -163,7 +163,8 @@ TEST_CASE("the synthetic corpus on the demo's former defaults: DiLoCo within 5% 
   REQUIRE(data.fallback.empty());
   CHECK(data.source == "built-in synthetic");
   c.dims.vocab = data.vocab();
-  const auto ddp = char_mlp::on_threads(c.workers, [&](auto& comm) { return char_mlp::run_data_parallel(c, data, comm); });
+  const auto ddp =
+      char_mlp::on_threads(c.workers, [&](auto& comm) { return char_mlp::run_data_parallel(c, data, comm); });
   const auto dl = char_mlp::on_threads(c.workers, [&](auto& comm) {
     return char_mlp::run_diloco<diloco::compress::none>(c, data, comm, "diloco");
   });

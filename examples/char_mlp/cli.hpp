@@ -60,7 +60,8 @@ inline std::vector<diloco_variant> diloco_variants(const cli& opts) {
 template <class Comm>
 result run_diloco_variant(const diloco_variant& v, const config& c, const dataset& data, Comm& comm) {
   namespace cp = diloco::compress;
-  if (v.compress == "none") return run_diloco<cp::none>(c, data, comm, "diloco (H=" + std::to_string(c.inner_steps) + ")");
+  if (v.compress == "none")
+    return run_diloco<cp::none>(c, data, comm, "diloco (H=" + std::to_string(c.inner_steps) + ")");
   if (v.compress == "bf16") return run_diloco<cp::cast<diloco::bf16>>(c, data, comm, "diloco+bf16");
   if (v.compress == "int8")
     return run_diloco<cp::error_feedback<cp::blockwise<diloco::int8>>>(c, data, comm, "diloco+int8+ef");
@@ -97,7 +98,8 @@ inline CLI::Validator int_in(long long lo, long long hi = std::numeric_limits<in
   return CLI::Validator(
       [lo, hi, range](std::string& in) -> std::string {
         long long x = 0;
-        if (!CLI::detail::lexical_cast(in, x) || x < lo || x > hi) return "value " + in + " is not an integer in " + range;
+        if (!CLI::detail::lexical_cast(in, x) || x < lo || x > hi)
+          return "value " + in + " is not an integer in " + range;
         return {};
       },
       desc);
