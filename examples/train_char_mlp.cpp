@@ -3,8 +3,9 @@
 // the in-process threads communicator; prints held-out loss and bytes sent.
 //
 //   train_char_mlp [--workers M] [--steps N] [--batch B] [--inner-steps H]
-//                  [--lr X] [--outer-lr X] [--outer-momentum X] [--hidden N]
-//                  [--context N] [--seed N] [--log-every N] [corpus.txt]
+//                  [--lr X] [--compress LIST] [--synthetic] ... [corpus.txt]
+//
+// (--help lists every option.)
 
 #include <cstdio>
 #include <exception>
@@ -17,7 +18,7 @@
 int main(int argc, char** argv) {
   try {
     const char_mlp::cli defaults;
-    const auto opts = char_mlp::parse_cli(argc, argv, defaults, "simulated workers, threads of this process (default 4)");
+    const auto opts = char_mlp::parse_cli(argc, argv, defaults, "simulated workers, threads of this process");
     if (opts.help) return 0;
     auto c = opts.c;
     char_mlp::check(c);
@@ -28,7 +29,7 @@ int main(int argc, char** argv) {
     std::vector<char_mlp::result> rows;
     const char_mlp::result* ddp = nullptr;
     const char_mlp::result* dl = nullptr;
-    rows.reserve(8);
+    rows.reserve(2 + char_mlp::diloco_variants(opts).size());  // pointers into it are kept
     if (opts.wants("single")) rows.push_back(char_mlp::run_single(c, data));
     if (opts.wants("ddp")) {
       rows.push_back(
@@ -36,7 +37,7 @@ int main(int argc, char** argv) {
       ddp = &rows.back();
     }
     if (opts.wants("diloco"))
-      dl = char_mlp::run_diloco_rows(c, data, opts.compressors, rows,
+      dl = char_mlp::run_diloco_rows(c, data, opts, rows,
                                      [&](auto run) { return char_mlp::on_threads(c.workers, run); });
     char_mlp::print_report(rows, ddp, dl);
     return 0;

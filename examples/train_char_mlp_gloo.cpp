@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
   int rank = -1;
   try {
     char_mlp::cli defaults;
-    defaults.methods = "ddp,diloco";
+    defaults.methods = {"ddp", "diloco"};
     // --help before joining: the launcher's processes need not all be up.
     const auto early = char_mlp::parse_cli(argc, argv, defaults, "must equal the number of processes the launcher starts");
     if (early.help) return 0;

@@ -1,31 +1,70 @@
-// The main demo on its default settings: DiLoCo's held-out loss within 5% of
-// synchronous data parallel while each worker sends at least H/2 times fewer
-// bytes. Runs the same code as examples/train_char_mlp.
+// The main demo on its default settings and corpus (Debian's fortunes),
+// running the same code as examples/train_char_mlp: DiLoCo learns far more
+// than a context-free model, stays within 2.5% of synchronous data parallel's
+// held-out loss while each worker sends at least H/2 times fewer bytes, and
+// its int8 / int4 compressed rows stay within 1% / 2% of fp32 DiLoCo. Plus
+// the corpus plumbing (fortune files, the synthetic fallback) and the
+// synthetic corpus on the demo's former defaults.
+//
+// The bounds come from running the defaults (4 workers, 4500 steps x 512,
+// H = 100, lr 5e-3) on seeds 1-3; the measured values are in the comments.
 #include <doctest/doctest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
 
 #include "char_mlp/experiment.hpp"
 
-TEST_CASE("demo defaults: DiLoCo within 5% of data parallel with >= H/2 times fewer bytes") {
-  char_mlp::config c;  // the demo's defaults
-  c.log_every = 0;
-  const auto data = char_mlp::load_dataset(c);
-  c.dims.vocab = data.vocab();
-  const auto ddp = char_mlp::on_threads(c.workers, [&](auto& comm) { return char_mlp::run_data_parallel(c, data, comm); });
-  const auto dl = char_mlp::on_threads(c.workers, [&](auto& comm) {
-    return char_mlp::run_diloco<diloco::compress::none>(c, data, comm, "diloco");
-  });
-  MESSAGE("data parallel loss ", ddp.held_out_loss, ", bytes ", ddp.bytes_per_worker);
-  MESSAGE("diloco loss ", dl.held_out_loss, ", bytes ", dl.bytes_per_worker);
-  // Both learned something: far below the uniform guess log(vocab).
-  CHECK(ddp.held_out_loss < 0.5 * std::log(static_cast<double>(data.vocab())));
-  CHECK(dl.held_out_loss <= 1.05 * ddp.held_out_loss);
-  CHECK(static_cast<double>(ddp.bytes_per_worker) >=
-        (c.inner_steps / 2.0) * static_cast<double>(dl.bytes_per_worker));
-  CHECK(dl.rounds == static_cast<std::uint64_t>(c.steps / c.inner_steps));
-  CHECK(ddp.rounds == static_cast<std::uint64_t>(c.steps));
+namespace {
+
+// Cross-entropy (nats per character) of the held-out text under the
+// training text's character frequencies (add-one smoothed): the best a
+// model that ignores its context can do.
+double unigram_loss(const char_mlp::dataset& d) {
+  std::vector<double> counts(static_cast<std::size_t>(d.vocab()), 1.0);
+  for (const auto id : d.train) counts[id] += 1.0;
+  const double total = static_cast<double>(d.train.size()) + static_cast<double>(d.vocab());
+  double loss = 0.0;
+  for (const auto id : d.held_out) loss -= std::log(counts[id] / total);
+  return loss / static_cast<double>(d.held_out.size());
 }
 
-namespace {
+// The default run, shared by the test cases below (it takes most of this
+// file's time): data parallel and DiLoCo fp32, int8 and int4 rows.
+struct default_runs {
+  char_mlp::config c;
+  char_mlp::dataset data;
+  char_mlp::result ddp, plain, i8, i4;
+};
+
+const default_runs& fortunes_runs() {
+  static const default_runs r = [] {
+    namespace cp = diloco::compress;
+    default_runs out;
+    out.c.log_every = 0;
+    out.data = char_mlp::load_dataset(out.c);
+    out.c.dims.vocab = out.data.vocab();
+    const auto& c = out.c;
+    const auto& data = out.data;
+    if (!data.fallback.empty()) return out;  // the test cases fail on this
+    out.ddp = char_mlp::on_threads(c.workers, [&](auto& comm) { return char_mlp::run_data_parallel(c, data, comm); });
+    out.plain = char_mlp::on_threads(c.workers, [&](auto& comm) {
+      return char_mlp::run_diloco<cp::none>(c, data, comm, "diloco");
+    });
+    out.i8 = char_mlp::on_threads(c.workers, [&](auto& comm) {
+      return char_mlp::run_diloco<cp::error_feedback<cp::blockwise<diloco::int8, 128>>>(c, data, comm, "int8");
+    });
+    out.i4 = char_mlp::on_threads(c.workers, [&](auto& comm) {
+      return char_mlp::run_diloco<cp::error_feedback<cp::blockwise<diloco::int4, 128>>>(c, data, comm, "int4");
+    });
+    return out;
+  }();
+  return r;
+}
+
 // Encoded bytes per parameter from the definition of the block-wise format:
 // every tensor cut into blocks of B (the last one partial but occupying a
 // full block), each 4 bytes of scale plus B * bits / 8 of values, and one
@@ -40,35 +79,154 @@ double blockwise_bytes_per_parameter(const char_mlp::model& m, int workers, std:
                              static_cast<std::size_t>(workers) * 64) /
          static_cast<double>(total);
 }
+
+struct temp_dir {
+  std::filesystem::path path;
+  explicit temp_dir(const std::string& name) : path(std::filesystem::temp_directory_path() / name) {
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~temp_dir() { std::filesystem::remove_all(path); }
+  void write(const std::string& name, const std::string& text) const {
+    std::ofstream(path / name, std::ios::binary) << text;
+  }
+};
+
 }  // namespace
 
-TEST_CASE("demo defaults: int8 + error feedback within 2% and int4 + error feedback within 5% of DiLoCo") {
-  namespace cp = diloco::compress;
-  char_mlp::config c;
-  c.log_every = 0;
-  const auto data = char_mlp::load_dataset(c);
-  c.dims.vocab = data.vocab();
-  const auto plain = char_mlp::on_threads(c.workers, [&](auto& comm) {
-    return char_mlp::run_diloco<cp::none>(c, data, comm, "diloco");
-  });
-  const auto i8 = char_mlp::on_threads(c.workers, [&](auto& comm) {
-    return char_mlp::run_diloco<cp::error_feedback<cp::blockwise<diloco::int8, 128>>>(c, data, comm, "int8");
-  });
-  const auto i4 = char_mlp::on_threads(c.workers, [&](auto& comm) {
-    return char_mlp::run_diloco<cp::error_feedback<cp::blockwise<diloco::int4, 128>>>(c, data, comm, "int4");
-  });
-  MESSAGE("diloco ", plain.held_out_loss, ", int8+ef ", i8.held_out_loss, " (", i8.encoded_bytes_per_parameter,
-          " B/param), int4+ef ", i4.held_out_loss, " (", i4.encoded_bytes_per_parameter, " B/param)");
-  CHECK(i8.held_out_loss <= 1.02 * plain.held_out_loss);
-  CHECK(i4.held_out_loss <= 1.05 * plain.held_out_loss);
+TEST_CASE("demo defaults on the fortunes: DiLoCo learns, within 2.5% of data parallel, >= H/2 times fewer bytes") {
+  const auto& r = fortunes_runs();
+  REQUIRE_MESSAGE(r.data.fallback.empty(), "the demo's default corpus is missing (", r.data.fallback,
+                  "): install Debian's fortunes package (scripts/install-deps.sh)");
+  const auto& c = r.c;
+  // About one pass over the training text, with >= 40 outer rounds.
+  const double passes = static_cast<double>(c.steps) * c.batch / static_cast<double>(r.data.train.size());
+  CHECK(passes > 0.9);
+  CHECK(passes < 1.1);
+  CHECK(c.steps / c.inner_steps >= 40);
+
+  const double unigram = unigram_loss(r.data);  // 3.27 nats on the fortunes
+  MESSAGE("unigram ", unigram, "; data parallel ", r.ddp.held_out_loss, ", bytes ", r.ddp.bytes_per_worker,
+          "; diloco ", r.plain.held_out_loss, ", bytes ", r.plain.bytes_per_worker, "; ratio ",
+          r.plain.held_out_loss / r.ddp.held_out_loss);
+  // Context is used: measured 2.00 (data parallel) and 2.02-2.03 (DiLoCo)
+  // on seeds 1-3, 1.25 nats under the unigram model. A model that learned
+  // only character frequencies (3.27) or only bigrams (a count model: 2.62)
+  // fails this.
+  CHECK(r.ddp.held_out_loss < unigram - 1.0);
+  CHECK(r.plain.held_out_loss < unigram - 1.0);
+  // DiLoCo / data parallel measured 1.009, 1.015 and 1.012 (seeds 1, 2, 3).
+  // 2.5% leaves a point for the numerics of a changed engine, and fails
+  // where the averaging brings nothing (one worker alone on its quarter of
+  // the data: 1.040) or the inner lr is too high for DiLoCo (2e-2: 1.069).
+  CHECK(r.plain.held_out_loss <= 1.025 * r.ddp.held_out_loss);
+  CHECK(static_cast<double>(r.ddp.bytes_per_worker) >=
+        (c.inner_steps / 2.0) * static_cast<double>(r.plain.bytes_per_worker));
+  CHECK(r.plain.rounds == static_cast<std::uint64_t>(c.steps / c.inner_steps));
+  CHECK(r.ddp.rounds == static_cast<std::uint64_t>(c.steps));
+}
+
+TEST_CASE("demo defaults: int8 + error feedback within 1% and int4 + error feedback within 2% of DiLoCo") {
+  const auto& r = fortunes_runs();
+  REQUIRE_MESSAGE(r.data.fallback.empty(), "the demo's default corpus is missing (", r.data.fallback, ")");
+  const auto& c = r.c;
+  MESSAGE("diloco ", r.plain.held_out_loss, ", int8+ef ", r.i8.held_out_loss, " (", r.i8.encoded_bytes_per_parameter,
+          " B/param), int4+ef ", r.i4.held_out_loss, " (", r.i4.encoded_bytes_per_parameter, " B/param)");
+  // Measured int8 / fp32 1.0002, 0.9995, 0.9990 and int4 / fp32 1.0039,
+  // 1.0003, 1.0023 (seeds 1, 2, 3).
+  CHECK(r.i8.held_out_loss <= 1.01 * r.plain.held_out_loss);
+  CHECK(r.i4.held_out_loss <= 1.02 * r.plain.held_out_loss);
   const char_mlp::model shape(c.dims, c.seed);
-  CHECK(i8.encoded_bytes_per_parameter == doctest::Approx(blockwise_bytes_per_parameter(shape, c.workers, 128, 8)));
-  CHECK(i4.encoded_bytes_per_parameter == doctest::Approx(blockwise_bytes_per_parameter(shape, c.workers, 128, 4)));
+  CHECK(r.i8.encoded_bytes_per_parameter == doctest::Approx(blockwise_bytes_per_parameter(shape, c.workers, 128, 8)));
+  CHECK(r.i4.encoded_bytes_per_parameter == doctest::Approx(blockwise_bytes_per_parameter(shape, c.workers, 128, 4)));
   // The promise for large tensors, (4 + B bits/8) / B, within the padding of
   // this small model's partial blocks and headers.
-  CHECK(i8.encoded_bytes_per_parameter < 1.10 * (132.0 / 128.0));
-  CHECK(i4.encoded_bytes_per_parameter < 1.10 * (68.0 / 128.0));
+  CHECK(r.i8.encoded_bytes_per_parameter < 1.10 * (132.0 / 128.0));
+  CHECK(r.i4.encoded_bytes_per_parameter < 1.10 * (68.0 / 128.0));
   // Fewer bytes sent than fp32 DiLoCo, by about the encoding's ratio.
-  CHECK(static_cast<double>(i8.bytes_per_worker) < 0.35 * static_cast<double>(plain.bytes_per_worker));
-  CHECK(static_cast<double>(i4.bytes_per_worker) < 0.2 * static_cast<double>(plain.bytes_per_worker));
+  CHECK(static_cast<double>(r.i8.bytes_per_worker) < 0.35 * static_cast<double>(r.plain.bytes_per_worker));
+  CHECK(static_cast<double>(r.i4.bytes_per_worker) < 0.2 * static_cast<double>(r.plain.bytes_per_worker));
+}
+
+TEST_CASE("the synthetic corpus on the demo's former defaults: DiLoCo within 5% of data parallel") {
+  char_mlp::config c;
+  c.synthetic = true;
+  c.corpus_chars = 400000;
+  c.steps = 2000;
+  c.batch = 256;
+  c.inner_steps = 50;
+  c.lr = 3e-3f;
+  c.dims.context = 8;
+  c.eval_windows = 4096;
+  c.log_every = 0;
+  const auto data = char_mlp::load_dataset(c);
+  REQUIRE(data.fallback.empty());
+  CHECK(data.source == "built-in synthetic");
+  c.dims.vocab = data.vocab();
+  const auto ddp =
+      char_mlp::on_threads(c.workers, [&](auto& comm) { return char_mlp::run_data_parallel(c, data, comm); });
+  const auto dl = char_mlp::on_threads(c.workers, [&](auto& comm) {
+    return char_mlp::run_diloco<diloco::compress::none>(c, data, comm, "diloco");
+  });
+  MESSAGE("synthetic: data parallel ", ddp.held_out_loss, ", diloco ", dl.held_out_loss);
+  // Measured 0.267 and 0.269 against log(26) = 3.26.
+  CHECK(ddp.held_out_loss < 0.5 * std::log(static_cast<double>(data.vocab())));
+  CHECK(dl.held_out_loss <= 1.05 * ddp.held_out_loss);
+  CHECK(dl.rounds == static_cast<std::uint64_t>(c.steps / c.inner_steps));
+}
+
+TEST_CASE("fortune files: separators, overstrikes, tabs and stray bytes are cleaned") {
+  CHECK(char_mlp::clean_fortune_text("one\ttwo\n%\n_\bU_\bn_\bd_\be_\br\x01lined caf\xc3\xa9\n%\nlast") ==
+        "one two\n\nUnderlined caf\n\nlast");
+  CHECK(char_mlp::clean_fortune_text("%\n50% off\n") == "\n50% off\n");
+}
+
+TEST_CASE("fortune files: every topic file gives its tail to the held-out text; indexes and links are skipped") {
+  const temp_dir dir("diloco_test_demo_fortunes");
+  std::string a, b;
+  for (int i = 0; i < 2000; ++i) a += "alpha line " + std::to_string(i) + "\n%\n";
+  for (int i = 0; i < 1000; ++i) b += "BETA LINE " + std::to_string(i) + "\n%\n";
+  dir.write("a", a);
+  dir.write("b", b);
+  dir.write("a.dat", std::string(200000, 'Q'));  // an index: skipped
+  std::filesystem::create_directories(dir.path / "off");
+  dir.write("off/c", std::string(200000, 'Z'));  // not read
+  std::filesystem::create_symlink(dir.path / "a", dir.path / "a.u8");
+  const auto d = char_mlp::fortunes_dataset(dir.path.string());
+  REQUIRE(d.fallback.empty());
+  CHECK(d.source.find("2 topic files") != std::string::npos);
+  auto text = [&](const std::vector<std::uint8_t>& ids) {
+    std::string s;
+    for (const auto id : ids) s += d.alphabet[id];
+    return s;
+  };
+  const std::string train = text(d.train), held_out = text(d.held_out);
+  // Both files in both halves, split at a line start, about 10% held out.
+  CHECK(train.find("alpha line 0\n") == 0);
+  CHECK(train.find("BETA LINE 0\n") != std::string::npos);
+  CHECK(held_out.find("alpha line 1999\n") != std::string::npos);
+  CHECK(held_out.find("BETA LINE 999\n") != std::string::npos);
+  CHECK(held_out.find("alpha line 1700\n") == std::string::npos);
+  CHECK(train.find("alpha line 1999\n") == std::string::npos);
+  CHECK(train.size() + held_out.size() ==
+        char_mlp::clean_fortune_text(a).size() + char_mlp::clean_fortune_text(b).size());
+  const double fraction = static_cast<double>(held_out.size()) / static_cast<double>(train.size() + held_out.size());
+  CHECK(fraction > 0.09);
+  CHECK(fraction < 0.11);
+  CHECK(train.find('Z') == std::string::npos);
+  CHECK(train.find('Q') == std::string::npos);
+  CHECK(train.find('%') == std::string::npos);
+}
+
+TEST_CASE("without the fortunes the demo falls back to the synthetic corpus and says why") {
+  char_mlp::config c;
+  c.fortunes_dir = "/nonexistent/diloco-fortunes";
+  const auto d = char_mlp::load_dataset(c);
+  CHECK(d.fallback.find("/nonexistent/diloco-fortunes not found") != std::string::npos);
+  CHECK(d.source.find("synthetic") != std::string::npos);
+  CHECK(d.train.size() == c.corpus_chars);
+
+  const temp_dir empty("diloco_test_demo_no_fortunes");
+  c.fortunes_dir = empty.path.string();
+  CHECK(char_mlp::load_dataset(c).fallback.find("too little text") != std::string::npos);
 }

@@ -1,12 +1,24 @@
 #pragma once
 
 // The command line and the closing report shared by the demo's mains (one
-// per communicator: threads, MPI, ...). Each main parses the same options
-// into a config, runs the methods asked for on its communicator, and prints
-// the same table.
+// per communicator: threads, MPI, Gloo). Each main parses the same options
+// (with CLI11, which rejects malformed and out-of-range values naming the
+// option) into a config, runs the methods asked for on its communicator,
+// and prints the same table.
+//
+// The DiLoCo rows of the table are a list of variants (diloco_variant), one
+// per value of --compress; run_diloco_variant turns one into a run. A new
+// axis (a synchronization scheme, say) is a field of diloco_variant, an
+// option below that fills it, a loop in diloco_variants and a branch in
+// run_diloco_variant.
 
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
-#include <cstdlib>
+#include <filesystem>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -14,113 +26,210 @@
 
 namespace char_mlp {
 
+// The values of --methods and of --compress, in table order.
+inline const std::vector<std::string> method_names{"single", "ddp", "diloco"};
+inline const std::vector<std::string> compressor_names{"none", "bf16", "int8", "int4", "topk"};
+
 struct cli {
   config c;
-  std::string methods = "single,ddp,diloco";
-  std::string compressors = "none,bf16,int8,int4";  // DiLoCo rows (threads demo)
-  bool help = false;  // --help was given: the usage was printed, nothing to run
+  std::vector<std::string> methods{"single", "ddp", "diloco"};
+  std::vector<std::string> compressors{"none", "bf16", "int8", "int4"};  // DiLoCo rows
+  bool help = false;  // --help was given: the usage was printed (or not, off rank 0), nothing to run
 
-  bool wants(const char* method) const { return methods.find(method) != std::string::npos; }
+  bool wants(const std::string& method) const {
+    return std::find(methods.begin(), methods.end(), method) != methods.end();
+  }
 };
 
-// `workers_help` describes --workers for this main (simulated workers, or
-// how the process count decides it).
-inline void print_usage(const char* program, const char* workers_help) {
-  std::printf(
-      "usage: %s [options] [corpus.txt]\n"
-      "  --workers M         %s\n"
-      "  --steps N           global steps; each consumes --batch samples (default 2000)\n"
-      "  --batch B           global batch, split over the workers (default 256)\n"
-      "  --inner-steps H     DiLoCo inner steps per round (default 50)\n"
-      "  --lr X              AdamW learning rate, all methods (default 3e-3)\n"
-      "  --outer-lr X        DiLoCo outer Nesterov lr (default 0.7)\n"
-      "  --outer-momentum X  DiLoCo outer momentum (default 0.9)\n"
-      "  --hidden N          hidden units (default 96)\n"
-      "  --context N         characters of context (default 8)\n"
-      "  --seed N            data and initialization seed (default 1)\n"
-      "  --log-every N       progress line every N steps, 0 = quiet (default 500)\n"
-      "  --warmup N          linear lr warmup steps (default 100)\n"
-      "  --final-lr X        cosine decay ends at lr * X (default 0.1)\n"
-      "  --weight-decay X    AdamW weight decay (default 0)\n"
-      "  --methods LIST      which of single,ddp,diloco to run (default all)\n"
-      "  --compress LIST     DiLoCo rows, any of none,bf16,int8,int4,topk (default none,bf16,int8,int4):\n"
-      "                      bf16 cast; int8/int4 block-wise (B=128) and top-k (10%%) with error feedback\n"
-      "  corpus.txt          train on this text file instead of the built-in corpus\n",
-      program, workers_help);
+// One DiLoCo row of the table.
+struct diloco_variant {
+  std::string compress = "none";  // one of compressor_names
+};
+
+// The DiLoCo rows asked for, in table order.
+inline std::vector<diloco_variant> diloco_variants(const cli& opts) {
+  std::vector<diloco_variant> out;
+  for (const auto& name : compressor_names)
+    if (std::find(opts.compressors.begin(), opts.compressors.end(), name) != opts.compressors.end())
+      out.push_back({.compress = name});
+  return out;
 }
 
-// Parses argv on top of `defaults`. Unknown options and missing values are
-// config_errors. With `print_help` false, --help only sets cli::help (for
-// processes that should stay quiet).
+// One DiLoCo variant trained on `comm` (this process's worker, or one
+// thread of an in-process world).
+template <class Comm>
+result run_diloco_variant(const diloco_variant& v, const config& c, const dataset& data, Comm& comm) {
+  namespace cp = diloco::compress;
+  if (v.compress == "none")
+    return run_diloco<cp::none>(c, data, comm, "diloco (H=" + std::to_string(c.inner_steps) + ")");
+  if (v.compress == "bf16") return run_diloco<cp::cast<diloco::bf16>>(c, data, comm, "diloco+bf16");
+  if (v.compress == "int8")
+    return run_diloco<cp::error_feedback<cp::blockwise<diloco::int8>>>(c, data, comm, "diloco+int8+ef");
+  if (v.compress == "int4")
+    return run_diloco<cp::error_feedback<cp::blockwise<diloco::int4>>>(c, data, comm, "diloco+int4+ef");
+  if (v.compress == "topk")
+    return run_diloco<cp::error_feedback<cp::topk<>>>(c, data, comm, "diloco+top10%+ef", {.fraction = 0.1f});
+  throw diloco::config_error("demo: unknown compressor '" + v.compress + "'");
+}
+
+namespace detail {
+
+// A number in [lo, hi] (or (lo, hi] with `open_low`), finite: CLI11's Range
+// lets NaN through.
+inline CLI::Validator finite_in(double lo, double hi, bool open_low = false) {
+  const std::string desc = std::string(open_low ? "(" : "[") + CLI::detail::to_string(lo) + ", " +
+                           CLI::detail::to_string(hi) + "]";
+  return CLI::Validator(
+      [lo, hi, open_low, desc](std::string& in) -> std::string {
+        double x = 0.0;
+        if (!CLI::detail::lexical_cast(in, x) || !std::isfinite(x) || x < lo || x > hi || (open_low && x == lo))
+          return "value " + in + " is not a number in " + desc;
+        return {};
+      },
+      "in " + desc);
+}
+
+// An integer in [lo, hi] (hi = INT_MAX reads ">= lo" in the usage).
+inline CLI::Validator int_in(long long lo, long long hi = std::numeric_limits<int>::max()) {
+  const std::string desc = hi == std::numeric_limits<int>::max()
+                               ? ">= " + std::to_string(lo)
+                               : "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  const std::string range = "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  return CLI::Validator(
+      [lo, hi, range](std::string& in) -> std::string {
+        long long x = 0;
+        if (!CLI::detail::lexical_cast(in, x) || x < lo || x > hi)
+          return "value " + in + " is not an integer in " + range;
+        return {};
+      },
+      desc);
+}
+
+}  // namespace detail
+
+// Parses argv on top of `defaults`. Malformed or out-of-range values,
+// unknown options and extra arguments throw config_errors that name the
+// option. --help prints the usage (when `print_help`; processes that should
+// stay quiet pass false) and sets cli::help. `workers_help` describes
+// --workers for this main.
 inline cli parse_cli(int argc, char** argv, const cli& defaults, const char* workers_help, bool print_help = true) {
   cli out = defaults;
   config& c = out.c;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> const char* {
-      if (i + 1 >= argc) throw diloco::config_error("demo: " + a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--workers") c.workers = std::atoi(value());
-    else if (a == "--steps") c.steps = std::atoi(value());
-    else if (a == "--batch") c.batch = std::atoi(value());
-    else if (a == "--inner-steps") c.inner_steps = std::atoi(value());
-    else if (a == "--lr") c.lr = std::strtof(value(), nullptr);
-    else if (a == "--outer-lr") c.outer_lr = std::strtof(value(), nullptr);
-    else if (a == "--outer-momentum") c.outer_momentum = std::strtof(value(), nullptr);
-    else if (a == "--hidden") c.dims.hidden = std::atoi(value());
-    else if (a == "--context") c.dims.context = std::atoi(value());
-    else if (a == "--seed") c.seed = std::strtoull(value(), nullptr, 10);
-    else if (a == "--log-every") c.log_every = std::atoi(value());
-    else if (a == "--warmup") c.warmup_steps = std::atoi(value());
-    else if (a == "--final-lr") c.final_lr_fraction = std::strtof(value(), nullptr);
-    else if (a == "--weight-decay") c.weight_decay = std::strtof(value(), nullptr);
-    else if (a == "--methods") out.methods = value();
-    else if (a == "--compress") out.compressors = value();
-    else if (a == "-h" || a == "--help") {
-      if (print_help) print_usage(argv[0], workers_help);
-      out.help = true;
-      return out;
-    } else if (!a.empty() && a[0] == '-') throw diloco::config_error("demo: unknown option " + a);
-    else c.corpus_path = a;
+  CLI::App app{"Trains a character-level MLP three ways on the same data (one worker, synchronous data parallel, "
+               "DiLoCo with optionally compressed pseudo-gradients) and prints held-out loss and bytes sent.",
+               argc > 0 ? argv[0] : "train_char_mlp"};
+  app.get_formatter()->column_width(34);
+  // An option given twice takes its last value (lists, --methods and
+  // --compress, gather all their values).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+
+  app.add_option("--workers", c.workers, workers_help)->capture_default_str()->check(detail::int_in(1, 1024));
+  app.add_option("--steps", c.steps, "global steps; each consumes --batch samples")
+      ->capture_default_str()
+      ->check(detail::int_in(1));
+  app.add_option("--batch", c.batch, "global batch, split evenly over the workers")
+      ->capture_default_str()
+      ->check(detail::int_in(1, 1 << 20));
+  app.add_option("--inner-steps", c.inner_steps, "DiLoCo's H: inner steps per outer round")
+      ->capture_default_str()
+      ->check(detail::int_in(1));
+  app.add_option("--lr", c.lr, "AdamW peak learning rate, every method")
+      ->capture_default_str()
+      ->check(detail::finite_in(0.0, 10.0, true));
+  app.add_option("--outer-lr", c.outer_lr, "DiLoCo outer Nesterov learning rate")
+      ->capture_default_str()
+      ->check(detail::finite_in(0.0, 10.0, true));
+  app.add_option("--outer-momentum", c.outer_momentum, "DiLoCo outer Nesterov momentum")
+      ->capture_default_str()
+      ->check(detail::finite_in(0.0, 0.999));
+  app.add_option("--hidden", c.dims.hidden, "hidden units")->capture_default_str()->check(detail::int_in(1, 65536));
+  app.add_option("--context", c.dims.context, "characters of context")
+      ->capture_default_str()
+      ->check(detail::int_in(1, 256));
+  app.add_option("--seed", c.seed, "data and initialization seed")->capture_default_str();
+  app.add_option("--log-every", c.log_every, "progress line every N steps, 0 = quiet")
+      ->capture_default_str()
+      ->check(detail::int_in(0));
+  app.add_option("--warmup", c.warmup_steps, "linear lr warmup steps")
+      ->capture_default_str()
+      ->check(detail::int_in(0));
+  app.add_option("--final-lr", c.final_lr_fraction, "cosine decay ends at lr * X")
+      ->capture_default_str()
+      ->check(detail::finite_in(0.0, 1.0));
+  app.add_option("--weight-decay", c.weight_decay, "AdamW weight decay")
+      ->capture_default_str()
+      ->check(detail::finite_in(0.0, 1.0));
+  app.add_option("--methods", out.methods, "which of single,ddp,diloco to run (comma-separated)")
+      ->delimiter(',')
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->capture_default_str()
+      ->check(CLI::IsMember(method_names));
+  app.add_option("--compress", out.compressors,
+                 "DiLoCo rows, any of none,bf16,int8,int4,topk: bf16 cast; int8/int4 block-wise (B=128) and "
+                 "top-k (10%) with error feedback")
+      ->delimiter(',')
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->capture_default_str()
+      ->check(CLI::IsMember(compressor_names));
+  auto* synthetic = app.add_flag("--synthetic", c.synthetic,
+                                 "train on the built-in synthetic corpus instead of the fortunes");
+  app.add_option("--fortunes-dir", c.fortunes_dir,
+                 "where Debian's fortunes package keeps its topic files; without them the demo falls back to "
+                 "the synthetic corpus and says so")
+      ->capture_default_str()
+      ->excludes(synthetic);
+  // Checked after parsing, so that in `--typo value` the unknown option is
+  // what the message names, not its value taken for the corpus.
+  app.add_option("corpus", c.corpus_path, "train on this text file (the last 10% held out) instead of the fortunes")
+      ->type_name("FILE")
+      ->excludes(synthetic);
+  app.footer(
+      "Default corpus: the fortune cookies of Debian's `fortunes` package, the last 10% of every topic file held "
+      "out.");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    if (print_help) std::fputs(app.help().c_str(), stdout);
+    out.help = true;
+    return out;
+  } catch (const CLI::ParseError& e) {
+    throw diloco::config_error(std::string("demo: ") + e.what() + " (--help lists the options)");
   }
+  if (out.methods.empty()) throw diloco::config_error("demo: --methods names no method");
+  if (!c.corpus_path.empty() && !std::filesystem::is_regular_file(c.corpus_path))
+    throw diloco::config_error("demo: corpus: no such file: " + c.corpus_path);
   return out;
 }
 
 inline void print_header(const config& c, const dataset& data, const char* workers_note) {
-  std::printf("corpus: %s, %zu training characters, vocabulary %d\n",
-              c.corpus_path.empty() ? "built-in synthetic" : c.corpus_path.c_str(), data.train.size(), data.vocab());
-  std::printf("model: %zu parameters; %d steps x %d samples; %d workers%s; DiLoCo H = %d\n\n",
-              model(c.dims, c.seed).parameter_count(), c.steps, c.batch, c.workers, workers_note, c.inner_steps);
+  if (!data.fallback.empty())
+    std::printf("NOTE: using the built-in synthetic corpus as a fallback: %s.\n"
+                "      Install it (scripts/install-deps.sh), pass a text file, or choose --synthetic.\n",
+                data.fallback.c_str());
+  std::printf("corpus: %s\n        %zu training and %zu held-out characters, vocabulary %d\n", data.source.c_str(),
+              data.train.size(), data.held_out.size(), data.vocab());
+  const double samples = static_cast<double>(c.steps) * static_cast<double>(c.batch);
+  std::printf("model: %zu parameters; %d steps x %d samples (%.2f passes over the training text); %d workers%s; "
+              "DiLoCo H = %d (%d rounds)\n\n",
+              model(c.dims, c.seed).parameter_count(), c.steps, c.batch,
+              samples / static_cast<double>(data.train.size()), c.workers, workers_note, c.inner_steps,
+              (c.steps + c.inner_steps - 1) / c.inner_steps);
 }
 
-// The DiLoCo rows named in `compressors` (none, bf16, int8, int4, topk),
-// each run through `on`, which runs a per-worker function on the demo's
-// communicator and returns the result to report (threads: one world per
-// row; MPI or Gloo: this process's rank). Returns the uncompressed row, if
-// it ran. `rows` must have room reserved (pointers into it are kept).
+// The DiLoCo rows asked for, each run through `on`, which runs a per-worker
+// function on the demo's communicator and returns the result to report
+// (threads: one world per row; MPI or Gloo: this process's rank). Returns
+// the uncompressed row, if it ran. `rows` must have room reserved
+// (pointers into it are kept).
 template <class On>
-const result* run_diloco_rows(const config& c, const dataset& data, const std::string& compressors,
-                              std::vector<result>& rows, On&& on) {
-  namespace cp = diloco::compress;
+const result* run_diloco_rows(const config& c, const dataset& data, const cli& opts, std::vector<result>& rows,
+                              On&& on) {
   const result* plain = nullptr;
-  auto row = [&](const char* name, auto run) {
-    if (compressors.find(name) == std::string::npos) return;
-    rows.push_back(on(run));
-    if (std::string(name) == "none") plain = &rows.back();
-  };
-  const std::string h = "(H=" + std::to_string(c.inner_steps) + ")";
-  row("none", [&](auto& comm) { return run_diloco<cp::none>(c, data, comm, "diloco " + h); });
-  row("bf16", [&](auto& comm) { return run_diloco<cp::cast<diloco::bf16>>(c, data, comm, "diloco+bf16"); });
-  row("int8", [&](auto& comm) {
-    return run_diloco<cp::error_feedback<cp::blockwise<diloco::int8>>>(c, data, comm, "diloco+int8+ef");
-  });
-  row("int4", [&](auto& comm) {
-    return run_diloco<cp::error_feedback<cp::blockwise<diloco::int4>>>(c, data, comm, "diloco+int4+ef");
-  });
-  row("topk", [&](auto& comm) {
-    return run_diloco<cp::error_feedback<cp::topk<>>>(c, data, comm, "diloco+top10%+ef", {.fraction = 0.1f});
-  });
+  for (const auto& v : diloco_variants(opts)) {
+    rows.push_back(on([&](auto& comm) { return run_diloco_variant(v, c, data, comm); }));
+    if (v.compress == "none") plain = &rows.back();
+  }
   return plain;
 }
 
@@ -145,7 +254,7 @@ void run_one_worker_per_process(Comm& comm, const cli& opts, const char* workers
   if (lead) print_header(c, data, workers_note);
   if (!lead) c.log_every = 0;
   std::vector<result> rows;
-  rows.reserve(8);
+  rows.reserve(2 + diloco_variants(opts).size());  // pointers into it are kept
   const result* ddp = nullptr;
   const result* dl = nullptr;
   if (opts.wants("single")) rows.push_back(run_single(c, data));
@@ -153,7 +262,7 @@ void run_one_worker_per_process(Comm& comm, const cli& opts, const char* workers
     rows.push_back(run_data_parallel(c, data, comm));
     ddp = &rows.back();
   }
-  if (opts.wants("diloco")) dl = run_diloco_rows(c, data, opts.compressors, rows, [&](auto run) { return run(comm); });
+  if (opts.wants("diloco")) dl = run_diloco_rows(c, data, opts, rows, [&](auto run) { return run(comm); });
   if (lead) print_report(rows, ddp, dl);
   comm.barrier();  // nobody leaves while another still needs it
 }

@@ -1,16 +1,22 @@
 #pragma once
 
-// Text for the demo: a built-in synthetic corpus (sentences from a small
-// grammar with subject/verb/place preferences, so context helps predict the
-// next character) or any text file, turned into character ids.
+// Text for the demo, turned into character ids: by default the fortune
+// cookies of Debian's `fortunes` package (about 2.5 MB of human-written
+// English in topic files); any text file; or a built-in synthetic corpus
+// (sentences from a small grammar with subject/verb/place preferences, so
+// context helps predict the next character), which is also the fallback
+// where the fortunes are not installed.
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <vector>
 
 namespace char_mlp {
@@ -70,6 +76,8 @@ inline std::string synthetic_corpus(std::size_t chars, std::uint64_t seed) {
 struct dataset {
   std::vector<char> alphabet;
   std::vector<std::uint8_t> train, held_out;
+  std::string source;    // what the text is, for the demo's header
+  std::string fallback;  // why the synthetic corpus stands in for the fortunes; empty when it does not
 
   int vocab() const { return static_cast<int>(alphabet.size()); }
 };
@@ -90,19 +98,103 @@ inline dataset make_dataset(const std::string& train_text, const std::string& he
 
 // The built-in corpus: training and held-out text from different seeds.
 inline dataset synthetic_dataset(std::size_t train_chars, std::uint64_t seed) {
-  return make_dataset(synthetic_corpus(train_chars, seed), synthetic_corpus(train_chars / 8, seed ^ 0x5eedULL));
+  auto d = make_dataset(synthetic_corpus(train_chars, seed), synthetic_corpus(train_chars / 8, seed ^ 0x5eedULL));
+  d.source = "built-in synthetic";
+  return d;
+}
+
+inline std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot open corpus file '" + path.string() + "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
 }
 
 // A text file: the first 90% trains, the last 10% is held out.
 inline dataset file_dataset(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot open corpus file '" + path + "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
+  const std::string text = read_file(path);
   if (text.size() < 1000) throw std::runtime_error("corpus file '" + path + "' is too short (need 1000+ bytes)");
   const std::size_t cut = text.size() * 9 / 10;
-  return make_dataset(text.substr(0, cut), text.substr(cut));
+  auto d = make_dataset(text.substr(0, cut), text.substr(cut));
+  d.source = path + " (last 10% held out)";
+  return d;
+}
+
+// Where Debian's `fortunes` package puts its topic files.
+inline constexpr const char* default_fortunes_dir = "/usr/share/games/fortunes";
+
+// One fortune file as plain text: the `%` lines between fortunes become
+// blank lines; a backspace overstrike (nroff's "_\bX" underlining) keeps the
+// character written last; tabs become spaces; other control bytes and the
+// few non-ASCII bytes are dropped. What is left is printable ASCII and
+// newlines, a vocabulary of under 100 symbols.
+inline std::string clean_fortune_text(const std::string& raw) {
+  std::string out;
+  out.reserve(raw.size());
+  std::size_t line_start = 0;  // in `out`
+  for (const char ch : raw) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '\n') {
+      if (out.size() == line_start + 1 && out[line_start] == '%') out.pop_back();  // a separator line
+      out += '\n';
+      line_start = out.size();
+    } else if (c == '\b') {
+      if (out.size() > line_start) out.pop_back();
+    } else if (c == '\t') {
+      out += ' ';
+    } else if (c >= 32 && c < 127) {
+      out += ch;
+    }
+  }
+  return out;
+}
+
+// The topic files of a fortunes directory (regular files only: not the
+// .dat indexes, the .u8 symlinks or the off/ directory), in name order.
+inline std::vector<std::filesystem::path> fortune_files(const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> files;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const auto status = it->symlink_status(ec);
+    if (ec) break;
+    if (fs::is_regular_file(status) && it->path().extension() != ".dat") files.push_back(it->path());
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// The fortunes as a dataset: the last `held_out_fraction` of every topic
+// file's characters (from the next line start) is held out, the rest
+// trains, so both halves cover every topic. Returns an empty dataset with
+// `fallback` saying why when the directory holds no usable text.
+inline dataset fortunes_dataset(const std::string& dir, double held_out_fraction = 0.1) {
+  dataset empty;
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) {
+    empty.fallback = dir + " not found (Debian's `fortunes` package is not installed)";
+    return empty;
+  }
+  const auto files = fortune_files(dir);
+  std::string train, held_out;
+  for (const auto& f : files) {
+    const std::string text = clean_fortune_text(read_file(f));
+    const auto tail = static_cast<std::size_t>(static_cast<double>(text.size()) * held_out_fraction);
+    const std::size_t eol = text.find('\n', text.size() - tail);
+    const std::size_t cut = eol == std::string::npos ? text.size() : eol + 1;
+    train.append(text, 0, cut);
+    held_out.append(text, cut);
+  }
+  if (train.size() < 10000 || held_out.size() < 1000) {
+    empty.fallback = dir + " holds too little text (" + std::to_string(files.size()) + " topic files, " +
+                     std::to_string(train.size() + held_out.size()) + " characters)";
+    return empty;
+  }
+  auto d = make_dataset(train, held_out);
+  d.source = "Debian fortunes, " + std::to_string(files.size()) + " topic files in " + dir +
+             " (last " + std::to_string(static_cast<int>(held_out_fraction * 100 + 0.5)) + "% of each held out)";
+  return d;
 }
 
 }  // namespace char_mlp

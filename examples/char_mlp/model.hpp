@@ -16,7 +16,7 @@ namespace char_mlp {
 
 struct shape {
   int vocab = 0;
-  int context = 8;
+  int context = 5;
   int embed = 16;
   int hidden = 96;
 };
@@ -88,13 +88,19 @@ class model {
         const float* row = w2 + static_cast<std::ptrdiff_t>(j) * V;
         for (int v = 0; v < V; ++v) p[v] += hj * row[v];
       }
+      // Softmax: p becomes exp(logit - max), normalized when a backward
+      // pass needs the probabilities.
       const float mx = *std::max_element(p, p + V);
+      const float target_logit = p[targets[b]];
       double z = 0.0;
-      for (int v = 0; v < V; ++v) z += std::exp(static_cast<double>(p[v] - mx));
-      loss += std::log(z) - static_cast<double>(p[targets[b]] - mx);
+      for (int v = 0; v < V; ++v) {
+        p[v] = std::exp(p[v] - mx);
+        z += static_cast<double>(p[v]);
+      }
+      loss += std::log(z) - static_cast<double>(target_logit - mx);
       if (backward) {
         const auto inv = static_cast<float>(1.0 / z);
-        for (int v = 0; v < V; ++v) p[v] = std::exp(p[v] - mx) * inv;
+        for (int v = 0; v < V; ++v) p[v] *= inv;
       }
     }
     if (backward) backprop(contexts, targets, batch);
@@ -102,6 +108,19 @@ class model {
   }
 
  private:
+  // a . b over n floats in eight independent partial sums, which the
+  // compiler vectorizes (one running sum would have to stay in order).
+  static float dot(const float* a, const float* b, int n) {
+    float lane[8] = {};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+      for (int l = 0; l < 8; ++l) lane[l] += a[i + l] * b[i + l];
+    float sum = 0.0f;
+    for (; i < n; ++i) sum += a[i] * b[i];
+    for (const float x : lane) sum += x;
+    return sum;
+  }
+
   void backprop(const std::uint8_t* contexts, const std::uint8_t* targets, int batch) {
     const int V = s_.vocab, K = s_.context, E = s_.embed, H = s_.hidden, KE = K * E;
     std::fill(grads_.begin(), grads_.end(), 0.0f);
@@ -124,26 +143,17 @@ class model {
       for (int j = 0; j < H; ++j) {
         const float hj = h[j];
         float* grow = gw2 + static_cast<std::ptrdiff_t>(j) * V;
+        for (int v = 0; v < V; ++v) grow[v] += hj * dlogits[v];
         const float* row = w2 + static_cast<std::ptrdiff_t>(j) * V;
-        float acc = 0.0f;
-        for (int v = 0; v < V; ++v) {
-          grow[v] += hj * dlogits[v];
-          acc += dlogits[v] * row[v];
-        }
-        dh_[static_cast<std::size_t>(j)] = acc * (1.0f - hj * hj);  // through tanh
+        dh_[static_cast<std::size_t>(j)] = dot(dlogits, row, V) * (1.0f - hj * hj);  // through tanh
       }
       for (int j = 0; j < H; ++j) gb1[j] += dh_[static_cast<std::size_t>(j)];
       const float* x = &x_[static_cast<std::size_t>(b * KE)];
       for (int i = 0; i < KE; ++i) {
         const float xi = x[i];
         float* grow = gw1 + static_cast<std::ptrdiff_t>(i) * H;
-        const float* row = w1 + static_cast<std::ptrdiff_t>(i) * H;
-        float acc = 0.0f;
-        for (int j = 0; j < H; ++j) {
-          grow[j] += xi * dh_[static_cast<std::size_t>(j)];
-          acc += dh_[static_cast<std::size_t>(j)] * row[j];
-        }
-        dx_[static_cast<std::size_t>(i)] = acc;
+        for (int j = 0; j < H; ++j) grow[j] += xi * dh_[static_cast<std::size_t>(j)];
+        dx_[static_cast<std::size_t>(i)] = dot(dh_.data(), w1 + static_cast<std::ptrdiff_t>(i) * H, H);
       }
       for (int k = 0; k < K; ++k) {
         float* g = gemb + contexts[b * K + k] * E;
