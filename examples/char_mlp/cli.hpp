@@ -29,11 +29,15 @@ namespace char_mlp {
 // The values of --methods and of --compress, in table order.
 inline const std::vector<std::string> method_names{"single", "ddp", "diloco"};
 inline const std::vector<std::string> compressor_names{"none", "bf16", "int8", "int4", "topk"};
+// The values of --sync: DiLoCo's schedules (diloco::sync::blocking,
+// streaming, one_step_delay, eager).
+inline const std::vector<std::string> sync_names{"blocking", "streaming", "delay", "eager"};
 
 struct cli {
   config c;
   std::vector<std::string> methods{"single", "ddp", "diloco"};
   std::vector<std::string> compressors{"none", "bf16", "int8", "int4"};  // DiLoCo rows
+  std::vector<std::string> syncs{"blocking", "streaming", "delay", "eager"};  // DiLoCo rows
   bool help = false;  // --help was given: the usage was printed (or not, off rank 0), nothing to run
 
   bool wants(const std::string& method) const {
@@ -44,14 +48,22 @@ struct cli {
 // One DiLoCo row of the table.
 struct diloco_variant {
   std::string compress = "none";  // one of compressor_names
+  std::string sync = "blocking";  // one of sync_names
 };
 
-// The DiLoCo rows asked for, in table order.
+// The DiLoCo rows asked for, in table order: the blocking schedule with
+// every compressor asked for, then each other schedule with fp32
+// pseudo-gradients.
 inline std::vector<diloco_variant> diloco_variants(const cli& opts) {
+  auto chosen = [](const std::vector<std::string>& list, const std::string& name) {
+    return std::find(list.begin(), list.end(), name) != list.end();
+  };
   std::vector<diloco_variant> out;
-  for (const auto& name : compressor_names)
-    if (std::find(opts.compressors.begin(), opts.compressors.end(), name) != opts.compressors.end())
-      out.push_back({.compress = name});
+  if (chosen(opts.syncs, "blocking"))
+    for (const auto& name : compressor_names)
+      if (chosen(opts.compressors, name)) out.push_back({.compress = name, .sync = "blocking"});
+  for (const auto& sync : sync_names)
+    if (sync != "blocking" && chosen(opts.syncs, sync)) out.push_back({.compress = "none", .sync = sync});
   return out;
 }
 
@@ -60,6 +72,13 @@ inline std::vector<diloco_variant> diloco_variants(const cli& opts) {
 template <class Comm>
 result run_diloco_variant(const diloco_variant& v, const config& c, const dataset& data, Comm& comm) {
   namespace cp = diloco::compress;
+  namespace sy = diloco::sync;
+  if (v.sync == "streaming")
+    return run_diloco<cp::none, Comm, sy::streaming>(
+        c, data, comm, "diloco streaming P=" + std::to_string(c.fragments) + " tau=" + std::to_string(c.delay));
+  if (v.sync == "delay") return run_diloco<cp::none, Comm, sy::one_step_delay>(c, data, comm, "diloco one-step delay");
+  if (v.sync == "eager") return run_diloco<cp::none, Comm, sy::eager>(c, data, comm, "diloco eager");
+  if (v.sync != "blocking") throw diloco::config_error("demo: unknown schedule '" + v.sync + "'");
   if (v.compress == "none")
     return run_diloco<cp::none>(c, data, comm, "diloco (H=" + std::to_string(c.inner_steps) + ")");
   if (v.compress == "bf16") return run_diloco<cp::cast<diloco::bf16>>(c, data, comm, "diloco+bf16");
@@ -171,6 +190,22 @@ inline cli parse_cli(int argc, char** argv, const cli& defaults, const char* wor
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
       ->capture_default_str()
       ->check(CLI::IsMember(compressor_names));
+  app.add_option("--sync", out.syncs,
+                 "DiLoCo schedules, any of blocking,streaming,delay,eager: blocking rows use every --compress; "
+                 "streaming (--fragments, --delay, --alpha), one-step delay and eager run with fp32")
+      ->delimiter(',')
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->capture_default_str()
+      ->check(CLI::IsMember(sync_names));
+  app.add_option("--fragments", c.fragments, "streaming: fragments P (1 <= P <= min(H, tensor count))")
+      ->capture_default_str()
+      ->check(detail::int_in(1));
+  app.add_option("--delay", c.delay, "streaming: inner steps tau each exchange overlaps (tau <= H/P - 1)")
+      ->capture_default_str()
+      ->check(detail::int_in(0));
+  app.add_option("--alpha", c.alpha, "streaming: weight of the local value when a fragment is merged")
+      ->capture_default_str()
+      ->check(detail::finite_in(0.0, 1.0));
   auto* synthetic = app.add_flag("--synthetic", c.synthetic,
                                  "train on the built-in synthetic corpus instead of the fortunes");
   app.add_option("--fortunes-dir", c.fortunes_dir,
