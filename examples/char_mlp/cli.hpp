@@ -255,7 +255,7 @@ inline void print_header(const config& c, const dataset& data, const char* worke
 // The DiLoCo rows asked for, each run through `on`, which runs a per-worker
 // function on the demo's communicator and returns the result to report
 // (threads: one world per row; MPI or Gloo: this process's rank). Returns
-// the uncompressed row, if it ran. `rows` must have room reserved
+// the uncompressed blocking row, if it ran. `rows` must have room reserved
 // (pointers into it are kept).
 template <class On>
 const result* run_diloco_rows(const config& c, const dataset& data, const cli& opts, std::vector<result>& rows,
@@ -263,7 +263,7 @@ const result* run_diloco_rows(const config& c, const dataset& data, const cli& o
   const result* plain = nullptr;
   for (const auto& v : diloco_variants(opts)) {
     rows.push_back(on([&](auto& comm) { return run_diloco_variant(v, c, data, comm); }));
-    if (v.compress == "none") plain = &rows.back();
+    if (v.compress == "none" && v.sync == "blocking") plain = &rows.back();
   }
   return plain;
 }
