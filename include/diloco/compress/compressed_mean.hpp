@@ -108,6 +108,25 @@ struct round_findings {
 
 }  // namespace diloco::detail
 
+namespace diloco::detail {
+
+// What the host and device engines share beyond the protocol: the flags
+// every segment of a compressor carries, and the residual as visited state.
+template <class Compressor>
+constexpr std::uint8_t segment_flags() {
+  return static_cast<std::uint8_t>((Compressor::stochastic ? wire::flag_stochastic : 0) |
+                                   (Compressor::has_error_feedback ? wire::flag_error_feedback : 0));
+}
+template <class Compressor, class Visitor, class Residual>
+void visit_residual(Visitor& v, std::string_view prefix, Residual& residual, bool device) {
+  if constexpr (Compressor::has_error_feedback)
+    v.buffer(std::string(prefix) + ".residual", residual.data(), residual.size(), device);
+  else
+    (void)v, (void)prefix, (void)residual, (void)device;
+}
+
+}  // namespace diloco::detail
+
 namespace diloco::compress {
 
 template <class Compressor, class Space>
@@ -151,10 +170,7 @@ class compressed_mean {
   // The error-feedback residual is state (the rest is scratch).
   template <class Visitor>
   void visit_state(Visitor& v, std::string_view prefix) {
-    if constexpr (Compressor::has_error_feedback)
-      v.buffer(std::string(prefix) + ".residual", residual_.data(), residual_.size(), false);
-    else
-      (void)v, (void)prefix;
+    diloco::detail::visit_residual<Compressor>(v, prefix, residual_, false);
   }
 
   // Stages 1-6, the operations between the collectives. The protocol (which
@@ -310,10 +326,7 @@ class compressed_mean {
                             allow_status, world_);
   }
 
-  std::uint8_t flags() const {
-    return static_cast<std::uint8_t>((Compressor::stochastic ? wire::flag_stochastic : 0) |
-                                     (Compressor::has_error_feedback ? wire::flag_error_feedback : 0));
-  }
+  static constexpr std::uint8_t flags() { return diloco::detail::segment_flags<Compressor>(); }
 
   codec_type codec_;
   std::uint64_t seed_;

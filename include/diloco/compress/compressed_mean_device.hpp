@@ -164,10 +164,7 @@ class compressed_mean<Compressor, Space> {
   // The error-feedback residual is state (the rest is scratch).
   template <class Visitor>
   void visit_state(Visitor& v, std::string_view prefix) {
-    if constexpr (Compressor::has_error_feedback)
-      v.buffer(std::string(prefix) + ".residual", residual_.data(), residual_.size(), true);
-    else
-      (void)v, (void)prefix;
+    diloco::detail::visit_residual<Compressor>(v, prefix, residual_, true);
   }
 
   // Stages 1-6 as the host engine offers them (compressed_mean.hpp): the
@@ -324,10 +321,7 @@ class compressed_mean<Compressor, Space> {
   static constexpr std::size_t lanes = kernels::chunk_lane_sums::lanes_per_chunk;
   static constexpr std::size_t header_words = wire::header_bytes / 4;
 
-  std::uint8_t flags() const {
-    return static_cast<std::uint8_t>((Compressor::stochastic ? wire::flag_stochastic : 0) |
-                                     (Compressor::has_error_feedback ? wire::flag_error_feedback : 0));
-  }
+  static constexpr std::uint8_t flags() { return diloco::detail::segment_flags<Compressor>(); }
   wire::expectation expect(int sender, int shard, std::uint64_t payload) const {
     return {codec_type::id,
             flags(),

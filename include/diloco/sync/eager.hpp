@@ -9,24 +9,14 @@
 // the worker's own stale term replaced by its fresh one (sync::eager merge,
 // sync/merge.hpp). docs/algorithms.md compares this with the paper.
 
-#include <cstddef>
-#include <span>
-
 #include "diloco/sync/concepts.hpp"
 #include "diloco/sync/plan.hpp"
+#include "diloco/sync/whole_model.hpp"
 
 namespace diloco::sync {
 
-struct eager {
-  struct options {};
+struct eager : whole_model_schedule<schedule_kind::delayed, true> {
   static constexpr const char* name = "eager";
-  static constexpr bool overlaps = true;
-  static constexpr schedule_kind kind = schedule_kind::delayed;
-
-  static void validate(const options&, std::size_t, std::size_t) {}
-  static fragment_plan plan(const options&, std::size_t H, std::span<const std::size_t> sizes) {
-    return fragment_plan::make(H, 1, 0, fragment_assignment::contiguous, sizes, name);
-  }
 };
 
 }  // namespace diloco::sync

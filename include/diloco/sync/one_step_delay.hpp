@@ -9,24 +9,14 @@
 //   s ← θ_local;  begin reducing Δ^(r+1).
 // Round 1 only begins. θ_g and the outer state are identical on every rank.
 
-#include <cstddef>
-#include <span>
-
 #include "diloco/sync/concepts.hpp"
 #include "diloco/sync/plan.hpp"
+#include "diloco/sync/whole_model.hpp"
 
 namespace diloco::sync {
 
-struct one_step_delay {
-  struct options {};
+struct one_step_delay : whole_model_schedule<schedule_kind::delayed, true> {
   static constexpr const char* name = "one_step_delay";
-  static constexpr bool overlaps = true;
-  static constexpr schedule_kind kind = schedule_kind::delayed;
-
-  static void validate(const options&, std::size_t, std::size_t) {}
-  static fragment_plan plan(const options&, std::size_t H, std::span<const std::size_t> sizes) {
-    return fragment_plan::make(H, 1, 0, fragment_assignment::contiguous, sizes, name);
-  }
 };
 
 }  // namespace diloco::sync
