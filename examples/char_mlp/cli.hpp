@@ -197,10 +197,12 @@ inline cli parse_cli(int argc, char** argv, const cli& defaults, const char* wor
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
       ->capture_default_str()
       ->check(CLI::IsMember(sync_names));
-  app.add_option("--fragments", c.fragments, "streaming: fragments P (1 <= P <= min(H, tensor count))")
+  auto* fragments = app.add_option("--fragments", c.fragments,
+                                   "streaming: fragments P (1 <= P <= min(H, tensor count))")
       ->capture_default_str()
       ->check(detail::int_in(1));
-  app.add_option("--delay", c.delay, "streaming: inner steps tau each exchange overlaps (tau <= H/P - 1)")
+  auto* delay = app.add_option("--delay", c.delay,
+                               "streaming: inner steps tau each exchange overlaps (tau <= H/P - 1)")
       ->capture_default_str()
       ->check(detail::int_in(0));
   app.add_option("--alpha", c.alpha, "streaming: weight of the local value when a fragment is merged")
@@ -232,6 +234,10 @@ inline cli parse_cli(int argc, char** argv, const cli& defaults, const char* wor
     throw diloco::config_error(std::string("demo: ") + e.what() + " (--help lists the options)");
   }
   if (out.methods.empty()) throw diloco::config_error("demo: --methods names no method");
+  // The streaming defaults (P = 4, tau = 2) shrink to fit a small H; values
+  // given on the command line are the user's and are checked as given.
+  if (fragments->count() == 0) c.fragments = std::min(c.fragments, c.inner_steps);
+  if (delay->count() == 0) c.delay = std::min(c.delay, std::max(0, c.inner_steps / c.fragments - 1));
   if (!c.corpus_path.empty() && !std::filesystem::is_regular_file(c.corpus_path))
     throw diloco::config_error("demo: corpus: no such file: " + c.corpus_path);
   return out;
