@@ -184,7 +184,8 @@ class engine final : public engine_base {
       if constexpr (Compressor::lossless) {
         f.reducer = std::make_unique<reducer_type>(f.params, world_, rank_, overlap_);
       } else {
-        f.reducer = std::make_unique<reducer_type>(f.params, world_, rank_, opts_.compress, p, exec_);
+        f.reducer = std::make_unique<reducer_type>(f.params, world_, rank_, opts_.compress,
+                                                   static_cast<std::uint32_t>(p), exec_);
         slot_bytes = std::max(slot_bytes, f.reducer->slot_bytes());
       }
     }
@@ -476,7 +477,7 @@ class engine final : public engine_base {
       exec_.for_each(params_[k].size(), kernels::copy{global_.data() + offsets_[k], params_[k].data()});
     if constexpr (delayed) {
       exec_.for_each(flat_, kernels::copy{global_.data(), anchor_.data()});
-      if constexpr (eager) exec_.for_each(flat_, kernels::copy{zeros(), own_.data()});
+      if constexpr (eager) exec_.for_each(flat_, kernels::fill{own_.data(), 0.0f});
     }
     steps_in_round_ = 0;
     ++stats_.rejected_rounds;
@@ -487,12 +488,6 @@ class engine final : public engine_base {
                             "; theta_global is unchanged and ", what, " reset to it");
     if (v.corrupt) raise<format_error>(msg);
     raise<numeric_error>(msg);
-  }
-
-  // A zero flat buffer (eager's reset), allocated on first use.
-  const float* zeros() {
-    if (zeros_.size() != flat_) zeros_ = buffer<float, Space>(flat_);
-    return zeros_.data();
   }
 
   void copy_local_to(float* flat) {
@@ -522,7 +517,7 @@ class engine final : public engine_base {
   buffer<float, Space> global_;
   optimizer_core<Inner, Space> inner_;
   buffer<float, Space> outer_state_;
-  buffer<float, Space> anchor_, own_, zeros_;  // delayed schedules only
+  buffer<float, Space> anchor_, own_;  // delayed schedules only
   std::uint64_t steps_in_round_ = 0;
   std::uint64_t position_ = 0;  // inner steps taken: the schedule's clock
   diloco::stats stats_;

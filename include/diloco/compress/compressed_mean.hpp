@@ -117,6 +117,16 @@ constexpr std::uint8_t segment_flags() {
   return static_cast<std::uint8_t>((Compressor::stochastic ? wire::flag_stochastic : 0) |
                                    (Compressor::has_error_feedback ? wire::flag_error_feedback : 0));
 }
+// The seed of a compressor's stochastic-rounding streams (0 when it rounds
+// to nearest). Each fragment of a sync schedule draws its own streams;
+// fragment 0 keeps the compressor's seed, so one fragment gives wave 1's bits.
+template <class Compressor>
+std::uint64_t stream_seed(const typename Compressor::options& o, std::uint32_t fragment) {
+  if constexpr (requires { o.seed; })
+    return fragment == 0 ? o.seed : kernels::mix64(o.seed ^ (0x667261676d656e74ULL + fragment));
+  else
+    return (void)o, (void)fragment, 0;
+}
 template <class Compressor, class Visitor, class Residual>
 void visit_residual(Visitor& v, std::string_view prefix, Residual& residual, bool device) {
   if constexpr (Compressor::has_error_feedback)
@@ -138,7 +148,7 @@ class compressed_mean {
   // in every segment header; 0 for the whole model).
   compressed_mean(const parameter_set<float, Space>& params, int world, int rank,
                   const typename Compressor::options& opts, std::uint32_t fragment = 0)
-      : codec_(Compressor::make_codec(opts)), seed_(seed_of(opts)), world_(world), rank_(rank), fragment_(fragment) {
+      : codec_(Compressor::make_codec(opts)), seed_(diloco::detail::stream_seed<Compressor>(opts, fragment)), world_(world), rank_(rank), fragment_(fragment) {
     std::vector<std::size_t> sizes;
     for (std::size_t k = 0; k < params.count(); ++k) {
       sizes.push_back(params[k].size());
@@ -310,13 +320,6 @@ class compressed_mean {
   }
 
  private:
-  static std::uint64_t seed_of(const typename Compressor::options& o) {
-    if constexpr (requires { o.seed; })
-      return o.seed;
-    else
-      return 0;
-  }
-
   wire::header check_segment(const std::byte* seg, const wire::expectation& want, int shard, const char* what,
                              bool allow_status = false) const {
     const std::string where = diloco::detail::concat("compressed round ", want.round, ", ", what, " from rank ",

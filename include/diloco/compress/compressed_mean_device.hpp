@@ -77,7 +77,7 @@ class compressed_mean<Compressor, Space> {
   template <class Exec>
   compressed_mean(const parameter_set<float, device_space>& params, int world, int rank,
                   const typename Compressor::options& opts, Exec& exec, std::uint32_t fragment = 0)
-      : codec_(Compressor::make_codec(opts)), seed_(seed_of(opts)), world_(world), rank_(rank), fragment_(fragment) {
+      : codec_(Compressor::make_codec(opts)), seed_(diloco::detail::stream_seed<Compressor>(opts, fragment)), world_(world), rank_(rank), fragment_(fragment) {
     if (static_cast<std::size_t>(world) > diloco::exec::grid::max_checksum_segments)
       diloco::detail::raise<config_error>("the device compressed mean takes at most ",
                                           diloco::exec::grid::max_checksum_segments, " workers, got ", world);
@@ -331,13 +331,6 @@ class compressed_mean<Compressor, Space> {
             payload,
             round_,
             fragment_};
-  }
-
-  static std::uint64_t seed_of(const typename Compressor::options& o) {
-    if constexpr (requires { o.seed; })
-      return o.seed;
-    else
-      return 0;
   }
 
   static device_buffer<std::byte> device_bytes(std::size_t n) { return device_buffer<std::byte>(n); }

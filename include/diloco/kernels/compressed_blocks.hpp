@@ -370,15 +370,10 @@ struct decode_apply_blocks {
       for (std::size_t i = 0; i < W && j0 + i < len; ++i) {
         const std::size_t j = j0 + i;
         float g = global[off + j];
-        if constexpr (Merge::is_overwrite) {
-          update(g, dq[i], state ? state + off + j : nullptr, state_stride);
-          local[j] = g;
-        } else {
-          float l = local[j];
-          merge::apply_element(update, merge, off + j, g, dq[i], state ? state + off + j : nullptr, state_stride, l);
-          local[j] = l;
-        }
+        float l = local[j];
+        merge::apply_element(update, merge, off + j, g, dq[i], state ? state + off + j : nullptr, state_stride, l);
         global[off + j] = g;
+        local[j] = l;
       }
     }
   }

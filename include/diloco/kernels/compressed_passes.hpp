@@ -164,15 +164,10 @@ struct decode_apply {
     codec.decode(payload + b * stride, blk.len, dq);
     for (std::size_t j = 0; j < blk.len; ++j) {
       float g = global[off + j];
-      if constexpr (Merge::is_overwrite) {
-        update(g, dq[j], state ? state + off + j : nullptr, state_stride);
-        local[j] = g;
-      } else {
-        float l = local[j];
-        merge::apply_element(update, merge, off + j, g, dq[j], state ? state + off + j : nullptr, state_stride, l);
-        local[j] = l;
-      }
+      float l = local[j];
+      merge::apply_element(update, merge, off + j, g, dq[j], state ? state + off + j : nullptr, state_stride, l);
       global[off + j] = g;
+      local[j] = l;
     }
   }
 };

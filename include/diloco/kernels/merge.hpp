@@ -93,13 +93,20 @@ struct eager : base {
 // of the pass that runs them; `shifted(off)` moves them to a pass over the
 // elements from `off` on.
 
-// The element step every apply pass runs.
+// The element step every apply pass runs (the scalar path: overwrite also
+// has 16-byte paths in the passes). Under overwrite `l` is only written, so
+// the caller's load of it is dead and the compiler drops it.
 template <class Update, class Merge>
 DILOCO_HD DILOCO_FORCEINLINE void apply_element(const Update& update, const Merge& merge, std::size_t i, float& g,
                                                 float mean, float* state, std::size_t stride, float& l) {
-  const float lm = merge.pre(update, i, g, mean, state, stride, l);
-  update(g, mean, state, stride);
-  l = merge(i, g, lm);
+  if constexpr (Merge::is_overwrite) {
+    update(g, mean, state, stride);
+    l = g;
+  } else {
+    const float lm = merge.pre(update, i, g, mean, state, stride, l);
+    update(g, mean, state, stride);
+    l = merge(i, g, lm);
+  }
 }
 
 }  // namespace diloco::kernels::merge

@@ -27,15 +27,10 @@ struct outer_apply {
 
   DILOCO_HD DILOCO_FORCEINLINE void operator()(std::size_t i) const {
     float g = global[i];
-    if constexpr (Merge::is_overwrite) {
-      update(g, reduced[i] * scale, state == nullptr ? nullptr : state + i, stride);
-      local[i] = g;
-    } else {
-      float l = local[i];
-      merge::apply_element(update, merge, i, g, reduced[i] * scale, state == nullptr ? nullptr : state + i, stride, l);
-      local[i] = l;
-    }
+    float l = local[i];
+    merge::apply_element(update, merge, i, g, reduced[i] * scale, state == nullptr ? nullptr : state + i, stride, l);
     global[i] = g;
+    local[i] = l;
   }
 
   // Elements [i, i + 4) with 16-byte accesses (see vec4.hpp).
@@ -71,12 +66,7 @@ struct outer_apply_local {
   DILOCO_HD DILOCO_FORCEINLINE void operator()(std::size_t i) const {
     float g = global[i];
     float l = local[i];
-    if constexpr (Merge::is_overwrite) {
-      update(g, g - l, state == nullptr ? nullptr : state + i, stride);
-      l = g;
-    } else {
-      merge::apply_element(update, merge, i, g, g - l, state == nullptr ? nullptr : state + i, stride, l);
-    }
+    merge::apply_element(update, merge, i, g, g - l, state == nullptr ? nullptr : state + i, stride, l);
     global[i] = g;
     local[i] = l;
   }

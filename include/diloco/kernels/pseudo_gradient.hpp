@@ -77,6 +77,13 @@ struct squares {
   bool vec4_aligned() const { return aligned16(x); }
 };
 
+// dst_i = value (resetting a schedule's buffers): write 4.
+struct fill {
+  float* DILOCO_RESTRICT dst;
+  float value;
+  DILOCO_HD DILOCO_FORCEINLINE void operator()(std::size_t i) const { dst[i] = value; }
+};
+
 // dst_i = src_i (restoring replicas, initial copies): read 4, write 4.
 struct copy {
   const float* DILOCO_RESTRICT src;

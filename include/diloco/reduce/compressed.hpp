@@ -21,7 +21,6 @@
 #include "diloco/comm/detail/transport.hpp"
 #include "diloco/compress/compressed_mean.hpp"
 #include "diloco/core/concepts.hpp"
-#include "diloco/kernels/random.hpp"
 #include "diloco/reduce/verdict.hpp"
 #include "diloco/tensor/parameter_set.hpp"
 
@@ -36,22 +35,18 @@ class compressed {
   using transport = detail::wire_transport<Comm, Space, Exec>;
 
   compressed(const parameter_set<float, Space>& params, int world, int rank, const typename Compressor::options& opts,
-             std::uint64_t fragment, Exec& exec) {
-    auto o = opts;
-    // Each fragment draws its own stochastic-rounding stream; fragment 0
-    // keeps the compressor's seed, so one fragment gives wave 1's bits.
-    if constexpr (requires { o.seed; })
-      if (fragment != 0) o.seed = kernels::mix64(o.seed ^ (0x667261676d656e74ULL + fragment));
+             std::uint32_t fragment, Exec& exec) {
+    // The fragment id goes into every segment header and seeds the
+    // fragment's stochastic-rounding streams (diloco::detail::stream_seed).
     if constexpr (std::is_same_v<Space, host_space>) {
       (void)exec;
-      engine_ = std::make_unique<engine_type>(params, world, rank, o, static_cast<std::uint32_t>(fragment));
+      engine_ = std::make_unique<engine_type>(params, world, rank, opts, fragment);
     } else {
-      engine_ = std::make_unique<engine_type>(params, world, rank, o, exec, static_cast<std::uint32_t>(fragment));
+      engine_ = std::make_unique<engine_type>(params, world, rank, opts, exec, fragment);
     }
   }
 
   std::size_t slot_bytes() const { return engine_->slot_bytes(); }
-  const engine_type& engine() const { return *engine_; }
   auto residual() const { return engine_->residual(); }
   template <class Visitor>
   void visit_state(Visitor& v, std::string_view prefix) {
