@@ -124,6 +124,18 @@ inline CLI::Validator int_in(long long lo, long long hi = std::numeric_limits<in
       desc);
 }
 
+// A comma-separated list whose every value is one of `allowed`; given
+// twice, it gathers both.
+inline void add_list(CLI::App& app, const std::string& name, std::vector<std::string>& target,
+                     const std::string& help,
+                     const std::vector<std::string>& allowed) {
+  app.add_option(name, target, help)
+      ->delimiter(',')
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->capture_default_str()
+      ->check(CLI::IsMember(allowed));
+}
+
 }  // namespace detail
 
 // Parses argv on top of `defaults`. Malformed or out-of-range values,
@@ -178,25 +190,16 @@ inline cli parse_cli(int argc, char** argv, const cli& defaults, const char* wor
   app.add_option("--weight-decay", c.weight_decay, "AdamW weight decay")
       ->capture_default_str()
       ->check(detail::finite_in(0.0, 1.0));
-  app.add_option("--methods", out.methods, "which of single,ddp,diloco to run (comma-separated)")
-      ->delimiter(',')
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
-      ->capture_default_str()
-      ->check(CLI::IsMember(method_names));
-  app.add_option("--compress", out.compressors,
-                 "DiLoCo rows, any of none,bf16,int8,int4,topk: bf16 cast; int8/int4 block-wise (B=128) and "
-                 "top-k (10%) with error feedback")
-      ->delimiter(',')
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
-      ->capture_default_str()
-      ->check(CLI::IsMember(compressor_names));
-  app.add_option("--sync", out.syncs,
-                 "DiLoCo schedules, any of blocking,streaming,delay,eager: blocking rows use every --compress; "
-                 "streaming (--fragments, --delay, --alpha), one-step delay and eager run with fp32")
-      ->delimiter(',')
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
-      ->capture_default_str()
-      ->check(CLI::IsMember(sync_names));
+  detail::add_list(app, "--methods", out.methods, "which of single,ddp,diloco to run (comma-separated)",
+                   method_names);
+  detail::add_list(app, "--compress", out.compressors,
+                   "DiLoCo rows, any of none,bf16,int8,int4,topk: bf16 cast; int8/int4 block-wise (B=128) and "
+                   "top-k (10%) with error feedback",
+                   compressor_names);
+  detail::add_list(app, "--sync", out.syncs,
+                   "DiLoCo schedules, any of blocking,streaming,delay,eager: blocking rows use every --compress; "
+                   "streaming (--fragments, --delay, --alpha), one-step delay and eager run with fp32",
+                   sync_names);
   auto* fragments = app.add_option("--fragments", c.fragments,
                                    "streaming: fragments P (1 <= P <= min(H, tensor count))")
       ->capture_default_str()
