@@ -69,11 +69,13 @@ struct run_result {
   std::vector<dc::stats> stats;
 };
 
-// Runs `rounds` rounds of H = 4 on `workers` threads with parameters in
-// Space, handing each trainer to `inspect` at the end.
-template <class Space, class Inner, class Outer, class Comm = dc::comm::threads, class Wrap, class Inspect>
-run_result train(typename dc::algorithm_options<Inner, Outer, dc::compress::none> opts, int rounds, Wrap wrap,
-                 Inspect inspect, std::size_t misalign = 0) {
+// Runs `rounds` rounds of H (and `extra_steps` more) on `workers` threads
+// with parameters in Space, then finish(), handing each trainer to
+// `inspect` at the end.
+template <class Space, class Inner, class Outer, class Compressor = dc::compress::none,
+          class Sync = dc::sync::blocking, class Wrap, class Inspect>
+run_result train(typename dc::algorithm_options<Inner, Outer, Compressor, Sync> opts, int rounds, Wrap wrap,
+                 Inspect inspect, std::size_t misalign = 0, int extra_steps = 0) {
   run_result out;
   out.replicas.resize(workers);
   out.globals.resize(workers);
@@ -83,12 +85,12 @@ run_result train(typename dc::algorithm_options<Inner, Outer, dc::compress::none
     const int m = threads.rank();
     auto comm = wrap(threads);
     replica<Space> r(m, misalign);
-    dc::algorithm<Inner, Outer, dc::compress::none, std::remove_reference_t<decltype(*comm)>> t(r.params, *comm,
-                                                                                                opts);
-    for (int s = 0; s < rounds * static_cast<int>(opts.inner_steps); ++s) {
+    dc::algorithm<Inner, Outer, Compressor, std::remove_reference_t<decltype(*comm)>, Sync> t(r.params, *comm, opts);
+    for (int s = 0; s < rounds * static_cast<int>(opts.inner_steps) + extra_steps; ++s) {
       r.compute_grads(m);
       t.step(r.grads);
     }
+    t.finish();
     const auto g = t.template global_parameters<Space>();
     auto& packed = out.globals[static_cast<std::size_t>(m)];
     for (std::size_t k = 0; k < sizes.size(); ++k)
@@ -311,39 +313,16 @@ namespace {
 
 // Every schedule over device-space tensors against the host engine: the
 // merges run inside the device apply passes (fp32 and decode-apply).
-template <class Space, class Compressor, class Sync>
-run_result train_schedule(typename Sync::options so, int steps) {
-  run_result out;
-  out.replicas.resize(workers);
-  out.globals.resize(workers);
-  out.stats.resize(workers);
-  dc::comm::threads::world world(workers);
-  world.run([&](dc::comm::threads& comm) {
-    const int m = comm.rank();
-    replica<Space> r(m);
-    dc::algorithm<dc::inner::adamw, dc::outer::nesterov, Compressor, dc::comm::threads, Sync> t(
-        r.params, comm,
-        {.inner_steps = 6, .inner = {.lr = 0.05f, .weight_decay = 0.01f}, .outer = {.lr = 0.7f, .momentum = 0.9f},
-         .sync = so});
-    for (int s = 0; s < steps; ++s) {
-      r.compute_grads(m);
-      t.step(r.grads);
-    }
-    t.finish();
-    const auto g = t.template global_parameters<Space>();
-    auto& packed = out.globals[static_cast<std::size_t>(m)];
-    for (std::size_t k = 0; k < sizes.size(); ++k)
-      packed.insert(packed.end(), g.data() + t.global_offset(k), g.data() + t.global_offset(k) + sizes[k]);
-    out.replicas[static_cast<std::size_t>(m)] = r.flat();
-    out.stats[static_cast<std::size_t>(m)] = t.stats();
-  });
-  return out;
-}
-
 template <class Compressor, class Sync>
 void host_and_device_agree(typename Sync::options so, std::uint64_t rounds) {
-  const auto host = train_schedule<dc::host_space, Compressor, Sync>(so, 20);
-  const auto device = train_schedule<dc::device_space, Compressor, Sync>(so, 20);
+  // 3 rounds of H = 6 and 2 steps more (20 steps), then finish().
+  const typename dc::algorithm_options<dc::inner::adamw, dc::outer::nesterov, Compressor, Sync> opts{
+      .inner_steps = 6, .inner = {.lr = 0.05f, .weight_decay = 0.01f}, .outer = {.lr = 0.7f, .momentum = 0.9f},
+      .sync = so};
+  const auto host = train<dc::host_space, dc::inner::adamw, dc::outer::nesterov, Compressor, Sync>(
+      opts, 3, plain_comm, no_inspect, 0, 2);
+  const auto device = train<dc::device_space, dc::inner::adamw, dc::outer::nesterov, Compressor, Sync>(
+      opts, 3, plain_comm, no_inspect, 0, 2);
   for (int m = 0; m < workers; ++m) {
     CAPTURE(m);
     const auto i = static_cast<std::size_t>(m);
