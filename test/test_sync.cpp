@@ -392,6 +392,7 @@ TEST_CASE("one-step delay and eager: three rounds against the definitions in dou
     std::vector<vec> w(M, global), start(M, global), own(M, vec(n, 0.0));
     std::vector<vec> c{flat_targets(0, sizes), flat_targets(1, sizes)};
     nesterov_ref outer;
+    std::vector<nesterov_ref> worker(M);  // eager: each worker's own outer state
     bool in_flight = false;
     vec mean(n, 0.0);
     std::vector<vec> ref_global;
@@ -403,25 +404,24 @@ TEST_CASE("one-step delay and eager: three rounds against the definitions in dou
         for (int m = 0; m < M; ++m)
           for (std::size_t i = 0; i < n; ++i)
             fresh[static_cast<std::size_t>(m)][i] = start[static_cast<std::size_t>(m)][i] - w[static_cast<std::size_t>(m)][i];
-        if (in_flight) {
-          if (is_eager) {
-            // One outer step from theta_g and the state before this round's
-            // update, along mean - own/M + fresh/M.
-            for (int m = 0; m < M; ++m) {
-              nesterov_ref scratch = outer;
-              vec x = global, ge(n);
-              for (std::size_t i = 0; i < n; ++i)
-                ge[i] = mean[i] - own[static_cast<std::size_t>(m)][i] / M + fresh[static_cast<std::size_t>(m)][i] / M;
-              scratch.step(x, ge, 0, n);
-              w[static_cast<std::size_t>(m)] = x;
-            }
-            outer.step(global, mean, 0, n);
-          } else {
-            outer.step(global, mean, 0, n);
-            for (int m = 0; m < M; ++m)
-              for (std::size_t i = 0; i < n; ++i)
-                w[static_cast<std::size_t>(m)][i] = global[i] - fresh[static_cast<std::size_t>(m)][i];
+        if (is_eager) {
+          // Every phase end (the first too, with nothing owed): the worker
+          // steps its replica from where the phase started with its own
+          // outer state along mean - own/M + fresh/M (mean and own zero
+          // while nothing is in flight); theta_g takes the delayed mean.
+          for (int m = 0; m < M; ++m) {
+            const auto um = static_cast<std::size_t>(m);
+            vec x = start[um], ge(n);
+            for (std::size_t i = 0; i < n; ++i) ge[i] = mean[i] - own[um][i] / M + fresh[um][i] / M;
+            worker[um].step(x, ge, 0, n);
+            w[um] = x;
           }
+          if (in_flight) outer.step(global, mean, 0, n);
+        } else if (in_flight) {
+          outer.step(global, mean, 0, n);
+          for (int m = 0; m < M; ++m)
+            for (std::size_t i = 0; i < n; ++i)
+              w[static_cast<std::size_t>(m)][i] = global[i] - fresh[static_cast<std::size_t>(m)][i];
         }
         for (int m = 0; m < M; ++m) {
           start[static_cast<std::size_t>(m)] = w[static_cast<std::size_t>(m)];
@@ -437,6 +437,7 @@ TEST_CASE("one-step delay and eager: three rounds against the definitions in dou
                               : run_library<dc::sync::one_step_delay>(sizes, steps, H, {});
     check_against(lib, ref_global, ref_local);
     CHECK(outer.steps == 3);
+    if (is_eager) CHECK(worker[0].steps == 4);
   }
 }
 
@@ -482,7 +483,7 @@ TEST_CASE("state(): every stateful part by name") {
     std::map<std::string, dc::state_entry> by_name;
     for (auto& e : t.state()) by_name[e.name] = e;
     for (const char* b : {"theta_global", "outer.slots", "inner.slots", "fragment.0.residual", "schedule.anchor",
-                          "schedule.own"}) {
+                          "schedule.own", "schedule.eager_slots"}) {
       CAPTURE(b);
       REQUIRE(by_name.count(b) == 1);
       CHECK_FALSE(by_name[b].is_scalar);
@@ -495,6 +496,8 @@ TEST_CASE("state(): every stateful part by name") {
     CHECK(by_name["schedule.position"].value == 4);
     CHECK(by_name["rounds"].value == 1);
     CHECK(by_name["fragment.0.outer_steps"].value == 1);
+    CHECK(by_name["schedule.eager_steps"].value == 2);  // one per phase end
+    CHECK(by_name["schedule.eager_slots"].size == 8);
   });
 }
 
@@ -623,6 +626,71 @@ TEST_CASE("a non-finite pseudo-gradient under streaming and one-step delay: refu
       CHECK(t.stats().rounds == 3);
     });
   }
+  SUBCASE("eager: the replica and the worker's own outer state re-join the shared ones") {
+    dc::comm::threads::world world(2);
+    world.run([&](dc::comm::threads& comm) {
+      const int m = comm.rank();
+      model mdl(sizes);
+      sgd_trainer<dc::sync::eager> t(mdl.w, comm, {.inner_steps = 3, .inner = {.lr = 0.1f}});
+      for (int s = 0; s < 6; ++s) t.step(mdl.grads(m));
+      REQUIRE(t.stats().rounds == 1);
+      if (m == 1) mdl.w[1][2] = std::numeric_limits<float>::quiet_NaN();
+      for (int s = 0; s < 3; ++s) t.step(mdl.grads(m));  // round 2 applied, round 3 (NaN) begins
+      REQUIRE(t.stats().rounds == 2);
+      const std::vector<float> before(t.global_parameters().data(), t.global_parameters().data() + 8);
+      for (int s = 0; s < 2; ++s) t.step(mdl.grads(m));
+      CHECK_THROWS_AS(t.step(mdl.grads(m)), dc::numeric_error);
+      const std::vector<float> after(t.global_parameters().data(), t.global_parameters().data() + 8);
+      CHECK(std::memcmp(before.data(), after.data(), 8 * sizeof(float)) == 0);
+      for (std::size_t k = 0; k < 2; ++k)
+        for (std::size_t i = 0; i < 4; ++i) CHECK(mdl.w[k][i] == after[t.global_offset(k) + i]);
+      std::map<std::string, dc::state_entry> st;
+      for (auto& e : t.state()) st[e.name] = e;
+      CHECK(st["schedule.eager_steps"].value == st["fragment.0.outer_steps"].value);
+      REQUIRE(st["schedule.eager_slots"].size == st["outer.slots"].size);
+      CHECK(std::memcmp(st["schedule.eager_slots"].data, st["outer.slots"].data, 8 * sizeof(float)) == 0);
+      for (int s = 0; s < 6; ++s) t.step(mdl.grads(m));  // begins, then applies
+      CHECK(t.stats().rounds == 3);
+      for (auto& v : mdl.w)
+        for (float x : v) CHECK(std::isfinite(x));
+    });
+  }
+}
+
+TEST_CASE("eager finish(): the replica re-joins theta_global keeping its progress since the phase began") {
+  const std::vector<std::size_t> sizes{4, 4};
+  dc::comm::threads::world world(2);
+  world.run([&](dc::comm::threads& comm) {
+    const int m = comm.rank();
+    model mdl(sizes);
+    sgd_trainer<dc::sync::eager> t(mdl.w, comm, {.inner_steps = 3, .inner = {.lr = 0.1f}});
+    for (int s = 0; s < 6; ++s) t.step(mdl.grads(m));
+    REQUIRE(t.stats().rounds == 1);
+    // At a phase end the replica sits at its eager point, where the next
+    // phase starts: finishing now leaves no progress to keep, so the
+    // replica becomes theta_global (up to the rounding of the start point,
+    // kept as anchor − own: a few ulp).
+    t.finish();
+    CHECK(t.stats().rounds == 2);
+    for (std::size_t k = 0; k < 2; ++k)
+      for (std::size_t i = 0; i < 4; ++i)
+        CHECK(mdl.w[k][i] ==
+              doctest::Approx(t.global_parameters().data()[t.global_offset(k) + i]).epsilon(1e-6));
+    std::map<std::string, const float*> buf;
+    std::map<std::string, std::uint64_t> scalar;
+    for (auto& e : t.state()) (e.is_scalar ? (void)(scalar[e.name] = e.value) : (void)(buf[e.name] = e.data));
+    CHECK(scalar["schedule.eager_steps"] == 2);
+    CHECK(std::memcmp(buf["schedule.eager_slots"], buf["outer.slots"], 8 * sizeof(float)) == 0);
+    // Mid-phase: one inner step, then finish with nothing in flight is a
+    // no-op; the next phase end takes the eager step from theta_global.
+    const std::vector<float> g(t.global_parameters().data(), t.global_parameters().data() + 8);
+    t.step(mdl.grads(m));
+    t.finish();
+    CHECK(t.stats().rounds == 2);
+    for (int s = 0; s < 2; ++s) t.step(mdl.grads(m));
+    CHECK(t.stats().rounds == 2);  // nothing was in flight: this phase end only begins
+    CHECK(std::memcmp(g.data(), t.global_parameters().data(), 8 * sizeof(float)) == 0);
+  });
 }
 
 TEST_CASE("schedule options out of range are config_errors naming the option and its range") {

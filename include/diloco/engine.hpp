@@ -144,11 +144,6 @@ class engine final : public engine_base {
     Sync::validate(opts_.sync, opts_.inner_steps, sizes.size());
     plan_ = Sync::plan(opts_.sync, opts_.inner_steps, sizes);
     outer_slots_ = Outer::state_slots(opts_.outer);
-    if constexpr (eager)
-      if (outer_slots_ > kernels::merge::eager::max_slots)
-        raise<config_error>("sync::eager: the outer optimizer keeps ", outer_slots_,
-                            " state slots per parameter; the eager merge supports at most ",
-                            kernels::merge::eager::max_slots);
     if constexpr (!Compressor::lossless) Compressor::validate(opts_.compress);
 
     // Fragments, their flat layout, and where each tensor landed.
@@ -215,7 +210,10 @@ class engine final : public engine_base {
       // point the phase started from; eager: that point plus `own`).
       anchor_ = buffer<float, Space>(flat_);
       copy_local_to(anchor_.data());
-      if constexpr (eager) own_ = buffer<float, Space>(flat_);
+      if constexpr (eager) {
+        own_ = buffer<float, Space>(flat_);
+        eager_slots_ = buffer<float, Space>(flat_ * outer_slots_);
+      }
     }
   }
 
@@ -287,7 +285,7 @@ class engine final : public engine_base {
 
   void finish() override {
     for (std::size_t p = 0; p < frags_.size(); ++p)
-      if (frags_[p]->in_flight) complete(p);
+      if (frags_[p]->in_flight) complete(p, /*draining=*/true);
   }
 
   void visit_state(state_visitor& v) override {
@@ -303,7 +301,11 @@ class engine final : public engine_base {
       if constexpr (!Compressor::lossless) frags_[p]->reducer->visit_state(v, name);
     }
     if constexpr (delayed) v.buffer(eager ? "schedule.anchor" : "schedule.start", anchor_.data(), anchor_.size(), device);
-    if constexpr (eager) v.buffer("schedule.own", own_.data(), own_.size(), device);
+    if constexpr (eager) {
+      v.buffer("schedule.own", own_.data(), own_.size(), device);
+      if (outer_slots_) v.buffer("schedule.eager_slots", eager_slots_.data(), eager_slots_.size(), device);
+      v.scalar("schedule.eager_steps", eager_steps_);
+    }
   }
 
  private:
@@ -367,8 +369,9 @@ class engine final : public engine_base {
   }
 
   // Waits for fragment p's reduction, accounts for it, and applies it (or
-  // refuses it, raising on every rank).
-  void complete(std::size_t p) {
+  // refuses it, raising on every rank). `draining`: called by finish(), not
+  // at the schedule's application step (eager re-joins theta_global then).
+  void complete(std::size_t p, bool draining = false) {
     fragment& f = *frags_[p];
     const auto t0 = clock::now();
     const reduce::verdict v = [&] {
@@ -388,12 +391,15 @@ class engine final : public engine_base {
     float* state = outer_slots_ ? outer_state_.data() + f.base : nullptr;
     float* global = global_.data() + f.base;
     if constexpr (delayed) {
-      if constexpr (eager)
-        f.reducer->apply(exec_, update, global, state, flat_,
-                         kernels::merge::eager{{}, anchor_.data() + f.base, own_.data() + f.base,
-                                               1.0f / static_cast<float>(world_),
-                                               static_cast<unsigned>(outer_slots_)});
-      else
+      if constexpr (eager) {
+        if (draining) {
+          f.reducer->apply(exec_, update, global, state, flat_,
+                           kernels::merge::eager_rejoin{{}, anchor_.data() + f.base, own_.data() + f.base});
+        } else {
+          f.reducer->apply(exec_, update, global, state, flat_, eager_merge());
+          ++eager_steps_;
+        }
+      } else
         f.reducer->apply(exec_, update, global, state, flat_, kernels::merge::rebase{{}, anchor_.data() + f.base});
     } else {
       const float alpha = mix_alpha();
@@ -403,6 +409,8 @@ class engine final : public engine_base {
         f.reducer->apply(exec_, update, global, state, flat_, kernels::merge::mix{{}, alpha});
     }
     ++f.outer_steps;
+    if constexpr (eager)
+      if (draining) rejoin_eager_state();
     ++stats_.rounds;
     steps_in_round_ = 0;
     stats_.outer_seconds += seconds_since(t1) + f.blocked;
@@ -418,19 +426,41 @@ class engine final : public engine_base {
       complete(0);
       applied = true;
     } else {
-      // Nothing to apply (first phase, after finish() or a refused round):
-      // the anchor is made consistent with this phase's start.
-      for (std::size_t k = 0; k < params_.count(); ++k) {
-        const std::size_t off = offsets_[k];
-        if constexpr (eager)
-          (void)exec_.transform_reduce(params_[k].size(), kernels::pseudo_gradient{anchor_.data() + off,
-                                                                                   params_[k].data(), own_.data() + off});
-        else
-          exec_.for_each(params_[k].size(), kernels::copy{params_[k].data(), anchor_.data() + off});
+      // Nothing to apply (first phase, after finish() or a refused round).
+      // one_step_delay: the anchor is made this phase's start. eager: the
+      // worker still takes its eager step, along fresh/M alone.
+      if constexpr (eager) {
+        const auto m = eager_merge();
+        for (std::size_t k = 0; k < params_.count(); ++k)
+          exec_.for_each(params_[k].size(), kernels::merge::eager_advance<decltype(m.step)>{
+                                                m.shifted(offsets_[k]), params_[k].data()});
+        ++eager_steps_;
+      } else {
+        for (std::size_t k = 0; k < params_.count(); ++k)
+          exec_.for_each(params_[k].size(), kernels::copy{params_[k].data(), anchor_.data() + offsets_[k]});
       }
     }
     begin(0);
     return applied;
+  }
+
+  // The worker's eager step (sync::eager): its own outer state and count.
+  auto eager_merge() {
+    using step_type = decltype(Outer::make_update(opts_.outer, 1));
+    return kernels::merge::eager<step_type>{{},
+                                            Outer::make_update(opts_.outer, eager_steps_ + 1),
+                                            anchor_.data(),
+                                            own_.data(),
+                                            outer_slots_ ? eager_slots_.data() : nullptr,
+                                            flat_,
+                                            1.0f / static_cast<float>(world_)};
+  }
+
+  // sync::eager after a drained or refused round: the worker's outer state
+  // becomes the shared one again.
+  void rejoin_eager_state() {
+    if (outer_slots_) exec_.for_each(flat_ * outer_slots_, kernels::copy{outer_state_.data(), eager_slots_.data()});
+    eager_steps_ = frags_[0]->outer_steps;
   }
 
   float mix_alpha() const {
@@ -477,7 +507,10 @@ class engine final : public engine_base {
       exec_.for_each(params_[k].size(), kernels::copy{global_.data() + offsets_[k], params_[k].data()});
     if constexpr (delayed) {
       exec_.for_each(flat_, kernels::copy{global_.data(), anchor_.data()});
-      if constexpr (eager) exec_.for_each(flat_, kernels::fill{own_.data(), 0.0f});
+      if constexpr (eager) {
+        exec_.for_each(flat_, kernels::fill{own_.data(), 0.0f});
+        rejoin_eager_state();
+      }
     }
     steps_in_round_ = 0;
     ++stats_.rejected_rounds;
@@ -518,6 +551,8 @@ class engine final : public engine_base {
   optimizer_core<Inner, Space> inner_;
   buffer<float, Space> outer_state_;
   buffer<float, Space> anchor_, own_;  // delayed schedules only
+  buffer<float, Space> eager_slots_;   // sync::eager: this worker's outer state
+  std::uint64_t eager_steps_ = 0;      // sync::eager: this worker's outer step count
   std::uint64_t steps_in_round_ = 0;
   std::uint64_t position_ = 0;  // inner steps taken: the schedule's clock
   diloco::stats stats_;

@@ -55,38 +55,76 @@ struct rebase : base {
   }
 };
 
-// Eager updates (Kale, Douillard, Donchev 2025): the replica becomes one
-// outer step from theta_global before this round's update, with the outer
-// state before it (a scratch copy), along the eager gradient
+// Eager updates (Kale, Douillard, Donchev 2025), the worker's side. Each
+// worker steps its own replica with its own outer state `slots` (and its own
+// step count, baked into `step`) along the eager gradient
 //   mean − own/M + fresh/M
-// where `own` is this worker's pseudo-gradient inside `mean` (sent one round
-// ago) and `fresh` = (anchor − own) − theta_local the progress of the phase
-// just ended. Afterwards own <- fresh (it travels next) and
-// anchor <- theta_local + fresh, so anchor − theta_local is what is sent
-// and anchor − own is where the next phase starts.
+// where `own` is this worker's pseudo-gradient inside `mean` (sent one phase
+// ago) and `fresh` = start − theta_local the progress of the phase just
+// ended, start = anchor − own being where that phase began. Summed over
+// rounds the corrections telescope: every worker's progress enters its
+// replica once, its own one round early. Afterwards own <- fresh (it travels
+// next) and anchor <- theta_local + fresh, so anchor − theta_local is what
+// is sent and anchor − own is where the next phase starts. theta_global and
+// the shared outer state are untouched here (the pass's own update does
+// them); `advance` with mean = 0 is the step of a phase end with nothing in
+// flight.
+template <class Step>
 struct eager : base {
   static constexpr bool is_overwrite = false;
-  static constexpr unsigned max_slots = 4;
+  Step step;
   float* DILOCO_RESTRICT anchor;
   float* DILOCO_RESTRICT own;
+  float* DILOCO_RESTRICT slots;  // null when the outer optimizer keeps none
+  std::size_t stride;            // between an element's slots
   float inv_workers;
-  unsigned slots;
-  eager shifted(std::size_t off) const { return {{}, anchor + off, own + off, inv_workers, slots}; }
+  eager shifted(std::size_t off) const {
+    return {{}, step, anchor + off, own + off, slots ? slots + off : nullptr, stride, inv_workers};
+  }
 
-  template <class Update>
-  DILOCO_HD DILOCO_FORCEINLINE float pre(const Update& update, std::size_t i, float g, float mean, const float* state,
-                                         std::size_t stride, float l) const {
+  DILOCO_HD DILOCO_FORCEINLINE float advance(std::size_t i, float mean, float l) const {
     const float stale = own[i];
-    const float fresh = (anchor[i] - stale) - l;
-    float scratch[max_slots] = {};
-    for (unsigned k = 0; k < slots; ++k) scratch[k] = state[k * stride];
-    float x = g;
-    update(x, mean + (fresh - stale) * inv_workers, slots ? scratch : nullptr, 1);
+    const float start = anchor[i] - stale;
+    const float fresh = start - l;
+    float x = start;
+    step(x, mean + (fresh - stale) * inv_workers, slots ? slots + i : nullptr, stride);
     own[i] = fresh;
     anchor[i] = x + fresh;
     return x;
   }
+  template <class Update>
+  DILOCO_HD DILOCO_FORCEINLINE float pre(const Update&, std::size_t i, float, float mean, const float*, std::size_t,
+                                         float l) const {
+    return advance(i, mean, l);
+  }
   DILOCO_HD DILOCO_FORCEINLINE float operator()(std::size_t, float, float l) const { return l; }
+};
+
+// The eager step alone, over one tensor (a phase end with nothing in
+// flight: the mean is zero and so is `own`).
+template <class Step>
+struct eager_advance {
+  eager<Step> merge;
+  float* local;
+  DILOCO_HD DILOCO_FORCEINLINE void operator()(std::size_t i) const { local[i] = merge.advance(i, 0.0f, local[i]); }
+};
+
+// Eager, when the reduction in flight is drained (finish()): the replica
+// re-joins theta_global keeping the progress made since its phase began,
+// like rebase; the phase now starts at theta_global with nothing owed
+// (anchor <- theta_global, own <- 0). The engine then copies the shared
+// outer state into the worker's.
+struct eager_rejoin : base {
+  static constexpr bool is_overwrite = false;
+  float* DILOCO_RESTRICT anchor;
+  float* DILOCO_RESTRICT own;
+  eager_rejoin shifted(std::size_t off) const { return {{}, anchor + off, own + off}; }
+  DILOCO_HD DILOCO_FORCEINLINE float operator()(std::size_t i, float g, float l) const {
+    const float v = g - ((anchor[i] - own[i]) - l);
+    anchor[i] = g;
+    own[i] = 0.0f;
+    return v;
+  }
 };
 
 // Merges index their buffers by the element's position in the flat layout

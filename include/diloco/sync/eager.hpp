@@ -2,12 +2,15 @@
 
 // sync::eager: eager updates (Kale, Douillard, Donchev 2025, arXiv
 // 2502.12996). θ_g and the outer state follow sync::one_step_delay and stay
-// identical on every rank. The replica is not re-based: at the end of round
-// r+1 it becomes one outer step from θ_g (before this round's update, with
-// the outer state before it, on a scratch copy) along the eager gradient
+// identical on every rank. The replica is not re-based: at the end of every
+// phase the worker takes its own outer step (its own outer state and step
+// count, part of the replica state) from where the phase started, along
 //   Δ̄^(r) − Δ_m^(r)/M + Δ_m^(r+1)/M,
-// the worker's own stale term replaced by its fresh one (sync::eager merge,
-// sync/merge.hpp). docs/algorithms.md compares this with the paper.
+// the worker's own stale term replaced by its fresh one (kernels::merge::
+// eager). Summed over rounds the corrections telescope, so each worker's
+// progress enters its replica exactly once. finish() and a refused round
+// re-join the replica and its outer state to the shared ones.
+// docs/algorithms.md section 4 compares this with the paper.
 
 #include "diloco/sync/concepts.hpp"
 #include "diloco/sync/plan.hpp"
