@@ -15,7 +15,8 @@
 #   --run-id ID      keys of this run in the store (default: a new one per launch)
 #   --hostname H     address each rank listens on (default: 127.0.0.1)
 #   --iface IF       network interface to listen on instead of an address
-#   --timeout-ms MS  bound on every wait, rendezvous included (default: 30000)
+#   --timeout-ms MS  bound on every wait, rendezvous included (default: 30000;
+#                    at most 31536000000, one year; "none" for no bound)
 #   --first-rank R   start ranks R..R+N-1 of a world of --world-size ranks,
 #   --world-size W   to spread one world over several machines
 set -euo pipefail
