@@ -268,6 +268,54 @@ TEST_CASE("deadlines saturate instead of overflowing") {
   CHECK_FALSE(dc::detail::exceeded(std::chrono::nanoseconds(3'000'000'000), milliseconds(3000)));
 }
 
+TEST_CASE("an error quoted in another rank's message carries no second \"diloco: \" prefix") {
+  // Rank 2 arrives late: rank 0, 100 ms ahead of rank 1, times out first
+  // and breaks the group, rank 1 is aborted quoting it, and rank 2 finds the
+  // group broken. Before, the quotes read "aborted: diloco: threads ...".
+  threads::world world(3, std::chrono::milliseconds(200));
+  std::vector<std::string> messages(3);
+  // run() rethrows the first failure, the timeout, though every rank caught its own.
+  CHECK_THROWS_WITH_AS(world.run([&](threads& comm) {
+    if (comm.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (comm.rank() == 2) std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    std::vector<float> x(4, 1.0f);
+    try {
+      comm.all_reduce(x, dc::reduce_op::sum);
+    } catch (const dc::comm_error& e) {
+      messages[static_cast<std::size_t>(comm.rank())] = e.what();
+    }
+  }),
+                       doctest::Contains("timed out after 200 ms waiting for rank(s) 2"), dc::comm_error);
+  std::string all;
+  for (const auto& m : messages) {
+    CAPTURE(m);
+    CHECK(m.rfind("diloco: threads all_reduce on rank ", 0) == 0);
+    CHECK(m.find("diloco: ", 1) == std::string::npos);
+    all += m + "\n";
+  }
+  CAPTURE(all);
+  CHECK(all.find("timed out after 200 ms waiting for rank(s) 2") != std::string::npos);
+  CHECK(messages[1].find("on rank 1 aborted: threads all_reduce on rank 0 timed out") != std::string::npos);
+  CHECK(messages[2].find("on rank 2: the group is broken: threads all_reduce on rank 0 timed out") !=
+        std::string::npos);
+
+  // A worker's own exception, quoted to the others.
+  std::string quoted;
+  threads::world w2(2);
+  CHECK_THROWS_AS(w2.run([&](threads& comm) {
+    if (comm.rank() == 1) dc::detail::raise<dc::numeric_error>("bad numbers");
+    try {
+      comm.barrier();
+    } catch (const dc::comm_error& e) {
+      quoted = e.what();
+    }
+  }),
+                  dc::numeric_error);
+  CAPTURE(quoted);
+  CHECK(quoted.find("rank 1 failed: bad numbers") != std::string::npos);
+  CHECK(quoted.find("diloco: ", 1) == std::string::npos);
+}
+
 TEST_CASE("bad world arguments are config errors") {
   CHECK_THROWS_WITH_AS(threads::world(0), doctest::Contains("at least 1 worker, got 0"), dc::config_error);
   CHECK_THROWS_AS(threads::world(2, std::chrono::milliseconds(0)), dc::config_error);

@@ -80,7 +80,8 @@ struct group {
     comm_error e(message);
     if (!broken) {
       broken = true;
-      broken_reason = std::move(message);
+      // Quoted in the other ranks' messages, after their own prefix.
+      broken_reason = std::string(diloco::detail::unprefixed(message));
       root_cause = std::make_exception_ptr(e);
     }
     cv.notify_all();
@@ -168,7 +169,8 @@ class threads {
               try {
                 throw;
               } catch (const std::exception& e) {
-                group_->broken_reason = diloco::detail::concat("rank ", r, " failed: ", e.what());
+                group_->broken_reason =
+                    diloco::detail::concat("rank ", r, " failed: ", diloco::detail::unprefixed(e.what()));
               } catch (...) {
                 group_->broken_reason = diloco::detail::concat("rank ", r, " failed with a non-standard exception");
               }
