@@ -2,7 +2,8 @@
 // must give a format_error or a successful decode, never a crash, a
 // sanitizer report or an out-of-bounds read.
 //
-//   input[0]  selects the codec; input[1] bit 0 selects "fixed header" mode
+//   input[0]  selects the codec (fuzz/codecs.hpp); input[1] bit 0 selects
+//             "fixed header" mode
 //   input[2..] the received slot (raw mode), or the payload under a valid,
 //              freshly checksummed header (fixed mode), so the codecs'
 //              structure checks and decoders see arbitrary payloads.
@@ -13,6 +14,8 @@
 #include <diloco/compress/segment.hpp>
 #include <vector>
 
+#include "codecs.hpp"
+
 namespace cp = diloco::compress;
 namespace wire = diloco::wire;
 
@@ -20,10 +23,9 @@ namespace {
 
 template <class Codec>
 void run(const Codec& codec, const std::uint8_t* data, std::size_t size, bool fixed) {
-  // Two blocks: a full one and a partial odd one.
-  const cp::block_ref blocks[2] = {{0, static_cast<std::uint32_t>(Codec::block), 0},
-                                   {0, static_cast<std::uint32_t>(Codec::block / 2 + 1), Codec::block}};
-  const std::size_t elements = blocks[0].len + blocks[1].len;
+  const fuzz::segment_shape<Codec> shape;
+  const auto& blocks = shape.blocks;
+  const std::size_t elements = shape.elements();
   const std::size_t payload = 2 * codec.stride();
   const wire::expectation want{Codec::id, 0, static_cast<std::uint32_t>(Codec::block), 1, elements, payload, 3};
   std::vector<std::byte> slot;
@@ -59,12 +61,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const bool fixed = data[1] & 1;
   data += 2;
   size -= 2;
-  switch (data[-2] % 5) {
-    case 0: run(cp::blockwise_codec<diloco::int8, 16, cp::round_nearest>{}, data, size, fixed); break;
-    case 1: run(cp::blockwise_codec<diloco::int4, 16, cp::round_nearest>{}, data, size, fixed); break;
-    case 2: run(cp::cast_codec<diloco::bf16, cp::round_nearest, 8>{}, data, size, fixed); break;
-    case 3: run(cp::cast_codec<diloco::fp16, cp::round_nearest, 8>{}, data, size, fixed); break;
-    default: run(cp::topk<16>::make_codec({.fraction = 0.3f}), data, size, fixed); break;
-  }
+  fuzz::with_codec(data[-2], [&](const auto& codec) { run(codec, data, size, fixed); });
   return 0;
 }

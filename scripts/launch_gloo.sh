@@ -3,8 +3,10 @@
 # like torchrun does for PyTorch: each gets DILOCO_RANK, DILOCO_WORLD_SIZE,
 # DILOCO_STORE, DILOCO_RUN_ID (and DILOCO_HOSTNAME / DILOCO_IFACE /
 # DILOCO_TIMEOUT_MS when given), which diloco::comm::gloo::from_env() reads.
-# Output lines are prefixed with the rank. If a rank fails, the others are
-# stopped and the launcher exits with that rank's status.
+# Output lines are prefixed with the rank. If a rank fails (a non-zero exit
+# or a death by a signal, reported as "rank 1 killed by SIGSEGV"), the
+# others are stopped and the launcher exits with the first failed rank's
+# status (128 + N for signal N, as a shell reports it).
 #
 #   scripts/launch_gloo.sh N [options] -- program [args...]
 #
@@ -13,7 +15,8 @@
 #   --run-id ID      keys of this run in the store (default: a new one per launch)
 #   --hostname H     address each rank listens on (default: 127.0.0.1)
 #   --iface IF       network interface to listen on instead of an address
-#   --timeout-ms MS  bound on every wait, rendezvous included (default: 30000)
+#   --timeout-ms MS  bound on every wait, rendezvous included (default: 30000;
+#                    at most 31536000000, one year; "none" for no bound)
 #   --first-rank R   start ranks R..R+N-1 of a world of --world-size ranks,
 #   --world-size W   to spread one world over several machines
 set -euo pipefail
@@ -58,66 +61,106 @@ if [[ -z $store ]]; then
 fi
 run_id=${run_id:-run-$(date +%s)-$$}
 
-pids=()
+pids=()      # each rank's wrapper: the leader of the rank's process group
+sed_pids=()  # the prefixing filters, waited for at the end so no output is lost
 watchdog=""
-cleanup() {
+stop_ranks() {  # stop_ranks SIGNAL: signal every rank's whole process group
   local pid
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  [[ -n $watchdog ]] && kill "$watchdog" 2>/dev/null
+  for pid in "${pids[@]}"; do kill "-$1" -- "-$pid" 2>/dev/null || true; done
+}
+cleanup() {
+  stop_ranks TERM
+  if [[ -n $watchdog ]]; then kill "$watchdog" 2>/dev/null || true; fi
   rm -rf "$work"
 }
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# Each rank runs in a pipeline through a prefixing sed; the rank's own pid
-# is written to a file so that it, not the pipeline, can be signalled.
-set -o pipefail
-jobs_pids=()
+# Job control puts each rank in its own process group, so that stopping a
+# rank stops what it started too (a shell's children, say). A rank runs
+# under a small wrapper that waits for the program and writes its status
+# (128 + N for a death by signal N, as the shell reports it) and the time it
+# ended: bash forgets the status of a background job killed by a signal
+# once it has printed "Segmentation fault" for it, so `wait` cannot be
+# trusted with it. Output goes through a FIFO to a prefixing sed outside the
+# rank's group.
+set -m
 for ((i = 0; i < nprocs; i++)); do
   rank=$((first_rank + i))
+  mkfifo "$work/out.$rank"
+  sed -u "s/^/[rank $rank] /" <"$work/out.$rank" &
+  sed_pids+=($!)
   (
-    echo "$BASHPID" >"$work/pid.$rank"
     export DILOCO_RANK=$rank DILOCO_WORLD_SIZE=$world_size DILOCO_STORE=$store DILOCO_RUN_ID=$run_id
     export DILOCO_LOCAL_WORLD_SIZE=$nprocs  # the ranks this launcher starts share this host
     [[ -n $hostname ]] && export DILOCO_HOSTNAME=$hostname
     [[ -n $iface ]] && export DILOCO_IFACE=$iface
     [[ -n $timeout_ms ]] && export DILOCO_TIMEOUT_MS=$timeout_ms
-    exec "$@"
-  ) 2>&1 | sed -u "s/^/[rank $rank] /" &
-  jobs_pids+=($!)
+    rc=0
+    "$@" || rc=$?
+    echo "$rc $EPOCHREALTIME" >"$work/status.$rank.tmp"
+    mv "$work/status.$rank.tmp" "$work/status.$rank"
+    exit "$rc"
+  ) </dev/null >"$work/out.$rank" 2>&1 &
+  pids+=($!)
 done
-for ((i = 0; i < nprocs; i++)); do
-  rank=$((first_rank + i))
-  while [[ ! -s $work/pid.$rank ]]; do sleep 0.01; done
-  pids+=("$(cat "$work/pid.$rank")")
-done
+set +m
 
-# Wait for all; on the first failure stop the others (TERM, then KILL).
+describe() {  # describe STATUS: "exited with status S" or "killed by SIGNAME"
+  local name
+  if (($1 > 128 && $1 < 128 + 65)) && name=$(kill -l "$(($1 - 128))" 2>/dev/null); then
+    echo "killed by SIG$name"
+  else
+    echo "exited with status $1"
+  fi
+}
+
+# Wait for all. The first rank to fail (by the time its wrapper recorded)
+# sets the launcher's status; the others are then stopped (TERM to each
+# rank's process group, KILL 5 s later) and their statuses are not reported.
 status=0
 remaining=$nprocs
 declare -A finished=()
 while ((remaining > 0)); do
+  first="" first_rc=0 first_time=""
   for ((i = 0; i < nprocs; i++)); do
     [[ -n ${finished[$i]:-} ]] && continue
-    if ! kill -0 "${jobs_pids[$i]}" 2>/dev/null; then
-      rc=0
-      wait "${jobs_pids[$i]}" || rc=$?
-      finished[$i]=1
-      remaining=$((remaining - 1))
-      if ((rc != 0 && status == 0)); then
-        status=$rc
-        echo "launch_gloo.sh: rank $((first_rank + i)) exited with status $rc; stopping the others" >&2
-        for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-        # Detached from our output, so that nothing waits on it.
-        (
-          sleep 5
-          for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
-        ) </dev/null >/dev/null 2>&1 &
-        watchdog=$!
+    kill -0 "${pids[$i]}" 2>/dev/null && continue
+    rank=$((first_rank + i))
+    rc=0
+    wait "${pids[$i]}" 2>/dev/null || rc=$?
+    when=""
+    if [[ -s $work/status.$rank ]]; then
+      read -r rc when <"$work/status.$rank"
+    elif ((rc == 0)); then
+      rc=1  # the wrapper itself was killed before it could write the status
+    fi
+    finished[$i]=1
+    remaining=$((remaining - 1))
+    if ((rc != 0 && status == 0)); then
+      # Several ranks may have ended since the last look: keep the earliest.
+      if [[ -z $first ]] || { [[ -n $when && -n $first_time ]] &&
+                              (( ${when//[.,]/} < ${first_time//[.,]/} )); }; then
+        first=$rank first_rc=$rc first_time=$when
       fi
     fi
   done
+  if [[ -n $first ]]; then
+    status=$first_rc
+    echo "launch_gloo.sh: rank $first $(describe "$first_rc"); stopping the others" >&2
+    stop_ranks TERM
+    # Detached from our output, so that nothing waits on it.
+    (
+      sleep 5
+      for pid in "${pids[@]}"; do kill -KILL -- "-$pid" 2>/dev/null || true; done
+    ) </dev/null >/dev/null 2>&1 &
+    watchdog=$!
+  fi
   ((remaining > 0)) && sleep 0.05
 done
+# Whatever a finished rank left behind in its group (a child forked just as
+# the rank was stopped, a daemon) would hold its output open: end it.
+stop_ranks KILL
+wait "${sed_pids[@]}" 2>/dev/null || true
 exit "$status"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/launch_gloo.sh: every rank gets its variables and a prefixed
 # output; the launcher's temporary store goes away; a failing rank stops
-# the others and its status is the launcher's.
+# the others and its status is the launcher's; a death by a signal is
+# reported by name and gives 128 + N.
 set -euo pipefail
 launch=${1:?usage: launch_gloo_test.sh path/to/launch_gloo.sh}
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -27,6 +28,31 @@ rc=0
 elapsed=$(($(date +%s) - start))
 [[ $rc -eq 7 ]] || fail "a rank exiting with 7 made the launcher exit with $rc"
 ((elapsed < 20)) || fail "the other ranks were not stopped (took ${elapsed}s)"
+
+# A rank killed by a signal: reported by name, the launcher exits 128 + N
+# and the others are stopped (they would sleep 30 s).
+start=$(date +%s)
+rc=0
+err=$("$launch" 3 -- bash -c 'if [ $DILOCO_RANK = 1 ]; then kill -SEGV $$; fi; sleep 30' 2>&1 >/dev/null) || rc=$?
+elapsed=$(($(date +%s) - start))
+echo "$err"
+[[ $rc -eq 139 ]] || fail "a rank killed by SIGSEGV made the launcher exit with $rc"
+grep -q "rank 1 killed by SIGSEGV" <<<"$err" || fail "no 'rank 1 killed by SIGSEGV' in: $err"
+((elapsed < 10)) || fail "the other ranks were not stopped after a SIGSEGV (took ${elapsed}s)"
+
+# The first failure is the launcher's status, not a survivor's: rank 2 is
+# killed at once; the others fail on their own 30 ms later (as survivors
+# raise comm_error), or exit 3 when they are stopped.
+rc=0
+err=$("$launch" 3 -- bash -c 'if [ $DILOCO_RANK = 2 ]; then kill -KILL $$; fi
+  if [ $DILOCO_RANK = 0 ]; then sleep 0.03; exit 1; fi
+  trap "exit 3" TERM; sleep 30 & wait' 2>&1 >/dev/null) || rc=$?
+echo "$err"
+[[ $rc -eq 137 ]] || fail "rank 2 killed by SIGKILL first, yet the launcher exited with $rc"
+grep -q "rank 2 killed by SIGKILL" <<<"$err" || fail "no 'rank 2 killed by SIGKILL' in: $err"
+rc=0
+"$launch" 3 -- bash -c 'if [ $DILOCO_RANK = 1 ]; then exit 7; fi; trap "exit 3" TERM; sleep 30 & wait' 2>/dev/null || rc=$?
+[[ $rc -eq 7 ]] || fail "rank 1 exited 7 first, the survivors 3 when stopped; the launcher exited with $rc"
 
 rc=0
 "$launch" 0 -- true 2>/dev/null || rc=$?

@@ -517,6 +517,30 @@ TEST_CASE("a rank that never comes: the others raise comm_error naming it within
   }
 }
 
+TEST_CASE("DILOCO_TIMEOUT_MS=none: a rank 300 ms late is waited for, no false timeout and no hang") {
+  // Before, a huge timeout overflowed the deadlines: rank 0 failed at once
+  // with a false timeout and rank 1 hung.
+  harness::temp_dir d;
+  world_spec w{.role = "doctest:child: determinism",
+               .size = 2,
+               .store = "file://" + d.file("store"),
+               .dir = d.path().string(),
+               .extra = {"DILOCO_TIMEOUT_MS=none"}};
+  harness::processes ps;
+  ps.start(rank_env(w, 0));
+  std::this_thread::sleep_for(300ms);
+  ps.start(rank_env(w, 1));
+  ps.wait_all(60s);
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    const auto& s = ps.status(static_cast<std::size_t>(r));
+    INFO("rank ", r, " ", harness::describe(s));
+    CHECK((s.exited && s.code == 0));
+    CHECK(std::filesystem::exists(d.file("done-determinism." + std::to_string(r))));
+  }
+  CHECK(harness::read_file(d.file("hash.0")) == harness::read_file(d.file("hash.1")));
+}
+
 TEST_CASE("processes started with different world sizes: comm_error on each, not a hang") {
   harness::temp_dir d;
   world_spec w{.role = "expect_comm_error",
@@ -674,6 +698,12 @@ TEST_CASE("bad options are config errors") {
                        dc::config_error);
   CHECK_THROWS_WITH_AS(make({.rank = 0, .size = 1, .rendezvous = fs, .timeout = 0ms}),
                        doctest::Contains("timeout must be positive"), dc::config_error);
+  CHECK_THROWS_WITH_AS(make({.rank = 0, .size = 1, .rendezvous = fs, .timeout = std::chrono::hours(2 * 365 * 24)}),
+                       doctest::Contains("timeout is 63072000000 ms; expected a timeout in [1, 31536000000] ms"),
+                       dc::config_error);
+  // No timeout is accepted and nothing on the way overflows (a world of one
+  // still registers in the store and sets up Gloo's context).
+  CHECK_NOTHROW(make({.rank = 0, .size = 1, .rendezvous = fs, .run_id = "no-timeout", .timeout = dc::no_timeout}));
   CHECK_THROWS_WITH_AS(make({.rank = 0, .size = 1, .rendezvous = fs, .run_id = ""}),
                        doctest::Contains("run_id must not be empty"), dc::config_error);
   CHECK_THROWS_WITH_AS(make({.rank = 0, .size = 1, .rendezvous = gloo_comm::file_store{""}}),
@@ -802,6 +832,17 @@ TEST_CASE("from_env reads the launcher's variables and names any missing or malf
   malformed("DILOCO_WORLD_SIZE", "99999999999999999999", "DILOCO_WORLD_SIZE is '99999999999999999999'");
   malformed("DILOCO_TIMEOUT_MS", "-5", "DILOCO_TIMEOUT_MS is '-5'");
   malformed("DILOCO_TIMEOUT_MS", "", "DILOCO_TIMEOUT_MS is ''");
+  // 1000 years: accepted before and overflowed every deadline.
+  malformed("DILOCO_TIMEOUT_MS", "31536000000000",
+            "DILOCO_TIMEOUT_MS is '31536000000000'; expected a timeout in milliseconds in [1, 31536000000] (one "
+            "year), or 'none'");
+  malformed("DILOCO_TIMEOUT_MS", "99999999999999999999", "DILOCO_TIMEOUT_MS is '99999999999999999999'");
+  malformed("DILOCO_TIMEOUT_MS", "None", "DILOCO_TIMEOUT_MS is 'None'");
+  setenv("DILOCO_TIMEOUT_MS", "none", 1);
+  CHECK(gloo_comm::options_from_env().timeout == std::chrono::milliseconds::max());
+  setenv("DILOCO_TIMEOUT_MS", "31536000000", 1);  // exactly one year
+  CHECK(gloo_comm::options_from_env().timeout == std::chrono::hours(24 * 365));
+  setenv("DILOCO_TIMEOUT_MS", "2500", 1);
   malformed("DILOCO_STORE", "tcp://host:1", "expected file:///absolute/directory or redis://host[:port]");
   malformed("DILOCO_STORE", "file://relative/dir", "file:///absolute/directory");
   malformed("DILOCO_STORE", "redis://host:port", "DILOCO_STORE port is 'port'");

@@ -219,6 +219,103 @@ TEST_CASE("a rank that never arrives times out with comm_error naming it") {
   CHECK(waited < 10.0);
 }
 
+TEST_CASE("no timeout (milliseconds::max()) waits for a late peer instead of overflowing the deadline") {
+  // now() + milliseconds::max() overflows to a deadline in the past: before
+  // the fix this failed at once with "timed out after 9223372036854775807 ms".
+  threads::world world(2, std::chrono::milliseconds::max());
+  std::vector<float> sums(2);
+  const auto t0 = std::chrono::steady_clock::now();
+  world.run([&](threads& comm) {
+    if (comm.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    std::vector<float> x{static_cast<float>(comm.rank() + 1)};
+    comm.all_reduce(x, dc::reduce_op::sum);
+    sums[static_cast<std::size_t>(comm.rank())] = x[0];
+  });
+  CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(300));
+  CHECK(sums[0] == 3.0f);  // 1 + 2
+  CHECK(sums[1] == 3.0f);
+  // The named constant is the same thing.
+  CHECK(dc::no_timeout == std::chrono::milliseconds::max());
+}
+
+TEST_CASE("a finite timeout above one year is a config_error naming it and the allowed range") {
+  using std::chrono::hours;
+  using std::chrono::milliseconds;
+  // 2 years = 2 * 365 * 24 * 3600 * 1000 ms.
+  CHECK_THROWS_WITH_AS(threads::world(2, hours(2 * 365 * 24)),
+                       doctest::Contains("timeout is 63072000000 ms; expected a timeout in [1, 31536000000] ms"),
+                       dc::config_error);
+  CHECK_THROWS_WITH_AS(threads::world(2, milliseconds::max() - milliseconds(1)), doctest::Contains("9223372036854775806 ms"),
+                       dc::config_error);
+  CHECK_THROWS_WITH_AS(threads::world(2, milliseconds(-3)), doctest::Contains("is -3 ms"), dc::config_error);
+  CHECK_NOTHROW(threads::world(2, hours(365 * 24)));  // exactly one year
+  CHECK_NOTHROW(threads::world(2, milliseconds(1)));
+}
+
+TEST_CASE("deadlines saturate instead of overflowing") {
+  using clock = std::chrono::steady_clock;
+  using std::chrono::milliseconds;
+  const clock::time_point zero{};
+  CHECK(dc::detail::deadline_after<clock>(milliseconds(3000), zero) == zero + std::chrono::seconds(3));
+  CHECK(dc::detail::deadline_after<clock>(milliseconds::max(), zero) == clock::time_point::max());
+  // A finite timeout that would pass the clock's end stops at the end.
+  const auto late = clock::time_point::max() - std::chrono::seconds(1);
+  CHECK(dc::detail::deadline_after<clock>(std::chrono::hours(1), late) == clock::time_point::max());
+  CHECK(dc::detail::deadline_after<clock>(milliseconds(999), late) == late + milliseconds(999));
+  // exceeded() compares without converting milliseconds::max() to nanoseconds.
+  CHECK_FALSE(dc::detail::exceeded(std::chrono::hours(24 * 365 * 200), milliseconds::max()));
+  CHECK(dc::detail::exceeded(std::chrono::nanoseconds(3'000'000'001), milliseconds(3000)));
+  CHECK_FALSE(dc::detail::exceeded(std::chrono::nanoseconds(3'000'000'000), milliseconds(3000)));
+}
+
+TEST_CASE("an error quoted in another rank's message carries no second \"diloco: \" prefix") {
+  // Rank 2 arrives late: rank 0, 100 ms ahead of rank 1, times out first
+  // and breaks the group, rank 1 is aborted quoting it, and rank 2 finds the
+  // group broken. Before, the quotes read "aborted: diloco: threads ...".
+  threads::world world(3, std::chrono::milliseconds(200));
+  std::vector<std::string> messages(3);
+  // run() rethrows the first failure, the timeout, though every rank caught its own.
+  CHECK_THROWS_WITH_AS(world.run([&](threads& comm) {
+    if (comm.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (comm.rank() == 2) std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    std::vector<float> x(4, 1.0f);
+    try {
+      comm.all_reduce(x, dc::reduce_op::sum);
+    } catch (const dc::comm_error& e) {
+      messages[static_cast<std::size_t>(comm.rank())] = e.what();
+    }
+  }),
+                       doctest::Contains("timed out after 200 ms waiting for rank(s) 2"), dc::comm_error);
+  std::string all;
+  for (const auto& m : messages) {
+    CAPTURE(m);
+    CHECK(m.rfind("diloco: threads all_reduce on rank ", 0) == 0);
+    CHECK(m.find("diloco: ", 1) == std::string::npos);
+    all += m + "\n";
+  }
+  CAPTURE(all);
+  CHECK(all.find("timed out after 200 ms waiting for rank(s) 2") != std::string::npos);
+  CHECK(messages[1].find("on rank 1 aborted: threads all_reduce on rank 0 timed out") != std::string::npos);
+  CHECK(messages[2].find("on rank 2: the group is broken: threads all_reduce on rank 0 timed out") !=
+        std::string::npos);
+
+  // A worker's own exception, quoted to the others.
+  std::string quoted;
+  threads::world w2(2);
+  CHECK_THROWS_AS(w2.run([&](threads& comm) {
+    if (comm.rank() == 1) dc::detail::raise<dc::numeric_error>("bad numbers");
+    try {
+      comm.barrier();
+    } catch (const dc::comm_error& e) {
+      quoted = e.what();
+    }
+  }),
+                  dc::numeric_error);
+  CAPTURE(quoted);
+  CHECK(quoted.find("rank 1 failed: bad numbers") != std::string::npos);
+  CHECK(quoted.find("diloco: ", 1) == std::string::npos);
+}
+
 TEST_CASE("bad world arguments are config errors") {
   CHECK_THROWS_WITH_AS(threads::world(0), doctest::Contains("at least 1 worker, got 0"), dc::config_error);
   CHECK_THROWS_AS(threads::world(2, std::chrono::milliseconds(0)), dc::config_error);

@@ -620,7 +620,7 @@ TEST_CASE("device compressed mean: a NaN, a corrupt byte, a forged code reject t
     flaky_link::damage damage;
     const char* victim;  // what rank 2 must say
   };
-  for (const scenario s : {scenario{"nan", nullptr, "non-finite pseudo-gradient from rank 1 (norm nan)"},
+  for (const scenario s : {scenario{"nan", nullptr, "non-finite pseudo-gradient from rank 1 (norm nan: the pseudo-gradient holds NaN"},
                            scenario{"flipped bit", flip_a_bit, "checksum mismatch"},
                            scenario{"forged code", forge_a_code, "block 0: quantized value out of range"}}) {
     CAPTURE(s.name);

@@ -113,6 +113,49 @@ TEST_CASE("a NaN or Inf pseudo-gradient rejects the round and leaves theta_globa
   }
 }
 
+TEST_CASE("a rejected round reports an Inf pseudo-gradient's norm as inf and a NaN one as nan, never -nan") {
+  constexpr std::size_t n = 300;  // more than one int8 block
+  // Rank 1's gradient holds +Inf at index 7. Inner SGD moves the parameter
+  // to -Inf, so the pseudo-gradient holds +Inf and its norm is inf. AdamW
+  // computes m / sqrt(v) = inf / inf = NaN (sign bit set on x86, which
+  // printf wrote as "-nan"), so its pseudo-gradient holds NaN.
+  auto message = [&]<class Inner, class Compressor>(Inner, Compressor) {
+    std::string text;
+    dc::comm::threads::world world(2);
+    world.run([&](dc::comm::threads& comm) {
+      std::vector<float> w(n, 1.0f);
+      dc::algorithm<Inner, dc::outer::nesterov, Compressor, dc::comm::threads> t(w, comm, {.inner_steps = 2});
+      std::vector<float> g(n, 0.5f);
+      CHECK_FALSE(t.step(g));
+      CHECK(t.step(g));
+      std::vector<float> bad = g;
+      if (comm.rank() == 1) bad[7] = std::numeric_limits<float>::infinity();
+      CHECK_FALSE(t.step(bad));
+      try {
+        t.step(g);
+      } catch (const dc::numeric_error& e) {
+        if (comm.rank() == 0) text = e.what();
+      }
+    });
+    return text;
+  };
+  const std::string nan_tail = "(norm nan: the pseudo-gradient holds NaN, from a NaN gradient or an Inf one";
+  for (const std::string& m : {message(dc::inner::sgd{}, dc::compress::none{}),
+                               message(dc::inner::sgd{}, dc::compress::blockwise<dc::int8>{})}) {
+    CAPTURE(m);
+    CHECK(m.find("non-finite pseudo-gradient from rank 1 (norm inf)") != std::string::npos);
+  }
+  for (const std::string& m : {message(dc::inner::adamw{}, dc::compress::none{}),
+                               message(dc::inner::adamw{}, dc::compress::blockwise<dc::int8>{})}) {
+    CAPTURE(m);
+    CHECK(m.find("non-finite pseudo-gradient from rank 1 " + nan_tail) != std::string::npos);
+    CHECK(m.find("-nan") == std::string::npos);
+  }
+  // Any NaN a message quotes is written without a sign.
+  CHECK(dc::detail::concat(-std::numeric_limits<double>::quiet_NaN(), " ", std::numeric_limits<float>::quiet_NaN(), " ",
+                           -std::numeric_limits<float>::infinity()) == "nan nan -inf");
+}
+
 TEST_CASE("a NaN pseudo-gradient in a world of one is rejected too") {
   solo([](dc::comm::threads& comm) {
     std::vector<float> w(3, 1.0f);

@@ -234,7 +234,7 @@ class gloo {
       o.setInput(reinterpret_cast<std::uint8_t*>(&mine), sizeof mine);
       o.setOutput(reinterpret_cast<std::uint8_t*>(all.data()), all.size() * sizeof mine);
       o.setTag(header_tag);
-      o.setTimeout(opts_.timeout);
+      o.setTimeout(detail_gloo::gloo_wait(opts_.timeout));
       closing_on_failure([&] { ::gloo::allgather(o); });
     });
     if (rejected) return;  // the caller raises its own config_error
@@ -272,7 +272,7 @@ class gloo {
       // Naming the peer is a courtesy; the failure is reported regardless.
     }
     std::string failure = diloco::detail::concat("comm::gloo ", name, " on rank ", rank(), " of ", size(), " failed",
-                                                 peer, ": ", kind, " (timeout ", opts_.timeout.count(), " ms): ", what);
+                                                 peer, ": ", kind, " (timeout ", diloco::detail::describe_timeout(opts_.timeout), "): ", what);
     {
       std::lock_guard lock(mutex_);
       closed_ = failure;
@@ -315,7 +315,7 @@ class gloo {
       o.setOutput(buf.data(), buf.size());
       o.setReduceFunction(&add_floats);
       o.setTag(payload_tag);
-      o.setTimeout(opts_.timeout);
+      o.setTimeout(detail_gloo::gloo_wait(opts_.timeout));
       closing_on_failure([&] { ::gloo::allreduce(o); });
     });
     if (op == reduce_op::mean) {
@@ -338,7 +338,7 @@ class gloo {
       o.setOutput(reinterpret_cast<std::uint8_t*>(buf.data()), buf.size());
       o.setRoot(root);
       o.setTag(payload_tag);
-      o.setTimeout(opts_.timeout);
+      o.setTimeout(detail_gloo::gloo_wait(opts_.timeout));
       closing_on_failure([&] { ::gloo::broadcast(o); });
     });
   }
@@ -350,7 +350,7 @@ class gloo {
       o.setInput(const_cast<std::uint8_t*>(reinterpret_cast<const std::uint8_t*>(send.data())), send.size());
       o.setOutput(reinterpret_cast<std::uint8_t*>(recv.data()), recv.size());
       o.setTag(payload_tag);
-      o.setTimeout(opts_.timeout);
+      o.setTimeout(detail_gloo::gloo_wait(opts_.timeout));
       closing_on_failure([&] { ::gloo::alltoall(o); });
     });
   }
@@ -361,7 +361,7 @@ class gloo {
       o.setInput(const_cast<std::uint8_t*>(reinterpret_cast<const std::uint8_t*>(send.data())), send.size());
       o.setOutput(reinterpret_cast<std::uint8_t*>(recv.data()), recv.size());
       o.setTag(payload_tag);
-      o.setTimeout(opts_.timeout);
+      o.setTimeout(detail_gloo::gloo_wait(opts_.timeout));
       closing_on_failure([&] { ::gloo::allgather(o); });
     });
   }
@@ -370,7 +370,7 @@ class gloo {
     collective(op_code::barrier, 0, 0, [&] {
       ::gloo::BarrierOptions o(conn_.context);
       o.setTag(payload_tag);
-      o.setTimeout(opts_.timeout);
+      o.setTimeout(detail_gloo::gloo_wait(opts_.timeout));
       closing_on_failure([&] { ::gloo::barrier(o); });
     });
   }

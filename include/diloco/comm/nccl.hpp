@@ -32,6 +32,7 @@
 #include "diloco/core/concepts.hpp"
 #include "diloco/core/error.hpp"
 #include "diloco/core/memory_space.hpp"
+#include "diloco/core/timeout.hpp"
 #include "diloco/tensor/tensor_traits.hpp"
 
 namespace diloco::comm {
@@ -195,7 +196,7 @@ struct shared_state {
       }
       r = state;
       if (r != ncclInProgress) break;
-      if (clock::now() - issued > timeout)
+      if (diloco::detail::exceeded(clock::now() - issued, timeout))
         fail(diloco::detail::concat(where(op), ": ", call, " did not complete within ", timeout.count(),
                                     " ms (a peer is missing or stuck)"));
       wait.pause();
@@ -256,7 +257,7 @@ struct shared_state {
     if (q != cudaSuccess && q != cudaErrorNotReady) fail_cuda(q, "cudaEventQuery", op);
     check_async(op);
     if (q == cudaSuccess) return true;
-    if (clock::now() - issued > timeout)
+    if (diloco::detail::exceeded(clock::now() - issued, timeout))
       fail(diloco::detail::concat(where(op), ": not complete after ", timeout.count(),
                                   " ms (a peer is missing, stuck, or called a different operation)"));
     return false;
@@ -275,7 +276,7 @@ struct shared_state {
     if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) return false;
     bool done = false;
     if (cudaEventRecord(e, stream) == cudaSuccess) {
-      const auto deadline = clock::now() + timeout;
+      const auto deadline = diloco::detail::deadline_after<clock>(timeout);
       backoff pause;
       for (;;) {
         const cudaError_t q = cudaEventQuery(e);
@@ -298,7 +299,7 @@ struct shared_state {
   // non-blocking communicator it answers ncclInProgress until that is done.
   bool finalize_for_destruction() noexcept {
     ncclResult_t r = ncclCommFinalize(comm);
-    const auto deadline = clock::now() + timeout;
+    const auto deadline = diloco::detail::deadline_after<clock>(timeout);
     backoff pause;
     while (r == ncclInProgress) {
       if (clock::now() > deadline) return false;
@@ -423,6 +424,8 @@ class nccl {
       raise<config_error>("nccl: options.timeout must be positive, got ", opts.timeout.count(), " ms");
     if (opts.store_timeout.count() <= 0)
       raise<config_error>("nccl: options.store_timeout must be positive, got ", opts.store_timeout.count(), " ms");
+    diloco::detail::check_timeout(opts.timeout, "nccl: options.timeout");
+    diloco::detail::check_timeout(opts.store_timeout, "nccl: options.store_timeout");
     if (opts.store_key.empty()) raise<config_error>("nccl: options.store_key must not be empty");
   }
 

@@ -21,6 +21,7 @@
 
 #include "diloco/core/comm_types.hpp"
 #include "diloco/core/error.hpp"
+#include "diloco/core/timeout.hpp"
 #include "diloco/comm/detail/async.hpp"
 
 namespace diloco::comm {
@@ -79,7 +80,8 @@ struct group {
     comm_error e(message);
     if (!broken) {
       broken = true;
-      broken_reason = std::move(message);
+      // Quoted in the other ranks' messages, after their own prefix.
+      broken_reason = std::string(diloco::detail::unprefixed(message));
       root_cause = std::make_exception_ptr(e);
     }
     cv.notify_all();
@@ -101,7 +103,8 @@ struct group {
       cv.notify_all();
       return;
     }
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    const auto deadline = diloco::detail::deadline_after(timeout);
+    const bool bounded = deadline != std::chrono::steady_clock::time_point::max();
     auto gone = [&] { return std::find(departed.begin(), departed.end(), char{1}) != departed.end(); };
     while (generation == gen) {
       if (broken)
@@ -114,7 +117,9 @@ struct group {
                                                 "operation needs all ",
                                                 size, " ranks"));
       }
-      if (cv.wait_until(lock, deadline) == std::cv_status::timeout && generation == gen) {
+      if (!bounded) {
+        cv.wait(lock);
+      } else if (cv.wait_until(lock, deadline) == std::cv_status::timeout && generation == gen) {
         throw break_with(diloco::detail::concat("diloco: threads ", what, " on rank ", rank, " timed out after ",
                                                 timeout.count(), " ms waiting for rank(s) ", missing_ranks()));
       }
@@ -131,12 +136,12 @@ class threads {
   // A group of `size` workers living in this process.
   class world {
    public:
+    // `timeout` bounds every wait for the other ranks: 1 ms to one year, or
+    // diloco::no_timeout (milliseconds::max()) for none.
     explicit world(int size, std::chrono::milliseconds timeout = std::chrono::minutes(5)) {
       if (size <= 0)
         diloco::detail::raise<config_error>("comm::threads::world needs at least 1 worker, got ", size);
-      if (timeout.count() <= 0)
-        diloco::detail::raise<config_error>("comm::threads::world timeout must be positive, got ", timeout.count(),
-                                            " ms");
+      diloco::detail::check_timeout(timeout, "comm::threads::world timeout");
       group_ = std::make_shared<detail_threads::group>(size, timeout);
     }
 
@@ -164,7 +169,8 @@ class threads {
               try {
                 throw;
               } catch (const std::exception& e) {
-                group_->broken_reason = diloco::detail::concat("rank ", r, " failed: ", e.what());
+                group_->broken_reason =
+                    diloco::detail::concat("rank ", r, " failed: ", diloco::detail::unprefixed(e.what()));
               } catch (...) {
                 group_->broken_reason = diloco::detail::concat("rank ", r, " failed with a non-standard exception");
               }

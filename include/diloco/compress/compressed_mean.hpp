@@ -63,7 +63,8 @@ struct round_findings {
 
   // Stage 3: a stage-1 segment from rank k passed its checks.
   void sender(const wire::header& h, int k) {
-    if (!std::isfinite(h.norm)) bad_senders += concat(bad_senders.empty() ? "" : ", ", "rank ", k, " (norm ", h.norm, ")");
+    if (!std::isfinite(h.norm))
+      bad_senders += concat(bad_senders.empty() ? "" : ", ", "rank ", k, " (norm ", detail::norm_text(h.norm), ")");
   }
   // Stage 5: shard k's reduced segment passed its checks; it may carry its
   // owner's report (a status, no payload) instead of a mean.

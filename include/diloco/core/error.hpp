@@ -65,15 +65,36 @@ std::string concat(const Parts&... parts) {
     } else if constexpr (std::is_same_v<P, bool>) {
       out += p ? "true" : "false";
     } else if constexpr (std::is_floating_point_v<P>) {
-      char buf[32];
-      std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(p));
-      out += buf;
+      if (p != p) {
+        out += "nan";  // printf writes "-nan" for a NaN with its sign bit set; the sign means nothing
+      } else {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(p));
+        out += buf;
+      }
     } else {
       out += std::to_string(p);
     }
   };
   (append(parts), ...);
   return out;
+}
+
+// `message` without the library's "diloco: " prefix, for quoting one
+// error inside another (which has its own prefix).
+inline std::string_view unprefixed(std::string_view message) {
+  constexpr std::string_view prefix = "diloco: ";
+  return message.substr(0, prefix.size()) == prefix ? message.substr(prefix.size()) : message;
+}
+
+// A pseudo-gradient's norm in a rejection message: "inf", or for NaN what
+// it means (an Inf gradient turns into NaN in an update such as AdamW's,
+// m / sqrt(v) = inf / inf).
+inline std::string norm_text(double norm) {
+  if (norm != norm)
+    return "nan: the pseudo-gradient holds NaN, from a NaN gradient or an Inf one that the inner optimizer's "
+           "update turned into NaN";
+  return concat(norm);
 }
 
 template <class Error = config_error, class... Parts>

@@ -85,7 +85,7 @@ class fp32_mean {
     if (local_only_) {
       if (!std::isfinite(out.delta_norm)) {
         out.accepted = false;
-        out.problem = detail::concat("non-finite pseudo-gradient from rank 0 (norm ", out.delta_norm, ")");
+        out.problem = detail::concat("non-finite pseudo-gradient from rank 0 (norm ", detail::norm_text(out.delta_norm), ")");
       }
       return out;
     }

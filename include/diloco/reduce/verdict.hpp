@@ -52,7 +52,7 @@ inline void check_norms(std::span<const float> norms, verdict& out) {
   std::string bad;
   for (std::size_t r = 0; r < norms.size(); ++r) {
     const float v = norms[r];
-    if (!std::isfinite(v)) bad += detail::concat(bad.empty() ? "" : ", ", "rank ", r, " (norm ", v, ")");
+    if (!std::isfinite(v)) bad += detail::concat(bad.empty() ? "" : ", ", "rank ", r, " (norm ", detail::norm_text(v), ")");
     total += v;
   }
   if (bad.empty() && !(total <= std::numeric_limits<float>::max()))

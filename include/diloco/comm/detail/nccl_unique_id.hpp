@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "diloco/core/error.hpp"
+#include "diloco/core/timeout.hpp"
 
 namespace diloco::comm {
 
@@ -162,10 +163,14 @@ ncclUniqueId exchange_unique_id(Store& store, int rank, const std::string& key, 
   }
   std::vector<char> record;
   try {
-    store.wait({key}, timeout);
+    // A store's zero is Gloo's "no timeout".
+    store.wait({key}, diloco::detail::unbounded(timeout) ? std::chrono::milliseconds::zero() : timeout);
     record = store.get(key);
   } catch (const std::exception& e) {
-    raise<comm_error>("nccl rank ", rank, ": waited up to ", timeout.count(), " ms for rank 0 to publish the unique id under ",
+    raise<comm_error>("nccl rank ", rank, ": waited ",
+                      diloco::detail::unbounded(timeout) ? std::string("without a timeout")
+                                                         : diloco::detail::concat("up to ", timeout.count(), " ms"),
+                      " for rank 0 to publish the unique id under ",
                       source, ": ", e.what());
   }
   return decode_unique_id(record, source);

@@ -14,6 +14,7 @@
 #include <variant>
 
 #include "diloco/core/error.hpp"
+#include "diloco/core/timeout.hpp"
 
 namespace diloco::comm::detail_gloo {
 
@@ -45,6 +46,7 @@ struct options {
   // Network interface to use instead of `hostname` (e.g. "eth0"), when set.
   std::string iface{};
   // Bound on every wait: rendezvous, each store access, each collective.
+  // 1 ms to one year, or diloco::no_timeout (milliseconds::max()) for none.
   std::chrono::milliseconds timeout = std::chrono::seconds(30);
   // Before each collective the ranks exchange its name, sizes and root (a
   // 32-byte all-gather), so that disagreeing calls fail on every rank with
@@ -55,6 +57,13 @@ struct options {
   // threads among them. 0: unknown, taken as 1.
   int local_world_size = 0;
 };
+
+// The timeout handed to Gloo. Gloo has no "forever" for a collective (its
+// zero means "none left" there) and adds the value to now(), so no_timeout
+// becomes ten years, which neither overflows nor ends.
+inline std::chrono::milliseconds gloo_wait(std::chrono::milliseconds t) {
+  return diloco::detail::unbounded(t) ? std::chrono::milliseconds(std::chrono::hours(24 * 365 * 10)) : t;
+}
 
 // Redis ports are TCP ports.
 inline constexpr int max_port = 65535;
@@ -71,6 +80,7 @@ inline void validate(const options& o) {
     diloco::detail::raise<config_error>("comm::gloo: rank ", o.rank, " is outside [0, ", o.size, ") for a world of ", o.size);
   if (o.timeout.count() <= 0)
     diloco::detail::raise<config_error>("comm::gloo: timeout must be positive, got ", o.timeout.count(), " ms");
+  diloco::detail::check_timeout(o.timeout, "comm::gloo: timeout");
   if (o.run_id.empty()) diloco::detail::raise<config_error>("comm::gloo: run_id must not be empty");
   if (o.hostname.empty() && o.iface.empty())
     diloco::detail::raise<config_error>("comm::gloo: set a hostname (an address to listen on) or an interface name");
@@ -168,8 +178,7 @@ inline options options_from_env() {
   if (const char* v = get(env_hostname); v && *v) o.hostname = v;
   if (const char* v = get(env_iface); v && *v) o.iface = v;
   if (const char* v = get(env_timeout_ms))
-    o.timeout = std::chrono::milliseconds(
-        parse_integer<std::int64_t>(v, env_timeout_ms, 1, std::numeric_limits<std::int64_t>::max() / 1000));
+    o.timeout = diloco::detail::parse_timeout_ms(v, env_timeout_ms);
   if (const char* v = get(env_local_world_size); v && *v)
     o.local_world_size = parse_integer<int>(v, env_local_world_size, 1, o.size);
   validate(o);

@@ -85,7 +85,7 @@ inline bool has_interface(const std::string& name) {
 // the world size. Throws comm_error naming the ranks that did not come.
 inline void join(rendezvous_store& rs, const options& o, const std::string& where) {
   using clock = std::chrono::steady_clock;
-  const auto deadline = clock::now() + o.timeout;
+  const auto deadline = diloco::detail::deadline_after<clock>(o.timeout);
   auto& kv = rs.store();
   try {
     const std::string mine = join_key(o.rank);
@@ -240,7 +240,7 @@ inline connection rendezvous(const options& o) {
 
   try {
     c.context = std::make_shared<::gloo::rendezvous::Context>(o.rank, o.size);
-    c.context->setTimeout(o.timeout);
+    c.context->setTimeout(gloo_wait(o.timeout));
     c.context->connectFullMesh(rs.store(), c.device);
   } catch (const std::exception& e) {
     diloco::detail::raise<comm_error>(where, ": connecting to the other ranks failed: ", e.what());

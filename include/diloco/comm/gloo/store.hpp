@@ -102,6 +102,7 @@ class redis_backend final : public ::gloo::rendezvous::RedisStore {
   // hiredis waits for a reply without limit: a server that stops answering
   // would hang every rank. A socket timeout turns that into an error.
   redis_backend(const std::string& host, int port, std::chrono::milliseconds timeout) : RedisStore(host, port) {
+    if (diloco::detail::unbounded(timeout)) return;
     timeval tv{};
     tv.tv_sec = static_cast<decltype(tv.tv_sec)>(timeout.count() / 1000);
     tv.tv_usec = static_cast<decltype(tv.tv_usec)>((timeout.count() % 1000) * 1000);
@@ -125,8 +126,9 @@ class run_store final : public ::gloo::rendezvous::PrefixStore {
 // connectFullMesh calls it.
 class bounded_store final : public ::gloo::rendezvous::Store {
  public:
+  // no_timeout becomes Gloo's own "no timeout" for the store's waits.
   bounded_store(::gloo::rendezvous::Store& inner, std::chrono::milliseconds timeout)
-      : inner_(inner), timeout_(timeout) {}
+      : inner_(inner), timeout_(diloco::detail::unbounded(timeout) ? std::chrono::milliseconds::zero() : timeout) {}
 
   void set(const std::string& key, const std::vector<char>& data) override { inner_.set(key, data); }
   std::vector<char> get(const std::string& key) override {
@@ -136,7 +138,8 @@ class bounded_store final : public ::gloo::rendezvous::Store {
   void wait(const std::vector<std::string>& keys) override { inner_.wait(keys, timeout_); }
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
     // Gloo's zero means "no timeout"; ours is never lifted.
-    inner_.wait(keys, timeout.count() == 0 ? timeout_ : std::min(timeout, timeout_));
+    inner_.wait(keys, timeout.count() == 0 || timeout_.count() == 0 ? std::max(timeout, timeout_)
+                                                                     : std::min(timeout, timeout_));
   }
 
  private:

@@ -1,0 +1,33 @@
+#pragma once
+// The codecs the wire-decoder fuzzer drives, by index (the input's first
+// byte modulo codec_count), shared with the seed writer so that every
+// codec has seeds.
+#include <cstddef>
+#include <diloco/diloco.hpp>
+
+namespace fuzz {
+
+namespace cp = diloco::compress;
+
+inline constexpr unsigned codec_count = 5;
+
+template <class F>
+void with_codec(unsigned index, F&& f) {
+  switch (index % codec_count) {
+    case 0: f(cp::blockwise_codec<diloco::int8, 16, cp::round_nearest>{}); break;
+    case 1: f(cp::blockwise_codec<diloco::int4, 16, cp::round_nearest>{}); break;
+    case 2: f(cp::cast_codec<diloco::bf16, cp::round_nearest, 8>{}); break;
+    case 3: f(cp::cast_codec<diloco::fp16, cp::round_nearest, 8>{}); break;
+    default: f(cp::topk<16>::make_codec({.fraction = 0.3f})); break;
+  }
+}
+
+// The two blocks every fuzzed segment holds: a full one and a partial odd one.
+template <class Codec>
+struct segment_shape {
+  cp::block_ref blocks[2] = {{0, static_cast<std::uint32_t>(Codec::block), 0},
+                             {0, static_cast<std::uint32_t>(Codec::block / 2 + 1), Codec::block}};
+  std::size_t elements() const { return blocks[0].len + blocks[1].len; }
+};
+
+}  // namespace fuzz
