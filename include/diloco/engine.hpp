@@ -135,6 +135,13 @@ struct engine_base {
   virtual std::size_t fragment_of(std::size_t k) const = 0;
   virtual const diloco::stats& statistics() const = 0;
   virtual void visit_state(state_visitor& v) = 0;
+  // For checkpoints (checkpoint/): the replica (the user's tensors) as
+  // buffers "replica.<k>", whether a reduction is in flight, and copies
+  // between the engine's memory space and host memory (its executor's).
+  virtual void visit_replica(state_visitor& v) = 0;
+  virtual bool in_flight() const = 0;
+  virtual void to_host(float* host, const float* src, std::size_t n) = 0;
+  virtual void from_host(float* dst, const float* host, std::size_t n) = 0;
 };
 
 template <class Inner, class Outer, class Compressor, class Comm, class Space, class Sync>
@@ -324,6 +331,16 @@ class engine final : public engine_base {
     if constexpr (delayed) v.buffer(eager ? "schedule.anchor" : "schedule.start", anchor_.data(), anchor_.size(), device);
     if constexpr (eager) v.buffer("schedule.own", own_.data(), own_.size(), device);
   }
+
+  void visit_replica(state_visitor& v) override {
+    for (std::size_t k = 0; k < params_.count(); ++k)
+      v.buffer(concat("replica.", k), params_[k].data(), params_[k].size(), device);
+  }
+  bool in_flight() const override {
+    return std::any_of(frags_.begin(), frags_.end(), [](const auto& f) { return f->in_flight; });
+  }
+  void to_host(float* host, const float* src, std::size_t n) override { exec_.to_host(host, src, n); }
+  void from_host(float* dst, const float* host, std::size_t n) override { exec_.from_host(dst, host, n); }
 
  private:
   struct fragment {
