@@ -8,16 +8,24 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <istream>
+#include <iterator>
 #include <limits>
 #include <memory>
+#include <ostream>
 #include <ranges>
 #include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include "diloco/checkpoint/file.hpp"
+#include "diloco/checkpoint/format.hpp"
+#include "diloco/checkpoint/state_io.hpp"
 #include "diloco/core/concepts.hpp"
 #include "diloco/core/error.hpp"
+#include "diloco/core/options.hpp"
 #include "diloco/core/stats.hpp"
 #include "diloco/core/state.hpp"
 #include "diloco/core/validate.hpp"
@@ -69,6 +77,8 @@ class algorithm {
     requires(tensor_range<Params> || float_tensor<Params>)
   algorithm(Params&& params, Comm& comm, options opts = {}) : opts_(opts) {
     validate(comm);
+    rank_ = comm.rank();
+    world_ = comm.size();
     if constexpr (float_tensor<Params>) {
       init(std::span<std::remove_reference_t<Params>>(&params, 1), comm);
     } else {
@@ -155,6 +165,52 @@ class algorithm {
   // The same walk with write access, for checkpoints and joins.
   void visit_state(state_visitor& v) { engine_->visit_state(v); }
 
+  // ---------------------------------------------------------- checkpoints
+  // A worker checkpoint holds everything this rank needs to resume bit for
+  // bit: every visited state entry (theta_global, outer and inner slots and
+  // step counts, error-feedback residuals, rounds, the schedule's clock and
+  // buffers) and the replica (the parameters), under a header naming the
+  // policies, the options (by field), rank, world size, memory space and
+  // sizes. Format and guarantees: docs/architecture.md, "Checkpoints".
+  //
+  // save is collective (every rank calls it): it first calls finish(), so
+  // no reduction is in flight, then writes this rank's state. The file is
+  // written to a temporary in the same directory, fsynced and renamed over
+  // `path` (checkpoint/file.hpp): a crash leaves the previous checkpoint.
+  void save(const std::string& path) { checkpoint::write_file(path, save_bytes()); }
+  void save(std::ostream& out) { write_stream(out, save_bytes(), "save"); }
+  // The checkpoint as bytes (collective, as save).
+  std::vector<std::byte> save_bytes(checkpoint::scope s = checkpoint::scope::worker) {
+    finish();
+    return checkpoint::detail::serialize(*engine_, expected_fields(s), s);
+  }
+  // The part equal on every rank (theta_global, outer slots and step
+  // counts, rounds, the schedule's clock), once for the run: collective (it
+  // drains as save does); rank 0 writes the file, the others only drain.
+  void save_global(const std::string& path) {
+    auto bytes = save_bytes(checkpoint::scope::global);
+    if (rank_ == 0) checkpoint::write_file(path, bytes);
+  }
+  void save_global(std::ostream& out) { write_stream(out, save_bytes(checkpoint::scope::global), "save_global"); }
+
+  // Restores a worker checkpoint written by save() on the same rank of a
+  // run with the same policies, agreeing options, world size and parameter
+  // sizes (the inner optimizer's options and host_threads may differ).
+  // The whole file is read and verified before the live state is touched:
+  // a corrupt, truncated or mismatched file is a format_error naming the
+  // field or section and what was expected, with the state unchanged. Not
+  // collective; raises state_error while a reduction is in flight (load
+  // into a fresh instance, or call finish() first).
+  void load(const std::string& path) { load_bytes(checkpoint::read_file(path), path); }
+  void load(std::istream& in) {
+    std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (in.bad()) detail::raise<error>("checkpoint: reading the input stream failed");
+    std::vector<std::byte> bytes(chars.size());
+    if (!chars.empty()) std::memcpy(bytes.data(), chars.data(), chars.size());
+    load_bytes(bytes, "input stream");
+  }
+  void load(std::span<const std::byte> bytes) { load_bytes(bytes, "memory"); }
+
   // The error-feedback residual in flat layout (empty without error
   // feedback, and with several fragments: see state()). In the parameters'
   // memory space, with the layout of global_parameters().
@@ -180,6 +236,64 @@ class algorithm {
   }
 
  private:
+  // The header a checkpoint of this instance carries, and what load checks:
+  // enforced fields must match; per-rank options need only be present.
+  std::vector<checkpoint::expected_field> expected_fields(checkpoint::scope s) const {
+    std::vector<checkpoint::expected_field> out;
+    auto add = [&out](std::string name, option_value v, bool enforce = true) {
+      out.push_back({{std::move(name), std::move(v)}, enforce});
+    };
+    const auto text = [](const char* t) { return option_value::of_text(t); };
+    add("scope", text(checkpoint::to_string(s)));
+    add("policy.inner", text(Inner::name));
+    add("policy.outer", text(Outer::name));
+    add("policy.compressor", option_value::of_text(compressor_fingerprint()));
+    add("policy.sync", text(Sync::name));
+    add("memory_space", text(engine_->space() == detail::space_id::host ? "host" : "device"));
+    if (s == checkpoint::scope::worker) {
+      add("rank", option_value::of_unsigned(static_cast<std::uint64_t>(rank_)));
+      add("world", option_value::of_unsigned(static_cast<std::uint64_t>(world_)));
+    }
+    add("tensor_count", option_value::of_unsigned(engine_->tensor_count()));
+    for (std::size_t k = 0; k < engine_->tensor_count(); ++k)
+      add(detail::concat("tensor.", k, ".elements"), option_value::of_unsigned(tensor_elements_[k]));
+    add("flat_elements", option_value::of_unsigned(engine_->flat_size()));
+    for (option_field& f : option_fields(opts_)) {
+      const bool agree = f.agree == agreement::across_ranks;
+      if (agree || s == checkpoint::scope::worker) add("options." + f.name, std::move(f.value), agree);
+    }
+    return out;
+  }
+
+  // The compressor as the header names it: its name, and for a lossy one
+  // its block size, rounding and error feedback.
+  static std::string compressor_fingerprint() {
+    if constexpr (Compressor::lossless)
+      return Compressor::name;
+    else
+      return detail::concat(Compressor::name, ", block ", Compressor::codec::block,
+                            Compressor::stochastic ? ", stochastic rounding" : ", round to nearest",
+                            Compressor::has_error_feedback ? ", error feedback" : "");
+  }
+
+  void load_bytes(std::span<const std::byte> bytes, const std::string& source) {
+    if (engine_->in_flight())
+      detail::raise<state_error>("load: a reduction is in flight; load into a fresh instance, or call finish() "
+                                 "(collective) first");
+    try {
+      checkpoint::detail::restore(*engine_, bytes, expected_fields(checkpoint::scope::worker),
+                                  checkpoint::scope::worker);
+    } catch (const format_error& e) {
+      throw format_error(detail::concat(e.what(), " [", source, "]"));
+    }
+  }
+
+  static void write_stream(std::ostream& out, const std::vector<std::byte>& bytes, const char* what) {
+    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    out.flush();
+    if (!out) detail::raise<error>(what, ": writing the checkpoint to the output stream failed");
+  }
+
   template <class Grads>
   void take_inner_step(Grads&& grads) {
     if constexpr (float_tensor<Grads>)
@@ -214,6 +328,7 @@ class algorithm {
                   "diloco::algorithm: these tensors live in device memory; include <diloco/cuda.hpp> and compile "
                   "with nvcc to use the CUDA backend");
     parameter_set<float, Space> set(params);
+    for (const auto& t : set) tensor_elements_.push_back(t.size());
     if (set.elements() == 0) detail::raise<config_error>("the parameter list is empty (0 elements); nothing to train");
     engine_ = std::make_unique<detail::engine<Inner, Outer, Compressor, Comm, Space, Sync>>(std::move(set), comm, opts_);
   }
@@ -226,6 +341,8 @@ class algorithm {
   }
 
   options opts_;
+  int rank_ = 0, world_ = 1;
+  std::vector<std::size_t> tensor_elements_;  // the parameters' sizes, for checkpoint headers
   std::unique_ptr<detail::engine_base> engine_;
   std::vector<detail::raw_tensor> raw_grads_;
 };

@@ -25,12 +25,14 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
 #include "diloco/comm/detail/transport.hpp"
 #include "diloco/core/concepts.hpp"
 #include "diloco/core/error.hpp"
+#include "diloco/core/options.hpp"
 #include "diloco/core/state.hpp"
 #include "diloco/core/stats.hpp"
 #include "diloco/exec/host.hpp"
@@ -66,6 +68,23 @@ struct algorithm_options {
   // among the workers that share this process.
   int host_threads = 0;
 };
+
+// Every option by name (core/options.hpp), with whether ranks must agree on
+// it: H, broadcast_initial and the outer, compressor and schedule options
+// must; the inner optimizer's options and host_threads may differ per rank.
+template <class Inner, class Outer, class Compressor, class Sync, class F>
+void visit_options(const algorithm_options<Inner, Outer, Compressor, Sync>& o, F&& f) {
+  auto under = [&f](const char* prefix, agreement a) {
+    return [&f, prefix, a](std::string_view name, const auto& value) { f(detail::concat(prefix, name), value, a); };
+  };
+  f("inner_steps", o.inner_steps, agreement::across_ranks);
+  visit_policy_options(o.inner, under("inner.", agreement::per_rank));
+  visit_policy_options(o.outer, under("outer.", agreement::across_ranks));
+  visit_policy_options(o.compress, under("compress.", agreement::across_ranks));
+  visit_policy_options(o.sync, under("sync.", agreement::across_ranks));
+  f("broadcast_initial", o.broadcast_initial, agreement::across_ranks);
+  f("host_threads", o.host_threads, agreement::per_rank);
+}
 
 namespace detail {
 
@@ -116,6 +135,13 @@ struct engine_base {
   virtual std::size_t fragment_of(std::size_t k) const = 0;
   virtual const diloco::stats& statistics() const = 0;
   virtual void visit_state(state_visitor& v) = 0;
+  // For checkpoints (checkpoint/): the replica (the user's tensors) as
+  // buffers "replica.<k>", whether a reduction is in flight, and copies
+  // between the engine's memory space and host memory (its executor's).
+  virtual void visit_replica(state_visitor& v) = 0;
+  virtual bool in_flight() const = 0;
+  virtual void to_host(float* host, const float* src, std::size_t n) = 0;
+  virtual void from_host(float* dst, const float* host, std::size_t n) = 0;
 };
 
 template <class Inner, class Outer, class Compressor, class Comm, class Space, class Sync>
@@ -307,6 +333,16 @@ class engine final : public engine_base {
       v.scalar("schedule.eager_steps", eager_steps_);
     }
   }
+
+  void visit_replica(state_visitor& v) override {
+    for (std::size_t k = 0; k < params_.count(); ++k)
+      v.buffer(concat("replica.", k), params_[k].data(), params_[k].size(), device);
+  }
+  bool in_flight() const override {
+    return std::any_of(frags_.begin(), frags_.end(), [](const auto& f) { return f->in_flight; });
+  }
+  void to_host(float* host, const float* src, std::size_t n) override { exec_.to_host(host, src, n); }
+  void from_host(float* dst, const float* host, std::size_t n) override { exec_.from_host(dst, host, n); }
 
  private:
   struct fragment {

@@ -103,6 +103,10 @@ struct blockwise_codec {
 
 struct codec_options {
   std::uint64_t seed = 0;  // stochastic rounding stream
+  template <class F>
+  friend void visit_options(const codec_options& o, F&& f) {
+    f("seed", o.seed);
+  }
 };
 
 // What a lossy compressor without state of its own declares: its codec,

@@ -92,6 +92,10 @@ struct topk_codec {
 
 struct topk_options {
   float fraction = 0.01f;  // share of each block's elements that travel, in (0, 1]
+  template <class F>
+  friend void visit_options(const topk_options& o, F&& f) {
+    f("fraction", o.fraction);
+  }
 };
 
 template <std::size_t B = 1024>

@@ -22,6 +22,16 @@ struct adamw {
     // Global-norm gradient clipping as torch.nn.utils.clip_grad_norm_ does
     // it, over all parameters of the worker; 0 disables it.
     float max_grad_norm = 0.0f;
+    // Every field by name (core/options.hpp's visit_options customisation point).
+    template <class F>
+    friend void visit_options(const options& o, F&& f) {
+      f("lr", o.lr);
+      f("beta1", o.beta1);
+      f("beta2", o.beta2);
+      f("eps", o.eps);
+      f("weight_decay", o.weight_decay);
+      f("max_grad_norm", o.max_grad_norm);
+    }
   };
 
   static constexpr const char* name = "adamw";

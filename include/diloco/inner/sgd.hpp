@@ -18,6 +18,16 @@ struct sgd {
     bool nesterov = false;
     // Global-norm gradient clipping (torch.nn.utils.clip_grad_norm_); 0 disables it.
     float max_grad_norm = 0.0f;
+    // Every field by name (core/options.hpp's visit_options customisation point).
+    template <class F>
+    friend void visit_options(const options& o, F&& f) {
+      f("lr", o.lr);
+      f("momentum", o.momentum);
+      f("dampening", o.dampening);
+      f("weight_decay", o.weight_decay);
+      f("nesterov", o.nesterov);
+      f("max_grad_norm", o.max_grad_norm);
+    }
   };
 
   static constexpr const char* name = "sgd";

@@ -17,6 +17,12 @@ struct nesterov {
   struct options {
     float lr = 0.7f;
     float momentum = 0.9f;
+    // Every field by name (core/options.hpp's visit_options customisation point).
+    template <class F>
+    friend void visit_options(const options& o, F&& f) {
+      f("lr", o.lr);
+      f("momentum", o.momentum);
+    }
   };
 
   static constexpr const char* name = "outer nesterov";

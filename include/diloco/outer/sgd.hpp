@@ -18,6 +18,15 @@ struct sgd {
     float dampening = 0.0f;
     float weight_decay = 0.0f;
     bool nesterov = false;
+    // Every field by name (core/options.hpp's visit_options customisation point).
+    template <class F>
+    friend void visit_options(const options& o, F&& f) {
+      f("lr", o.lr);
+      f("momentum", o.momentum);
+      f("dampening", o.dampening);
+      f("weight_decay", o.weight_decay);
+      f("nesterov", o.nesterov);
+    }
   };
 
   static constexpr const char* name = "outer sgd";

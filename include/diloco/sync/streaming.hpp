@@ -25,6 +25,14 @@ struct streaming {
     std::size_t delay = 0;      // tau: inner steps the exchange overlaps
     float alpha = 0.0f;         // weight of the local value in the merge
     fragment_assignment assignment = fragment_assignment::contiguous;
+    // Every field by name (core/options.hpp's visit_options customisation point).
+    template <class F>
+    friend void visit_options(const options& o, F&& f) {
+      f("fragments", o.fragments);
+      f("delay", o.delay);
+      f("alpha", o.alpha);
+      f("assignment", o.assignment);
+    }
   };
   static constexpr const char* name = "streaming";
   static constexpr bool overlaps = true;
