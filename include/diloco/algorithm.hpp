@@ -134,6 +134,10 @@ class algorithm {
   float inner_lr() const { return engine_->inner_lr(); }
 
   const diloco::stats& stats() const { return engine_->statistics(); }
+  // The per-rank options (the inner optimizer's, host_threads) whose values
+  // differ between ranks, each with its value on every rank: heterogeneous
+  // workers are allowed, and reported here (found at construction).
+  const std::vector<per_rank_option>& per_rank_options() const { return engine_->per_rank_options(); }
   const options& settings() const { return opts_; }
   std::size_t parameter_count() const { return engine_->parameter_count(); }
   // Inner steps since an outer step was last applied.
@@ -265,6 +269,24 @@ class algorithm {
     return out;
   }
 
+  // What the ranks compare at construction (core/agreement.hpp): the
+  // policies, memory space and parameter layout, then every option, tagged
+  // must-agree or per-rank.
+  std::vector<detail::agreement_record> agreement_records(detail::space_id space) const {
+    std::vector<detail::agreement_record> out;
+    out.push_back({'A', "policy.inner", Inner::name});
+    out.push_back({'A', "policy.outer", Outer::name});
+    out.push_back({'A', "policy.compressor", compressor_fingerprint()});
+    out.push_back({'A', "policy.sync", Sync::name});
+    out.push_back({'A', "memory_space", space == detail::space_id::host ? "host" : "device"});
+    out.push_back({'A', "tensor_count", std::to_string(tensor_elements_.size())});
+    for (std::size_t k = 0; k < tensor_elements_.size(); ++k)
+      out.push_back({'A', detail::concat("tensor.", k, ".elements"), std::to_string(tensor_elements_[k])});
+    for (const option_field& f : option_fields(opts_))
+      out.push_back({f.agree == agreement::across_ranks ? 'A' : 'R', "options." + f.name, f.value.to_string()});
+    return out;
+  }
+
   // The compressor as the header names it: its name, and for a lossy one
   // its block size, rounding and error feedback.
   static std::string compressor_fingerprint() {
@@ -330,7 +352,8 @@ class algorithm {
     parameter_set<float, Space> set(params);
     for (const auto& t : set) tensor_elements_.push_back(t.size());
     if (set.elements() == 0) detail::raise<config_error>("the parameter list is empty (0 elements); nothing to train");
-    engine_ = std::make_unique<detail::engine<Inner, Outer, Compressor, Comm, Space, Sync>>(std::move(set), comm, opts_);
+    engine_ = std::make_unique<detail::engine<Inner, Outer, Compressor, Comm, Space, Sync>>(
+        std::move(set), comm, opts_, agreement_records(detail::space_id_v<Space>));
   }
 
   template <class Space>

@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <span>
 #include <string>
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "diloco/comm/detail/transport.hpp"
+#include "diloco/core/agreement.hpp"
 #include "diloco/core/concepts.hpp"
 #include "diloco/core/error.hpp"
 #include "diloco/core/options.hpp"
@@ -134,6 +136,7 @@ struct engine_base {
   virtual std::size_t fragment_count() const = 0;
   virtual std::size_t fragment_of(std::size_t k) const = 0;
   virtual const diloco::stats& statistics() const = 0;
+  virtual const std::vector<per_rank_option>& per_rank_options() const = 0;
   virtual void visit_state(state_visitor& v) = 0;
   // For checkpoints (checkpoint/): the replica (the user's tensors) as
   // buffers "replica.<k>", whether a reduction is in flight, and copies
@@ -158,7 +161,11 @@ class engine final : public engine_base {
   static constexpr bool eager = std::is_same_v<Sync, sync::eager>;
   static constexpr bool device = !std::is_same_v<Space, host_space>;
 
-  engine(parameter_set<float, Space> params, Comm& comm, const options& opts)
+  // `agreed`: what the ranks must agree on (policies, layout, options; the
+  // front end writes it), compared across ranks before anything else
+  // travels.
+  engine(parameter_set<float, Space> params, Comm& comm, const options& opts,
+         std::vector<agreement_record> agreed = {})
       : comm_(comm),
         opts_(opts),
         params_(std::move(params)),
@@ -210,13 +217,26 @@ class engine final : public engine_base {
         slot_bytes = std::max(slot_bytes, f.reducer->slot_bytes());
       }
     }
-    if (!Compressor::lossless && device && world_ > 1)
-      transport_.reserve_bytes(static_cast<std::size_t>(world_) * slot_bytes);
+    if (!Compressor::lossless && device && world_ > 1) {
+      reserved_bytes_ = static_cast<std::size_t>(world_) * slot_bytes;
+      transport_.reserve_bytes(reserved_bytes_);
+    }
 
     if constexpr (requires { exec_.set_threads(1); }) {
       const int cores = executor{}.threads();
       exec_.set_threads(opts_.host_threads > 0 ? opts_.host_threads
                                                : std::max(1, cores / std::max(1, workers_on_host(comm_))));
+    }
+    // Before anything else travels: the ranks agree on the policies, the
+    // layout and the options (a mismatch would pair rounds wrongly or drift
+    // silently), and, when each rank keeps its own initial parameters, on
+    // whether they are finite.
+    if (world_ > 1) {
+      if (!opts_.broadcast_initial) agreed.push_back({'V', "initial_parameters", non_finite_initial()});
+      agree(std::move(agreed));
+    } else if (const std::string bad = non_finite_initial(); !bad.empty()) {
+      raise<numeric_error>("non-finite initial parameters (", bad,
+                           "): a replica that starts non-finite would make every round refused");
     }
     if (opts_.broadcast_initial && world_ > 1) {
       const auto traffic0 = comm_.traffic();
@@ -229,6 +249,14 @@ class engine final : public engine_base {
       const auto after = comm_.traffic();
       stats_.bytes_sent += after.bytes_sent - traffic0.bytes_sent;
       stats_.bytes_received += after.bytes_received - traffic0.bytes_received;
+    }
+    if (opts_.broadcast_initial && world_ > 1) {
+      // Every rank now holds rank 0's values: every rank finds the same.
+      const std::string bad = non_finite_initial();
+      if (!bad.empty())
+        raise<numeric_error>("non-finite initial parameters after the broadcast from rank 0 (", bad,
+                             "); every rank raises this, since a replica that starts non-finite would make every "
+                             "round refused");
     }
     copy_local_to(global_.data());
     if constexpr (delayed) {
@@ -244,6 +272,7 @@ class engine final : public engine_base {
   }
 
   space_id space() const override { return space_id_v<Space>; }
+  const std::vector<per_rank_option>& per_rank_options() const override { return per_rank_; }
   const float* global_data() const override { return global_.data(); }
   const float* residual_data() const override {
     if constexpr (Compressor::has_error_feedback)
@@ -559,6 +588,78 @@ class engine final : public engine_base {
     raise<numeric_error>(msg);
   }
 
+  // Where the first non-finite parameter is ("tensor k index i is nan"), or
+  // empty. One counting pass per tensor; a tensor is copied to the host
+  // only to name the index.
+  std::string non_finite_initial() {
+    for (std::size_t k = 0; k < params_.count(); ++k) {
+      const auto& t = params_[k];
+      if (exec_.transform_reduce(t.size(), kernels::count_non_finite{t.data()}) == 0.0) continue;
+      std::vector<float> host(t.size());
+      exec_.to_host(host.data(), t.data(), t.size());
+      for (std::size_t i = 0; i < host.size(); ++i)
+        if (!std::isfinite(host[i]))
+          return concat("tensor ", k, " index ", i, " is ", std::isnan(host[i]) ? "nan" : host[i] > 0 ? "inf" : "-inf");
+    }
+    return {};
+  }
+
+  // The start-up agreement (core/agreement.hpp): every rank's records are
+  // gathered (their lengths first, then the records padded to the longest)
+  // and every rank compares the same bytes, so all raise or none does. Its
+  // traffic is counted in stats().setup_bytes, apart from the rounds'.
+  void agree(std::vector<agreement_record> records) {
+    const auto traffic0 = comm_.traffic();
+    const auto t0 = clock::now();
+    const std::string text = agreement_text(records);
+    const auto M = static_cast<std::size_t>(world_);
+    std::vector<std::byte> mine(sizeof(std::uint64_t));
+    const std::uint64_t len = text.size();
+    std::memcpy(mine.data(), &len, sizeof len);
+    const std::vector<std::byte> lengths = gather_bytes(mine);
+    std::size_t longest = 0;
+    for (std::size_t r = 0; r < M; ++r) {
+      std::uint64_t l = 0;
+      std::memcpy(&l, lengths.data() + r * sizeof l, sizeof l);
+      if (l > (std::size_t{1} << 24))
+        raise<format_error>("start-up agreement: rank ", r, " announced a ", l,
+                            "-byte record (at most 16 MiB expected); are all ranks running the same program?");
+      longest = std::max<std::size_t>(longest, static_cast<std::size_t>(l));
+    }
+    mine.assign(longest, std::byte{0});
+    std::memcpy(mine.data(), text.data(), text.size());
+    const std::vector<std::byte> all = gather_bytes(mine);
+    std::vector<std::vector<agreement_record>> ranks;
+    for (std::size_t r = 0; r < M; ++r)
+      ranks.push_back(parse_agreement_text(
+          std::string_view(reinterpret_cast<const char*>(all.data()) + r * longest, longest), static_cast<int>(r)));
+    agreement_outcome outcome = compare_agreement(ranks);
+    const auto after = comm_.traffic();
+    stats_.setup_bytes += after.bytes_sent - traffic0.bytes_sent;
+    stats_.comm_seconds += seconds_since(t0);
+    if (outcome.mismatch) raise<config_error>(*outcome.mismatch);
+    if (outcome.initial_check) raise<numeric_error>(*outcome.initial_check);
+    per_rank_ = std::move(outcome.per_rank);
+  }
+
+  // An all-gather of host bytes through the transport (staged through the
+  // executor's memory for device tensors).
+  std::vector<std::byte> gather_bytes(const std::vector<std::byte>& mine) {
+    const std::size_t n = mine.size(), total = n * static_cast<std::size_t>(world_);
+    std::vector<std::byte> all(total);
+    if (n == 0) return all;
+    if constexpr (device) {
+      buffer<std::byte, Space> send(n), recv(total);
+      exec_.from_host(send.data(), mine.data(), n);
+      if (total > reserved_bytes_) transport_.reserve_bytes(reserved_bytes_ = total);
+      transport_.all_gather(comm_, exec_, send.data(), n, recv.data());
+      exec_.to_host(all.data(), recv.data(), total);
+    } else {
+      transport_.all_gather(comm_, exec_, mine.data(), n, all.data());
+    }
+    return all;
+  }
+
   void copy_local_to(float* flat) {
     for (std::size_t k = 0; k < params_.count(); ++k)
       exec_.for_each(params_[k].size(), kernels::copy{params_[k].data(), flat + offsets_[k]});
@@ -591,6 +692,8 @@ class engine final : public engine_base {
   std::uint64_t eager_steps_ = 0;      // sync::eager: this worker's outer step count
   std::uint64_t steps_in_round_ = 0;
   std::uint64_t position_ = 0;  // inner steps taken: the schedule's clock
+  std::vector<per_rank_option> per_rank_;  // per-rank options that differ between ranks
+  std::size_t reserved_bytes_ = 0;         // the transport's byte staging (device tensors)
   diloco::stats stats_;
 };
 

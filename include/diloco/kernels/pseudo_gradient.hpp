@@ -84,6 +84,23 @@ struct fill {
   DILOCO_HD DILOCO_FORCEINLINE void operator()(std::size_t i) const { dst[i] = value; }
 };
 
+// 1 for each element that is NaN or infinite (x − x is 0 exactly when x is
+// finite), summed by transform_reduce: read 4.
+struct count_non_finite {
+  const float* DILOCO_RESTRICT x;
+  DILOCO_HD DILOCO_FORCEINLINE float operator()(std::size_t i) const {
+    const float v = x[i];
+    return v - v == 0.0f ? 0.0f : 1.0f;
+  }
+  DILOCO_HD DILOCO_FORCEINLINE vec4f vec4(std::size_t i) const {
+    const vec4f v = load4_readonly(x + i);
+    vec4f bad;
+    for (std::size_t l = 0; l < vec_width; ++l) bad[l] = v[l] - v[l] == 0.0f ? 0.0f : 1.0f;
+    return bad;
+  }
+  bool vec4_aligned() const { return aligned16(x); }
+};
+
 // dst_i = src_i (restoring replicas, initial copies): read 4, write 4.
 struct copy {
   const float* DILOCO_RESTRICT src;
