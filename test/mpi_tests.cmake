@@ -78,3 +78,22 @@ if(DILOCO_TEST_LARGE_COUNTS)
   target_link_libraries(test_comm_mpi_large PRIVATE diloco_mpi_test_main)
   diloco_add_mpi_test(test_comm_mpi_large_np2 RANKS 2 COMMAND test_comm_mpi_large LABELS slow TIMEOUT 600)
 endif()
+
+# A rank killed (SIGKILL) while mpirun keeps the job alive
+# (orte_abort_on_non_zero_status 0, Open MPI only): the survivors, with a
+# 1000 ms timeout, raise comm_error within the timeout + 2 s (error), or end
+# the job with MPI_Abort when asked to (abort). Judged from the output by
+# run_mpi_peer_death.cmake; the TIMEOUT keeps a hang from lasting.
+add_executable(test_comm_mpi_peer_death test_comm_mpi_peer_death.cpp)
+target_link_libraries(test_comm_mpi_peer_death PRIVATE diloco::mpi diloco_project_options)
+if(DILOCO_MPIEXEC_EXTRA_FLAGS MATCHES "oversubscribe")  # Open MPI
+  set(_launch ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 3 ${DILOCO_MPIEXEC_EXTRA_FLAGS}
+      --mca orte_abort_on_non_zero_status 0 ${MPIEXEC_PREFLAGS})
+  foreach(mode error abort)
+    add_test(NAME test_comm_mpi_peer_death_${mode}_np3
+      COMMAND ${CMAKE_COMMAND} "-DLAUNCH=${_launch}" -DEXE=$<TARGET_FILE:test_comm_mpi_peer_death>
+        "-DPOSTFLAGS=${MPIEXEC_POSTFLAGS}" -DMODE=${mode} -P ${CMAKE_CURRENT_SOURCE_DIR}/run_mpi_peer_death.cmake)
+    set_tests_properties(test_comm_mpi_peer_death_${mode}_np3 PROPERTIES LABELS "mpi;unit" TIMEOUT 90
+      RESOURCE_LOCK mpi_job ENVIRONMENT "${DILOCO_MPIEXEC_ENVIRONMENT}")
+  endforeach()
+endif()

@@ -11,11 +11,17 @@
 // thread at a time (MPI_THREAD_FUNNELED is enough). The results are those of
 // MPI's own reductions, which are deterministic for a given library, world
 // size, message size and call (blocking or not).
+//
+// Waits are MPI's own and unbounded by default; with options.timeout every
+// collective is issued non-blocking and polled against it, so a dead peer
+// (in a job mpirun keeps alive) is a comm_error instead of a hang.
 
 #include <mpi.h>
 
+#include <chrono>
 #include <climits>
 #include <cstddef>
+#include <cstdlib>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -25,10 +31,12 @@
 
 #include "diloco/comm/detail/mpi_agreement.hpp"
 #include "diloco/comm/detail/mpi_call.hpp"
+#include "diloco/comm/detail/mpi_wait.hpp"
 #include "diloco/core/comm_types.hpp"
 #include "diloco/core/concepts.hpp"
 #include "diloco/core/error.hpp"
 #include "diloco/core/memory_space.hpp"
+#include "diloco/core/timeout.hpp"
 #include "diloco/tensor/tensor_traits.hpp"
 
 #if defined(DILOCO_WITH_CUDA) || defined(__CUDACC__)
@@ -65,6 +73,21 @@ struct mpi_options {
   std::size_t max_count_per_call = INT_MAX;
   // Device buffers only (builds with CUDA).
   mpi_device_path device_path = mpi_device_path::detect;
+  // Bound on every wait for the other ranks: 1 ms to one year, or
+  // diloco::no_timeout (the default: MPI's own blocking calls, which wait
+  // as long as it takes). With a timeout every collective (the argument
+  // check included) is issued non-blocking and polled with MPI_Testall,
+  // backing off to short sleeps, and one not complete in time throws
+  // comm_error naming the operation, the rank and the timeout: a peer that
+  // died while mpirun keeps the job alive no longer hangs the others. Set it
+  // on every rank or on none (with check_arguments a mismatch is a
+  // comm_error). After a timeout the communicator is unusable: MPI cannot
+  // cancel a collective, so its buffers may still be written.
+  std::chrono::milliseconds timeout = no_timeout;
+  // With a timeout: call MPI_Abort on the communicator instead of throwing
+  // (after printing the message to stderr), which ends the whole job. Off by
+  // default, since the error then never reaches the program.
+  bool abort_on_timeout = false;
 };
 
 namespace detail_mpi {
@@ -76,6 +99,10 @@ struct context {
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0;
   int size = 1;
+  wait_policy policy;
+  // Why the communicator is unusable (a timeout left an operation running);
+  // empty while it is usable.
+  std::string failed;
 #if DILOCO_MPI_DEVICE_BUFFERS
   pinned_staging staging;
 #endif
@@ -88,7 +115,32 @@ struct context {
     // released the communicator itself then.
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (comm != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm);
+    // After a timeout an operation is still active on it: leave it be.
+    if (comm != MPI_COMM_NULL && !finalized && failed.empty()) MPI_Comm_free(&comm);
+  }
+
+  // Throws comm_error if an earlier timeout made the communicator unusable.
+  void check_usable(const char* operation) const {
+    if (!failed.empty())
+      diloco::detail::raise<comm_error>("mpi ", operation, " on rank ", rank,
+                                        ": the communicator is unusable after an earlier timeout (", failed, ")");
+  }
+
+  // Completes `n` requests within `deadline`: MPI failures throw comm_error,
+  // a timeout marks the communicator unusable and throws comm_error (or
+  // aborts the job when the user asked for that).
+  void complete(int n, MPI_Request* reqs, std::chrono::steady_clock::time_point deadline, const char* mpi_call,
+                const char* operation) {
+    bool late = false;
+    const char* waited_with = "";
+    const int rc = wait_all(n, reqs, policy, deadline, late, &waited_with);
+    if (late) time_out(mpi_call, operation);
+    check(rc, waited_with, operation, rank);
+  }
+
+  [[noreturn]] void time_out(const char* mpi_call, const char* operation) {
+    failed = timeout_message(operation, rank, mpi_call, policy.timeout);
+    raise_timeout(comm, policy, failed);
   }
 };
 
@@ -205,8 +257,11 @@ class mpi_request {
   mpi_request(mpi_request&& other) noexcept
       : ctx_(std::move(other.ctx_)),
         operation_(other.operation_),
+        mpi_call_(other.mpi_call_),
         pending_(std::move(other.pending_)),
-        then_(other.then_) {
+        then_(other.then_),
+        blocking_(other.blocking_),
+        deadline_(other.deadline_) {
     other.pending_.clear();
   }
   mpi_request& operator=(mpi_request&& other) noexcept {
@@ -214,8 +269,11 @@ class mpi_request {
       drain();
       ctx_ = std::move(other.ctx_);
       operation_ = other.operation_;
+      mpi_call_ = other.mpi_call_;
       pending_ = std::move(other.pending_);
       then_ = other.then_;
+      blocking_ = other.blocking_;
+      deadline_ = other.deadline_;
       other.pending_.clear();
     }
     return *this;
@@ -226,10 +284,17 @@ class mpi_request {
 
   bool valid() const { return ctx_ != nullptr; }
 
+  // With comm::mpi's timeout set, waits at most that long (from this call)
+  // and then throws comm_error; the communicator is unusable afterwards.
   void wait() {
     if (!ctx_) return;
-    const int rc = MPI_Waitall(pending_.size(), pending_.data(), MPI_STATUSES_IGNORE);
-    finish(rc, "MPI_Waitall");
+    // A blocking call's deadline was set when it started.
+    const auto deadline = blocking_ ? deadline_ : diloco::detail::deadline_after(ctx_->policy.timeout);
+    bool late = false;
+    const char* waited_with = "";
+    const int rc = detail_mpi::wait_all(pending_.size(), pending_.data(), ctx_->policy, deadline, late, &waited_with);
+    if (late) time_out();
+    finish(rc, waited_with);
   }
 
   bool test() {
@@ -243,6 +308,19 @@ class mpi_request {
 
  private:
   friend class mpi;
+
+  void add(MPI_Request r, const char* mpi_call) {
+    if (pending_.size() == 0) mpi_call_ = mpi_call;
+    pending_.add(r);
+  }
+
+  // The MPI requests stay active (MPI cannot cancel or free a collective's):
+  // they, and the staging slot if any, are left to the failed communicator.
+  [[noreturn]] void time_out() {
+    auto ctx = std::move(ctx_);
+    pending_.clear();
+    ctx->time_out(mpi_call_, operation_);
+  }
 
   // The request is spent afterwards, whether or not the operation failed.
   void finish(int rc, const char* mpi_call) {
@@ -264,8 +342,13 @@ class mpi_request {
 
   std::shared_ptr<detail_mpi::context> ctx_;
   const char* operation_ = "";
+  const char* mpi_call_ = "";  // the (first) MPI call it posted, for messages
   detail_mpi::request_set pending_;
   detail_mpi::completion then_;
+  // Set for the internal request of a blocking call with a timeout: its
+  // deadline runs from the start of the call.
+  bool blocking_ = false;
+  std::chrono::steady_clock::time_point deadline_{};
 };
 
 class mpi {
@@ -290,7 +373,8 @@ class mpi {
     auto ctx = std::make_shared<detail_mpi::context>();
     ctx->rank = rank;
     ctx->size = size;
-    detail_mpi::check(MPI_Comm_dup(comm, &ctx->comm), "MPI_Comm_dup", "constructor", rank);
+    ctx->policy = {opts_.timeout, opts_.abort_on_timeout};
+    duplicate(comm, *ctx);
     detail_mpi::check(MPI_Comm_set_errhandler(ctx->comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler",
                       "constructor", rank);
     // Ranks on this host share its cores: the engine sizes its host
@@ -305,6 +389,17 @@ class mpi {
     direct_device_ = opts_.device_path == mpi_device_path::direct ||
                      (opts_.device_path == mpi_device_path::detect && detail_mpi::library_is_cuda_aware());
 #endif
+  }
+
+  // `base` with its timeout taken from DILOCO_TIMEOUT_MS when that is set
+  // (milliseconds in [1, one year], or "none"), as comm::gloo::from_env
+  // reads it; a malformed value is a config_error. Unset, base is unchanged
+  // (no timeout by default). mpirun passes the variable to local ranks; use
+  // `-x DILOCO_TIMEOUT_MS` for remote ones.
+  static options options_from_env(options base = {}) {
+    if (const char* v = std::getenv("DILOCO_TIMEOUT_MS"))
+      base.timeout = diloco::detail::parse_timeout_ms(v, "DILOCO_TIMEOUT_MS");
+    return base;
   }
 
   mpi(const mpi&) = delete;
@@ -328,24 +423,36 @@ class mpi {
   // ------------------------------------------------------------ blocking
   // In-place all-reduce of fp32 buffers: MPI_Allreduce with MPI_SUM; mean
   // divides the sum by the world size afterwards.
-  void all_reduce(std::span<float> buf, reduce_op op) { start_all_reduce(buf.data(), buf.size(), op, nullptr); }
+  void all_reduce(std::span<float> buf, reduce_op op) {
+    blocking("all_reduce", [&](request* out) {
+      start_all_reduce(buf.data(), buf.size(), op, out);
+    });
+  }
   // Copies root's buffer into every rank's buffer.
   void broadcast(std::span<float> buf, int root) {
-    start_broadcast(detail_mpi::collective::broadcast_fp32, buf.data(), buf.size(), root, nullptr);
+    blocking("broadcast", [&](request* out) {
+      start_broadcast(detail_mpi::collective::broadcast_fp32, buf.data(), buf.size(), root, out);
+    });
   }
   void broadcast(std::span<std::byte> buf, int root) {
-    start_broadcast(detail_mpi::collective::broadcast_bytes, buf.data(), buf.size(), root, nullptr);
+    blocking("broadcast", [&](request* out) {
+      start_broadcast(detail_mpi::collective::broadcast_bytes, buf.data(), buf.size(), root, out);
+    });
   }
   // send holds M equal blocks, block k for rank k; recv receives block
   // `rank` of every rank's send, in rank order.
   void all_to_all(std::span<const std::byte> send, std::span<std::byte> recv) {
-    start_exchange(detail_mpi::collective::all_to_all, send.data(), send.size(), recv.data(), recv.size(), nullptr);
+    blocking("all_to_all", [&](request* out) {
+      start_exchange(detail_mpi::collective::all_to_all, send.data(), send.size(), recv.data(), recv.size(), out);
+    });
   }
   // recv receives every rank's send, in rank order (M blocks).
   void all_gather(std::span<const std::byte> send, std::span<std::byte> recv) {
-    start_exchange(detail_mpi::collective::all_gather, send.data(), send.size(), recv.data(), recv.size(), nullptr);
+    blocking("all_gather", [&](request* out) {
+      start_exchange(detail_mpi::collective::all_gather, send.data(), send.size(), recv.data(), recv.size(), out);
+    });
   }
-  void barrier() { start_barrier(nullptr); }
+  void barrier() { blocking("barrier", [&](request* out) { start_barrier(out); }); }
 
   // -------------------------------------------------------- non-blocking
   // Each posts the MPI operation and returns; MPI progresses it. Buffers
@@ -386,18 +493,30 @@ class mpi {
   // The same operations over device memory. The buffers must be ready
   // (kernels writing them finished) when the call is made; staging copies
   // use cudaMemcpy, which orders itself after the legacy default stream.
-  void all_reduce(device_view<float> buf, reduce_op op) { start_device_all_reduce(buf, op, nullptr); }
+  void all_reduce(device_view<float> buf, reduce_op op) {
+    blocking("all_reduce", [&](request* out) {
+      start_device_all_reduce(buf, op, out);
+    });
+  }
   void broadcast(device_view<float> buf, int root) {
-    start_device_broadcast(detail_mpi::collective::broadcast_fp32, buf.data(), buf.size(), root, nullptr);
+    blocking("broadcast", [&](request* out) {
+      start_device_broadcast(detail_mpi::collective::broadcast_fp32, buf.data(), buf.size(), root, out);
+    });
   }
   void broadcast(device_view<std::byte> buf, int root) {
-    start_device_broadcast(detail_mpi::collective::broadcast_bytes, buf.data(), buf.size(), root, nullptr);
+    blocking("broadcast", [&](request* out) {
+      start_device_broadcast(detail_mpi::collective::broadcast_bytes, buf.data(), buf.size(), root, out);
+    });
   }
   void all_to_all(device_view<const std::byte> send, device_view<std::byte> recv) {
-    start_device_exchange(detail_mpi::collective::all_to_all, send, recv, nullptr);
+    blocking("all_to_all", [&](request* out) {
+      start_device_exchange(detail_mpi::collective::all_to_all, send, recv, out);
+    });
   }
   void all_gather(device_view<const std::byte> send, device_view<std::byte> recv) {
-    start_device_exchange(detail_mpi::collective::all_gather, send, recv, nullptr);
+    blocking("all_gather", [&](request* out) {
+      start_device_exchange(detail_mpi::collective::all_gather, send, recv, out);
+    });
   }
 
   request iall_reduce(device_view<float> buf, reduce_op op) {
@@ -430,6 +549,29 @@ class mpi {
  private:
   using collective = detail_mpi::collective;
 
+  // MPI_Comm_dup, or with a timeout MPI_Comm_idup polled against it (a rank
+  // that died before the constructor is a timeout, not a hang).
+  static void duplicate(MPI_Comm comm, detail_mpi::context& ctx) {
+    if (!ctx.policy.timed()) {
+      detail_mpi::check(MPI_Comm_dup(comm, &ctx.comm), "MPI_Comm_dup", "constructor", ctx.rank);
+      return;
+    }
+    const auto deadline = diloco::detail::deadline_after(ctx.policy.timeout);
+    MPI_Request r = MPI_REQUEST_NULL;
+    detail_mpi::check(MPI_Comm_idup(comm, &ctx.comm, &r), "MPI_Comm_idup", "constructor", ctx.rank);
+    bool late = false;
+    const char* waited_with = "";
+    const int rc = detail_mpi::wait_all(1, &r, ctx.policy, deadline, late, &waited_with);
+    if (late) {
+      // The new handle is not valid until the duplication completes: the
+      // context's destructor must not free it.
+      ctx.failed = detail_mpi::timeout_message("constructor", ctx.rank, "MPI_Comm_idup", ctx.policy.timeout);
+      detail_mpi::raise_timeout(comm, ctx.policy, ctx.failed);
+    }
+    if (rc != MPI_SUCCESS) ctx.comm = MPI_COMM_NULL;
+    detail_mpi::check(rc, waited_with, "constructor", ctx.rank);
+  }
+
   static void validate_environment(MPI_Comm comm, const options& opts) {
     int initialized = 0, finalized = 0;
     MPI_Initialized(&initialized);
@@ -453,6 +595,7 @@ class mpi {
         opts.device_path != mpi_device_path::staged)
       diloco::detail::raise<config_error>("comm::mpi: device_path must be detect, direct or staged, got ",
                                           static_cast<int>(opts.device_path));
+    diloco::detail::check_timeout(opts.timeout, "comm::mpi: timeout");
     int inter = 0;
     detail_mpi::check(MPI_Comm_test_inter(comm, &inter), "MPI_Comm_test_inter", "constructor", -1);
     if (inter)
@@ -468,13 +611,42 @@ class mpi {
     return r;
   }
 
+  // A blocking call: without a timeout MPI's blocking form (out is null);
+  // with one the non-blocking form, waited for against a deadline that runs
+  // from here.
+  template <class Start>
+  void blocking(const char* operation, Start&& start) {
+    if (!ctx_->policy.timed()) {
+      start(static_cast<request*>(nullptr));
+      return;
+    }
+    request r = make_request(operation);
+    r.blocking_ = true;
+    r.deadline_ = diloco::detail::deadline_after(ctx_->policy.timeout);
+    start(&r);
+    r.wait();
+  }
+
+  static bool nonblocking(const request* out) { return out != nullptr && !out->blocking_; }
+
   // Agrees on the call across ranks (or, unchecked, reports a local problem
-  // at once). Nothing has moved when this throws.
-  void begin(const detail_mpi::call& c, const std::string& problem) const {
-    if (opts_.check_arguments)
-      detail_mpi::agree(ctx_->comm, ctx_->rank, c, problem);
-    else if (!problem.empty())
+  // at once). Nothing has moved when this throws. `out` is the request of a
+  // non-blocking call, or of a blocking one with a timeout, null otherwise.
+  void begin(detail_mpi::call c, const std::string& problem, const request* out) const {
+    ctx_->check_usable(detail_mpi::name(c.op));
+    c.timed = ctx_->policy.timed();
+    if (opts_.check_arguments) {
+      // A blocking call's deadline covers the check too; a non-blocking
+      // call's check gets a timeout of its own.
+      const auto deadline =
+          out && out->blocking_ ? out->deadline_ : diloco::detail::deadline_after(ctx_->policy.timeout);
+      detail_mpi::agree(ctx_->comm, ctx_->rank, c, problem,
+                        [&](int n, MPI_Request* reqs, const char* mpi_call, const char* operation) {
+                          ctx_->complete(n, reqs, deadline, mpi_call, operation);
+                        });
+    } else if (!problem.empty()) {
       diloco::detail::raise<config_error>(problem);
+    }
   }
 
   // A blocking call completes here; a non-blocking one hands what is left
@@ -521,7 +693,7 @@ class mpi {
         MPI_Request r = MPI_REQUEST_NULL;
         detail_mpi::check(MPI_Iallreduce(MPI_IN_PLACE, data + off, count, MPI_FLOAT, MPI_SUM, ctx_->comm, &r),
                           "MPI_Iallreduce", "all_reduce", rank());
-        out->pending_.add(r);
+        out->add(r, "MPI_Iallreduce");
       } else {
         detail_mpi::check(MPI_Allreduce(MPI_IN_PLACE, data + off, count, MPI_FLOAT, MPI_SUM, ctx_->comm),
                           "MPI_Allreduce", "all_reduce", rank());
@@ -537,7 +709,7 @@ class mpi {
       if (out) {
         MPI_Request r = MPI_REQUEST_NULL;
         detail_mpi::check(MPI_Ibcast(at, count, type, root, ctx_->comm, &r), "MPI_Ibcast", "broadcast", rank());
-        out->pending_.add(r);
+        out->add(r, "MPI_Ibcast");
       } else {
         detail_mpi::check(MPI_Bcast(at, count, type, root, ctx_->comm), "MPI_Bcast", "broadcast", rank());
       }
@@ -558,7 +730,7 @@ class mpi {
         detail_mpi::check(to_all ? MPI_Ialltoall(s, send_count, send_type, r, recv_count, recv_type, ctx_->comm, &q)
                                  : MPI_Iallgather(s, send_count, send_type, r, recv_count, recv_type, ctx_->comm, &q),
                           call, op, rank());
-        out->pending_.add(q);
+        out->add(q, call);
       } else {
         detail_mpi::check(to_all ? MPI_Alltoall(s, send_count, send_type, r, recv_count, recv_type, ctx_->comm)
                                  : MPI_Allgather(s, send_count, send_type, r, recv_count, recv_type, ctx_->comm),
@@ -582,7 +754,7 @@ class mpi {
 
   // ------------------------------------------------ host operations
   void start_all_reduce(float* data, std::size_t n, reduce_op op, request* out) {
-    begin({collective::all_reduce, out != nullptr, n, static_cast<std::int64_t>(op)}, reduce_problem(op));
+    begin({collective::all_reduce, nonblocking(out), n, static_cast<std::int64_t>(op)}, reduce_problem(op), out);
     account_all_reduce(n);
     post_sum(data, n, out);
     detail_mpi::completion then;
@@ -595,7 +767,7 @@ class mpi {
 
   template <class T>
   void start_broadcast(collective c, T* data, std::size_t n, int root, request* out) {
-    begin({c, out != nullptr, n, root}, root_problem(c, root));
+    begin({c, nonblocking(out), n, root}, root_problem(c, root), out);
     account_broadcast(n * sizeof(T), root);
     post_broadcast(data, n, c == collective::broadcast_fp32 ? MPI_FLOAT : MPI_BYTE, sizeof(T), root, out);
     end({}, out, "broadcast");
@@ -603,7 +775,7 @@ class mpi {
 
   void start_exchange(collective c, const std::byte* send, std::size_t send_bytes, std::byte* recv,
                       std::size_t recv_bytes, request* out) {
-    begin({c, out != nullptr, send_bytes, 0}, exchange_problem(c, send, send_bytes, recv, recv_bytes));
+    begin({c, nonblocking(out), send_bytes, 0}, exchange_problem(c, send, send_bytes, recv, recv_bytes), out);
     const std::size_t block = c == collective::all_to_all ? send_bytes / static_cast<std::size_t>(size()) : send_bytes;
     account_exchange(block);
     post_exchange(c, send, recv, block, out);
@@ -611,11 +783,11 @@ class mpi {
   }
 
   void start_barrier(request* out) {
-    begin({collective::barrier, out != nullptr, 0, 0}, {});
+    begin({collective::barrier, nonblocking(out), 0, 0}, {}, out);
     if (out) {
       MPI_Request r = MPI_REQUEST_NULL;
       detail_mpi::check(MPI_Ibarrier(ctx_->comm, &r), "MPI_Ibarrier", "barrier", rank());
-      out->pending_.add(r);
+      out->add(r, "MPI_Ibarrier");
     } else {
       detail_mpi::check(MPI_Barrier(ctx_->comm), "MPI_Barrier", "barrier", rank());
     }
@@ -646,7 +818,7 @@ class mpi {
 
   void start_device_all_reduce(device_view<float> buf, reduce_op op, request* out) {
     const std::size_t n = buf.size();
-    begin({collective::all_reduce, out != nullptr, n, static_cast<std::int64_t>(op)}, reduce_problem(op));
+    begin({collective::all_reduce, nonblocking(out), n, static_cast<std::int64_t>(op)}, reduce_problem(op), out);
     account_all_reduce(n);
     detail_mpi::completion then;
     if (direct_device_) {
@@ -673,7 +845,7 @@ class mpi {
 
   template <class T>
   void start_device_broadcast(collective c, T* data, std::size_t n, int root, request* out) {
-    begin({c, out != nullptr, n, root}, root_problem(c, root));
+    begin({c, nonblocking(out), n, root}, root_problem(c, root), out);
     const std::size_t bytes = n * sizeof(T);
     account_broadcast(bytes, root);
     const MPI_Datatype type = c == collective::broadcast_fp32 ? MPI_FLOAT : MPI_BYTE;
@@ -695,7 +867,8 @@ class mpi {
 
   void start_device_exchange(collective c, device_view<const std::byte> send, device_view<std::byte> recv,
                              request* out) {
-    begin({c, out != nullptr, send.size(), 0}, exchange_problem(c, send.data(), send.size(), recv.data(), recv.size()));
+    begin({c, nonblocking(out), send.size(), 0},
+          exchange_problem(c, send.data(), send.size(), recv.data(), recv.size()), out);
     const std::size_t block =
         c == collective::all_to_all ? send.size() / static_cast<std::size_t>(size()) : send.size();
     account_exchange(block);
