@@ -52,7 +52,8 @@ class gloo {
 
   // Joins the world: collective over all `size` processes, which must be
   // started with the same store, run id and size. Throws config_error for
-  // bad options and comm_error when the others do not come in time.
+  // bad options and comm_error, within options.timeout of the call, when
+  // a rank does not come or does not connect (naming it).
   explicit gloo(options opts) : opts_(std::move(opts)) {
     detail_gloo::validate(opts_);
     detail_gloo::sigpipe_guard guard;
