@@ -568,6 +568,53 @@ TEST_CASE("a process killed mid-run: the others raise comm_error within the time
   CHECK(messages.find("(connection to rank 2)") != std::string::npos);
 }
 
+TEST_CASE("a rank killed or frozen mid-run: every survivor names that rank, and no live one") {
+  // Before, a survivor not next to the victim named the live neighbour that
+  // had closed its connections on failing (about one in three), and with a
+  // frozen rank no message named it (issue 12, item 4).
+  constexpr int m = 4, victim = 2, timeout_ms = 2000;
+  for (int sig : {SIGKILL, SIGSTOP, SIGKILL, SIGSTOP}) {
+    CAPTURE(sig);
+    harness::temp_dir d;
+    world_spec w{.role = "kill_loop", .size = m, .store = "file://" + d.file("store"), .timeout_ms = timeout_ms,
+                 .dir = d.path().string()};
+    harness::processes ps;
+    for (int r = 0; r < m; ++r) ps.start(rank_env(w, r));
+    const auto ready_by = harness::clock::now() + 60s;
+    for (int r = 0; r < m; ++r)
+      while (!std::filesystem::exists(d.file("ready." + std::to_string(r))) && harness::clock::now() < ready_by)
+        std::this_thread::sleep_for(5ms);
+    std::this_thread::sleep_for(200ms);
+    const auto hit_at = harness::clock::now();
+    ps.kill(victim, sig);
+    const auto reported_by = harness::clock::now() + 30s;
+    for (int r = 0; r < m; ++r)
+      while (r != victim && !std::filesystem::exists(d.file("error." + std::to_string(r))) &&
+             harness::clock::now() < reported_by)
+        std::this_thread::sleep_for(5ms);
+    std::this_thread::sleep_for(100ms);
+    ps.kill(victim, SIGKILL);
+    ps.wait_all(30s);
+    for (int r = 0; r < m; ++r) {
+      if (r == victim) continue;
+      CAPTURE(r);
+      const auto& s = ps.status(static_cast<std::size_t>(r));
+      const std::string msg = harness::read_file(d.file("error." + std::to_string(r)));
+      INFO(harness::describe(s), ": ", msg);
+      CHECK((s.exited && s.code == exit_caught_comm_error));
+      MESSAGE((sig == SIGKILL ? "killed" : "frozen"), ": rank ", r, " after ",
+              harness::seconds_between(hit_at, s.at), " s: ", msg);
+      CHECK(harness::seconds_between(hit_at, s.at) < timeout_ms / 1000.0 + 2.0);
+      const bool names_victim = msg.find("(connection to rank 2)") != std::string::npos ||
+                                msg.find("(rank 2 failed; heard through rank ") != std::string::npos ||
+                                msg.find("(no word from rank 2: stalled or dead?)") != std::string::npos;
+      CHECK(names_victim);
+      for (int k = 0; k < m; ++k)
+        if (k != victim) CHECK(msg.find("(connection to rank " + std::to_string(k) + ")") == std::string::npos);
+    }
+  }
+}
+
 TEST_CASE("a rank that never comes: the others raise comm_error naming it within the timeout") {
   constexpr int timeout_ms = 1500;
   harness::temp_dir d;

@@ -47,6 +47,8 @@ struct connection {
   std::shared_ptr<::gloo::transport::Device> device;
   std::shared_ptr<::gloo::rendezvous::Context> context;
   std::vector<peer_alias> peers;
+  // The run's store, kept for the failure notes (see failure_key).
+  std::unique_ptr<rendezvous_store> store;
 };
 
 // The rank whose address appears in a Gloo message, if any.
@@ -68,6 +70,12 @@ inline std::string peers_key(int rank) { return "diloco_peers_" + std::to_string
 inline std::string link_key(int from, int to) {
   return "diloco_link_" + std::to_string(from) + "_" + std::to_string(to);
 }
+
+// Set once by a rank whose communicator failed, before it closes its
+// connections: the rank its failure points at ("-1" when it does not know,
+// e.g. it timed out). A rank that sees a connection closed by a live peer
+// follows the notes to the rank that failed first.
+inline std::string failure_key(int rank) { return "diloco_failed_" + std::to_string(rank); }
 
 inline std::string host_name() {
   char buf[256] = {};
@@ -507,14 +515,93 @@ inline connection rendezvous(const options& o) {
                                         "': ", e.what());
   }
 
-  rendezvous_store rs(o, next_generation(o), where);
+  c.store = std::make_unique<rendezvous_store>(o, next_generation(o), where);
+  rendezvous_store& rs = *c.store;
   const std::vector<std::string> hosts = join(rs, o, deadline, where);
   auto context = std::make_shared<mesh_context>(o.rank, o.size);
   context->setTimeout(gloo_wait(o.timeout));
   const auto lists = connect_mesh(*context, rs, o, c.device, hosts, deadline, where);
   c.context = context;
   c.peers = learn_peer_addresses(rs, o, *c.context, lists, deadline, where);
+  // From now on a request to a Redis store waits at most the timeout.
+  rs.limit_requests(o.timeout);
   return c;
+}
+
+// ------------------------------------------------------ failure notes
+// Publishes this rank's failure note (see failure_key); never throws.
+inline void publish_failure(rendezvous_store& rs, int rank, std::optional<int> blamed) noexcept {
+  try {
+    const std::string text = std::to_string(blamed ? *blamed : -1);
+    rs.limit_requests(std::chrono::milliseconds(500));
+    if (!rs.has({failure_key(rank)})) rs.store().set(failure_key(rank), std::vector<char>(text.begin(), text.end()));
+  } catch (...) {
+    // A courtesy to the other ranks; the failure is reported regardless.
+  }
+}
+
+// Rank k's failure note: nothing if it has none, else the rank it blamed
+// (-1: not known). Throws if the store fails.
+inline std::optional<int> failure_note(rendezvous_store& rs, int k) {
+  if (!rs.has({failure_key(k)})) return std::nullopt;
+  const std::vector<char> v = rs.store().get(failure_key(k));
+  return std::stoi(std::string(v.begin(), v.end()));
+}
+
+// Whom to name for a failure of this rank whose Gloo message named rank
+// `direct` (if any). The named peer may be alive: a rank that fails closes
+// its connections (Gloo itself closes them all when a wait times out,
+// before the note can be left). So the notes are followed from `direct`:
+// a rank whose note blames another leads on to it; a rank without a note
+// is the one that failed when another rank's note blames it too, or when
+// it leaves none within the grace: " (connection to rank k)" if it is
+// `direct`, else " (rank k failed; heard through rank j)". When the trail
+// ends in a note that blames nobody (a timeout: a stalled rank makes its
+// neighbours time out, and the others then fail within milliseconds), the
+// ranks that have left no note by the end of the grace are named.
+inline std::string name_culprit(rendezvous_store& rs, int self, int size, std::optional<int> direct,
+                                std::chrono::milliseconds grace) try {
+  const auto until = startup_clock::now() + grace;
+  auto culprit = [&](int k) {
+    if (k == *direct) return diloco::detail::concat(" (connection to rank ", k, ")");
+    return diloco::detail::concat(" (rank ", k, " failed; heard through rank ", *direct, ")");
+  };
+  // Whether a rank other than this one and k blames k.
+  auto witnessed = [&](int k) {
+    for (int w = 0; w < size; ++w)
+      if (w != self && w != k && failure_note(rs, w) == k) return true;
+    return false;
+  };
+  if (direct) {
+    std::vector<char> seen(static_cast<std::size_t>(size), 0);
+    int at = *direct;
+    for (;;) {
+      seen[static_cast<std::size_t>(at)] = 1;
+      std::optional<int> note = failure_note(rs, at);
+      while (!note) {
+        if (size == 2 || witnessed(at) || startup_clock::now() >= until) return culprit(at);
+        poll_pause(until);
+        note = failure_note(rs, at);
+      }
+      if (*note < 0 || *note >= size || *note == self || seen[static_cast<std::size_t>(*note)]) break;
+      at = *note;
+    }
+  }
+  std::vector<int> silent;
+  for (;;) {
+    silent.clear();
+    for (int k = 0; k < size; ++k)
+      if (k != self && !failure_note(rs, k)) silent.push_back(k);
+    if (silent.empty() || startup_clock::now() >= until) break;
+    poll_pause(until);
+  }
+  if (silent.empty())
+    return direct ? diloco::detail::concat(" (connection to rank ", *direct, "; which rank failed first is not known)")
+                  : std::string(" (which rank failed or stalled is not known)");
+  return diloco::detail::concat(" (no word from ", ranks_phrase(silent), ": stalled or dead?)");
+} catch (...) {
+  // The store failed too: say what Gloo said.
+  return direct ? diloco::detail::concat(" (connection to rank ", *direct, ")") : std::string();
 }
 
 }  // namespace diloco::comm::detail_gloo
