@@ -7,6 +7,8 @@
 #include <doctest/doctest.h>
 
 #include <dirent.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -387,6 +389,79 @@ int expect_comm_error() {
   }
 }
 
+// Joins a world with a rank that never connects: reports how long the
+// constructor took (steady_clock, in microseconds) and its message.
+int timed_join() {
+  const int r = std::atoi(env_or("DILOCO_RANK", "0").c_str());
+  const auto t0 = std::chrono::steady_clock::now();
+  auto elapsed_us = [&] {
+    return std::to_string(
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
+  };
+  try {
+    auto comm = gloo_comm::from_env();
+    harness::write_file(rank_file("elapsed_us", r), elapsed_us());
+    return 0;
+  } catch (const dc::comm_error& e) {
+    harness::write_file(rank_file("elapsed_us", r), elapsed_us());
+    harness::write_file(rank_file("error", r), e.what());
+    return exit_caught_comm_error;
+  } catch (const std::exception& e) {
+    harness::write_file(rank_file("elapsed_us", r), elapsed_us());
+    harness::write_file(rank_file("error", r), e.what());
+    return exit_wrong_error;
+  }
+}
+
+// A peer that registers in the store as a real rank does (the library's
+// own join) and publishes connection addresses, then never connects.
+// DILOCO_TEST_FAKE=port:P publishes 127.0.0.1:P for every pair, where
+// nothing listens (65535 compares above any listening port, so the real
+// ranks take the listening side and wait; 0 below, so they connect and are
+// refused). DILOCO_TEST_FAKE=stop listens for real, as Gloo's pairs do,
+// publishes those addresses and stops itself with SIGSTOP (connections
+// to it complete in the kernel; it never makes its own).
+int fake_peer() {
+  namespace dg = dc::comm::detail_gloo;
+  const std::string how = env_or("DILOCO_TEST_FAKE", "port:65535");
+  try {
+    const auto o = gloo_comm::options_from_env();
+    const std::string where = "fake peer";
+    dg::rendezvous_store rs(o, dg::next_generation(o), where);
+    const auto hosts = dg::join(rs, o, dc::detail::deadline_after(o.timeout), where);
+    std::vector<char> list;
+    std::shared_ptr<::gloo::transport::Device> device;
+    std::shared_ptr<::gloo::transport::Context> pairs;
+    if (how == "stop") {
+      ::gloo::transport::tcp::attr a;
+      a.hostname = "127.0.0.1";
+      device = ::gloo::transport::tcp::CreateDevice(a);
+      pairs = device->createContext(o.rank, o.size);
+      for (int k = 0; k < o.size; ++k) {
+        if (k == o.rank) continue;
+        const auto b = pairs->createPair(k)->address().bytes();
+        list.insert(list.end(), b.begin(), b.end());
+      }
+    } else {
+      sockaddr_in sa{};
+      sa.sin_family = AF_INET;
+      sa.sin_port = htons(static_cast<std::uint16_t>(std::atoi(how.substr(5).c_str())));
+      sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      const auto b =
+          ::gloo::transport::tcp::Address(reinterpret_cast<const sockaddr*>(&sa), sizeof sa).bytes();
+      for (int k = 0; k < o.size - 1; ++k) list.insert(list.end(), b.begin(), b.end());
+    }
+    rs.store().set(dg::address_key(o.rank), list);
+    harness::write_file(rank_file("published", o.rank), "yes");
+    if (how == "stop") raise(SIGSTOP);
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(env_or("DILOCO_TEST_FAKE_LIFE_MS", "8000").c_str())));
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fake_peer: %s\n", e.what());
+    return exit_wrong_error;
+  }
+}
+
 // ====================================================================
 // Parent tests
 // ====================================================================
@@ -493,6 +568,53 @@ TEST_CASE("a process killed mid-run: the others raise comm_error within the time
   CHECK(messages.find("(connection to rank 2)") != std::string::npos);
 }
 
+TEST_CASE("a rank killed or frozen mid-run: every survivor names that rank, and no live one") {
+  // Before, a survivor not next to the victim named the live neighbour that
+  // had closed its connections on failing (about one in three), and with a
+  // frozen rank no message named it (issue 12, item 4).
+  constexpr int m = 4, victim = 2, timeout_ms = 2000;
+  for (int sig : {SIGKILL, SIGSTOP, SIGKILL, SIGSTOP}) {
+    CAPTURE(sig);
+    harness::temp_dir d;
+    world_spec w{.role = "kill_loop", .size = m, .store = "file://" + d.file("store"), .timeout_ms = timeout_ms,
+                 .dir = d.path().string()};
+    harness::processes ps;
+    for (int r = 0; r < m; ++r) ps.start(rank_env(w, r));
+    const auto ready_by = harness::clock::now() + 60s;
+    for (int r = 0; r < m; ++r)
+      while (!std::filesystem::exists(d.file("ready." + std::to_string(r))) && harness::clock::now() < ready_by)
+        std::this_thread::sleep_for(5ms);
+    std::this_thread::sleep_for(200ms);
+    const auto hit_at = harness::clock::now();
+    ps.kill(victim, sig);
+    const auto reported_by = harness::clock::now() + 30s;
+    for (int r = 0; r < m; ++r)
+      while (r != victim && !std::filesystem::exists(d.file("error." + std::to_string(r))) &&
+             harness::clock::now() < reported_by)
+        std::this_thread::sleep_for(5ms);
+    std::this_thread::sleep_for(100ms);
+    ps.kill(victim, SIGKILL);
+    ps.wait_all(30s);
+    for (int r = 0; r < m; ++r) {
+      if (r == victim) continue;
+      CAPTURE(r);
+      const auto& s = ps.status(static_cast<std::size_t>(r));
+      const std::string msg = harness::read_file(d.file("error." + std::to_string(r)));
+      INFO(harness::describe(s), ": ", msg);
+      CHECK((s.exited && s.code == exit_caught_comm_error));
+      MESSAGE((sig == SIGKILL ? "killed" : "frozen"), ": rank ", r, " after ",
+              harness::seconds_between(hit_at, s.at), " s: ", msg);
+      CHECK(harness::seconds_between(hit_at, s.at) < timeout_ms / 1000.0 + 2.0);
+      const bool names_victim = msg.find("(connection to rank 2)") != std::string::npos ||
+                                msg.find("(rank 2 failed; heard through rank ") != std::string::npos ||
+                                msg.find("(no word from rank 2: stalled or dead?)") != std::string::npos;
+      CHECK(names_victim);
+      for (int k = 0; k < m; ++k)
+        if (k != victim) CHECK(msg.find("(connection to rank " + std::to_string(k) + ")") == std::string::npos);
+    }
+  }
+}
+
 TEST_CASE("a rank that never comes: the others raise comm_error naming it within the timeout") {
   constexpr int timeout_ms = 1500;
   harness::temp_dir d;
@@ -514,6 +636,58 @@ TEST_CASE("a rank that never comes: the others raise comm_error naming it within
     CHECK((s.exited && s.code == exit_caught_comm_error));
     // Process start-up included; the wait itself is bounded by the timeout.
     CHECK(harness::seconds_between(t0, s.at) < timeout_ms / 1000.0 + 2.0);
+  }
+}
+
+TEST_CASE("a peer that registers but never connects: every rank raises within timeout + 0.5 s, naming it") {
+  // Gloo's own connect waited five times the timeout for such a peer and
+  // named only an address (issue 12, item 1).
+  constexpr int m = 3, fake = 2, timeout_ms = 3000;
+  constexpr double bound_s = timeout_ms / 1000.0 + 0.5;
+  struct scenario {
+    const char* fake;
+    const char* expect;
+  };
+  for (const scenario& sc : {scenario{"port:65535", "rank 2 did not connect within 3000 ms"},
+                             scenario{"stop", "rank 2 did not connect within 3000 ms"},
+                             scenario{"port:0", "the connection to rank 2 failed"}}) {
+    const std::string fake_kind = sc.fake;
+    CAPTURE(fake_kind);
+    harness::temp_dir d;
+    world_spec w{.role = "timed_join",
+                 .size = m,
+                 .store = "file://" + d.file("store"),
+                 .timeout_ms = timeout_ms,
+                 .dir = d.path().string()};
+    world_spec wf = w;
+    wf.role = "fake_peer";
+    wf.extra = {std::string("DILOCO_TEST_FAKE=") + sc.fake, "DILOCO_TEST_FAKE_LIFE_MS=8000"};
+    harness::processes ps;
+    for (int r = 0; r < fake; ++r) ps.start(rank_env(w, r));
+    const std::size_t f = ps.start(rank_env(wf, fake));
+    const auto reported_by = harness::clock::now() + 30s;
+    for (int r = 0; r < fake; ++r)
+      while (!std::filesystem::exists(d.file("elapsed_us." + std::to_string(r))) &&
+             harness::clock::now() < reported_by)
+        std::this_thread::sleep_for(5ms);
+    ps.kill(f, SIGKILL);
+    ps.wait_all(30s);
+    for (int r = 0; r < fake; ++r) {
+      CAPTURE(r);
+      const auto& s = ps.status(static_cast<std::size_t>(r));
+      const std::string msg = harness::read_file(d.file("error." + std::to_string(r)));
+      INFO(harness::describe(s), ": ", msg);
+      CHECK((s.exited && s.code == exit_caught_comm_error));
+      const double elapsed_s = std::atof(harness::read_file(d.file("elapsed_us." + std::to_string(r))).c_str()) / 1e6;
+      MESSAGE(fake_kind, ": rank ", r, " raised after ", elapsed_s, " s: ", msg);
+      CHECK(elapsed_s <= bound_s);
+      CHECK(msg.find(sc.expect) != std::string::npos);
+      CHECK(msg.find("rendezvous on rank " + std::to_string(r) + " of 3") != std::string::npos);
+      // It is rank 2's fault, and no other rank is blamed.
+      CHECK(msg.find("rank 0 did") == std::string::npos);
+      CHECK(msg.find("rank 1 did") == std::string::npos);
+    }
+    CHECK(std::filesystem::exists(d.file("published.2")));
   }
 }
 
@@ -891,6 +1065,8 @@ int main(int argc, char** argv) {
     const std::string role = role_env;
     if (role == "kill_loop") return kill_loop();
     if (role == "expect_comm_error") return expect_comm_error();
+    if (role == "timed_join") return timed_join();
+    if (role == "fake_peer") return fake_peer();
     if (role.rfind("doctest:", 0) == 0) {
       doctest::Context ctx;
       ctx.setOption("no-skip", true);

@@ -10,6 +10,7 @@
 //                            .rendezvous = diloco::comm::gloo::file_store{"/shared/rdv"}});
 //   auto comm = diloco::comm::gloo::from_env();   // DILOCO_RANK, ... (scripts/launch_gloo.sh)
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -18,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -52,7 +54,8 @@ class gloo {
 
   // Joins the world: collective over all `size` processes, which must be
   // started with the same store, run id and size. Throws config_error for
-  // bad options and comm_error when the others do not come in time.
+  // bad options and comm_error, within options.timeout of the call, when
+  // a rank does not come or does not connect (naming it).
   explicit gloo(options opts) : opts_(std::move(opts)) {
     detail_gloo::validate(opts_);
     detail_gloo::sigpipe_guard guard;
@@ -266,8 +269,11 @@ class gloo {
     }
     std::string peer;
     try {
-      if (auto k = detail_gloo::rank_named_in(what, conn_.peers))
-        peer = diloco::detail::concat(" (connection to rank ", *k, ")");
+      // The note is normally left already, before the connections closed
+      // (closing_on_failure); this covers failures outside it.
+      const auto direct = detail_gloo::rank_named_in(what, conn_.peers);
+      detail_gloo::publish_failure(*conn_.store, rank(), direct);
+      if (size() > 1) peer = detail_gloo::name_culprit(*conn_.store, rank(), size(), direct, blame_grace());
     } catch (...) {
       // Naming the peer is a courtesy; the failure is reported regardless.
     }
@@ -286,14 +292,34 @@ class gloo {
   // destroyed. Closing a pair waits until Gloo's event loop has left it, and
   // the loop may still be completing a transfer into a buffer of the failed
   // call (seen under TSan in the kill test).
+  // First it leaves this rank's failure note in the store, so that a rank
+  // that sees these connections close can tell whom this one blamed.
   template <class Call>
   void closing_on_failure(Call&& call) {
     try {
       call();
+    } catch (const std::exception& e) {
+      std::optional<int> direct;
+      try {
+        direct = detail_gloo::rank_named_in(e.what(), conn_.peers);
+      } catch (...) {
+        // Then the note says "not known".
+      }
+      detail_gloo::publish_failure(*conn_.store, rank(), direct);
+      close_connections();
+      throw;
     } catch (...) {
+      detail_gloo::publish_failure(*conn_.store, rank(), std::nullopt);
       close_connections();
       throw;
     }
+  }
+
+  // How long a failed rank waits for the others' notes when the trail ends
+  // in a timeout (a stalled rank): the live ranks fail within milliseconds
+  // of each other, since each closes its connections when it fails.
+  std::chrono::milliseconds blame_grace() const {
+    return std::min(opts_.timeout, std::chrono::milliseconds(500));
   }
 
   void close_connections() noexcept {

@@ -102,14 +102,18 @@ class redis_backend final : public ::gloo::rendezvous::RedisStore {
   // hiredis waits for a reply without limit: a server that stops answering
   // would hang every rank. A socket timeout turns that into an error.
   redis_backend(const std::string& host, int port, std::chrono::milliseconds timeout) : RedisStore(host, port) {
-    if (diloco::detail::unbounded(timeout)) return;
+    if (!diloco::detail::unbounded(timeout)) limit(timeout);
+  }
+  bool has(const std::vector<std::string>& keys) { return check(keys); }
+  // Bounds each later send and reply by `timeout` (at least 1 ms).
+  void limit(std::chrono::milliseconds timeout) {
+    const long long ms = std::max<long long>(timeout.count(), 1);
     timeval tv{};
-    tv.tv_sec = static_cast<decltype(tv.tv_sec)>(timeout.count() / 1000);
-    tv.tv_usec = static_cast<decltype(tv.tv_usec)>((timeout.count() % 1000) * 1000);
+    tv.tv_sec = static_cast<decltype(tv.tv_sec)>(ms / 1000);
+    tv.tv_usec = static_cast<decltype(tv.tv_usec)>((ms % 1000) * 1000);
     setsockopt(redis_->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     setsockopt(redis_->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   }
-  bool has(const std::vector<std::string>& keys) { return check(keys); }
 };
 #endif
 
@@ -175,6 +179,8 @@ class rendezvous_store {
       try {
         auto b = std::make_unique<redis_backend>(r.host, r.port, o.timeout);
         has_ = [p = b.get()](const std::vector<std::string>& keys) { return p->has(keys); };
+        if (!diloco::detail::unbounded(o.timeout))
+          limit_ = [p = b.get(), t = o.timeout](std::chrono::milliseconds left) { p->limit(std::min(left, t)); };
         backend_ = std::move(b);
       } catch (const std::exception& e) {
         diloco::detail::raise<comm_error>(where, ": cannot reach the Redis store at ", r.host, ":", r.port, ": ",
@@ -191,6 +197,13 @@ class rendezvous_store {
 
   // The run's store, as Gloo's rendezvous takes it.
   ::gloo::rendezvous::Store& store() { return *bounded_; }
+  // Bounds each request to the store that follows by `left` (or the
+  // timeout, if less): a Redis server that stops answering near the end of
+  // the start-up must not hold a rank a whole timeout past it. A file
+  // store's requests do not wait.
+  void limit_requests(std::chrono::milliseconds left) {
+    if (limit_) limit_(left);
+  }
   // Whether every key is set, without waiting.
   bool has(const std::vector<std::string>& keys) {
     std::vector<std::string> full;
@@ -202,6 +215,7 @@ class rendezvous_store {
  private:
   std::unique_ptr<::gloo::rendezvous::Store> backend_;
   std::function<bool(const std::vector<std::string>&)> has_;
+  std::function<void(std::chrono::milliseconds)> limit_;
   std::unique_ptr<run_store> run_;
   std::unique_ptr<bounded_store> bounded_;
 };
