@@ -270,15 +270,16 @@ class algorithm {
   }
 
   // What the ranks compare at construction (core/agreement.hpp): the
-  // policies, memory space and parameter layout, then every option, tagged
-  // must-agree or per-rank.
+  // policies and parameter layout, then every option, tagged must-agree or
+  // per-rank; the memory space is per rank.
   std::vector<detail::agreement_record> agreement_records(detail::space_id space) const {
     std::vector<detail::agreement_record> out;
     out.push_back({'A', "policy.inner", Inner::name});
     out.push_back({'A', "policy.outer", Outer::name});
     out.push_back({'A', "policy.compressor", compressor_fingerprint()});
     out.push_back({'A', "policy.sync", Sync::name});
-    out.push_back({'A', "memory_space", space == detail::space_id::host ? "host" : "device"});
+    // Host and device workers may share a group (the wire is the same).
+    out.push_back({'R', "memory_space", space == detail::space_id::host ? "host" : "device"});
     out.push_back({'A', "tensor_count", std::to_string(tensor_elements_.size())});
     for (std::size_t k = 0; k < tensor_elements_.size(); ++k)
       out.push_back({'A', detail::concat("tensor.", k, ".elements"), std::to_string(tensor_elements_[k])});
