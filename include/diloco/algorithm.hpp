@@ -77,8 +77,6 @@ class algorithm {
     requires(tensor_range<Params> || float_tensor<Params>)
   algorithm(Params&& params, Comm& comm, options opts = {}) : opts_(opts) {
     validate(comm);
-    rank_ = comm.rank();
-    world_ = comm.size();
     if constexpr (float_tensor<Params>) {
       init(std::span<std::remove_reference_t<Params>>(&params, 1), comm);
     } else {
@@ -124,6 +122,24 @@ class algorithm {
   // global_parameters(), saving, leaving, and at the end of training. A
   // no-op under sync::blocking. Training may go on afterwards.
   void finish() { engine_->finish(); }
+
+  // Elastic membership (a communicator modelling elastic_communicator with
+  // elastic() true: comm::threads over an elastic world, comm::gloo with
+  // options.elastic). This worker leaves the group: call it right after a
+  // step() that ended a round (its inner step count a multiple of
+  // inner_steps). It drains any reduction in flight (as finish()), then
+  // takes part in the members' next membership check, which re-forms the
+  // group without it; the others go on with M - 1. Afterwards left() is
+  // true, global_parameters() keep the last theta_global this worker saw,
+  // and step()/finish() raise state_error. Deaths need no call: the
+  // survivors find them at their next collective and re-form.
+  void leave() { engine_->leave(); }
+  bool left() const { return engine_->left(); }
+  // This worker's rank and the group's size now: fixed for a fixed group,
+  // renumbered when an elastic group re-forms (members keep their order,
+  // joiners come last).
+  int rank() const { return engine_->rank(); }
+  int world_size() const { return engine_->world(); }
 
   // Forgets the inner optimizer's state (moments) and step count.
   void reset_inner_state() { engine_->reset_inner_state(); }
@@ -193,7 +209,7 @@ class algorithm {
   // drains as save does); rank 0 writes the file, the others only drain.
   void save_global(const std::string& path) {
     auto bytes = save_bytes(checkpoint::scope::global);
-    if (rank_ == 0) checkpoint::write_file(path, bytes);
+    if (engine_->rank() == 0) checkpoint::write_file(path, bytes);
   }
   void save_global(std::ostream& out) { write_stream(out, save_bytes(checkpoint::scope::global), "save_global"); }
 
@@ -255,8 +271,8 @@ class algorithm {
     add("policy.sync", text(Sync::name));
     add("memory_space", text(engine_->space() == detail::space_id::host ? "host" : "device"));
     if (s == checkpoint::scope::worker) {
-      add("rank", option_value::of_unsigned(static_cast<std::uint64_t>(rank_)));
-      add("world", option_value::of_unsigned(static_cast<std::uint64_t>(world_)));
+      add("rank", option_value::of_unsigned(static_cast<std::uint64_t>(engine_->rank())));
+      add("world", option_value::of_unsigned(static_cast<std::uint64_t>(engine_->world())));
     }
     add("tensor_count", option_value::of_unsigned(engine_->tensor_count()));
     for (std::size_t k = 0; k < engine_->tensor_count(); ++k)
@@ -335,7 +351,10 @@ class algorithm {
   void validate(const Comm& comm) const {
     if (opts_.inner_steps == 0)
       detail::raise<config_error>("inner_steps (H) must be at least 1, got 0");
-    if (comm.size() < 1) detail::raise<config_error>("the communicator has ", comm.size(), " workers; need at least 1");
+    bool joining = false;
+    if constexpr (elastic_communicator<Comm>) joining = comm.elastic() && comm.joining();
+    if (comm.size() < 1 && !joining)
+      detail::raise<config_error>("the communicator has ", comm.size(), " workers; need at least 1");
     if (opts_.host_threads < 0)
       detail::raise<config_error>("host_threads must be >= 0 (0 = automatic), got ", opts_.host_threads);
     Inner::validate(opts_.inner);
@@ -365,7 +384,6 @@ class algorithm {
   }
 
   options opts_;
-  int rank_ = 0, world_ = 1;
   std::vector<std::size_t> tensor_elements_;  // the parameters' sizes, for checkpoint headers
   std::unique_ptr<detail::engine_base> engine_;
   std::vector<detail::raw_tensor> raw_grads_;

@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <span>
 #include <string>
@@ -32,8 +33,10 @@
 
 #include "diloco/comm/detail/transport.hpp"
 #include "diloco/core/agreement.hpp"
+#include "diloco/core/state.hpp"
 #include "diloco/core/concepts.hpp"
 #include "diloco/core/error.hpp"
+#include "diloco/core/fault.hpp"
 #include "diloco/core/options.hpp"
 #include "diloco/core/state.hpp"
 #include "diloco/core/stats.hpp"
@@ -121,6 +124,14 @@ struct engine_base {
   virtual bool after_step() = 0;
   virtual void outer_round() = 0;
   virtual void finish() = 0;
+  // Elastic membership: this worker leaves the group (collective with the
+  // members' next check); left() afterwards.
+  virtual void leave() = 0;
+  virtual bool left() const = 0;
+  // This worker's rank and the group's size now (they change when an
+  // elastic group re-forms).
+  virtual int rank() const = 0;
+  virtual int world() const = 0;
   virtual void reset_inner_state() = 0;
   virtual void set_inner_lr(float lr) = 0;
   virtual float inner_lr() const = 0;
@@ -206,27 +217,21 @@ class engine final : public engine_base {
     // A reduction overlaps inner steps only when the schedule lets one stay
     // in flight; otherwise the blocking collectives run (same bits).
     overlap_ = Sync::overlaps && (delayed || plan_.delay > 0);
-    std::size_t slot_bytes = 0;
-    for (std::size_t p = 0; p < frags_.size(); ++p) {
-      fragment& f = *frags_[p];
-      if constexpr (Compressor::lossless) {
-        f.reducer = std::make_unique<reducer_type>(f.params, world_, rank_, overlap_);
-      } else {
-        f.reducer = std::make_unique<reducer_type>(f.params, world_, rank_, opts_.compress,
-                                                   static_cast<std::uint32_t>(p), exec_);
-        slot_bytes = std::max(slot_bytes, f.reducer->slot_bytes());
+    stats_.workers = world_;
+
+    if constexpr (elastic_communicator<Comm>) {
+      if (comm_.elastic()) {
+        elastic_ = true;
+        agreed_ = std::move(agreed);
+        joiner_ = comm_.joining();
+        if (joiner_) comm_.join();  // waits for a round end of the running group
+        replan();
+        elastic_startup();
+        return;
       }
     }
-    if (!Compressor::lossless && device && world_ > 1) {
-      reserved_bytes_ = static_cast<std::size_t>(world_) * slot_bytes;
-      transport_.reserve_bytes(reserved_bytes_);
-    }
-
-    if constexpr (requires { exec_.set_threads(1); }) {
-      const int cores = executor{}.threads();
-      exec_.set_threads(opts_.host_threads > 0 ? opts_.host_threads
-                                               : std::max(1, cores / std::max(1, workers_on_host(comm_))));
-    }
+    build_reducers();
+    set_host_threads();
     // Before anything else travels: the ranks agree on the policies, the
     // layout and the options (a mismatch would pair rounds wrongly or drift
     // silently), and, when each rank keeps its own initial parameters, on
@@ -250,25 +255,8 @@ class engine final : public engine_base {
       stats_.bytes_sent += after.bytes_sent - traffic0.bytes_sent;
       stats_.bytes_received += after.bytes_received - traffic0.bytes_received;
     }
-    if (opts_.broadcast_initial && world_ > 1) {
-      // Every rank now holds rank 0's values: every rank finds the same.
-      const std::string bad = non_finite_initial();
-      if (!bad.empty())
-        raise<numeric_error>("non-finite initial parameters after the broadcast from rank 0 (", bad,
-                             "); every rank raises this, since a replica that starts non-finite would make every "
-                             "round refused");
-    }
-    copy_local_to(global_.data());
-    if constexpr (delayed) {
-      // The schedule's anchor starts at theta_global (one_step_delay: the
-      // point the phase started from; eager: that point plus `own`).
-      anchor_ = buffer<float, Space>(flat_);
-      copy_local_to(anchor_.data());
-      if constexpr (eager) {
-        own_ = buffer<float, Space>(flat_);
-        eager_slots_ = buffer<float, Space>(flat_ * outer_slots_);
-      }
-    }
+    if (opts_.broadcast_initial && world_ > 1) check_initial_after_broadcast();
+    init_global_and_schedule();
   }
 
   space_id space() const override { return space_id_v<Space>; }
@@ -300,6 +288,9 @@ class engine final : public engine_base {
   float inner_lr() const override { return inner_.settings().lr; }
 
   void inner_step(std::span<const raw_tensor> grads) override {
+    check_member("step");
+    set_fault_round(stats_.rounds + 1);
+    if (steps_in_round_ == opts_.inner_steps / 2) fault_point("inner");
     inner_.step(exec_, params_, grads);
     ++steps_in_round_;
     ++position_;
@@ -309,39 +300,79 @@ class engine final : public engine_base {
   bool after_step() override {
     if constexpr (blocking) {
       if (steps_in_round_ < opts_.inner_steps) return false;
+      const auto rounds = stats_.rounds;
       outer_round();
-      return true;
+      return stats_.rounds != rounds;
     } else {
       poll_in_flight();
       if constexpr (delayed) {
         if (position_ % opts_.inner_steps != 0) return false;
         return end_of_phase();
       } else {
-        // Begins first: with tau = 0 a fragment begins and is applied after
-        // the same step. Fragments never overlap otherwise (validation).
-        for (std::size_t p = 0; p < frags_.size(); ++p)
-          if (plan_.begins_after(p, position_)) begin(p);
-        bool applied = false;
-        for (std::size_t p = 0; p < frags_.size(); ++p)
-          if (plan_.applies_after(p, position_) && frags_[p]->in_flight) {
-            complete(p);
-            applied = true;
-          }
-        return applied;
+        return streaming_step();
       }
     }
   }
 
-  // The whole model's round now (sync::blocking).
+  // The whole model's round now (sync::blocking). Elastic: a check before
+  // (leaves; a peer that died during the inner steps is found here, and the
+  // survivors run the round without it) and after (leaves and joins); a
+  // failure inside the round aborts it, and the survivors run it again
+  // when none of them got past it.
   void outer_round() override {
-    begin(0);
-    complete(0);
+    check_member("outer_round");
+    bool run = membership_check(where::before_round);
+    while (run) {
+      try {
+        begin(0);
+        complete(0);
+        break;
+      } catch (const comm_error&) {
+        if (!elastic_) throw;
+        run = recover_after_failure(where::in_round);
+      }
+    }
+    membership_check(where::after_round);
   }
 
   void finish() override {
-    for (std::size_t p = 0; p < frags_.size(); ++p)
-      if (frags_[p]->in_flight) complete(p, /*draining=*/true);
+    check_member("finish");
+    for (std::size_t p = 0; p < frags_.size(); ++p) {
+      if (!frags_[p]->in_flight) continue;
+      try {
+        complete(p, /*draining=*/true);
+      } catch (const comm_error&) {
+        if (!elastic_) throw;
+        recover_after_failure(where::in_round);
+        return;
+      }
+    }
   }
+
+  void leave() override {
+    check_member("leave");
+    if (!elastic_)
+      raise<config_error>("leave() needs an elastic communicator (comm::threads over an elastic world, comm::gloo "
+                          "with options.elastic); this group cannot change");
+    if (position_ % opts_.inner_steps != 0)
+      raise<state_error>("leave() is taken at a round end: call it right after a step() whose inner step count is a "
+                         "multiple of inner_steps (", opts_.inner_steps, "); this worker is at inner step ",
+                         position_);
+    finish();
+    if constexpr (elastic_communicator<Comm>) {
+      try {
+        comm_.at_boundary(true, delayed ? boundary_kind::round_end : boundary_kind::round_start);
+      } catch (const comm_error&) {
+        // The group failed as this worker left: the survivors recover
+        // without it, which is what leaving asks for.
+      }
+    }
+    left_ = true;
+    stats_.workers = 0;
+  }
+  bool left() const override { return left_; }
+  int rank() const override { return rank_; }
+  int world() const override { return world_; }
 
   void visit_state(state_visitor& v) override {
     v.buffer("theta_global", global_.data(), global_.size(), device);
@@ -386,7 +417,321 @@ class engine final : public engine_base {
     traffic_counters traffic0{};
     clock::time_point begun{}, completed_at{};
     double blocked = 0.0;  // seconds this worker spent on it so far
+    std::exception_ptr failure;  // elastic: a collective of it failed (seen by poll)
   };
+
+  // ------------------------------------------------------- construction
+  // One reducer per fragment for the current world and rank. Error-feedback
+  // residuals (the only reducer state) carry over from the reducers they
+  // replace, so a re-planned group keeps every worker's residual.
+  void build_reducers() {
+    std::size_t slot_bytes = 0;
+    for (std::size_t p = 0; p < frags_.size(); ++p) {
+      fragment& f = *frags_[p];
+      std::unique_ptr<reducer_type> fresh;
+      if constexpr (Compressor::lossless) {
+        fresh = std::make_unique<reducer_type>(f.params, world_, rank_, overlap_);
+      } else {
+        fresh = std::make_unique<reducer_type>(f.params, world_, rank_, opts_.compress,
+                                               static_cast<std::uint32_t>(p), exec_);
+        slot_bytes = std::max(slot_bytes, fresh->slot_bytes());
+        if (f.reducer) carry_reducer_state(*f.reducer, *fresh, concat("fragment.", p));
+      }
+      f.reducer = std::move(fresh);
+    }
+    reserved_bytes_ = 0;
+    if (!Compressor::lossless && device && world_ > 1) {
+      reserved_bytes_ = static_cast<std::size_t>(world_) * slot_bytes;
+      transport_.reserve_bytes(reserved_bytes_);
+    }
+  }
+
+  template <class Reducer>
+  void carry_reducer_state(Reducer& from, Reducer& to, const std::string& prefix) {
+    struct collect final : state_visitor {
+      std::vector<std::pair<std::string, std::pair<float*, std::size_t>>> out;
+      void buffer(std::string_view name, float* data, std::size_t size, bool) override {
+        out.push_back({std::string(name), {data, size}});
+      }
+      void scalar(std::string_view, std::uint64_t&) override {}
+    } a, b;
+    from.visit_state(a, prefix);
+    to.visit_state(b, prefix);
+    for (std::size_t i = 0; i < a.out.size() && i < b.out.size(); ++i)
+      if (a.out[i].first == b.out[i].first && a.out[i].second.second == b.out[i].second.second)
+        exec_.for_each(a.out[i].second.second, kernels::copy{a.out[i].second.first, b.out[i].second.first});
+  }
+
+  void set_host_threads() {
+    if constexpr (requires { exec_.set_threads(1); }) {
+      const int cores = executor{}.threads();
+      exec_.set_threads(opts_.host_threads > 0 ? opts_.host_threads
+                                               : std::max(1, cores / std::max(1, workers_on_host(comm_))));
+    }
+  }
+
+  void check_initial_after_broadcast() {
+    // Every rank now holds rank 0's values: every rank finds the same.
+    const std::string bad = non_finite_initial();
+    if (!bad.empty())
+      raise<numeric_error>("non-finite initial parameters after the broadcast from rank ", 0, " (", bad,
+                           "); every rank raises this, since a replica that starts non-finite would make every "
+                           "round refused");
+  }
+
+  // theta_global from the replica, and the schedule's buffers from it.
+  void init_global_and_schedule() {
+    copy_local_to(global_.data());
+    if constexpr (delayed) {
+      // The schedule's anchor starts at theta_global (one_step_delay: the
+      // point the phase started from; eager: that point plus `own`).
+      anchor_ = buffer<float, Space>(flat_);
+      copy_local_to(anchor_.data());
+      if constexpr (eager) {
+        own_ = buffer<float, Space>(flat_);
+        eager_slots_ = buffer<float, Space>(flat_ * outer_slots_);
+      }
+    }
+  }
+
+  // ------------------------------------------------- elastic membership
+  // Where this worker is when a membership check or a recovery happens;
+  // the digest every member sends in resync() carries it.
+  enum class where : std::uint8_t { before_round, in_round, after_round, phase_end };
+
+  // The group changed (a leave, a join, a recovery): everything that
+  // depends on M is planned again.
+  void replan() {
+    world_ = comm_.size();
+    rank_ = comm_.rank();
+    transport_ = transport_type(world_ > 1 ? flat_ + static_cast<std::size_t>(world_) : 0);
+    build_reducers();
+    set_host_threads();
+    stats_.workers = world_;
+  }
+
+  // Start-up of an elastic worker: theta_global is the replica, then the
+  // members agree and take the state of the member furthest along (rank 0's
+  // at a first start, a live member's for a joiner); every rank that was
+  // fresh sets its replica to it.
+  void elastic_startup() {
+    init_global_and_schedule();
+    if (const std::string bad = non_finite_initial(); !bad.empty() && world_ == 1)
+      raise<numeric_error>("non-finite initial parameters (", bad,
+                           "): a replica that starts non-finite would make every round refused");
+    fresh_ = true;
+    resync_loop(joiner_ ? where::after_round : where::before_round);
+    if (world_ > 1 && !joiner_) check_initial_after_broadcast();
+    if (joiner_) {
+      // Admitted at a round end: under a delayed schedule the members now
+      // begin the next reduction, and so does the joiner (its
+      // pseudo-gradient is zero).
+      if constexpr (delayed) begin_elastic();
+    }
+    stats_.membership_changes = 0;
+  }
+
+  // resync() until it succeeds, recovering from failures in between.
+  bool resync_loop(where at) {
+    for (;;) {
+      try {
+        return resync(at);
+      } catch (const comm_error&) {
+        recover_comm();
+        replan();
+      }
+    }
+  }
+
+  // After the group re-formed: every member agrees on the policies and
+  // options (a joiner must run the same program), then sends a digest
+  // (rounds applied, schedule position, where it stands, whether it is
+  // fresh). When they differ, the state every rank holds identically
+  // (theta_global, outer slots and step counts, rounds, the schedule's
+  // clock) goes from the lowest rank among those furthest along to all;
+  // the ranks that were behind or fresh restart their replica from it.
+  // Returns whether the round interrupted here is to be run again now: all
+  // members were inside it (or before it) with the same round count.
+  bool resync(where at) {
+    agree(agreed_);
+    struct digest {
+      std::uint64_t rounds, position;
+      std::uint8_t at, fresh, pad[6];
+    };
+    digest mine{stats_.rounds, position_, static_cast<std::uint8_t>(at), static_cast<std::uint8_t>(fresh_ ? 1 : 0), {}};
+    std::vector<std::byte> bytes(sizeof mine);
+    std::memcpy(bytes.data(), &mine, sizeof mine);
+    const std::vector<std::byte> all = gather_bytes(bytes);
+    std::vector<digest> d(static_cast<std::size_t>(world_));
+    std::memcpy(d.data(), all.data(), all.size());
+    int root = -1;
+    for (int r = 0; r < world_; ++r) {
+      const digest& x = d[static_cast<std::size_t>(r)];
+      if (x.fresh) continue;
+      if (root < 0 || x.rounds > d[static_cast<std::size_t>(root)].rounds) root = r;
+    }
+    bool retry = root >= 0;
+    bool differ = root < 0;
+    for (int r = 0; r < world_; ++r) {
+      const digest& x = d[static_cast<std::size_t>(r)];
+      if (x.fresh) {
+        differ = true;
+        retry = false;
+        continue;
+      }
+      const digest& top = d[static_cast<std::size_t>(root)];
+      if (x.rounds != top.rounds) differ = true;
+      if (x.rounds != top.rounds || x.at == static_cast<std::uint8_t>(where::after_round)) retry = false;
+      if (x.rounds == top.rounds && x.position != top.position)
+        raise<state_error>("elastic recovery: ranks ", root, " and ", r,
+                          " stand at different points of the schedule (inner step ", top.position, " and ",
+                          x.position, ") with the same ", top.rounds,
+                          " rounds applied; the group cannot go on consistently");
+    }
+    if (root < 0) root = 0;
+    if (differ) {
+      const bool behind = fresh_ || mine.rounds != d[static_cast<std::size_t>(root)].rounds;
+      broadcast_global(root);
+      if (behind) reset_replica();
+    }
+    fresh_ = false;
+    round_open_ = false;
+    ++stats_.membership_changes;
+    return retry;
+  }
+
+  // The state every rank holds identically, from `root` to all.
+  void broadcast_global(int root) {
+    struct collect final : state_visitor {
+      std::vector<std::pair<float*, std::size_t>> buffers;
+      std::vector<std::uint64_t*> scalars;
+      void buffer(std::string_view name, float* data, std::size_t size, bool) override {
+        if (checkpoint::is_global_entry(name)) buffers.push_back({data, size});
+      }
+      void scalar(std::string_view name, std::uint64_t& value) override {
+        if (checkpoint::is_global_entry(name)) scalars.push_back(&value);
+      }
+    } c;
+    if (world_ == 1) return;
+    visit_state(c);
+    const std::size_t chunk = std::max<std::size_t>(1, flat_);
+    for (auto [data, size] : c.buffers)
+      for (std::size_t at = 0; at < size; at += chunk)
+        transport_.broadcast(comm_, exec_, data + at, std::min(chunk, size - at), root);
+    // The counters travel as the bits of pairs of floats.
+    std::vector<float> packed(2 * c.scalars.size());
+    for (std::size_t i = 0; i < c.scalars.size(); ++i) std::memcpy(&packed[2 * i], c.scalars[i], sizeof(std::uint64_t));
+    buffer<float, Space> wire(packed.size());
+    exec_.from_host(wire.data(), packed.data(), packed.size());
+    transport_.broadcast(comm_, exec_, wire.data(), wire.size(), root);
+    exec_.to_host(packed.data(), wire.data(), packed.size());
+    for (std::size_t i = 0; i < c.scalars.size(); ++i) std::memcpy(c.scalars[i], &packed[2 * i], sizeof(std::uint64_t));
+  }
+
+  // The replica (and the schedule's buffers) restart from theta_global;
+  // the worker's outer state under sync::eager becomes the shared one.
+  void reset_replica() {
+    for (std::size_t k = 0; k < params_.count(); ++k)
+      exec_.for_each(params_[k].size(), kernels::copy{global_.data() + offsets_[k], params_[k].data()});
+    if constexpr (delayed) {
+      exec_.for_each(flat_, kernels::copy{global_.data(), anchor_.data()});
+      if constexpr (eager) {
+        exec_.for_each(flat_, kernels::fill{own_.data(), 0.0f});
+        rejoin_eager_state();
+      }
+    }
+  }
+
+  // Drops every reduction in flight: nothing was applied, theta_global and
+  // the outer state are as they were, the residuals were not committed,
+  // and the local progress stays in the replica (its pseudo-gradient from
+  // theta_global includes it next time). sync::eager's replica was stepped
+  // with the worker's own outer state: it restarts from theta_global.
+  void abort_in_flight() {
+    bool any = round_open_;
+    for (auto& fp : frags_) {
+      if (!fp->in_flight) continue;
+      any = true;
+      fp->reducer->abort();
+      fp->in_flight = false;
+      fp->completed = false;
+      fp->failure = nullptr;
+    }
+    if (any) ++stats_.aborted_rounds;
+    if constexpr (eager) reset_replica();
+  }
+
+  // A collective failed (a peer died or stalled): abort what is in flight,
+  // form the next generation with the survivors and resync. Returns whether
+  // the interrupted round is to be run again now (see resync).
+  bool recover_after_failure(where at) {
+    abort_in_flight();
+    ++recoveries_;
+    for (;;) {
+      recover_comm();  // throws when this worker was dropped or too few remain
+      replan();
+      try {
+        return resync(at);
+      } catch (const comm_error&) {
+        // Another member failed meanwhile: the next generation.
+      }
+    }
+  }
+
+  // A membership check at a point where nothing is in flight. Returns
+  // whether the interrupted round is to be run (only a failed check can
+  // say no).
+  bool membership_check(where at) {
+    if (!elastic_) return true;
+    bool changed = false;
+    try {
+      if constexpr (elastic_communicator<Comm>)
+        changed = comm_.at_boundary(false, at == where::before_round ? boundary_kind::round_start
+                                                                      : boundary_kind::round_end);
+    } catch (const comm_error&) {
+      return recover_after_failure(at);
+    }
+    if (changed) {
+      replan();
+      return resync_loop(at);
+    }
+    return true;
+  }
+
+  void recover_comm() {
+    if constexpr (elastic_communicator<Comm>)
+      comm_.recover();
+    else
+      raise<state_error>("internal: a recovery was attempted on a communicator that is not elastic");
+  }
+
+  void check_member(const char* what) const {
+    if (left_)
+      raise<state_error>(what, "(): this worker has left the group (leave()); its algorithm instance keeps "
+                               "theta_global as it was, but takes no part in rounds");
+  }
+
+  // A delayed schedule's begin at a phase end, retried after a recovery.
+  void begin_elastic() {
+    for (;;) {
+      try {
+        begin(0);
+        return;
+      } catch (const comm_error&) {
+        if (!elastic_) throw;
+        recover_after_failure(where::phase_end);
+        after_phase_recovery();
+      }
+    }
+  }
+
+  // sync::one_step_delay after a recovery at a phase end: the phase starts
+  // here (its reduction includes the progress of the aborted one).
+  void after_phase_recovery() {
+    if constexpr (delayed && !eager)
+      for (std::size_t k = 0; k < params_.count(); ++k)
+        exec_.for_each(params_[k].size(), kernels::copy{params_[k].data(), anchor_.data() + offsets_[k]});
+  }
 
   // The point the fragment's pseudo-gradient is taken from: theta_global,
   // or eager's anchor.
@@ -399,6 +744,10 @@ class engine final : public engine_base {
 
   void begin(std::size_t p) {
     fragment& f = *frags_[p];
+    round_open_ = true;
+    f.failure = nullptr;
+    set_fault_round(stats_.rounds + 1);
+    fault_point("pseudo_gradient");
     f.traffic0 = comm_.traffic();
     const auto t0 = clock::now();
     if constexpr (Compressor::lossless)
@@ -419,11 +768,19 @@ class engine final : public engine_base {
       fragment& f = *fp;
       if (!f.in_flight || f.completed) continue;
       const auto t0 = clock::now();
-      bool done;
-      if constexpr (Compressor::lossless)
-        done = f.reducer->poll();
-      else
-        done = f.reducer->poll(exec_, comm_, transport_);
+      bool done = false;
+      try {
+        if constexpr (Compressor::lossless)
+          done = f.reducer->poll();
+        else
+          done = f.reducer->poll(exec_, comm_, transport_);
+      } catch (const comm_error&) {
+        // Elastic: raised where the schedule applies the reduction, a step
+        // every member reaches at the same inner step, not here.
+        if (!elastic_) throw;
+        f.failure = std::current_exception();
+        done = true;
+      }
       const auto t1 = clock::now();
       f.blocked += seconds_between(t0, t1);
       if (done) {
@@ -438,6 +795,8 @@ class engine final : public engine_base {
   // at the schedule's application step (eager re-joins theta_global then).
   void complete(std::size_t p, bool draining = false) {
     fragment& f = *frags_[p];
+    if (f.failure) std::rethrow_exception(f.failure);
+    round_open_ = true;
     const auto t0 = clock::now();
     const reduce::verdict v = [&] {
       if constexpr (Compressor::lossless)
@@ -452,6 +811,7 @@ class engine final : public engine_base {
     account(p, v, f.blocked, hidden);
     if (!v.accepted) reject(p, v);
 
+    fault_point("apply");
     const auto update = Outer::make_update(opts_.outer, f.outer_steps + 1);
     float* state = outer_slots_ ? outer_state_.data() + f.base : nullptr;
     float* global = global_.data() + f.base;
@@ -474,11 +834,39 @@ class engine final : public engine_base {
         f.reducer->apply(exec_, update, global, state, flat_, kernels::merge::mix{{}, alpha});
     }
     ++f.outer_steps;
+    round_open_ = false;
     if constexpr (eager)
       if (draining) rejoin_eager_state();
     ++stats_.rounds;
     steps_in_round_ = 0;
     stats_.outer_seconds += seconds_since(t1) + f.blocked;
+  }
+
+  // sync::streaming after an inner step: begins first (with tau = 0 a
+  // fragment begins and is applied after the same step; fragments never
+  // overlap otherwise, by validation), then applications. Elastic: the
+  // check before fragment 0 begins (nothing is in flight then) and at each
+  // cycle's end once nothing is; a failure aborts what is in flight.
+  bool streaming_step() {
+    bool applied = false;
+    try {
+      for (std::size_t p = 0; p < frags_.size(); ++p)
+        if (plan_.begins_after(p, position_)) {
+          if (p == 0 && elastic_ && !in_flight()) membership_check(where::before_round);
+          begin(p);
+        }
+      for (std::size_t p = 0; p < frags_.size(); ++p)
+        if (plan_.applies_after(p, position_) && frags_[p]->in_flight) {
+          complete(p);
+          applied = true;
+        }
+    } catch (const comm_error&) {
+      if (!elastic_) throw;
+      recover_after_failure(where::in_round);
+      return applied;
+    }
+    if (elastic_ && position_ % opts_.inner_steps == 0 && !in_flight()) membership_check(where::after_round);
+    return applied;
   }
 
   // one_step_delay / eager: the end of an inner phase. Applies the
@@ -488,8 +876,16 @@ class engine final : public engine_base {
     fragment& f = *frags_[0];
     bool applied = false;
     if (f.in_flight) {
-      complete(0);
-      applied = true;
+      try {
+        complete(0);
+        applied = true;
+      } catch (const comm_error&) {
+        if (!elastic_) throw;
+        recover_after_failure(where::phase_end);
+        after_phase_recovery();
+        begin_elastic();
+        return false;
+      }
     } else {
       // Nothing to apply (first phase, after finish() or a refused round).
       // one_step_delay: the anchor is made this phase's start. eager: the
@@ -505,7 +901,16 @@ class engine final : public engine_base {
           exec_.for_each(params_[k].size(), kernels::copy{params_[k].data(), anchor_.data() + offsets_[k]});
       }
     }
-    begin(0);
+    if (elastic_) {
+      // Nothing in flight: leaves and joins happen here. After a recovery
+      // the phase restarts from here.
+      const auto recoveries = recoveries_;
+      membership_check(where::after_round);
+      if (recoveries_ != recoveries) after_phase_recovery();
+      begin_elastic();
+    } else {
+      begin(0);
+    }
     return applied;
   }
 
@@ -695,6 +1100,14 @@ class engine final : public engine_base {
   std::vector<per_rank_option> per_rank_;  // per-rank options that differ between ranks
   std::size_t reserved_bytes_ = 0;         // the transport's byte staging (device tensors)
   diloco::stats stats_;
+  // Elastic membership (elastic_communicator with elastic() true).
+  bool elastic_ = false;
+  bool joiner_ = false;      // constructed by a worker joining a running group
+  bool fresh_ = false;       // holds no state of the group yet (start-up, joiner)
+  bool left_ = false;        // this worker left the group
+  bool round_open_ = false;  // a reduction began and was not applied yet
+  std::uint64_t recoveries_ = 0;  // recoveries from a failed collective
+  std::vector<agreement_record> agreed_;  // the start-up agreement, repeated at each re-forming
 };
 
 }  // namespace detail

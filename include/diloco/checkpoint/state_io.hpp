@@ -33,15 +33,6 @@ enum class scope { worker, global };
 
 inline const char* to_string(scope s) { return s == scope::worker ? "worker" : "global"; }
 
-// The visited entries that every rank holds identically. A new entry that
-// is equal across ranks and belongs in save_global's file is added here.
-inline bool is_global_entry(std::string_view name) {
-  if (name == "theta_global" || name == "outer.slots" || name == "rounds" || name == "schedule.position" ||
-      name == "schedule.steps_in_round")
-    return true;
-  return name.starts_with("fragment.") && name.ends_with(".outer_steps");
-}
-
 namespace detail {
 
 struct live_entry {

@@ -22,8 +22,11 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
+
+#include <unistd.h>
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
@@ -41,7 +44,9 @@
 #include "diloco/comm/gloo/sigpipe.hpp"
 #include "diloco/comm/gloo/store.hpp"
 #include "diloco/core/comm_types.hpp"
+#include "diloco/core/concepts.hpp"
 #include "diloco/core/error.hpp"
+#include "diloco/core/fault.hpp"
 
 namespace diloco::comm {
 
@@ -59,7 +64,29 @@ class gloo {
   explicit gloo(options opts) : opts_(std::move(opts)) {
     detail_gloo::validate(opts_);
     detail_gloo::sigpipe_guard guard;
-    conn_ = detail_gloo::rendezvous(opts_);
+    if (!opts_.elastic) {
+      conn_ = detail_gloo::rendezvous(opts_);
+      return;
+    }
+    const std::string where = diloco::detail::concat("comm::gloo (elastic) on rank ", opts_.rank, " of ", opts_.size,
+                                                     " (run id '", opts_.run_id, "')");
+    meta_ = std::make_unique<detail_gloo::rendezvous_store>(opts_, "elastic", where);
+    // A rank that started before in this run is a restarted worker: it
+    // joins the running group instead of forming the first generation.
+    const std::string stamp = std::to_string(static_cast<long long>(getpid()));
+    if (!meta_->create(diloco::detail::concat("launch/", opts_.rank), {stamp.begin(), stamp.end()})) {
+      joining_ = true;
+      return;
+    }
+    id_ = diloco::detail::concat("r", opts_.rank);
+    for (int k = 0; k < opts_.size; ++k) members_.push_back(diloco::detail::concat("r", k));
+    meta_->create("g0/members", encode_members(members_, 0));
+    diloco::detail::fault_point("startup");
+    try {
+      conn_ = detail_gloo::rendezvous(opts_, "elastic/g0");
+    } catch (const comm_error&) {
+      recover();  // a rank died or never came: the others form generation 1
+    }
   }
 
   // Options from DILOCO_RANK, DILOCO_WORLD_SIZE, DILOCO_STORE and the
@@ -72,6 +99,79 @@ class gloo {
 
   int rank() const { return opts_.rank; }
   int size() const { return opts_.size; }
+
+  // ------------------------------------------------ elastic membership
+  // (elastic_communicator; options.elastic). The group's generations live
+  // in the store under diloco/<run id>/elastic/: g<G>/members (the ids of
+  // generation G in rank order, set once), g<G>/alive/<id> (survivors of
+  // G-1 registering), join/<n> (joiner slots), launch/<rank> (first-
+  // generation ranks that started), and each generation's own rendezvous.
+  bool elastic() const { return opts_.elastic; }
+  std::uint64_t generation() const { return generation_; }
+  bool joining() const { return joining_; }
+  // This worker's id in the group ("r<first rank>" or "j<join slot>").
+  const std::string& member_id() const { return id_; }
+
+  // A joiner takes a slot, then waits (options.join_timeout) for a
+  // generation that lists it and connects to it.
+  void join() {
+    if (!joining_) diloco::detail::raise<state_error>("comm::gloo::join: this worker is already a member");
+    detail_gloo::sigpipe_guard guard;
+    std::uint64_t slot = 0;
+    for (;; ++slot) {
+      const std::string id = diloco::detail::concat("j", slot);
+      if (meta_->create(diloco::detail::concat("join/", slot), {id.begin(), id.end()})) {
+        id_ = id;
+        break;
+      }
+    }
+    const auto deadline = diloco::detail::deadline_after(opts_.join_timeout);
+    std::uint64_t g = 0;
+    for (;;) {
+      while (meta_->has({diloco::detail::concat("g", g + 1, "/members")})) ++g;
+      if (meta_->has({diloco::detail::concat("g", g, "/members")})) {
+        auto [list, next] = decode_members(meta_->value(diloco::detail::concat("g", g, "/members")));
+        if (std::find(list.begin(), list.end(), id_) != list.end()) {
+          joining_ = false;
+          adopt(g, std::move(list), next);
+          try {
+            conn_ = detail_gloo::rendezvous(opts_, diloco::detail::concat("elastic/g", g));
+          } catch (const comm_error&) {
+            recover();
+          }
+          return;
+        }
+        if (next > slot)
+          diloco::detail::raise<comm_error>("comm::gloo join: generation ", g,
+                                            " of the group was formed after this worker's slot without it");
+      }
+      if (std::chrono::steady_clock::now() >= deadline)
+        diloco::detail::raise<comm_error>("comm::gloo join as ", id_, ": no round end admitted this worker within ",
+                                          diloco::detail::describe_timeout(opts_.join_timeout),
+                                          " (is the group running, with admit_joiners on?)");
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+
+  // Collective over the members where nothing is in flight. Rank 0 counts
+  // the joiners waiting (at a round end, when they are admitted); if anyone
+  // leaves or joins, the next generation is written to the store and the
+  // members (not the leavers) connect to it.
+  bool at_boundary(bool leave, boundary_kind kind) {
+    if (!opts_.elastic) diloco::detail::raise<config_error>("comm::gloo: membership checks need options.elastic");
+    bool changed = false;
+    blocking([&] { changed = do_boundary(leave, kind); });
+    return changed;
+  }
+
+  // After a failure: the survivors of this generation form the next one.
+  void recover() {
+    if (!opts_.elastic)
+      diloco::detail::raise<comm_error>("comm::gloo: the communicator failed and is not elastic (",
+                                        closed_reason(), ")");
+    if (left_) diloco::detail::raise<state_error>("comm::gloo: this worker has left the group");
+    blocking([&] { do_recover(); });
+  }
   // How many ranks share this host's cores (options.local_world_size).
   int workers_on_host() const { return opts_.local_world_size > 0 ? opts_.local_world_size : 1; }
   traffic_counters traffic() const { return traffic_; }
@@ -224,6 +324,7 @@ class gloo {
       diloco::detail::raise<comm_error>("comm::gloo ", name, " on rank ", rank(),
                                         ": the communicator is closed since an earlier operation failed (",
                                         reason, ")");
+    diloco::detail::fault_point(name);
     if (opts_.check_arguments && size() > 1) agree(op, count, arg, false);
     if (count == 0 && op != op_code::barrier) return;
     guarded(name, transfer);
@@ -324,7 +425,7 @@ class gloo {
 
   void close_connections() noexcept {
     try {
-      conn_.context->closeConnections();
+      if (conn_.context) conn_.context->closeConnections();
     } catch (...) {
       // Closing is best effort; the error being reported is what matters.
     }
@@ -401,7 +502,174 @@ class gloo {
     });
   }
 
+  // ------------------------------------------------- elastic internals
+  static std::vector<char> encode_members(const std::vector<std::string>& ids, std::uint64_t next_join) {
+    std::string text;
+    for (const auto& id : ids) text += id + ",";
+    text += "\n" + std::to_string(next_join);
+    return {text.begin(), text.end()};
+  }
+  static std::pair<std::vector<std::string>, std::uint64_t> decode_members(const std::vector<char>& bytes) {
+    const std::string text(bytes.begin(), bytes.end());
+    const auto nl = text.find('\n');
+    if (nl == std::string::npos)
+      diloco::detail::raise<format_error>("comm::gloo: a member list in the store is malformed: '", text, "'");
+    std::vector<std::string> ids;
+    std::string cur;
+    for (char c : text.substr(0, nl)) {
+      if (c == ',') {
+        ids.push_back(cur);
+        cur.clear();
+      } else {
+        cur += c;
+      }
+    }
+    return {ids, std::stoull(text.substr(nl + 1))};
+  }
+
+  // Takes generation g's membership: rank and size from the list.
+  void adopt(std::uint64_t g, std::vector<std::string> list, std::uint64_t next_join) {
+    const auto it = std::find(list.begin(), list.end(), id_);
+    generation_ = g;
+    members_ = std::move(list);
+    next_join_ = next_join;
+    opts_.rank = static_cast<int>(it - members_.begin());
+    opts_.size = static_cast<int>(members_.size());
+    if (opts_.local_world_size > opts_.size) opts_.local_world_size = opts_.size;
+    std::lock_guard lock(mutex_);
+    closed_.clear();
+    sequence_ = 0;
+  }
+
+  // Reads generation g's list, written by whoever wrote first.
+  std::pair<std::vector<std::string>, std::uint64_t> members_of(std::uint64_t g) {
+    const std::string key = diloco::detail::concat("g", g, "/members");
+    const auto deadline = diloco::detail::deadline_after(opts_.timeout);
+    while (!meta_->has({key})) {
+      if (std::chrono::steady_clock::now() >= deadline)
+        diloco::detail::raise<comm_error>("comm::gloo: generation ", g, "'s member list did not appear within ",
+                                          diloco::detail::describe_timeout(opts_.timeout));
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return decode_members(meta_->value(key));
+  }
+
+  // Connects to generation g after adopting it (its failure: the caller's).
+  void connect_generation() {
+    close_connections();
+    conn_ = {};
+    conn_ = detail_gloo::rendezvous(opts_, diloco::detail::concat("elastic/g", generation_));
+  }
+
+  bool do_boundary(bool leave, boundary_kind kind) {
+    struct record {
+      std::uint32_t leave, joiners;
+    };
+    record mine{leave ? 1u : 0u, 0u};
+    if (rank() == 0 && kind == boundary_kind::round_end && opts_.admit_joiners)
+      while (meta_->has({diloco::detail::concat("join/", next_join_ + mine.joiners)})) ++mine.joiners;
+    std::vector<record> all(static_cast<std::size_t>(size()));
+    if (size() > 1) {
+      do_all_gather(std::span<const std::byte>(reinterpret_cast<const std::byte*>(&mine), sizeof mine),
+                    std::span<std::byte>(reinterpret_cast<std::byte*>(all.data()), all.size() * sizeof mine));
+    } else {
+      all[0] = mine;
+    }
+    std::vector<std::string> next;
+    for (int k = 0; k < size(); ++k)
+      if (!all[static_cast<std::size_t>(k)].leave) next.push_back(members_[static_cast<std::size_t>(k)]);
+    const std::uint32_t joiners = next.empty() ? 0u : all[0].joiners;
+    if (next.size() == members_.size() && joiners == 0) return false;
+    for (std::uint32_t j = 0; j < joiners; ++j)
+      next.push_back(diloco::detail::concat("j", next_join_ + j));
+    const std::uint64_t g = generation_ + 1;
+    meta_->create(diloco::detail::concat("g", g, "/members"), encode_members(next, next_join_ + joiners));
+    auto [list, next_join] = members_of(g);
+    if (leave || std::find(list.begin(), list.end(), id_) == list.end()) {
+      close_connections();
+      left_ = true;
+      generation_ = g;
+      return true;
+    }
+    adopt(g, std::move(list), next_join);
+    if (static_cast<int>(members_.size()) < opts_.min_workers)
+      diloco::detail::raise<comm_error>("comm::gloo: the group would have ", members_.size(),
+                                        " workers, fewer than min_workers (", opts_.min_workers, ")");
+    connect_generation();
+    return true;
+  }
+
+  // Whether member k of the current generation is presumed dead: it left
+  // no failure note of its own, and another member's note blames it.
+  bool presumed_dead(int k) {
+    if (!conn_.store) return false;
+    try {
+      if (detail_gloo::failure_note(*conn_.store, k)) return false;
+      for (int w = 0; w < static_cast<int>(members_.size()); ++w)
+        if (w != k && detail_gloo::failure_note(*conn_.store, w) == k) return true;
+    } catch (...) {
+    }
+    return false;
+  }
+
+  void do_recover() {
+    for (;;) {
+      const std::uint64_t g = generation_ + 1;
+      auto alive_key = [g](const std::string& id) { return diloco::detail::concat("g", g, "/alive/", id); };
+      const std::string members_key = diloco::detail::concat("g", g, "/members");
+      if (!meta_->has({members_key})) {
+        meta_->create(alive_key(id_), {'1'});
+        // Wait for every member of this generation to register, or to be
+        // presumed dead, or the timeout.
+        const auto deadline = diloco::detail::deadline_after(opts_.timeout);
+        for (;;) {
+          if (meta_->has({members_key})) break;
+          bool decided = true;
+          for (std::size_t k = 0; k < members_.size() && decided; ++k)
+            decided = meta_->has({alive_key(members_[k])}) || presumed_dead(static_cast<int>(k));
+          if (decided || std::chrono::steady_clock::now() >= deadline) break;
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        std::vector<std::string> alive;
+        for (const auto& id : members_)
+          if (meta_->has({alive_key(id)})) alive.push_back(id);
+        meta_->create(members_key, encode_members(alive, next_join_));
+      }
+      auto [list, next_join] = members_of(g);
+      if (std::find(list.begin(), list.end(), id_) == list.end()) {
+        {
+          std::lock_guard lock(mutex_);
+          closed_ = diloco::detail::concat("dropped from the group: generation ", g,
+                                           " was formed without this worker");
+        }
+        close_connections();
+        diloco::detail::raise<comm_error>("comm::gloo (elastic) worker ", id_, ": generation ", g,
+                                          " of the group was formed without it (it was presumed dead or came "
+                                          "too late); it may join again as a new worker");
+      }
+      adopt(g, std::move(list), next_join);
+      if (static_cast<int>(members_.size()) < opts_.min_workers)
+        diloco::detail::raise<comm_error>("comm::gloo: only ", members_.size(),
+                                          " workers survive, fewer than min_workers (", opts_.min_workers, ")");
+      try {
+        connect_generation();
+        return;
+      } catch (const comm_error&) {
+        // Another member failed while connecting: the next generation.
+      }
+    }
+  }
+
   options opts_;
+  // Elastic state: the store's elastic scope, this worker's id, the
+  // generation's member ids (rank order) and the next joiner slot.
+  std::unique_ptr<detail_gloo::rendezvous_store> meta_;
+  std::string id_;
+  std::uint64_t generation_ = 0;
+  std::vector<std::string> members_;
+  std::uint64_t next_join_ = 0;
+  bool joining_ = false;
+  bool left_ = false;
   detail_gloo::connection conn_;
   traffic_counters traffic_{};
   std::uint64_t sequence_ = 0;  // touched only by the thread running collectives

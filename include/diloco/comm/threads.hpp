@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "diloco/core/comm_types.hpp"
+#include "diloco/core/concepts.hpp"
 #include "diloco/core/error.hpp"
 #include "diloco/core/timeout.hpp"
 #include "diloco/comm/detail/async.hpp"
@@ -88,15 +89,24 @@ struct group {
     return e;
   }
 
+  // What the last member to arrive at a membership check decided (elastic
+  // worlds): the next group, and each old rank's rank in it (-1: left).
+  std::shared_ptr<group> next;
+  std::vector<int> next_rank;
+  std::string check_problem;  // the members did not all enter the check
+
   // Blocks until every rank has arrived, one has failed or left, or the
-  // timeout passes. `what` names the operation for messages.
-  void arrive_and_wait(int rank, const char* what) {
+  // timeout passes. `what` names the operation for messages. The last rank
+  // to arrive runs `on_last` (with the mutex held) before releasing them.
+  template <class OnLast>
+  void arrive_and_wait(int rank, const char* what, OnLast&& on_last) {
     std::unique_lock lock(mutex);
     if (broken) throw comm_error(diloco::detail::concat("diloco: threads ", what, " on rank ", rank,
                                                         ": the group is broken: ", broken_reason));
     const std::uint64_t gen = generation;
     arrived[static_cast<std::size_t>(rank)] = 1;
     if (++arrived_count == size) {
+      on_last();
       arrived_count = 0;
       std::fill(arrived.begin(), arrived.end(), 0);
       ++generation;
@@ -125,6 +135,34 @@ struct group {
       }
     }
   }
+  void arrive_and_wait(int rank, const char* what) {
+    arrive_and_wait(rank, what, [] {});
+  }
+};
+
+class member;
+
+// The membership of an elastic world: the group its members use now, and
+// the workers waiting to join it (world::spawn).
+struct roster {
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::uint64_t generation = 0;
+  std::vector<member*> waiting;  // joiners, in the order they asked
+  int running = 0;               // members whose worker function has not returned
+  std::string refused;           // why waiting joiners cannot be admitted any more
+};
+
+// A joiner's admission, filled in by the membership check that admits it.
+struct admission {
+  std::shared_ptr<group> g;
+  int rank = -1;
+};
+
+class member {
+ public:
+  admission granted;
+  bool admitted = false;
 };
 
 }  // namespace detail_threads
@@ -132,20 +170,37 @@ struct group {
 class threads {
  public:
   using request = async_request;
+  // Whether a world's group may change while it trains.
+  enum class membership { fixed, elastic };
 
   // A group of `size` workers living in this process.
   class world {
    public:
     // `timeout` bounds every wait for the other ranks: 1 ms to one year, or
     // diloco::no_timeout (milliseconds::max()) for none.
-    explicit world(int size, std::chrono::milliseconds timeout = std::chrono::minutes(5)) {
+    // `membership`: membership::elastic lets the group change while run()
+    // trains: a worker may leave (algorithm::leave()) and spawn() adds one,
+    // admitted at the next round end. Each change re-forms the group (the
+    // communicators' ranks and size change; the algorithm re-plans).
+    explicit world(int size, std::chrono::milliseconds timeout = std::chrono::minutes(5),
+                   membership kind = membership::fixed)
+        : size_(size), timeout_(timeout), elastic_(kind == membership::elastic) {
       if (size <= 0)
         diloco::detail::raise<config_error>("comm::threads::world needs at least 1 worker, got ", size);
       diloco::detail::check_timeout(timeout, "comm::threads::world timeout");
       group_ = std::make_shared<detail_threads::group>(size, timeout);
     }
 
-    int size() const { return group_->size; }
+    // The workers run() starts.
+    int size() const { return size_; }
+    bool elastic() const { return elastic_; }
+    // Elastic worlds: spawned workers waiting for a round end to admit them.
+    int waiting_joiners() const {
+      const auto r = roster_;
+      if (!r) return 0;
+      std::lock_guard lock(r->mutex);
+      return static_cast<int>(r->waiting.size());
+    }
 
     // Runs fn(comm) on `size` threads, one per rank, and waits for all of
     // them. If a worker throws, the others are released from any collective
@@ -153,53 +208,180 @@ class threads {
     // rethrown here once every thread has finished.
     template <class F>
     void run(F&& fn) {
-      group_->reset();
+      group_ = std::make_shared<detail_threads::group>(size_, timeout_);
+      first_error_ = nullptr;
+      if (elastic_) {
+        roster_ = std::make_shared<detail_threads::roster>();
+        roster_->running = size_;
+      }
       std::vector<std::thread> workers;
       workers.reserve(static_cast<std::size_t>(size()));
-      for (int r = 0; r < size(); ++r) {
-        workers.emplace_back([this, r, &fn] {
-          std::unique_ptr<threads> comm(new threads(group_, r));
-          try {
-            fn(*comm);
-          } catch (...) {
-            std::lock_guard lock(group_->mutex);
-            if (!group_->broken) {
-              group_->broken = true;
-              group_->root_cause = std::current_exception();
-              try {
-                throw;
-              } catch (const std::exception& e) {
-                group_->broken_reason =
-                    diloco::detail::concat("rank ", r, " failed: ", diloco::detail::unprefixed(e.what()));
-              } catch (...) {
-                group_->broken_reason = diloco::detail::concat("rank ", r, " failed with a non-standard exception");
-              }
-            }
-            group_->cv.notify_all();
-          }
-          // Finishes (or, on a broken group, aborts) operations still queued
-          // on this rank's progress thread before the rank counts as gone.
-          comm.reset();
-          std::lock_guard lock(group_->mutex);
-          group_->departed[static_cast<std::size_t>(r)] = 1;
-          group_->cv.notify_all();
+      for (int r = 0; r < size(); ++r)
+        workers.emplace_back([this, r, f = std::function<void(threads&)>(std::ref(fn))] {
+          work(std::unique_ptr<threads>(new threads(group_, r, roster_, timeout_)), f);
         });
-      }
       for (auto& t : workers) t.join();
+      // Workers spawned meanwhile (they may spawn more).
+      for (;;) {
+        std::thread t;
+        {
+          std::lock_guard lock(spawn_mutex_);
+          if (spawned_.empty()) break;
+          t = std::move(spawned_.back());
+          spawned_.pop_back();
+        }
+        t.join();
+      }
+      roster_.reset();
+      if (first_error_) std::rethrow_exception(first_error_);
+      // A group broken by a timeout whose workers caught the echoes.
       if (group_->root_cause) std::rethrow_exception(group_->root_cause);
     }
 
+    // Elastic worlds, while run() is training: starts fn(comm) on a new
+    // thread whose communicator is joining; an algorithm constructed over
+    // it waits until the members reach a round end, which admits it (it
+    // takes the group's state from a live member). run() waits for it too.
+    template <class F>
+    void spawn(F&& fn) {
+      if (!elastic_)
+        diloco::detail::raise<config_error>("comm::threads::world::spawn needs an elastic world "
+                                            "(world(size, timeout, membership::elastic))");
+      if (!roster_) diloco::detail::raise<state_error>("comm::threads::world::spawn: the world is not running");
+      {
+        std::lock_guard lock(roster_->mutex);
+        if (!roster_->refused.empty()) diloco::detail::raise<state_error>("comm::threads::world::spawn: ", roster_->refused);
+        ++roster_->running;
+      }
+      std::lock_guard lock(spawn_mutex_);
+      spawned_.emplace_back([this, f = std::function<void(threads&)>(std::forward<F>(fn)), r = roster_] {
+        work(std::unique_ptr<threads>(new threads(nullptr, -1, r, timeout_)), f);
+      });
+    }
+
    private:
+    // One worker's life: fn, then the bookkeeping of its departure.
+    void work(std::unique_ptr<threads> comm, const std::function<void(threads&)>& fn) {
+      try {
+        fn(*comm);
+      } catch (...) {
+        const auto g = comm->group_;
+        const int r = comm->rank_;
+        std::string reason;
+        try {
+          throw;
+        } catch (const std::exception& e) {
+          reason = r >= 0 ? diloco::detail::concat("rank ", r, " failed: ", diloco::detail::unprefixed(e.what()))
+                          : diloco::detail::concat("a joining worker failed: ", diloco::detail::unprefixed(e.what()));
+        } catch (...) {
+          reason = diloco::detail::concat("rank ", r, " failed with a non-standard exception");
+        }
+        // The cause, not its echoes: a group keeps what broke it first.
+        std::exception_ptr cause = std::current_exception();
+        if (g) {
+          std::lock_guard lock(g->mutex);
+          if (!g->broken) {
+            g->broken = true;
+            g->root_cause = cause;
+            g->broken_reason = reason;
+          }
+          if (g->root_cause) cause = g->root_cause;
+          g->cv.notify_all();
+        }
+        std::lock_guard lock(error_mutex_);
+        if (!first_error_) first_error_ = cause;
+      }
+      // Finishes (or, on a broken group, aborts) operations still queued
+      // on this rank's progress thread before the rank counts as gone.
+      const auto g = comm->group_;
+      const int r = comm->rank_;
+      const auto roster = comm->roster_;
+      const bool counted = !comm->left_running_;
+      comm.reset();
+      if (g) {
+        std::lock_guard lock(g->mutex);
+        g->departed[static_cast<std::size_t>(r)] = 1;
+        g->cv.notify_all();
+      }
+      if (roster && counted) {
+        std::lock_guard lock(roster->mutex);
+        if (--roster->running == static_cast<int>(roster->waiting.size()) && !roster->waiting.empty()) {
+          roster->refused = "every member's worker function returned before a round end could admit it";
+          roster->cv.notify_all();
+        }
+      }
+    }
+
+    int size_;
+    std::chrono::milliseconds timeout_;
+    bool elastic_;
     std::shared_ptr<detail_threads::group> group_;
+    std::shared_ptr<detail_threads::roster> roster_;
+    std::mutex spawn_mutex_, error_mutex_;
+    std::vector<std::thread> spawned_;
+    std::exception_ptr first_error_;
   };
 
   threads(const threads&) = delete;
   threads& operator=(const threads&) = delete;
 
   int rank() const { return rank_; }
-  int size() const { return group_->size; }
+  int size() const { return group_ ? group_->size : 0; }
   // How many workers share this host's cores: all of them.
-  int workers_on_host() const { return group_->size; }
+  int workers_on_host() const { return std::max(1, size()); }
+
+  // ------------------------------------------------ elastic membership
+  // (elastic_communicator; see world's membership::elastic)
+  bool elastic() const { return roster_ != nullptr; }
+  std::uint64_t generation() const { return generation_; }
+  // A spawned worker not admitted yet.
+  bool joining() const { return roster_ && !group_; }
+  // Waits (within the world's timeout) until a round end admits this worker.
+  void join() {
+    if (!joining()) diloco::detail::raise<state_error>("comm::threads::join: this worker is already a member");
+    detail_threads::member me;
+    std::unique_lock lock(roster_->mutex);
+    if (!roster_->refused.empty())
+      diloco::detail::raise<comm_error>("comm::threads join: ", roster_->refused);
+    roster_->waiting.push_back(&me);
+    const auto deadline = diloco::detail::deadline_after(timeout_of_world());
+    auto done = [&] { return me.admitted || !roster_->refused.empty(); };
+    if (deadline == std::chrono::steady_clock::time_point::max())
+      roster_->cv.wait(lock, done);
+    else
+      roster_->cv.wait_until(lock, deadline, done);
+    if (!me.admitted) {
+      std::erase(roster_->waiting, &me);
+      if (!roster_->refused.empty()) diloco::detail::raise<comm_error>("comm::threads join: ", roster_->refused);
+      diloco::detail::raise<comm_error>("comm::threads join: no round end admitted this worker within ",
+                                        diloco::detail::describe_timeout(timeout_of_world()));
+    }
+    group_ = me.granted.g;
+    rank_ = me.granted.rank;
+    generation_ = roster_->generation;
+  }
+
+  // Collective over the members: `leave` announces that this worker
+  // leaves; at a round end the workers waiting to join are admitted. The
+  // last member to arrive forms the next group (members in rank order,
+  // then joiners); true when it differs from this one.
+  bool at_boundary(bool leave, boundary_kind kind) {
+    if (!roster_) diloco::detail::raise<config_error>("comm::threads: membership checks need an elastic world");
+    bool changed = false;
+    blocking([&] { changed = do_boundary(leave, kind); });
+    return changed;
+  }
+
+  // Threads have no recovery from a failed worker: its error ends run().
+  void recover() {
+    std::string why = "the group is broken";
+    if (group_) {
+      std::lock_guard lock(group_->mutex);
+      if (!group_->broken_reason.empty()) why = group_->broken_reason;
+    }
+    diloco::detail::raise<comm_error>("comm::threads cannot re-form a group after a failure (", why,
+                                      "); a worker that throws ends world::run");
+  }
   traffic_counters traffic() const { return traffic_; }
 
   // ------------------------------------------------------------ blocking
@@ -207,16 +389,19 @@ class threads {
   // 1/M slice of every buffer in rank order and writes the result back into
   // all of them, so the bits never depend on thread timing.
   void all_reduce(std::span<float> buf, reduce_op op) {
+    require_member("all_reduce");
     account_all_reduce(buf.size());
     blocking([&] { do_all_reduce(buf, op); });
   }
   // Copies root's buffer into every rank's buffer.
   void broadcast(std::span<float> buf, int root) {
+    require_member("broadcast");
     const std::string problem = root_problem(root);
     if (problem.empty()) account_broadcast(buf.size_bytes(), root);
     blocking([&] { do_broadcast(buf.data(), buf.size_bytes(), root, problem); });
   }
   void broadcast(std::span<std::byte> buf, int root) {
+    require_member("broadcast");
     const std::string problem = root_problem(root);
     if (problem.empty()) account_broadcast(buf.size(), root);
     blocking([&] { do_broadcast(buf.data(), buf.size(), root, problem); });
@@ -224,17 +409,20 @@ class threads {
   // send holds M equal blocks, block k for rank k; recv receives block
   // `rank` of every rank's send, in rank order.
   void all_to_all(std::span<const std::byte> send, std::span<std::byte> recv) {
+    require_member("all_to_all");
     const std::string problem = exchange_problem("all_to_all", send, recv, send.size());
     if (problem.empty()) account_exchange(send.size() / static_cast<std::size_t>(size()));
     blocking([&] { do_all_to_all(send, recv, problem); });
   }
   // recv receives every rank's send, in rank order (M blocks).
   void all_gather(std::span<const std::byte> send, std::span<std::byte> recv) {
+    require_member("all_gather");
     const std::string problem = exchange_problem("all_gather", send, recv, send.size() * static_cast<std::size_t>(size()));
     if (problem.empty()) account_exchange(send.size());
     blocking([&] { do_all_gather(send, recv, problem); });
   }
   void barrier() {
+    require_member("barrier");
     blocking([&] { group_->arrive_and_wait(rank_, "barrier"); });
   }
 
@@ -242,10 +430,12 @@ class threads {
   // Each returns at once; the operation runs on this rank's progress thread
   // in issue order. Buffers must stay untouched until wait() returns.
   request iall_reduce(std::span<float> buf, reduce_op op) {
+    require_member("iall_reduce");
     account_all_reduce(buf.size());
     return queue_.submit([this, buf, op] { do_all_reduce(buf, op); });
   }
   request ibroadcast(std::span<float> buf, int root) {
+    require_member("ibroadcast");
     std::string problem = root_problem(root);
     if (problem.empty()) account_broadcast(buf.size_bytes(), root);
     return queue_.submit([this, buf, root, problem = std::move(problem)] {
@@ -253,6 +443,7 @@ class threads {
     });
   }
   request ibroadcast(std::span<std::byte> buf, int root) {
+    require_member("ibroadcast");
     std::string problem = root_problem(root);
     if (problem.empty()) account_broadcast(buf.size(), root);
     return queue_.submit([this, buf, root, problem = std::move(problem)] {
@@ -260,21 +451,94 @@ class threads {
     });
   }
   request iall_to_all(std::span<const std::byte> send, std::span<std::byte> recv) {
+    require_member("iall_to_all");
     std::string problem = exchange_problem("all_to_all", send, recv, send.size());
     if (problem.empty()) account_exchange(send.size() / static_cast<std::size_t>(size()));
     return queue_.submit([this, send, recv, problem = std::move(problem)] { do_all_to_all(send, recv, problem); });
   }
   request iall_gather(std::span<const std::byte> send, std::span<std::byte> recv) {
+    require_member("iall_gather");
     std::string problem = exchange_problem("all_gather", send, recv, send.size() * static_cast<std::size_t>(size()));
     if (problem.empty()) account_exchange(send.size());
     return queue_.submit([this, send, recv, problem = std::move(problem)] { do_all_gather(send, recv, problem); });
   }
   request ibarrier() {
+    require_member("ibarrier");
     return queue_.submit([this] { group_->arrive_and_wait(rank_, "barrier"); });
   }
 
  private:
-  threads(std::shared_ptr<detail_threads::group> g, int rank) : group_(std::move(g)), rank_(rank) {}
+  threads(std::shared_ptr<detail_threads::group> g, int rank, std::shared_ptr<detail_threads::roster> r,
+          std::chrono::milliseconds timeout)
+      : group_(std::move(g)), rank_(rank), roster_(std::move(r)), timeout_(timeout) {}
+
+  // Collectives need a member: not a joiner before join(), not a leaver.
+  void require_member(const char* op) const {
+    if (!group_)
+      diloco::detail::raise<state_error>("comm::threads ", op, ": this worker is not a member of the group (",
+                                         roster_ && rank_ < 0 && !left_running_ ? "it has not joined yet"
+                                                                                : "it left the group",
+                                         ")");
+  }
+
+  std::chrono::milliseconds timeout_of_world() const { return timeout_; }
+
+  bool do_boundary(bool leave, boundary_kind kind) {
+    if (!group_) diloco::detail::raise<state_error>("comm::threads: this worker is not a member of the group");
+    auto g = group_;
+    {
+      std::lock_guard lock(g->mutex);
+      g->slots[static_cast<std::size_t>(rank_)] =
+          detail_threads::slot{"membership_check", nullptr, nullptr, 0, leave ? 1 : 0, nullptr};
+    }
+    g->arrive_and_wait(rank_, "membership_check", [&] {
+      // The last to arrive decides for all, under the group's lock.
+      g->next.reset();
+      g->next_rank.assign(static_cast<std::size_t>(g->size), -1);
+      g->check_problem.clear();
+      for (int k = 0; k < g->size; ++k)
+        if (std::strcmp(g->slots[static_cast<std::size_t>(k)].op, "membership_check") != 0)
+          g->check_problem = diloco::detail::concat("rank ", k, " entered ", g->slots[static_cast<std::size_t>(k)].op,
+                                                    " instead of the membership check");
+      if (!g->check_problem.empty()) return;
+      int next_size = 0;
+      for (int k = 0; k < g->size; ++k)
+        if (!g->slots[static_cast<std::size_t>(k)].arg) g->next_rank[static_cast<std::size_t>(k)] = next_size++;
+      std::vector<detail_threads::member*> admitted;
+      {
+        std::lock_guard roster_lock(roster_->mutex);
+        if (kind == boundary_kind::round_end && next_size > 0) admitted.swap(roster_->waiting);
+        if (next_size == g->size && admitted.empty()) return;
+        auto next = std::make_shared<detail_threads::group>(next_size + static_cast<int>(admitted.size()), g->timeout);
+        for (std::size_t j = 0; j < admitted.size(); ++j) {
+          admitted[j]->granted = {next, next_size + static_cast<int>(j)};
+          admitted[j]->admitted = true;
+        }
+        ++roster_->generation;
+        roster_->running -= g->size - next_size;  // leavers no longer count as running members
+        g->next = std::move(next);
+        roster_->cv.notify_all();
+      }
+    });
+    if (!g->check_problem.empty())
+      throw comm_error(diloco::detail::concat("diloco: threads membership check on rank ", rank_, ": ",
+                                              g->check_problem));
+    if (!g->next) return false;
+    const int mine = g->next_rank[static_cast<std::size_t>(rank_)];
+    {
+      std::lock_guard lock(roster_->mutex);
+      generation_ = roster_->generation;
+    }
+    if (mine < 0) {
+      group_.reset();
+      rank_ = -1;
+      left_running_ = true;
+    } else {
+      group_ = g->next;
+      rank_ = mine;
+    }
+    return true;
+  }
 
   // A blocking operation never overtakes pending non-blocking ones.
   template <class F>
@@ -416,6 +680,10 @@ class threads {
 
   std::shared_ptr<detail_threads::group> group_;
   int rank_ = 0;
+  std::shared_ptr<detail_threads::roster> roster_;  // elastic worlds only
+  std::chrono::milliseconds timeout_ = std::chrono::minutes(5);
+  std::uint64_t generation_ = 0;
+  bool left_running_ = false;  // left the group: no longer counted as a running member
   traffic_counters traffic_{};
   // Last member: destroyed first, so its thread is joined while the rest of
   // the communicator is still alive.

@@ -158,4 +158,37 @@ concept async_device_communicator =
 template <class C>
 concept async_communicator = async_host_communicator<C> || async_device_communicator<C>;
 
+// Where a worker stands when it takes part in a membership check
+// (elastic_communicator::at_boundary).
+enum class boundary_kind {
+  round_start,  // before a round's first collective: leaves only
+  round_end,    // after a round was applied, nothing in flight: leaves and joins
+};
+
+// A communicator whose group may change while training runs (comm::threads
+// over an elastic world, comm::gloo with options.elastic). The algorithm
+// drives it; users only construct it and call algorithm::leave().
+//   elastic()            whether membership may change (a run-time choice);
+//   generation()         how many times the group has re-formed;
+//   joining(), join()    a worker that is not a member yet: join() blocks
+//                        until the running group admits it at a round end
+//                        (rank() and size() are valid afterwards);
+//   at_boundary(l, k)    collective over the members at a point where no
+//                        reduction is in flight: `l` announces that this
+//                        worker leaves; true when the group changed (this
+//                        worker's rank and size may differ afterwards; a
+//                        leaver is no longer a member);
+//   recover()            after a comm_error: forms the next generation from
+//                        the members still alive; throws comm_error when
+//                        this worker was dropped or too few remain.
+template <class C>
+concept elastic_communicator = requires(C& c, const C& cc, bool leave, boundary_kind k) {
+  { cc.elastic() } -> std::convertible_to<bool>;
+  { cc.generation() } -> std::convertible_to<std::uint64_t>;
+  { c.joining() } -> std::convertible_to<bool>;
+  { c.join() };
+  { c.at_boundary(leave, k) } -> std::convertible_to<bool>;
+  { c.recover() };
+};
+
 }  // namespace diloco

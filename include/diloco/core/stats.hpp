@@ -43,6 +43,13 @@ struct stats {
   // Bytes this worker sent for each fragment's reductions (one entry per
   // fragment; one in all for a whole-model schedule).
   std::vector<std::uint64_t> fragment_bytes_sent;
+  // Elastic membership (elastic_communicator): the workers in the group
+  // now, how many times the group re-formed (leaves, joins, recoveries
+  // from a dead peer) and how many reductions a failure aborted (theta_global
+  // unchanged; the local progress stays in the replica).
+  int workers = 0;
+  std::uint64_t membership_changes = 0;
+  std::uint64_t aborted_rounds = 0;
 };
 
 }  // namespace diloco

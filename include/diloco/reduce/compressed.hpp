@@ -60,6 +60,13 @@ class compressed {
     start(exec, comm, link);
   }
 
+  // Drops the exchange in flight (elastic recovery): the pending collective
+  // is waited for and its result ignored; the residual was not committed.
+  void abort() {
+    pending_ = {};
+    stage_ = stage::done;
+  }
+
   // Runs every stage whose collective has completed; true when the whole
   // exchange has.
   bool poll(Exec& exec, Comm& comm, transport& link) {

@@ -76,6 +76,10 @@ class fp32_mean {
     link.all_reduce(comm, exec, wire_.data(), wire_.size(), reduce_op::sum);
   }
 
+  // Drops the reduction in flight (elastic recovery): its collective is
+  // waited for (a failed group fails it at once) and its result ignored.
+  void abort() { pending_ = {}; }
+
   // True once the reduction has completed (it makes progress here).
   bool poll() { return pending_.test(); }
 

@@ -56,6 +56,20 @@ struct options {
   // (like torchrun's LOCAL_WORLD_SIZE); the engine divides the host's
   // threads among them. 0: unknown, taken as 1.
   int local_world_size = 0;
+  // Elastic membership: the group survives a dead or frozen peer (the
+  // survivors abort the round in flight and form the next generation of the
+  // group through the store), workers may leave between rounds, and a
+  // process started again with the rank of one that died (or any process
+  // started later) joins at a round end, taking the state from a live
+  // member. `rank` and `size` are then those of the first generation; a
+  // process whose rank already started once in this run joins instead.
+  bool elastic = false;
+  // Elastic: a group that would have fewer workers raises comm_error.
+  int min_workers = 1;
+  // Elastic: whether the members admit joiners at round ends.
+  bool admit_joiners = true;
+  // Elastic: how long a joiner waits for a round end to admit it.
+  std::chrono::milliseconds join_timeout = std::chrono::minutes(10);
 };
 
 // The timeout handed to Gloo. Gloo has no "forever" for a collective (its
@@ -93,6 +107,10 @@ inline void validate(const options& o) {
     if (r.port < 1 || r.port > max_port)
       diloco::detail::raise<config_error>("comm::gloo: Redis port ", r.port, " is outside [1, ", max_port, "]");
   }
+  if (o.min_workers < 1 || (!o.elastic && o.min_workers != 1) || o.min_workers > o.size)
+    diloco::detail::raise<config_error>("comm::gloo: min_workers is ", o.min_workers, "; expected 1 to the world size (",
+                                        o.size, ") for an elastic group, 1 otherwise");
+  diloco::detail::check_timeout(o.join_timeout, "comm::gloo: join_timeout");
 }
 
 // A decimal integer in [lo, hi] and nothing else; `what` names it in errors.
@@ -154,6 +172,8 @@ inline constexpr const char* env_hostname = "DILOCO_HOSTNAME";
 inline constexpr const char* env_iface = "DILOCO_IFACE";
 inline constexpr const char* env_timeout_ms = "DILOCO_TIMEOUT_MS";
 inline constexpr const char* env_local_world_size = "DILOCO_LOCAL_WORLD_SIZE";
+inline constexpr const char* env_elastic = "DILOCO_ELASTIC";
+inline constexpr const char* env_min_workers = "DILOCO_MIN_WORKERS";
 
 // Options from the environment. Rank, world size and store are required;
 // the others keep the defaults above when unset.
@@ -181,6 +201,9 @@ inline options options_from_env() {
     o.timeout = diloco::detail::parse_timeout_ms(v, env_timeout_ms);
   if (const char* v = get(env_local_world_size); v && *v)
     o.local_world_size = parse_integer<int>(v, env_local_world_size, 1, o.size);
+  if (const char* v = get(env_elastic); v && *v) o.elastic = parse_integer<int>(v, env_elastic, 0, 1) == 1;
+  if (const char* v = get(env_min_workers); v && *v)
+    o.min_workers = parse_integer<int>(v, env_min_workers, 1, o.size);
   validate(o);
   return o;
 }

@@ -481,7 +481,9 @@ inline int next_generation(const options& o) {
 
 // The whole rendezvous. Call it with SIGPIPE blocked (sigpipe_guard): the
 // transport device starts Gloo's event-loop thread, which keeps that mask.
-inline connection rendezvous(const options& o) {
+// `scope`: the store's key scope for this world (an elastic group's
+// generation); by default, this process's count of communicators.
+inline connection rendezvous(const options& o, const std::string& scope = {}) {
   // One deadline for the whole start-up: joining, connecting and the
   // exchange of addresses together take at most the timeout.
   const auto deadline = diloco::detail::deadline_after<startup_clock>(o.timeout);
@@ -515,7 +517,8 @@ inline connection rendezvous(const options& o) {
                                         "': ", e.what());
   }
 
-  c.store = std::make_unique<rendezvous_store>(o, next_generation(o), where);
+  c.store = scope.empty() ? std::make_unique<rendezvous_store>(o, next_generation(o), where)
+                          : std::make_unique<rendezvous_store>(o, scope, where);
   rendezvous_store& rs = *c.store;
   const std::vector<std::string> hosts = join(rs, o, deadline, where);
   auto context = std::make_shared<mesh_context>(o.rank, o.size);

@@ -12,7 +12,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <fstream>
+#include <stdexcept>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -94,6 +97,25 @@ class file_backend final : public ::gloo::rendezvous::FileStore {
  public:
   using FileStore::FileStore;
   bool has(const std::vector<std::string>& keys) { return check(keys); }
+  // Sets `key` unless it is set: false if it was. Atomic, unlike
+  // FileStore::set (which checks, then renames over): the value is written
+  // to a private file, then hard-linked to the key's name, which fails if
+  // that name exists.
+  bool create(const std::string& key, const std::vector<char>& data) {
+    static std::atomic<unsigned> counter{0};
+    const std::string tmp = diloco::detail::concat(tmpPath(key), ".", static_cast<long long>(getpid()), ".", counter++);
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      out.write(data.data(), static_cast<std::streamsize>(data.size()));
+      if (!out) throw std::runtime_error("cannot write " + tmp);
+    }
+    const int rv = ::link(tmp.c_str(), objectPath(key).c_str());
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    if (rv == 0) return true;
+    if (err == EEXIST) return false;
+    throw std::runtime_error(diloco::detail::concat("cannot link ", objectPath(key), ": ", std::strerror(err)));
+  }
 };
 
 #if DILOCO_GLOO_HAVE_REDIS
@@ -105,6 +127,17 @@ class redis_backend final : public ::gloo::rendezvous::RedisStore {
     if (!diloco::detail::unbounded(timeout)) limit(timeout);
   }
   bool has(const std::vector<std::string>& keys) { return check(keys); }
+  // Sets `key` unless it is set: false if it was. Gloo's RedisStore::set
+  // is a SETNX that throws when the key exists.
+  bool create(const std::string& key, const std::vector<char>& data) {
+    try {
+      set(key, data);
+      return true;
+    } catch (const std::exception&) {
+      if (check({key})) return false;
+      throw;
+    }
+  }
   // Bounds each later send and reply by `timeout` (at least 1 ms).
   void limit(std::chrono::milliseconds timeout) {
     const long long ms = std::max<long long>(timeout.count(), 1);
@@ -156,7 +189,10 @@ class bounded_store final : public ::gloo::rendezvous::Store {
 class rendezvous_store {
  public:
   // `generation` counts this process's earlier communicators of the run.
-  rendezvous_store(const options& o, int generation, const std::string& where) {
+  rendezvous_store(const options& o, int generation, const std::string& where)
+      : rendezvous_store(o, std::to_string(generation), where) {}
+  // Keys under "diloco/<run id>/<scope>/".
+  rendezvous_store(const options& o, const std::string& scope, const std::string& where) {
     if (const auto* f = std::get_if<file_store>(&o.rendezvous)) {
       std::error_code ec;
       std::filesystem::create_directories(f->directory, ec);
@@ -167,6 +203,7 @@ class rendezvous_store {
       try {
         auto b = std::make_unique<file_backend>(f->directory);
         has_ = [p = b.get()](const std::vector<std::string>& keys) { return p->has(keys); };
+        create_ = [p = b.get()](const std::string& k, const std::vector<char>& v) { return p->create(k, v); };
         backend_ = std::move(b);
       } catch (const std::exception& e) {
         diloco::detail::raise<config_error>(where, ": cannot open the file store: ", e.what());
@@ -179,6 +216,7 @@ class rendezvous_store {
       try {
         auto b = std::make_unique<redis_backend>(r.host, r.port, o.timeout);
         has_ = [p = b.get()](const std::vector<std::string>& keys) { return p->has(keys); };
+        create_ = [p = b.get()](const std::string& k, const std::vector<char>& v) { return p->create(k, v); };
         if (!diloco::detail::unbounded(o.timeout))
           limit_ = [p = b.get(), t = o.timeout](std::chrono::milliseconds left) { p->limit(std::min(left, t)); };
         backend_ = std::move(b);
@@ -191,7 +229,7 @@ class rendezvous_store {
                                                  "hiredis headers are missing; use a file store");
 #endif
     }
-    run_ = std::make_unique<run_store>("diloco/" + o.run_id + "/" + std::to_string(generation), *backend_);
+    run_ = std::make_unique<run_store>("diloco/" + o.run_id + "/" + scope, *backend_);
     bounded_ = std::make_unique<bounded_store>(*run_, o.timeout);
   }
 
@@ -211,10 +249,15 @@ class rendezvous_store {
     for (const auto& k : keys) full.push_back(run_->full_key(k));
     return has_(full);
   }
+  // Sets `key` unless it is set, atomically: false if it was.
+  bool create(const std::string& key, const std::vector<char>& value) { return create_(run_->full_key(key), value); }
+  // The value of a key known to be set.
+  std::vector<char> value(const std::string& key) { return store().get(key); }
 
  private:
   std::unique_ptr<::gloo::rendezvous::Store> backend_;
   std::function<bool(const std::vector<std::string>&)> has_;
+  std::function<bool(const std::string&, const std::vector<char>&)> create_;
   std::function<void(std::chrono::milliseconds)> limit_;
   std::unique_ptr<run_store> run_;
   std::unique_ptr<bounded_store> bounded_;
