@@ -633,6 +633,9 @@ class engine final : public engine_base {
   void reset_replica() {
     for (std::size_t k = 0; k < params_.count(); ++k)
       exec_.for_each(params_[k].size(), kernels::copy{global_.data() + offsets_[k], params_[k].data()});
+    reset_schedule_buffers();
+  }
+  void reset_schedule_buffers() {
     if constexpr (delayed) {
       exec_.for_each(flat_, kernels::copy{global_.data(), anchor_.data()});
       if constexpr (eager) {
@@ -975,13 +978,7 @@ class engine final : public engine_base {
     const fragment& f = *frags_[p];
     for (std::size_t k : f.tensors)
       exec_.for_each(params_[k].size(), kernels::copy{global_.data() + offsets_[k], params_[k].data()});
-    if constexpr (delayed) {
-      exec_.for_each(flat_, kernels::copy{global_.data(), anchor_.data()});
-      if constexpr (eager) {
-        exec_.for_each(flat_, kernels::fill{own_.data(), 0.0f});
-        rejoin_eager_state();
-      }
-    }
+    reset_schedule_buffers();
     steps_in_round_ = 0;
     ++stats_.rejected_rounds;
     const std::string what = frags_.size() == 1 ? std::string("the replica was")
