@@ -528,19 +528,25 @@ TEST_CASE("disagreeing or invalid arguments: comm_error on every rank at once, t
   CHECK(harness::seconds_between(t0, harness::clock::now()) < 10.0);
 }
 
-TEST_CASE("a process killed mid-run: the others raise comm_error within the timeout and exit cleanly") {
-  constexpr int m = 4, victim = 2, timeout_ms = 2000;
-  constexpr double slack_s = 2.0;
-  harness::temp_dir d;
+// Starts m ranks of kill_loop and returns once all of them have looped a
+// few times and had 200 ms more to get deep into a collective.
+void start_kill_loop(harness::processes& ps, const harness::temp_dir& d, int m, int timeout_ms) {
   world_spec w{.role = "kill_loop", .size = m, .store = "file://" + d.file("store"), .timeout_ms = timeout_ms,
                .dir = d.path().string()};
-  harness::processes ps;
   for (int r = 0; r < m; ++r) ps.start(rank_env(w, r));
   const auto ready_by = harness::clock::now() + 60s;
   for (int r = 0; r < m; ++r)
     while (!std::filesystem::exists(d.file("ready." + std::to_string(r))) && harness::clock::now() < ready_by)
       std::this_thread::sleep_for(5ms);
-  std::this_thread::sleep_for(200ms);  // let them get deep into a collective
+  std::this_thread::sleep_for(200ms);
+}
+
+TEST_CASE("a process killed mid-run: the others raise comm_error within the timeout and exit cleanly") {
+  constexpr int m = 4, victim = 2, timeout_ms = 2000;
+  constexpr double slack_s = 2.0;
+  harness::temp_dir d;
+  harness::processes ps;
+  start_kill_loop(ps, d, m, timeout_ms);
   const auto killed_at = harness::clock::now();
   ps.kill(victim);
   ps.wait_all(60s);
@@ -576,15 +582,8 @@ TEST_CASE("a rank killed or frozen mid-run: every survivor names that rank, and 
   for (int sig : {SIGKILL, SIGSTOP, SIGKILL, SIGSTOP}) {
     CAPTURE(sig);
     harness::temp_dir d;
-    world_spec w{.role = "kill_loop", .size = m, .store = "file://" + d.file("store"), .timeout_ms = timeout_ms,
-                 .dir = d.path().string()};
     harness::processes ps;
-    for (int r = 0; r < m; ++r) ps.start(rank_env(w, r));
-    const auto ready_by = harness::clock::now() + 60s;
-    for (int r = 0; r < m; ++r)
-      while (!std::filesystem::exists(d.file("ready." + std::to_string(r))) && harness::clock::now() < ready_by)
-        std::this_thread::sleep_for(5ms);
-    std::this_thread::sleep_for(200ms);
+    start_kill_loop(ps, d, m, timeout_ms);
     const auto hit_at = harness::clock::now();
     ps.kill(victim, sig);
     const auto reported_by = harness::clock::now() + 30s;

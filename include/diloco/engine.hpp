@@ -33,7 +33,6 @@
 
 #include "diloco/comm/detail/transport.hpp"
 #include "diloco/core/agreement.hpp"
-#include "diloco/core/state.hpp"
 #include "diloco/core/concepts.hpp"
 #include "diloco/core/error.hpp"
 #include "diloco/core/fault.hpp"
@@ -474,7 +473,7 @@ class engine final : public engine_base {
     // Every rank now holds rank 0's values: every rank finds the same.
     const std::string bad = non_finite_initial();
     if (!bad.empty())
-      raise<numeric_error>("non-finite initial parameters after the broadcast from rank ", 0, " (", bad,
+      raise<numeric_error>("non-finite initial parameters after the broadcast from rank 0 (", bad,
                            "); every rank raises this, since a replica that starts non-finite would make every "
                            "round refused");
   }
@@ -516,9 +515,10 @@ class engine final : public engine_base {
   // fresh sets its replica to it.
   void elastic_startup() {
     init_global_and_schedule();
-    if (const std::string bad = non_finite_initial(); !bad.empty() && world_ == 1)
-      raise<numeric_error>("non-finite initial parameters (", bad,
-                           "): a replica that starts non-finite would make every round refused");
+    if (world_ == 1)
+      if (const std::string bad = non_finite_initial(); !bad.empty())
+        raise<numeric_error>("non-finite initial parameters (", bad,
+                             "): a replica that starts non-finite would make every round refused");
     fresh_ = true;
     resync_loop(joiner_ ? where::after_round : where::before_round);
     if (world_ > 1 && !joiner_) check_initial_after_broadcast();
@@ -528,16 +528,16 @@ class engine final : public engine_base {
       // pseudo-gradient is zero).
       if constexpr (delayed) begin_elastic();
     }
-    stats_.membership_changes = 0;
   }
 
-  // resync() until it succeeds, recovering from failures in between.
+  // resync() until it succeeds, forming the next generation (another
+  // member failed meanwhile) in between.
   bool resync_loop(where at) {
     for (;;) {
       try {
         return resync(at);
       } catch (const comm_error&) {
-        recover_comm();
+        recover_comm();  // throws when this worker was dropped or too few remain
         replan();
       }
     }
@@ -596,12 +596,12 @@ class engine final : public engine_base {
     }
     fresh_ = false;
     round_open_ = false;
-    ++stats_.membership_changes;
     return retry;
   }
 
   // The state every rank holds identically, from `root` to all.
   void broadcast_global(int root) {
+    if (world_ == 1) return;
     struct collect final : state_visitor {
       std::vector<std::pair<float*, std::size_t>> buffers;
       std::vector<std::uint64_t*> scalars;
@@ -612,7 +612,6 @@ class engine final : public engine_base {
         if (checkpoint::is_global_entry(name)) scalars.push_back(&value);
       }
     } c;
-    if (world_ == 1) return;
     visit_state(c);
     const std::size_t chunk = std::max<std::size_t>(1, flat_);
     for (auto [data, size] : c.buffers)
@@ -670,15 +669,9 @@ class engine final : public engine_base {
   bool recover_after_failure(where at) {
     abort_in_flight();
     ++recoveries_;
-    for (;;) {
-      recover_comm();  // throws when this worker was dropped or too few remain
-      replan();
-      try {
-        return resync(at);
-      } catch (const comm_error&) {
-        // Another member failed meanwhile: the next generation.
-      }
-    }
+    recover_comm();  // throws when this worker was dropped or too few remain
+    replan();
+    return resync_loop(at);
   }
 
   // A membership check at a point where nothing is in flight. Returns
@@ -695,13 +688,17 @@ class engine final : public engine_base {
       return recover_after_failure(at);
     }
     if (changed) {
+      ++stats_.membership_changes;
       replan();
       return resync_loop(at);
     }
     return true;
   }
 
+  // Every re-forming of the group passes here or through a membership
+  // check that changed the group: both count.
   void recover_comm() {
+    ++stats_.membership_changes;
     if constexpr (elastic_communicator<Comm>)
       comm_.recover();
     else
@@ -731,9 +728,13 @@ class engine final : public engine_base {
   // sync::one_step_delay after a recovery at a phase end: the phase starts
   // here (its reduction includes the progress of the aborted one).
   void after_phase_recovery() {
-    if constexpr (delayed && !eager)
-      for (std::size_t k = 0; k < params_.count(); ++k)
-        exec_.for_each(params_[k].size(), kernels::copy{params_[k].data(), anchor_.data() + offsets_[k]});
+    if constexpr (delayed && !eager) anchor_from_replica();
+  }
+
+  // sync::one_step_delay: the phase starts from the replica as it is now.
+  void anchor_from_replica() {
+    for (std::size_t k = 0; k < params_.count(); ++k)
+      exec_.for_each(params_[k].size(), kernels::copy{params_[k].data(), anchor_.data() + offsets_[k]});
   }
 
   // The point the fragment's pseudo-gradient is taken from: theta_global,
@@ -799,7 +800,6 @@ class engine final : public engine_base {
   void complete(std::size_t p, bool draining = false) {
     fragment& f = *frags_[p];
     if (f.failure) std::rethrow_exception(f.failure);
-    round_open_ = true;
     const auto t0 = clock::now();
     const reduce::verdict v = [&] {
       if constexpr (Compressor::lossless)
@@ -900,8 +900,7 @@ class engine final : public engine_base {
                                                 m.shifted(offsets_[k]), params_[k].data()});
         ++eager_steps_;
       } else {
-        for (std::size_t k = 0; k < params_.count(); ++k)
-          exec_.for_each(params_[k].size(), kernels::copy{params_[k].data(), anchor_.data() + offsets_[k]});
+        anchor_from_replica();
       }
     }
     if (elastic_) {

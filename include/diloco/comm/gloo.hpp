@@ -130,7 +130,7 @@ class gloo {
     for (;;) {
       while (meta_->has({diloco::detail::concat("g", g + 1, "/members")})) ++g;
       if (meta_->has({diloco::detail::concat("g", g, "/members")})) {
-        auto [list, next] = decode_members(meta_->value(diloco::detail::concat("g", g, "/members")));
+        auto [list, next] = decode_members(meta_->store().get(diloco::detail::concat("g", g, "/members")));
         if (std::find(list.begin(), list.end(), id_) != list.end()) {
           joining_ = false;
           adopt(g, std::move(list), next);
@@ -544,14 +544,12 @@ class gloo {
   // Reads generation g's list, written by whoever wrote first.
   std::pair<std::vector<std::string>, std::uint64_t> members_of(std::uint64_t g) {
     const std::string key = diloco::detail::concat("g", g, "/members");
-    const auto deadline = diloco::detail::deadline_after(opts_.timeout);
-    while (!meta_->has({key})) {
-      if (std::chrono::steady_clock::now() >= deadline)
-        diloco::detail::raise<comm_error>("comm::gloo: generation ", g, "'s member list did not appear within ",
-                                          diloco::detail::describe_timeout(opts_.timeout));
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return decode_members(meta_->value(key));
+    std::vector<std::vector<char>> value(1);
+    const auto deadline = diloco::detail::deadline_after<detail_gloo::startup_clock>(opts_.timeout);
+    if (!detail_gloo::poll_keys(*meta_, {0}, [&](int) { return key; }, deadline, value).empty())
+      diloco::detail::raise<comm_error>("comm::gloo: generation ", g, "'s member list did not appear within ",
+                                        diloco::detail::describe_timeout(opts_.timeout));
+    return decode_members(value[0]);
   }
 
   // Connects to generation g after adopting it (its failure: the caller's).
@@ -621,14 +619,14 @@ class gloo {
         meta_->create(alive_key(id_), {'1'});
         // Wait for every member of this generation to register, or to be
         // presumed dead, or the timeout.
-        const auto deadline = diloco::detail::deadline_after(opts_.timeout);
+        const auto deadline = diloco::detail::deadline_after<detail_gloo::startup_clock>(opts_.timeout);
         for (;;) {
           if (meta_->has({members_key})) break;
           bool decided = true;
           for (std::size_t k = 0; k < members_.size() && decided; ++k)
             decided = meta_->has({alive_key(members_[k])}) || presumed_dead(static_cast<int>(k));
-          if (decided || std::chrono::steady_clock::now() >= deadline) break;
-          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          if (decided || detail_gloo::startup_clock::now() >= deadline) break;
+          detail_gloo::poll_pause(deadline);
         }
         std::vector<std::string> alive;
         for (const auto& id : members_)

@@ -56,18 +56,6 @@ struct group {
   std::string broken_reason;
   std::exception_ptr root_cause;
 
-  void reset() {
-    std::lock_guard lock(mutex);
-    generation = 0;
-    arrived_count = 0;
-    std::fill(slots.begin(), slots.end(), slot{});
-    std::fill(arrived.begin(), arrived.end(), 0);
-    std::fill(departed.begin(), departed.end(), 0);
-    broken = false;
-    broken_reason.clear();
-    root_cause = nullptr;
-  }
-
   std::string missing_ranks() const {
     std::string out;
     for (int r = 0; r < size; ++r)
@@ -344,7 +332,7 @@ class threads {
     if (!roster_->refused.empty())
       diloco::detail::raise<comm_error>("comm::threads join: ", roster_->refused);
     roster_->waiting.push_back(&me);
-    const auto deadline = diloco::detail::deadline_after(timeout_of_world());
+    const auto deadline = diloco::detail::deadline_after(timeout_);
     auto done = [&] { return me.admitted || !roster_->refused.empty(); };
     if (deadline == std::chrono::steady_clock::time_point::max())
       roster_->cv.wait(lock, done);
@@ -354,7 +342,7 @@ class threads {
       std::erase(roster_->waiting, &me);
       if (!roster_->refused.empty()) diloco::detail::raise<comm_error>("comm::threads join: ", roster_->refused);
       diloco::detail::raise<comm_error>("comm::threads join: no round end admitted this worker within ",
-                                        diloco::detail::describe_timeout(timeout_of_world()));
+                                        diloco::detail::describe_timeout(timeout_));
     }
     group_ = me.granted.g;
     rank_ = me.granted.rank;
@@ -480,8 +468,6 @@ class threads {
                                                                                 : "it left the group",
                                          ")");
   }
-
-  std::chrono::milliseconds timeout_of_world() const { return timeout_; }
 
   bool do_boundary(bool leave, boundary_kind kind) {
     if (!group_) diloco::detail::raise<state_error>("comm::threads: this worker is not a member of the group");

@@ -251,8 +251,6 @@ class rendezvous_store {
   }
   // Sets `key` unless it is set, atomically: false if it was.
   bool create(const std::string& key, const std::vector<char>& value) { return create_(run_->full_key(key), value); }
-  // The value of a key known to be set.
-  std::vector<char> value(const std::string& key) { return store().get(key); }
 
  private:
   std::unique_ptr<::gloo::rendezvous::Store> backend_;
