@@ -979,6 +979,7 @@ class engine final : public engine_base {
       exec_.for_each(params_[k].size(), kernels::copy{global_.data() + offsets_[k], params_[k].data()});
     reset_schedule_buffers();
     steps_in_round_ = 0;
+    round_open_ = false;
     ++stats_.rejected_rounds;
     const std::string what = frags_.size() == 1 ? std::string("the replica was")
                                                 : concat("fragment ", p, "'s tensors were");
