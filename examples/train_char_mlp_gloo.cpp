@@ -6,6 +6,13 @@
 //   scripts/launch_gloo.sh 4 -- ./build/examples/train_char_mlp_gloo [options] [corpus.txt]
 //
 // Rank 0 prints progress and the table.
+//
+// Elastic (README, "Surviving failures"): a worker dies and rejoins while
+// DiLoCo trains, the others going on without it in the meantime:
+//
+//   scripts/launch_gloo.sh 4 --max-restarts 1 --timeout-ms 3000 --
+//       ./build/examples/train_char_mlp_gloo --methods diloco --sync blocking --compress none --crash 2:250
+// (one command line)
 
 #include <cstdio>
 #include <diloco/comm/gloo.hpp>
@@ -21,6 +28,7 @@ int main(int argc, char** argv) {
   try {
     char_mlp::cli defaults;
     defaults.methods = {"ddp", "diloco"};
+    defaults.crash_option = true;
     // --help before joining: the launcher's processes need not all be up.
     const auto early = char_mlp::parse_cli(argc, argv, defaults, "must equal the number of processes the launcher starts");
     if (early.help) return 0;

@@ -8,6 +8,17 @@
 # others are stopped and the launcher exits with the first failed rank's
 # status (128 + N for signal N, as a shell reports it).
 #
+# Elastic runs (comm::gloo with options.elastic, see README "Surviving
+# failures"): with --elastic every rank gets DILOCO_ELASTIC=1 and a failed
+# rank does not stop the others, who go on as a smaller group. With
+# --max-restarts K (which implies --elastic) a rank that fails is started
+# again with the same rank, up to K times, with DILOCO_RESTART_COUNT set to
+# how many times it was restarted; the restarted process finds that its
+# rank ran before and joins the running group as a new worker, receiving
+# the state from a live member. The launcher then exits 0 when every rank's
+# last run succeeded, else with the status of the first rank that failed
+# for good.
+#
 #   scripts/launch_gloo.sh N [options] -- program [args...]
 #
 #   --store URL      file:///shared/dir or redis://host:port
@@ -19,6 +30,8 @@
 #                    at most 31536000000, one year; "none" for no bound)
 #   --first-rank R   start ranks R..R+N-1 of a world of --world-size ranks,
 #   --world-size W   to spread one world over several machines
+#   --elastic        DILOCO_ELASTIC=1; a failed rank leaves the others running
+#   --max-restarts K restart a failed rank up to K times (default 0)
 set -euo pipefail
 
 usage() {  # usage STATUS: the header above, to stdout for --help
@@ -36,7 +49,7 @@ nprocs=$1
 shift
 [[ $nprocs =~ ^[1-9][0-9]*$ ]] || { echo "launch_gloo.sh: N must be a positive integer, got '$nprocs'" >&2; exit 2; }
 
-store="" run_id="" hostname="" iface="" timeout_ms="" first_rank=0 world_size=""
+store="" run_id="" hostname="" iface="" timeout_ms="" first_rank=0 world_size="" elastic=0 max_restarts=0
 while (($#)); do
   case "$1" in
     --) shift; break ;;
@@ -47,12 +60,16 @@ while (($#)); do
     --timeout-ms) timeout_ms=${2:?--timeout-ms needs a value}; shift 2 ;;
     --first-rank) first_rank=${2:?--first-rank needs a value}; shift 2 ;;
     --world-size) world_size=${2:?--world-size needs a value}; shift 2 ;;
+    --elastic) elastic=1; shift ;;
+    --max-restarts) max_restarts=${2:?--max-restarts needs a value}; shift 2 ;;
     -h | --help) usage 0 ;;
     *) echo "launch_gloo.sh: unknown option '$1' (the program goes after --)" >&2; exit 2 ;;
   esac
 done
 (($# >= 1)) || { echo "launch_gloo.sh: no program given after --" >&2; exit 2; }
 world_size=${world_size:-$nprocs}
+[[ $max_restarts =~ ^[0-9]+$ ]] || { echo "launch_gloo.sh: --max-restarts must be a non-negative integer, got '$max_restarts'" >&2; exit 2; }
+((max_restarts > 0)) && elastic=1
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/launch_gloo.XXXXXX")
 if [[ -z $store ]]; then
@@ -62,11 +79,12 @@ fi
 run_id=${run_id:-run-$(date +%s)-$$}
 
 pids=()      # each rank's wrapper: the leader of the rank's process group
+all_pids=()  # every wrapper started, restarted ranks' earlier ones included
 sed_pids=()  # the prefixing filters, waited for at the end so no output is lost
 watchdog=""
 stop_ranks() {  # stop_ranks SIGNAL: signal every rank's whole process group
   local pid
-  for pid in "${pids[@]}"; do kill "-$1" -- "-$pid" 2>/dev/null || true; done
+  for pid in "${all_pids[@]}"; do kill "-$1" -- "-$pid" 2>/dev/null || true; done
 }
 cleanup() {
   stop_ranks TERM
@@ -85,27 +103,34 @@ trap 'exit 143' TERM
 # once it has printed "Segmentation fault" for it, so `wait` cannot be
 # trusted with it. Output goes through a FIFO to a prefixing sed outside the
 # rank's group.
-set -m
-for ((i = 0; i < nprocs; i++)); do
-  rank=$((first_rank + i))
-  mkfifo "$work/out.$rank"
-  sed -u "s/^/[rank $rank] /" <"$work/out.$rank" &
+restarts=()  # how many times each rank was restarted
+start_rank() {  # start_rank I: (re)start the I-th rank of this launch
+  local i=$1 rank=$((first_rank + $1)) n=${restarts[$1]:-0}
+  shift
+  local fifo="$work/out.$rank.$n"
+  mkfifo "$fifo"
+  sed -u "s/^/[rank $rank] /" <"$fifo" &
   sed_pids+=($!)
+  rm -f "$work/status.$rank"
+  set -m
   (
     export DILOCO_RANK=$rank DILOCO_WORLD_SIZE=$world_size DILOCO_STORE=$store DILOCO_RUN_ID=$run_id
     export DILOCO_LOCAL_WORLD_SIZE=$nprocs  # the ranks this launcher starts share this host
     [[ -n $hostname ]] && export DILOCO_HOSTNAME=$hostname
     [[ -n $iface ]] && export DILOCO_IFACE=$iface
     [[ -n $timeout_ms ]] && export DILOCO_TIMEOUT_MS=$timeout_ms
+    if ((elastic)); then export DILOCO_ELASTIC=1 DILOCO_RESTART_COUNT=$n; fi
     rc=0
     "$@" || rc=$?
     echo "$rc $EPOCHREALTIME" >"$work/status.$rank.tmp"
     mv "$work/status.$rank.tmp" "$work/status.$rank"
     exit "$rc"
-  ) </dev/null >"$work/out.$rank" 2>&1 &
-  pids+=($!)
-done
-set +m
+  ) </dev/null >"$fifo" 2>&1 &
+  pids[$i]=$!
+  all_pids+=($!)
+  set +m
+}
+for ((i = 0; i < nprocs; i++)); do start_rank "$i" "$@"; done
 
 describe() {  # describe STATUS: "exited with status S" or "killed by SIGNAME"
   local name
@@ -116,9 +141,11 @@ describe() {  # describe STATUS: "exited with status S" or "killed by SIGNAME"
   fi
 }
 
-# Wait for all. The first rank to fail (by the time its wrapper recorded)
-# sets the launcher's status; the others are then stopped (TERM to each
-# rank's process group, KILL 5 s later) and their statuses are not reported.
+# Wait for all. Without --elastic, the first rank to fail (by the time its
+# wrapper recorded) sets the launcher's status; the others are then stopped
+# (TERM to each rank's process group, KILL 5 s later) and their statuses
+# are not reported. With --elastic a failed rank is restarted while it has
+# restarts left; one that fails for good is reported and the others go on.
 status=0
 remaining=$nprocs
 declare -A finished=()
@@ -136,9 +163,18 @@ while ((remaining > 0)); do
     elif ((rc == 0)); then
       rc=1  # the wrapper itself was killed before it could write the status
     fi
+    if ((rc != 0 && elastic && ${restarts[$i]:-0} < max_restarts)); then
+      restarts[$i]=$((${restarts[$i]:-0} + 1))
+      echo "launch_gloo.sh: rank $rank $(describe "$rc"); restarting it (restart ${restarts[$i]} of $max_restarts)" >&2
+      start_rank "$i" "$@"
+      continue
+    fi
     finished[$i]=1
     remaining=$((remaining - 1))
-    if ((rc != 0 && status == 0)); then
+    if ((rc != 0 && elastic)); then
+      echo "launch_gloo.sh: rank $rank $(describe "$rc")$( ((max_restarts > 0)) && echo ", no restarts left"); the others go on" >&2
+      ((status == 0)) && status=$rc
+    elif ((rc != 0 && status == 0)); then
       # Several ranks may have ended since the last look: keep the earliest.
       if [[ -z $first ]] || { [[ -n $when && -n $first_time ]] &&
                               (( ${when//[.,]/} < ${first_time//[.,]/} )); }; then
@@ -153,7 +189,7 @@ while ((remaining > 0)); do
     # Detached from our output, so that nothing waits on it.
     (
       sleep 5
-      for pid in "${pids[@]}"; do kill -KILL -- "-$pid" 2>/dev/null || true; done
+      for pid in "${all_pids[@]}"; do kill -KILL -- "-$pid" 2>/dev/null || true; done
     ) </dev/null >/dev/null 2>&1 &
     watchdog=$!
   fi

@@ -60,4 +60,32 @@ rc=0
 rc=0
 "$launch" 2 --bogus x -- true 2>/dev/null || rc=$?
 [[ $rc -eq 2 ]] || fail "an unknown option was accepted"
+rc=0
+"$launch" 2 --max-restarts -1 -- true 2>/dev/null || rc=$?
+[[ $rc -eq 2 ]] || fail "--max-restarts -1 was accepted"
+
+# --max-restarts: rank 1 fails in its first two runs and succeeds in the
+# third; each run sees DILOCO_ELASTIC=1 and its DILOCO_RESTART_COUNT; the
+# launcher reports both restarts and exits 0.
+rc=0
+out=$("$launch" 3 --max-restarts 2 -- bash -c 'echo "elastic=$DILOCO_ELASTIC restart=$DILOCO_RESTART_COUNT"
+  if [ $DILOCO_RANK = 1 ] && [ $DILOCO_RESTART_COUNT -lt 2 ]; then kill -KILL $$; fi' 2>&1) || rc=$?
+echo "$out"
+[[ $rc -eq 0 ]] || fail "rank 1 succeeded on its second restart, yet the launcher exited with $rc"
+for n in 0 1 2; do
+  grep -q "^\[rank 1\] elastic=1 restart=$n$" <<<"$out" || fail "rank 1's run $n did not report itself: $out"
+done
+grep -q "rank 1 killed by SIGKILL; restarting it (restart 1 of 2)" <<<"$out" || fail "no first restart message"
+grep -q "rank 1 killed by SIGKILL; restarting it (restart 2 of 2)" <<<"$out" || fail "no second restart message"
+[[ $(grep -c "^\[rank 0\]" <<<"$out") -eq 1 ]] || fail "rank 0 was started more than once"
+
+# Restarts exhausted: the launcher reports it, leaves the others running
+# (an elastic group goes on without the rank) and exits with its status.
+rc=0
+out=$("$launch" 3 --max-restarts 1 -- bash -c 'if [ $DILOCO_RANK = 2 ]; then exit 5; fi; sleep 0.5; echo finished' 2>&1) || rc=$?
+echo "$out"
+[[ $rc -eq 5 ]] || fail "rank 2 failed for good with 5, yet the launcher exited with $rc"
+grep -q "rank 2 exited with status 5, no restarts left; the others go on" <<<"$out" || fail "no 'no restarts left' message"
+for r in 0 1; do grep -q "^\[rank $r\] finished" <<<"$out" || fail "rank $r was stopped: $out"; done
+
 echo "launch_gloo.sh: all checks passed"

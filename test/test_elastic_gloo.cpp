@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -55,54 +56,134 @@ std::string hex(const float* p, std::size_t count) {
   return buf;
 }
 
-// One worker: trains until DILOCO_TEST_ROUNDS rounds are applied, then
-// writes theta_global's hash, the group size and its rounds to
-// <dir>/theta.<pid>. Exit 0 on success, 3 on a comm_error, 4 otherwise.
-int train() {
+// One worker: trains until DILOCO_TEST_ROUNDS rounds are applied (and the
+// group has DILOCO_TEST_WANT_SIZE workers, when set), then writes
+// theta_global's hash, the group size, its rounds and membership changes to
+// <dir>/theta.<pid>. The model is two tensors (streaming needs fragments).
+// DILOCO_TEST_SYNC picks the schedule (blocking, streaming: P = 2, tau = 1,
+// alpha = 0.5; delay; eager), DILOCO_TEST_LEAVE_AT=k makes it leave after
+// round k (writing <dir>/left.<pid>), DILOCO_TEST_STEP_US slows every inner
+// step, DILOCO_TEST_REJOIN=1 makes a worker dropped from the group join
+// again as a new worker. A worker writes <dir>/changed.<pid> once it has
+// seen the group re-form. Exit 0 on success, 3 on a comm_error, 4 otherwise.
+template <class Sync>
+int train_with(typename Sync::options so) {
   const std::string dir = env_or("DILOCO_TEST_DIR", ".");
   const auto rounds = static_cast<std::uint64_t>(std::atoi(env_or("DILOCO_TEST_ROUNDS", "6").c_str()));
-  try {
-    auto comm = gloo_comm::from_env();
-    using trainer = dc::algorithm<dc::inner::sgd, dc::outer::nesterov, dc::compress::none, gloo_comm>;
-    trainer::options o;
-    o.inner_steps = H;
-    o.inner = {.lr = 0.1f};
-    std::vector<float> x(n, 0.5f);
-    trainer t(x, comm, o);
-    const auto c = target(static_cast<int>(getpid()));
-    std::vector<float> g(n);
-    const int want_size = std::atoi(env_or("DILOCO_TEST_WANT_SIZE", "0").c_str());
-    while (t.stats().rounds < rounds || t.world_size() < want_size) {
-      for (std::size_t i = 0; i < n; ++i) g[i] = x[i] - c[i];
-      t.step(g);
+  const int want_size = std::atoi(env_or("DILOCO_TEST_WANT_SIZE", "0").c_str());
+  const auto leave_at = static_cast<std::uint64_t>(std::atoi(env_or("DILOCO_TEST_LEAVE_AT", "0").c_str()));
+  const int step_us = std::atoi(env_or("DILOCO_TEST_STEP_US", "0").c_str());
+  const bool rejoin = env_or("DILOCO_TEST_REJOIN", "0") == std::string("1");
+  const std::string me = std::to_string(getpid());
+  for (int attempt = 0;; ++attempt) {
+    try {
+      auto comm = gloo_comm::from_env();
+      using trainer = dc::algorithm<dc::inner::sgd, dc::outer::nesterov, dc::compress::none, gloo_comm, Sync>;
+      typename trainer::options o;
+      o.inner_steps = H;
+      o.inner = {.lr = 0.1f};
+      o.sync = so;
+      std::vector<std::vector<float>> x(2, std::vector<float>(n / 2, 0.5f));
+      trainer t(x, comm, o);
+      const auto c = target(static_cast<int>(getpid()));
+      std::vector<std::vector<float>> g(2, std::vector<float>(n / 2));
+      std::uint64_t steps = 0;
+      bool marked = false;
+      while (t.stats().rounds < rounds || t.world_size() < want_size) {
+        for (std::size_t k = 0; k < 2; ++k)
+          for (std::size_t i = 0; i < n / 2; ++i) g[k][i] = x[k][i] - c[k * n / 2 + i];
+        t.step(g);
+        ++steps;
+        if (t.stats().membership_changes > 0 && !marked) {
+          harness::write_file(dir + "/changed." + me, std::to_string(t.world_size()));  // the group re-formed
+          marked = true;
+        }
+        if (step_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(step_us));
+        if (leave_at > 0 && steps == leave_at * H) {
+          t.leave();
+          harness::write_file(dir + "/left." + me, std::to_string(t.stats().rounds));
+          return 0;
+        }
+      }
+      t.finish();
+      const auto theta = t.global_parameters();
+      bool finite = true;
+      for (std::size_t i = 0; i < theta.size(); ++i) finite = finite && std::isfinite(theta.data()[i]);
+      harness::write_file(dir + "/theta." + me,
+                          hex(theta.data(), theta.size()) + " " + std::to_string(t.world_size()) + " " +
+                              std::to_string(t.stats().rounds) + " " +
+                              std::to_string(t.stats().membership_changes) + (finite ? "" : " nonfinite"));
+      return 0;
+    } catch (const dc::comm_error& e) {
+      const bool dropped = std::string(e.what()).find("formed without it") != std::string::npos;
+      harness::write_file(dir + (dropped && rejoin && attempt == 0 ? "/refused." : "/error.") + me, e.what());
+      if (dropped && rejoin && attempt == 0) continue;  // join again as a new worker
+      return 3;
+    } catch (const std::exception& e) {
+      harness::write_file(dir + "/error." + me, e.what());
+      return 4;
     }
-    const auto theta = t.global_parameters();
-    harness::write_file(dir + "/theta." + std::to_string(getpid()),
-                        hex(theta.data(), theta.size()) + " " + std::to_string(t.world_size()) + " " +
-                            std::to_string(t.stats().rounds) + " " + std::to_string(t.stats().membership_changes));
-    return 0;
-  } catch (const dc::comm_error& e) {
-    harness::write_file(dir + "/error." + std::to_string(getpid()), e.what());
-    return 3;
-  } catch (const std::exception& e) {
-    harness::write_file(dir + "/error." + std::to_string(getpid()), e.what());
-    return 4;
   }
 }
 
+int train() {
+  const std::string sync = env_or("DILOCO_TEST_SYNC", "blocking");
+  if (sync == "blocking") return train_with<dc::sync::blocking>({});
+  if (sync == "streaming") return train_with<dc::sync::streaming>({.fragments = 2, .delay = 1, .alpha = 0.5f});
+  if (sync == "delay") return train_with<dc::sync::one_step_delay>({});
+  if (sync == "eager") return train_with<dc::sync::eager>({});
+  std::fprintf(stderr, "unknown DILOCO_TEST_SYNC '%s'\n", sync.c_str());
+  return 2;
+}
+
+struct finished {
+  std::string hash;
+  int size = 0;
+  std::uint64_t rounds = 0;
+  std::string rest;  // " nonfinite" when theta_global is not finite
+};
+
 struct result {
-  std::vector<std::string> thetas;  // "hash size rounds changes" of each finished worker
-  std::vector<std::string> errors;
+  std::vector<finished> thetas;  // each finished worker's report
+  std::vector<std::string> errors, left, refused;
 };
 
 result collect(const std::string& dir) {
   result r;
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
     const std::string name = e.path().filename().string();
-    if (name.rfind("theta.", 0) == 0) r.thetas.push_back(harness::read_file(e.path().string()));
-    if (name.rfind("error.", 0) == 0) r.errors.push_back(harness::read_file(e.path().string()));
+    const std::string text = name.find('.') == std::string::npos ? "" : harness::read_file(e.path().string());
+    if (name.rfind("theta.", 0) == 0) {
+      finished f;
+      char hash[17] = {};
+      unsigned long long rounds = 0, changes = 0;
+      char rest[32] = {};
+      if (std::sscanf(text.c_str(), "%16s %d %llu %llu%31[^\n]", hash, &f.size, &rounds, &changes, rest) >= 4) {
+        f.hash = hash;
+        f.rounds = rounds;
+        f.rest = rest;
+      }
+      r.thetas.push_back(f);
+    }
+    if (name.rfind("error.", 0) == 0) r.errors.push_back(text);
+    if (name.rfind("left.", 0) == 0) r.left.push_back(text);
+    if (name.rfind("refused.", 0) == 0) r.refused.push_back(text);
   }
   return r;
+}
+
+// Every finished worker has the same theta_global (bitwise), finite, in a
+// group of `size` after at least `rounds` rounds.
+void check_agree(const result& res, std::size_t workers, int size, std::uint64_t rounds) {
+  for (const auto& e : res.errors) MESSAGE("error: ", e);
+  REQUIRE(res.thetas.size() == workers);
+  for (const auto& t : res.thetas) {
+    CHECK(t.hash.size() == 16);
+    CHECK(t.hash == res.thetas[0].hash);
+    CHECK(t.size == size);
+    CHECK(t.rounds >= rounds);
+    CHECK(t.rest.empty());
+  }
 }
 
 std::vector<std::string> env_for(const std::string& dir, int rank, int size, int timeout_ms, const std::string& fault) {
@@ -117,6 +198,25 @@ std::vector<std::string> env_for(const std::string& dir, int rank, int size, int
                                "DILOCO_TEST_ROUNDS=6",
                                "DILOCO_FAULT=" + fault};
   return env;
+}
+
+// The state letter of /proc/<pid>/stat (R, S, T for stopped, Z for a
+// zombie); 'Z' when the process is gone. wait_all reaps the children.
+char proc_state(pid_t pid) {
+  const std::string stat = harness::read_file("/proc/" + std::to_string(pid) + "/stat");
+  const auto close = stat.rfind(')');
+  return close == std::string::npos || stat.size() < close + 3 ? 'Z' : stat[close + 2];
+}
+
+// Waits until `pred` holds or `limit` passes; whether it held.
+template <class Pred>
+bool wait_for(Pred pred, std::chrono::milliseconds limit) {
+  const auto until = harness::clock::now() + limit;
+  while (!pred()) {
+    if (harness::clock::now() >= until) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
 }
 
 }  // namespace
@@ -143,12 +243,8 @@ TEST_CASE("4 Gloo workers, one SIGKILLed at each stage: the 3 survivors finish w
       CHECK((ps.status(static_cast<std::size_t>(r)).exited && ps.status(static_cast<std::size_t>(r)).code == 0));
     }
     const result res = collect(d.path().string());
-    for (const auto& e : res.errors) MESSAGE("error: ", e);
-    REQUIRE(res.thetas.size() == 3);
-    for (const auto& t : res.thetas) {
-      CHECK(t.substr(0, 16) == res.thetas[0].substr(0, 16));  // bitwise equal theta_global
-      CHECK(t.find(" 3 6 ") != std::string::npos);           // 3 workers, 6 rounds
-    }
+    check_agree(res, 3, 3, 6);
+    for (const auto& t : res.thetas) CHECK(t.rounds == 6);
   }
 }
 
@@ -163,14 +259,7 @@ TEST_CASE("a killed Gloo worker started again with its rank rejoins; all 4 end w
     ps.start(env);
   }
   // Restart the victim as the launcher would once it is dead.
-  const auto until = harness::clock::now() + 30s;
-  // (Dead: a zombie, state Z in /proc; wait_all reaps it later.)
-  auto dead = [&] {
-    const std::string stat = harness::read_file("/proc/" + std::to_string(ps.pid(victim)) + "/stat");
-    const auto close = stat.rfind(')');
-    return close == std::string::npos || stat.size() < close + 3 || stat[close + 2] == 'Z';
-  };
-  while (!dead() && harness::clock::now() < until) std::this_thread::sleep_for(5ms);
+  CHECK(wait_for([&] { return proc_state(ps.pid(victim)) == 'Z'; }, 30s));
   auto env = env_for(dir, victim, m, timeout_ms, "none:0");
   env.push_back("DILOCO_TEST_WANT_SIZE=4");
   const auto again = ps.start(env);
@@ -181,13 +270,112 @@ TEST_CASE("a killed Gloo worker started again with its rank rejoins; all 4 end w
     CHECK((ps.status(p).exited && ps.status(p).code == 0));
   }
   CHECK(again == 4);
-  const result res = collect(dir);
-  for (const auto& e : res.errors) MESSAGE("error: ", e);
-  REQUIRE(res.thetas.size() == 4);
-  for (const auto& t : res.thetas) {
-    CHECK(t.substr(0, 16) == res.thetas[0].substr(0, 16));
-    CHECK(t.find(" 4 ") == 16);  // 4 workers at the end
+  check_agree(collect(dir), 4, 4, 6);
+}
+
+TEST_CASE("the other schedules survive a kill too: streaming, one-step delay, eager") {
+  const int m = 4, victim = 3, timeout_ms = 1500;
+  for (const std::string sync : {"streaming", "delay", "eager"}) {
+    for (const std::string fault : {"inner:2", "all_reduce:3", "apply:2"}) {
+      CAPTURE(sync);
+      CAPTURE(fault);
+      harness::temp_dir d;
+      harness::processes ps;
+      for (int r = 0; r < m; ++r) {
+        auto env = env_for(d.path().string(), r, m, timeout_ms, r == victim ? fault : std::string("none:0"));
+        env.push_back("DILOCO_TEST_SYNC=" + sync);
+        ps.start(env);
+      }
+      ps.wait_all(60s);
+      CHECK(ps.status(victim).signal == SIGKILL);
+      for (int r = 0; r < m; ++r) {
+        if (r == victim) continue;
+        INFO("rank ", r, " ", harness::describe(ps.status(static_cast<std::size_t>(r))));
+        CHECK((ps.status(static_cast<std::size_t>(r)).exited && ps.status(static_cast<std::size_t>(r)).code == 0));
+      }
+      check_agree(collect(d.path().string()), 3, 3, 6);
+    }
   }
+}
+
+TEST_CASE("min_workers: a group that would fall below it raises comm_error on every survivor") {
+  const int m = 3, victim = 0, timeout_ms = 1500;
+  harness::temp_dir d;
+  harness::processes ps;
+  for (int r = 0; r < m; ++r) {
+    auto env = env_for(d.path().string(), r, m, timeout_ms, r == victim ? "inner:2" : "none:0");
+    env.push_back("DILOCO_MIN_WORKERS=3");
+    ps.start(env);
+  }
+  ps.wait_all(60s);
+  CHECK(ps.status(victim).signal == SIGKILL);
+  for (int r = 1; r < m; ++r) {
+    INFO("rank ", r, " ", harness::describe(ps.status(static_cast<std::size_t>(r))));
+    CHECK((ps.status(static_cast<std::size_t>(r)).exited && ps.status(static_cast<std::size_t>(r)).code == 3));
+  }
+  const result res = collect(d.path().string());
+  CHECK(res.thetas.empty());
+  REQUIRE(res.errors.size() == 2);
+  for (const auto& e : res.errors) {
+    INFO(e);
+    CHECK(e.find("fewer than min_workers (3)") != std::string::npos);
+    CHECK(e.find("2 workers") != std::string::npos);
+  }
+}
+
+TEST_CASE("a Gloo worker that leaves after round 2: the others finish with 3 and agree") {
+  const int m = 4, leaver = 1, timeout_ms = 1500;
+  harness::temp_dir d;
+  harness::processes ps;
+  for (int r = 0; r < m; ++r) {
+    auto env = env_for(d.path().string(), r, m, timeout_ms, "none:0");
+    if (r == leaver) env.push_back("DILOCO_TEST_LEAVE_AT=2");
+    ps.start(env);
+  }
+  ps.wait_all(60s);
+  for (int r = 0; r < m; ++r) {
+    INFO("rank ", r, " ", harness::describe(ps.status(static_cast<std::size_t>(r))));
+    CHECK((ps.status(static_cast<std::size_t>(r)).exited && ps.status(static_cast<std::size_t>(r)).code == 0));
+  }
+  const result res = collect(d.path().string());
+  REQUIRE(res.left.size() == 1);
+  CHECK(res.left[0] == "2");  // it left with 2 rounds applied
+  check_agree(res, 3, 3, 6);
+  for (const auto& t : res.thetas) CHECK(t.rounds == 6);
+}
+
+TEST_CASE("a SIGSTOPped Gloo worker is dropped; resumed, it is refused by the new generation and joins again") {
+  const int m = 4, victim = 2, timeout_ms = 1500;
+  harness::temp_dir d;
+  const std::string dir = d.path().string();
+  harness::processes ps;
+  for (int r = 0; r < m; ++r) {
+    auto env = env_for(dir, r, m, timeout_ms, r == victim ? "inner:2:stop" : "none:0");
+    env.push_back("DILOCO_TEST_WANT_SIZE=4");
+    env.push_back("DILOCO_TEST_REJOIN=1");
+    env.push_back("DILOCO_TEST_STEP_US=2000");  // the survivors are still training when it resumes
+    ps.start(env);
+  }
+  REQUIRE(wait_for([&] { return proc_state(ps.pid(victim)) == 'T'; }, 30s));
+  // The survivors give up on it after the timeout and re-form without it;
+  // then it resumes.
+  auto reformed = [&] {
+    for (const auto& e : std::filesystem::directory_iterator(dir))
+      if (e.path().filename().string().rfind("changed.", 0) == 0) return true;
+    return false;
+  };
+  CHECK(wait_for(reformed, 30s));
+  ::kill(ps.pid(victim), SIGCONT);
+  ps.wait_all(60s);
+  for (int r = 0; r < m; ++r) {
+    INFO("rank ", r, " ", harness::describe(ps.status(static_cast<std::size_t>(r))));
+    CHECK((ps.status(static_cast<std::size_t>(r)).exited && ps.status(static_cast<std::size_t>(r)).code == 0));
+  }
+  const result res = collect(dir);
+  REQUIRE(res.refused.size() == 1);
+  INFO(res.refused[0]);
+  CHECK(res.refused[0].find("was formed without it") != std::string::npos);
+  check_agree(res, 4, 4, 6);
 }
 
 int main(int argc, char** argv) {

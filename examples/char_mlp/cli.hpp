@@ -39,6 +39,7 @@ struct cli {
   std::vector<std::string> compressors{"none", "bf16", "int8", "int4"};  // DiLoCo rows
   std::vector<std::string> syncs{"blocking", "streaming", "delay", "eager"};  // DiLoCo rows
   bool help = false;  // --help was given: the usage was printed (or not, off rank 0), nothing to run
+  bool crash_option = false;  // offer --crash (train_char_mlp_gloo, where a process can die alone)
 
   bool wants(const std::string& method) const {
     return std::find(methods.begin(), methods.end(), method) != methods.end();
@@ -178,6 +179,21 @@ inline cli parse_cli(int argc, char** argv, const cli& defaults, const char* wor
       ->capture_default_str()
       ->check(detail::int_in(1, 256));
   app.add_option("--seed", c.seed, "data and initialization seed")->capture_default_str();
+  if (out.crash_option) {
+    app.add_option_function<std::string>(
+           "--crash",
+           [&c](const std::string& v) {
+             int r = -1, s = -1;
+             char extra = 0;
+             if (std::sscanf(v.c_str(), "%d:%d%c", &r, &s, &extra) != 2 || r < 0 || s < 0)
+               throw CLI::ValidationError("--crash", "expected RANK:STEP (two non-negative integers), got '" + v + "'");
+             c.crash_rank = r;
+             c.crash_step = s;
+           },
+           "failure demo: the process of this launch rank SIGKILLs itself at this DiLoCo step in its first run; "
+           "under scripts/launch_gloo.sh --max-restarts 1 it restarts and rejoins the group")
+        ->type_name("RANK:STEP");
+  }
   app.add_option("--log-every", c.log_every, "progress line every N steps, 0 = quiet")
       ->capture_default_str()
       ->check(detail::int_in(0));

@@ -6,11 +6,15 @@
 // inner steps. Every global step consumes the same `batch` samples, split
 // evenly over the workers, so all methods see exactly the same data.
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <diloco/diloco.hpp>
 #include <string>
 #include <vector>
@@ -58,6 +62,11 @@ struct config {
   std::string fortunes_dir = default_fortunes_dir;
   std::size_t eval_windows = 65536;  // evenly spaced over the held-out text (every 4th character of the fortunes')
   int log_every = 1500;     // 0: quiet
+  // The failure demo (train_char_mlp_gloo --crash RANK:STEP): the process
+  // started with that rank SIGKILLs itself at that DiLoCo step in its first
+  // run (DILOCO_RESTART_COUNT unset or 0). -1: no crash.
+  int crash_rank = -1;
+  int crash_step = -1;
 };
 
 struct result {
@@ -232,16 +241,42 @@ result run_diloco(const config& c, const dataset& d, Comm& comm, const std::stri
              .outer = {.lr = c.outer_lr, .momentum = c.outer_momentum},
              .compress = compress,
              .sync = sync_options<Sync>(c)});
-  const int share = c.batch / comm.size();
   batch_buffer b;
   progress log{c, label.c_str()};
-  for (int step = 0; step < c.steps; ++step) {
-    b.fill(d, c, step, comm.rank() * share, share);
-    log.add(step, m.forward(b.contexts.data(), b.targets.data(), share, true), comm.rank() == 0);
+  // In an elastic group (Gloo with DILOCO_ELASTIC=1) workers may die, leave
+  // and join while this runs: each step takes this worker's share of the
+  // batch by its rank in the group now, and under the blocking schedule the
+  // step number is the group's position (rounds x H + steps into the round),
+  // which a worker that joins mid-run receives from a live member.
+  const int launch_rank = comm.rank();
+  const char* restart = std::getenv("DILOCO_RESTART_COUNT");
+  const bool crash_here = launch_rank == c.crash_rank && (restart == nullptr || std::atoi(restart) == 0);
+  auto position = [&](int counted) {
+    if constexpr (std::is_same_v<Sync, diloco::sync::blocking>)
+      return static_cast<int>(t.stats().rounds) * c.inner_steps + static_cast<int>(t.steps_in_round());
+    else
+      return counted;
+  };
+  std::uint64_t changes = t.stats().membership_changes;
+  for (int step = position(0); step < c.steps; step = position(step + 1)) {
+    if (crash_here && step == c.crash_step) {
+      std::printf("  [%s] launch rank %d: SIGKILL at step %d (--crash)\n", label.c_str(), launch_rank, step);
+      std::fflush(stdout);
+      ::kill(::getpid(), SIGKILL);
+    }
+    const int share = c.batch / t.world_size();
+    b.fill(d, c, step, t.rank() * share, share);
+    log.add(step, m.forward(b.contexts.data(), b.targets.data(), share, true), t.rank() == 0);
     t.set_inner_lr(lr_at(c, step));
     t.step(m.gradients());
-  }
-  if constexpr (std::is_same_v<Sync, diloco::sync::blocking>) {
+    if (t.stats().membership_changes != changes && t.rank() == 0 && c.log_every > 0) {
+      std::printf("  [%s] step %d: the group re-formed %llu time(s) (a worker died, left or joined); %d workers now\n",
+                  label.c_str(), position(step + 1),
+                  static_cast<unsigned long long>(t.stats().membership_changes - changes), t.world_size());
+      std::fflush(stdout);
+    }
+    changes = t.stats().membership_changes;
+  }  if constexpr (std::is_same_v<Sync, diloco::sync::blocking>) {
     // Steps beyond the last round would leave the replicas apart: finish
     // with a round so the evaluated model is theta_global.
     if (t.steps_in_round() != 0) t.outer_round();

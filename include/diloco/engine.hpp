@@ -289,7 +289,7 @@ class engine final : public engine_base {
   void inner_step(std::span<const raw_tensor> grads) override {
     check_member("step");
     set_fault_round(stats_.rounds + 1);
-    if (steps_in_round_ == opts_.inner_steps / 2) fault_point("inner");
+    if (position_ % opts_.inner_steps == opts_.inner_steps / 2) fault_point("inner");
     inner_.step(exec_, params_, grads);
     ++steps_in_round_;
     ++position_;
@@ -551,7 +551,10 @@ class engine final : public engine_base {
   // clock) goes from the lowest rank among those furthest along to all;
   // the ranks that were behind or fresh restart their replica from it.
   // Returns whether the round interrupted here is to be run again now: all
-  // members were inside it (or before it) with the same round count.
+  // members were inside it (or before it) with the same round count at the
+  // same inner step. Members that stand at different steps of the same
+  // round take the root's clock (a replica with fewer local steps lacks
+  // nothing), and none runs the rest of the interrupted step's schedule.
   bool resync(where at) {
     agree(agreed_);
     struct digest {
@@ -564,11 +567,18 @@ class engine final : public engine_base {
     const std::vector<std::byte> all = gather_bytes(bytes);
     std::vector<digest> d(static_cast<std::size_t>(world_));
     std::memcpy(d.data(), all.data(), all.size());
+    // The root is the member furthest along: most rounds applied, then
+    // latest position (members that failed at different steps of the same
+    // round: a collective that completed on some ranks before a peer died
+    // lets them go on a step or two further before they notice).
+    auto further = [&](const digest& x, const digest& y) {
+      return x.rounds != y.rounds ? x.rounds > y.rounds : x.position > y.position;
+    };
     int root = -1;
     for (int r = 0; r < world_; ++r) {
       const digest& x = d[static_cast<std::size_t>(r)];
       if (x.fresh) continue;
-      if (root < 0 || x.rounds > d[static_cast<std::size_t>(root)].rounds) root = r;
+      if (root < 0 || further(x, d[static_cast<std::size_t>(root)])) root = r;
     }
     bool retry = root >= 0;
     bool differ = root < 0;
@@ -580,13 +590,11 @@ class engine final : public engine_base {
         continue;
       }
       const digest& top = d[static_cast<std::size_t>(root)];
-      if (x.rounds != top.rounds) differ = true;
-      if (x.rounds != top.rounds || x.at == static_cast<std::uint8_t>(where::after_round)) retry = false;
-      if (x.rounds == top.rounds && x.position != top.position)
-        raise<state_error>("elastic recovery: ranks ", root, " and ", r,
-                          " stand at different points of the schedule (inner step ", top.position, " and ",
-                          x.position, ") with the same ", top.rounds,
-                          " rounds applied; the group cannot go on consistently");
+      // Same rounds, an earlier position: the replica holds fewer local
+      // steps but nothing it lacks; the schedule's clock is the root's.
+      if (x.rounds != top.rounds || x.position != top.position) differ = true;
+      if (x.rounds != top.rounds || x.position != top.position || x.at == static_cast<std::uint8_t>(where::after_round))
+        retry = false;
     }
     if (root < 0) root = 0;
     if (differ) {
@@ -855,7 +863,11 @@ class engine final : public engine_base {
     try {
       for (std::size_t p = 0; p < frags_.size(); ++p)
         if (plan_.begins_after(p, position_)) {
-          if (p == 0 && elastic_ && !in_flight()) membership_check(where::before_round);
+          // A check that re-formed the group with members at different
+          // points (some failed a step or a collective later than others)
+          // leaves nothing in flight anywhere: fragment 0 sits this cycle
+          // out on every member (its progress goes into the next one).
+          if (p == 0 && elastic_ && !in_flight() && !membership_check(where::before_round)) continue;
           begin(p);
         }
       for (std::size_t p = 0; p < frags_.size(); ++p)

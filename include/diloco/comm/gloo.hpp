@@ -610,6 +610,19 @@ class gloo {
     return false;
   }
 
+  // How long survivors wait for the members of the failed generation to
+  // register. A live member reaches a collective within `timeout` of the
+  // others (or the group would time out without any death) and its
+  // collective fails within `timeout` (a peer that died without resetting
+  // its connections is only noticed by the timeout), so 2 x timeout (and a
+  // little for the store) admits every live member; only a frozen or dead
+  // one that nobody blames costs the whole wait.
+  std::chrono::milliseconds recovery_wait() const {
+    if (diloco::detail::unbounded(opts_.timeout)) return opts_.timeout;
+    const auto bound = std::chrono::milliseconds::max() / 4;
+    return opts_.timeout > bound ? opts_.timeout : 2 * opts_.timeout + std::chrono::milliseconds(250);
+  }
+
   void do_recover() {
     for (;;) {
       const std::uint64_t g = generation_ + 1;
@@ -618,8 +631,8 @@ class gloo {
       if (!meta_->has({members_key})) {
         meta_->create(alive_key(id_), {'1'});
         // Wait for every member of this generation to register, or to be
-        // presumed dead, or the timeout.
-        const auto deadline = diloco::detail::deadline_after<detail_gloo::startup_clock>(opts_.timeout);
+        // presumed dead, or recovery_wait() to pass.
+        const auto deadline = diloco::detail::deadline_after<detail_gloo::startup_clock>(recovery_wait());
         for (;;) {
           if (meta_->has({members_key})) break;
           bool decided = true;

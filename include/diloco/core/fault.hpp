@@ -4,7 +4,8 @@
 // library is compiled (tests and the fault scripts do it; nothing else
 // should), the environment variable DILOCO_FAULT=stage:round makes this
 // process SIGKILL itself when it reaches `stage` during outer round `round`
-// (counted from 1; 0 means start-up). Stages: startup, inner (the middle of
+// (counted from 1; 0 means start-up); DILOCO_FAULT=stage:round:stop makes
+// it SIGSTOP itself there instead (a frozen worker, resumed by SIGCONT). Stages: startup, inner (the middle of
 // a round's inner steps), pseudo_gradient (a reduction begins), the
 // collectives by name (all_reduce, broadcast, all_to_all, all_gather,
 // barrier) and apply (a reduction is applied). Without the macro every
@@ -27,6 +28,7 @@ namespace diloco::detail {
 struct fault_plan {
   std::string stage;
   std::uint64_t round = 0;
+  int signal = SIGKILL;
   bool armed = false;
 };
 
@@ -39,7 +41,9 @@ inline const fault_plan& planned_fault() {
     const auto colon = s.find(':');
     if (colon == std::string::npos) return p;
     p.stage = s.substr(0, colon);
-    p.round = std::strtoull(s.c_str() + colon + 1, nullptr, 10);
+    char* end = nullptr;
+    p.round = std::strtoull(s.c_str() + colon + 1, &end, 10);
+    if (end != nullptr && std::string(end) == ":stop") p.signal = SIGSTOP;
     p.armed = true;
     return p;
   }();
@@ -54,9 +58,12 @@ inline std::atomic<std::uint64_t>& fault_round() {
 
 inline void set_fault_round(std::uint64_t r) { fault_round().store(r); }
 
+// Fires once: a stopped process that is resumed goes on.
 inline void fault_point(const char* stage) {
+  static std::atomic<bool> fired{false};
   const fault_plan& p = planned_fault();
-  if (p.armed && p.round == fault_round().load() && p.stage == stage) ::kill(::getpid(), SIGKILL);
+  if (p.armed && p.round == fault_round().load() && p.stage == stage && !fired.exchange(true))
+    ::kill(::getpid(), p.signal);
 }
 #else
 inline void set_fault_round(std::uint64_t) {}

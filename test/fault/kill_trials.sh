@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Randomized kill trials over comm::gloo (issue 11's acceptance check):
+#
+#   test/fault/kill_trials.sh N [path/to/test_elastic_gloo] [--seed S] [--sync NAME] [--kill fault|external]
+#
+# Each trial starts 4 elastic Gloo workers over loopback TCP (the rank
+# program of test_elastic_gloo, built with the test-only fault hook) on a
+# random schedule (blocking, streaming, one-step delay, eager) and kills one
+# random worker with SIGKILL: half the trials at a random fault point (a
+# stage of start-up or of a random round: inner steps, pseudo-gradient, each
+# collective, apply), the others from outside at a random moment of the run.
+# A trial is
+#   finished  when the 3 survivors exit 0 with bitwise equal, finite
+#             theta_global in a group of 3 after all their rounds,
+#   hang      when any worker is still running after the bound (60 s),
+#   corrupt   when the survivors finished but disagree or theta is not finite,
+#   failed    otherwise (a survivor raised; its error is printed).
+# An outside kill that comes after the victim finished kills nobody; such
+# trials must end with 4 agreeing workers and are counted apart.
+# Prints one line per trial and a summary "trials: N finished: F hangs: H
+# corrupt: C failed: X"; exits non-zero unless every trial finished.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+trials=${1:?usage: kill_trials.sh N [path/to/test_elastic_gloo] [--seed S]}
+shift
+program="$here/../../build/test/test_elastic_gloo"
+seed=$$ only_sync="" only_kill=""
+while (($#)); do
+  case "$1" in
+    --seed) seed=${2:?--seed needs a value}; shift 2 ;;
+    --sync) only_sync=${2:?--sync needs a value}; shift 2 ;;
+    --kill) only_kill=${2:?--kill needs fault or external}; shift 2 ;;
+    *) program=$1; shift ;;
+  esac
+done
+[[ $trials =~ ^[1-9][0-9]*$ ]] || { echo "kill_trials.sh: N must be a positive integer, got '$trials'" >&2; exit 2; }
+[[ -x $program ]] || { echo "kill_trials.sh: no rank program at $program (build test_elastic_gloo, or pass its path)" >&2; exit 2; }
+RANDOM=$seed
+echo "kill_trials.sh: $trials trials, seed $seed, program $program"
+
+workers=4 rounds=6 step_us=5000 timeout_ms=1500 bound_s=60
+syncs=(blocking streaming delay eager)
+round_stages=(inner pseudo_gradient all_reduce apply)  # reached in every round of every schedule
+startup_stages=(startup all_gather broadcast)         # start-up: the agreement and the first broadcast
+finished=0 hangs=0 corrupt=0 failed=0 unkilled=0
+for ((t = 1; t <= trials; t++)); do
+  dir=$(mktemp -d "${TMPDIR:-/tmp}/kill_trial.XXXXXX")
+  sync=${syncs[RANDOM % ${#syncs[@]}]}
+  [[ -n $only_sync ]] && sync=$only_sync
+  victim=$((RANDOM % workers))
+  fault="none:0" external=""
+  kind=$((RANDOM % 2))
+  [[ $only_kill == fault ]] && kind=1
+  [[ $only_kill == external ]] && kind=0
+  if ((kind)); then
+    if ((RANDOM % 5 == 0)); then
+      fault="${startup_stages[RANDOM % ${#startup_stages[@]}]}:0"
+    else
+      fault="${round_stages[RANDOM % ${#round_stages[@]}]}:$((1 + RANDOM % rounds))"
+    fi
+    how="fault $fault"
+  else
+    # The inner steps alone last rounds * H * step_us = 6 * 4 * 5 ms.
+    external=$((RANDOM % 120))  # ms after the start
+    how="kill -9 after ${external} ms"
+  fi
+  exec 3>&2 2>"$dir/stderr"  # the shell's "Killed" notices, and the workers' own
+  pids=()
+  for ((r = 0; r < workers; r++)); do
+    f=none:0
+    ((r == victim)) && f=$fault
+    DILOCO_TEST_ROLE=train DILOCO_TEST_DIR=$dir DILOCO_RANK=$r DILOCO_WORLD_SIZE=$workers \
+      DILOCO_STORE=file://$dir/store DILOCO_RUN_ID=trial DILOCO_ELASTIC=1 DILOCO_TIMEOUT_MS=$timeout_ms \
+      DILOCO_TEST_ROUNDS=$rounds DILOCO_TEST_SYNC=$sync DILOCO_TEST_STEP_US=$step_us DILOCO_FAULT=$f \
+      "$program" &
+    pids+=($!)
+  done
+  if [[ -n $external ]]; then
+    sleep "$(printf '0.%03d' "$external")"
+    kill -KILL "${pids[$victim]}" 2>/dev/null || true
+  fi
+  # Wait for every worker, up to the bound.
+  deadline=$((SECONDS + bound_s))
+  hung=0
+  for pid in "${pids[@]}"; do
+    while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.05; done
+    if kill -0 "$pid" 2>/dev/null; then hung=1; fi
+  done
+  codes=()
+  for pid in "${pids[@]}"; do
+    ((hung)) && kill -KILL "$pid" 2>/dev/null
+    rc=0
+    wait "$pid" 2>/dev/null || rc=$?
+    codes+=("$rc")
+  done
+  verdict=""
+  if ((hung)); then
+    verdict=hang
+    hangs=$((hangs + 1))
+  else
+    ok=1
+    for ((r = 0; r < workers; r++)); do
+      ((r == victim)) && continue
+      ((codes[r] == 0)) || ok=0
+    done
+    shopt -s nullglob
+    reports=("$dir"/theta.*)
+    shopt -u nullglob
+    if ((codes[victim] == 0)); then
+      # The external kill came after the victim had finished: no death
+      # (counted apart); the 4 must still agree.
+      want=4 size=4
+      unkilled=$((unkilled + 1))
+    else
+      want=3 size=3
+    fi
+    if ((ok)) && ((${#reports[@]} == want)); then
+      distinct=$(cut -d' ' -f1 "${reports[@]}" | sort -u | wc -l)
+      bad=0
+      for f in "${reports[@]}"; do
+        read -r _ s r _ extra <"$f" || true
+        [[ $s == "$size" && $r -ge $rounds && -z ${extra:-} ]] || bad=1
+      done
+      if ((distinct == 1 && bad == 0)); then
+        verdict=finished
+        finished=$((finished + 1))
+      else
+        verdict="corrupt ($(cat "${reports[@]}" | tr '\n' '|'))"
+        corrupt=$((corrupt + 1))
+      fi
+    else
+      verdict="failed (exit codes ${codes[*]})"
+      for f in "$dir"/error.*; do [[ -e $f ]] && verdict+=" [$(cat "$f")]"; done
+      failed=$((failed + 1))
+    fi
+  fi
+  exec 2>&3 3>&-
+  echo "trial $t: $sync, rank $victim, $how: $verdict"
+  [[ $verdict == finished ]] || sed 's/^/    /' "$dir/stderr"
+  rm -rf "$dir"
+done
+echo "trials: $trials finished: $finished hangs: $hangs corrupt: $corrupt failed: $failed (victim done before the kill: $unkilled)"
+((finished == trials))
