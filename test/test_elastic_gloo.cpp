@@ -378,6 +378,27 @@ TEST_CASE("a SIGSTOPped Gloo worker is dropped; resumed, it is refused by the ne
   check_agree(res, 4, 4, 6);
 }
 
+TEST_CASE("a worker that comes to join after the group finished is told so at once, not after join_timeout") {
+  const int m = 3, timeout_ms = 1500;
+  harness::temp_dir d;
+  const std::string dir = d.path().string();
+  harness::processes ps;
+  for (int r = 0; r < m; ++r) ps.start(env_for(dir, r, m, timeout_ms, "none:0"));
+  ps.wait_all(60s);
+  for (int r = 0; r < m; ++r) CHECK((ps.status(static_cast<std::size_t>(r)).exited && ps.status(static_cast<std::size_t>(r)).code == 0));
+  const auto t0 = harness::clock::now();
+  const auto late = ps.start(env_for(dir, 1, m, timeout_ms, "none:0"));  // rank 1 ran before: a joiner
+  ps.wait_all(60s);
+  const double took = harness::seconds_between(t0, harness::clock::now());
+  INFO(harness::describe(ps.status(late)));
+  CHECK((ps.status(late).exited && ps.status(late).code == 3));
+  CHECK(took < 10.0);
+  const result res = collect(dir);
+  REQUIRE(res.errors.size() == 1);
+  INFO(res.errors[0]);
+  CHECK(res.errors[0].find("finished before a round end admitted this worker") != std::string::npos);
+}
+
 int main(int argc, char** argv) {
   if (const char* role = std::getenv("DILOCO_TEST_ROLE")) {
     if (std::string(role) == "train") return train();

@@ -97,6 +97,18 @@ class gloo {
   gloo(const gloo&) = delete;
   gloo& operator=(const gloo&) = delete;
 
+  // An elastic member that ends normally says so in the store (g<G>/closed/
+  // <id>): a joiner still waiting learns that the group it would join has
+  // finished instead of waiting out join_timeout.
+  ~gloo() {
+    if (!meta_ || joining_ || left_ || !closed_reason().empty()) return;
+    try {
+      meta_->create(diloco::detail::concat("g", generation_, "/closed/", id_), {'1'});
+    } catch (...) {
+      // Best effort: a joiner then waits for its join_timeout.
+    }
+  }
+
   int rank() const { return opts_.rank; }
   int size() const { return opts_.size; }
 
@@ -144,6 +156,12 @@ class gloo {
         if (next > slot)
           diloco::detail::raise<comm_error>("comm::gloo join: generation ", g,
                                             " of the group was formed after this worker's slot without it");
+        bool finished = !list.empty();
+        for (const auto& id : list)
+          finished = finished && meta_->has({diloco::detail::concat("g", g, "/closed/", id)});
+        if (finished)
+          diloco::detail::raise<comm_error>("comm::gloo join as ", id_, ": the group (generation ", g,
+                                            ") finished before a round end admitted this worker");
       }
       if (std::chrono::steady_clock::now() >= deadline)
         diloco::detail::raise<comm_error>("comm::gloo join as ", id_, ": no round end admitted this worker within ",
