@@ -121,7 +121,9 @@ start_rank() {  # start_rank I: (re)start the I-th rank of this launch
     [[ -n $timeout_ms ]] && export DILOCO_TIMEOUT_MS=$timeout_ms
     if ((elastic)); then export DILOCO_ELASTIC=1 DILOCO_RESTART_COUNT=$n; fi
     rc=0
-    "$@" || rc=$?
+    # The shell's own "Killed" notice for a rank that died by a signal goes
+    # nowhere (the launcher reports it by name); the rank's stderr is kept.
+    { "$@" 2>&3 || rc=$?; } 3>&2 2>/dev/null
     echo "$rc $EPOCHREALTIME" >"$work/status.$rank.tmp"
     mv "$work/status.$rank.tmp" "$work/status.$rank"
     exit "$rc"
