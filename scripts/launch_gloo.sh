@@ -191,7 +191,7 @@ while ((remaining > 0)); do
     # Detached from our output, so that nothing waits on it.
     (
       sleep 5
-      for pid in "${all_pids[@]}"; do kill -KILL -- "-$pid" 2>/dev/null || true; done
+      stop_ranks KILL
     ) </dev/null >/dev/null 2>&1 &
     watchdog=$!
   fi

@@ -116,8 +116,9 @@ int train_with(typename Sync::options so) {
       return 0;
     } catch (const dc::comm_error& e) {
       const bool dropped = std::string(e.what()).find("formed without it") != std::string::npos;
-      harness::write_file(dir + (dropped && rejoin && attempt == 0 ? "/refused." : "/error.") + me, e.what());
-      if (dropped && rejoin && attempt == 0) continue;  // join again as a new worker
+      const bool again = dropped && rejoin && attempt == 0;  // join again as a new worker
+      harness::write_file(dir + (again ? "/refused." : "/error.") + me, e.what());
+      if (again) continue;
       return 3;
     } catch (const std::exception& e) {
       harness::write_file(dir + "/error." + me, e.what());
@@ -219,6 +220,15 @@ bool wait_for(Pred pred, std::chrono::milliseconds limit) {
   return true;
 }
 
+// Every process started but `skip` (-1: none) exited normally with `code`.
+void check_exits(const harness::processes& ps, int code, int skip = -1) {
+  for (std::size_t p = 0; p < ps.count(); ++p) {
+    if (static_cast<int>(p) == skip) continue;
+    INFO("process ", p, " ", harness::describe(ps.status(p)));
+    CHECK((ps.status(p).exited && ps.status(p).code == code));
+  }
+}
+
 }  // namespace
 
 TEST_CASE("4 Gloo workers, one SIGKILLed at each stage: the 3 survivors finish with identical theta_global") {
@@ -237,11 +247,7 @@ TEST_CASE("4 Gloo workers, one SIGKILLed at each stage: the 3 survivors finish w
     const auto& v = ps.status(victim);
     CHECK(v.signal == SIGKILL);
     CHECK_FALSE(v.timed_out);
-    for (int r = 0; r < m; ++r) {
-      if (r == victim) continue;
-      INFO("rank ", r, " ", harness::describe(ps.status(static_cast<std::size_t>(r))));
-      CHECK((ps.status(static_cast<std::size_t>(r)).exited && ps.status(static_cast<std::size_t>(r)).code == 0));
-    }
+    check_exits(ps, 0, victim);
     const result res = collect(d.path().string());
     check_agree(res, 3, 3, 6);
     for (const auto& t : res.thetas) CHECK(t.rounds == 6);
@@ -264,11 +270,7 @@ TEST_CASE("a killed Gloo worker started again with its rank rejoins; all 4 end w
   env.push_back("DILOCO_TEST_WANT_SIZE=4");
   const auto again = ps.start(env);
   ps.wait_all(60s);
-  for (std::size_t p = 0; p < ps.count(); ++p) {
-    if (p == static_cast<std::size_t>(victim)) continue;
-    INFO("process ", p, " ", harness::describe(ps.status(p)));
-    CHECK((ps.status(p).exited && ps.status(p).code == 0));
-  }
+  check_exits(ps, 0, victim);
   CHECK(again == 4);
   check_agree(collect(dir), 4, 4, 6);
 }
@@ -288,11 +290,7 @@ TEST_CASE("the other schedules survive a kill too: streaming, one-step delay, ea
       }
       ps.wait_all(60s);
       CHECK(ps.status(victim).signal == SIGKILL);
-      for (int r = 0; r < m; ++r) {
-        if (r == victim) continue;
-        INFO("rank ", r, " ", harness::describe(ps.status(static_cast<std::size_t>(r))));
-        CHECK((ps.status(static_cast<std::size_t>(r)).exited && ps.status(static_cast<std::size_t>(r)).code == 0));
-      }
+      check_exits(ps, 0, victim);
       check_agree(collect(d.path().string()), 3, 3, 6);
     }
   }
@@ -309,10 +307,7 @@ TEST_CASE("min_workers: a group that would fall below it raises comm_error on ev
   }
   ps.wait_all(60s);
   CHECK(ps.status(victim).signal == SIGKILL);
-  for (int r = 1; r < m; ++r) {
-    INFO("rank ", r, " ", harness::describe(ps.status(static_cast<std::size_t>(r))));
-    CHECK((ps.status(static_cast<std::size_t>(r)).exited && ps.status(static_cast<std::size_t>(r)).code == 3));
-  }
+  check_exits(ps, 3, victim);
   const result res = collect(d.path().string());
   CHECK(res.thetas.empty());
   REQUIRE(res.errors.size() == 2);
@@ -333,10 +328,7 @@ TEST_CASE("a Gloo worker that leaves after round 2: the others finish with 3 and
     ps.start(env);
   }
   ps.wait_all(60s);
-  for (int r = 0; r < m; ++r) {
-    INFO("rank ", r, " ", harness::describe(ps.status(static_cast<std::size_t>(r))));
-    CHECK((ps.status(static_cast<std::size_t>(r)).exited && ps.status(static_cast<std::size_t>(r)).code == 0));
-  }
+  check_exits(ps, 0);
   const result res = collect(d.path().string());
   REQUIRE(res.left.size() == 1);
   CHECK(res.left[0] == "2");  // it left with 2 rounds applied
@@ -367,10 +359,7 @@ TEST_CASE("a SIGSTOPped Gloo worker is dropped; resumed, it is refused by the ne
   CHECK(wait_for(reformed, 30s));
   ::kill(ps.pid(victim), SIGCONT);
   ps.wait_all(60s);
-  for (int r = 0; r < m; ++r) {
-    INFO("rank ", r, " ", harness::describe(ps.status(static_cast<std::size_t>(r))));
-    CHECK((ps.status(static_cast<std::size_t>(r)).exited && ps.status(static_cast<std::size_t>(r)).code == 0));
-  }
+  check_exits(ps, 0);
   const result res = collect(dir);
   REQUIRE(res.refused.size() == 1);
   INFO(res.refused[0]);
@@ -385,7 +374,7 @@ TEST_CASE("a worker that comes to join after the group finished is told so at on
   harness::processes ps;
   for (int r = 0; r < m; ++r) ps.start(env_for(dir, r, m, timeout_ms, "none:0"));
   ps.wait_all(60s);
-  for (int r = 0; r < m; ++r) CHECK((ps.status(static_cast<std::size_t>(r)).exited && ps.status(static_cast<std::size_t>(r)).code == 0));
+  check_exits(ps, 0);
   const auto t0 = harness::clock::now();
   const auto late = ps.start(env_for(dir, 1, m, timeout_ms, "none:0"));  // rank 1 ran before: a joiner
   ps.wait_all(60s);

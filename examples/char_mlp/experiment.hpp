@@ -276,7 +276,8 @@ result run_diloco(const config& c, const dataset& d, Comm& comm, const std::stri
       std::fflush(stdout);
     }
     changes = t.stats().membership_changes;
-  }  if constexpr (std::is_same_v<Sync, diloco::sync::blocking>) {
+  }
+  if constexpr (std::is_same_v<Sync, diloco::sync::blocking>) {
     // Steps beyond the last round would leave the replicas apart: finish
     // with a round so the evaluated model is theta_global.
     if (t.steps_in_round() != 0) t.outer_round();

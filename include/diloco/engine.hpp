@@ -592,9 +592,9 @@ class engine final : public engine_base {
       const digest& top = d[static_cast<std::size_t>(root)];
       // Same rounds, an earlier position: the replica holds fewer local
       // steps but nothing it lacks; the schedule's clock is the root's.
-      if (x.rounds != top.rounds || x.position != top.position) differ = true;
-      if (x.rounds != top.rounds || x.position != top.position || x.at == static_cast<std::uint8_t>(where::after_round))
-        retry = false;
+      const bool level = x.rounds == top.rounds && x.position == top.position;
+      if (!level) differ = true;
+      if (!level || x.at == static_cast<std::uint8_t>(where::after_round)) retry = false;
     }
     if (root < 0) root = 0;
     if (differ) {

@@ -103,7 +103,7 @@ class gloo {
   ~gloo() {
     if (!meta_ || joining_ || left_ || !closed_reason().empty()) return;
     try {
-      meta_->create(diloco::detail::concat("g", generation_, "/closed/", id_), {'1'});
+      meta_->create(closed_key(generation_, id_), {'1'});
     } catch (...) {
       // Best effort: a joiner then waits for its join_timeout.
     }
@@ -158,7 +158,7 @@ class gloo {
                                             " of the group was formed after this worker's slot without it");
         bool finished = !list.empty();
         for (const auto& id : list)
-          finished = finished && meta_->has({diloco::detail::concat("g", g, "/closed/", id)});
+          finished = finished && meta_->has({closed_key(g, id)});
         if (finished)
           diloco::detail::raise<comm_error>("comm::gloo join as ", id_, ": the group (generation ", g,
                                             ") finished before a round end admitted this worker");
@@ -626,6 +626,11 @@ class gloo {
     } catch (...) {
     }
     return false;
+  }
+
+  // Set when member `id` of generation g ended normally (see ~gloo).
+  static std::string closed_key(std::uint64_t g, const std::string& id) {
+    return diloco::detail::concat("g", g, "/closed/", id);
   }
 
   // How long survivors wait for the members of the failed generation to

@@ -5,10 +5,11 @@
 // should), the environment variable DILOCO_FAULT=stage:round makes this
 // process SIGKILL itself when it reaches `stage` during outer round `round`
 // (counted from 1; 0 means start-up); DILOCO_FAULT=stage:round:stop makes
-// it SIGSTOP itself there instead (a frozen worker, resumed by SIGCONT). Stages: startup, inner (the middle of
-// a round's inner steps), pseudo_gradient (a reduction begins), the
-// collectives by name (all_reduce, broadcast, all_to_all, all_gather,
-// barrier) and apply (a reduction is applied). Without the macro every
+// it SIGSTOP itself there instead (a frozen worker, resumed by SIGCONT).
+// Stages: startup, inner (the middle of a round's inner steps),
+// pseudo_gradient (a reduction begins), the collectives by name
+// (all_reduce, broadcast, all_to_all, all_gather, barrier) and apply (a
+// reduction is applied). Without the macro every
 // call compiles to nothing.
 
 #include <cstdint>
