@@ -3,6 +3,8 @@
 // encoded shard + new residual), the shard reduction (decode M encodings,
 // sum, re-encode) and decode + outer step + copy-back. Communication is
 // excluded. Bytes are the minimum each pass must move per parameter.
+// chunk_topk (gathered aggregation) has no shard reduction: its rows are the
+// encode and the pass that decodes M segments, sums them and applies.
 //
 //   bench_compress_step [--log2 24] [--reps 7] [--workers 4]
 
@@ -91,6 +93,59 @@ void run(const char* name, std::size_t n, int world, int reps, Triad&& triad) {
   bench::print(p + "decode_apply_vs_triad", apply_bytes * gn / t_apply / triad_gbps);
 }
 
+// A gathered (sparse) compressor: stage-1 encode over the whole model, and
+// the aggregation pass that decodes M segments, sums them in rank order and
+// applies the outer step (all M segments are this rank's here).
+template <class Compressor, class Triad>
+void run_gathered(const char* name, std::size_t n, int world, int reps, Triad&& triad) {
+  using codec = typename Compressor::codec;
+  const codec c = Compressor::make_codec({});
+  const cp::block_layout layout({n}, codec::block, 1);
+  const std::size_t stride = c.stride();
+  const double enc = static_cast<double>(layout.block_count() * stride) / static_cast<double>(n);
+  std::vector<float> global(n), local(n), residual(n), next(n), momentum(n);
+  bench::fill(global, 1.0f);
+  bench::fill(local, 0.999f);
+  bench::fill(residual, 0.0f);
+  bench::fill(next, 0.0f);
+  bench::fill(momentum, 0.0f);
+  std::vector<std::byte> payload(layout.block_count() * stride);
+  std::vector<float*> ptrs{local.data()};
+  std::vector<std::size_t> offsets{0};
+  const dc::kernels::tensor_table table{ptrs.data(), offsets.data()};
+  dc::exec::host ex(bench::threads());
+  constexpr bool ef = Compressor::has_error_feedback;
+  auto encode = [&] {
+    ex.transform_reduce(layout.block_count(),
+                        dc::kernels::encode_pseudo_gradient<codec>{c, layout.blocks(), table, global.data(),
+                                                                   ef ? residual.data() : nullptr,
+                                                                   ef ? next.data() : nullptr, payload.data(), stride, 1,
+                                                                   0.95f});
+  };
+  const double encode_bytes = (ef ? 16.0 : 8.0) + enc;
+  std::vector<const std::byte*> payloads(static_cast<std::size_t>(world), payload.data());
+  const auto nesterov = dc::outer::nesterov::make_update({}, 2);
+  auto aggregate = [&] {
+    ex.for_each(layout.block_count(),
+                dc::kernels::gathered_decode_apply<codec, dc::kernels::sgd_update>{
+                    c, nesterov, layout.blocks(), table, payloads.data(), world, stride, global.data(),
+                    momentum.data(), n});
+  };
+  const double aggregate_bytes = world * enc + 20.0;
+  const auto t = bench::interleaved_medians(reps, encode, aggregate, triad);
+  const double triad_gbps = 12.0 * static_cast<double>(n) / 1e9 / t[2];
+  const double gn = static_cast<double>(n) / 1e9;
+  const std::string p = std::string(name) + ".";
+  bench::print(p + "triad_gbps", triad_gbps);
+  bench::print(p + "encoded_bytes_per_param", enc);
+  bench::print(p + "encode_bytes_per_param", encode_bytes);
+  bench::print(p + "encode_gbps", encode_bytes * gn / t[0]);
+  bench::print(p + "encode_vs_triad", encode_bytes * gn / t[0] / triad_gbps);
+  bench::print(p + "aggregate_apply_bytes_per_param", aggregate_bytes);
+  bench::print(p + "aggregate_apply_gbps", aggregate_bytes * gn / t[1]);
+  bench::print(p + "aggregate_apply_vs_triad", aggregate_bytes * gn / t[1] / triad_gbps);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -119,5 +174,10 @@ int main(int argc, char** argv) {
   run<cp::blockwise<dc::int8>>("int8", n, world, reps, triad);
   run<cp::error_feedback<cp::blockwise<dc::int8>>>("int8_ef", n, world, reps, triad);
   run<cp::error_feedback<cp::blockwise<dc::int4>>>("int4_ef", n, world, reps, triad);
+  run<cp::error_feedback<cp::blockwise<dc::fp8_e4m3>>>("fp8_e4m3_ef", n, world, reps, triad);
+  run<cp::error_feedback<cp::blockwise<dc::fp8_e5m2>>>("fp8_e5m2_ef", n, world, reps, triad);
+  run<cp::error_feedback<cp::blockwise<dc::fp4_e3m0>>>("fp4_e3m0_ef", n, world, reps, triad);
+  run<cp::error_feedback<cp::blockwise<dc::int2>>>("int2_ef", n, world, reps, triad);
+  run_gathered<cp::error_feedback<cp::chunk_topk<4096, 64, dc::int2>>>("chunk_topk_64_4096_int2_ef", n, world, reps, triad);
   return 0;
 }

@@ -9,7 +9,7 @@ namespace fuzz {
 
 namespace cp = diloco::compress;
 
-inline constexpr unsigned codec_count = 5;
+inline constexpr unsigned codec_count = 9;
 
 template <class F>
 void with_codec(unsigned index, F&& f) {
@@ -18,7 +18,11 @@ void with_codec(unsigned index, F&& f) {
     case 1: f(cp::blockwise_codec<diloco::int4, 16, cp::round_nearest>{}); break;
     case 2: f(cp::cast_codec<diloco::bf16, cp::round_nearest, 8>{}); break;
     case 3: f(cp::cast_codec<diloco::fp16, cp::round_nearest, 8>{}); break;
-    default: f(cp::topk<16>::make_codec({.fraction = 0.3f})); break;
+    case 4: f(cp::topk<16>::make_codec({.fraction = 0.3f})); break;
+    case 5: f(cp::blockwise_codec<diloco::fp8_e4m3, 16, cp::round_nearest>{}); break;
+    case 6: f(cp::blockwise_codec<diloco::fp8_e5m2, 16, cp::round_nearest>{}); break;
+    case 7: f(cp::blockwise_codec<diloco::fp4_e3m0, 16, cp::stochastic_rounding>{}); break;
+    default: f(cp::blockwise_codec<diloco::int2, 16, cp::round_nearest>{}); break;
   }
 }
 

@@ -64,6 +64,22 @@ inline void check_blockwise(int m, unsigned salt, const std::vector<std::vector<
   }
 }
 
+// The `levels` for check_blockwise of each block-wise format: its largest
+// half gap, amax / levels / 2, from the format's definition. Integers:
+// a gap of amax / L. int2's levels are 2 amax / 3 apart. Small floats: the
+// widest gap is the top binade's, 2^(emax - M) at the block's scale
+// amax / max: fp8_e4m3 32 / 448 = 1 / 14, fp8_e5m2 8192 / 57344 = 1 / 7,
+// fp4_e3m0 8 / 16 = 1 / 2.
+template <class Format>
+constexpr float bound_levels() {
+  if constexpr (requires { Format::mantissa_bits; })
+    return Format::exponent_bits == 4 ? 14.0f : Format::exponent_bits == 5 ? 7.0f : 2.0f;
+  else if constexpr (Format::bits == 2)
+    return 1.5f;
+  else
+    return Format::levels;
+}
+
 // Cast bound: half an ulp of a p-bit mantissa is at most |x| 2^-(p+1), at
 // each of the two stages (plus fp16's subnormal spacing 2^-24 / 2).
 inline void check_cast(int m, unsigned salt, const std::vector<std::vector<float>>& got, int p, double tiny) {

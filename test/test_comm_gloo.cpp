@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "comm_conformance.hpp"
+#include "compressed_mean_bounds.hpp"
 #include "process_harness.hpp"
 
 namespace dc = diloco;
@@ -262,6 +263,48 @@ TEST_CASE("child: algorithm" * doctest::skip()) {
   mark_done("algorithm", comm.rank());
 }
 
+// Every block-wise small format over Gloo: one round from theta = 0 with
+// inner and outer SGD at lr 1 leaves minus the decoded mean, within the
+// format's bound (compressed_mean_bounds.hpp), the same bits on every rank.
+template <class C>
+void gloo_codec_round(gloo_comm& comm, unsigned salt, float levels, typename C::options opts = {}) {
+  using namespace compressed_mean_bounds;
+  std::vector<std::vector<float>> theta;
+  for (auto n : sizes) theta.emplace_back(n, 0.0f);
+  dc::algorithm<dc::inner::sgd, dc::outer::sgd, C, gloo_comm> t(theta, comm,
+                                                                {.inner_steps = 1, .inner = {.lr = 1.0f}, .compress = opts});
+  CHECK(t.step(deltas(comm.rank(), salt)));
+  check_blockwise(comm.size(), salt, theta, levels);
+  std::vector<std::byte> mine(sizes.back() * 4), all(mine.size() * static_cast<std::size_t>(comm.size()));
+  std::memcpy(mine.data(), theta.back().data(), mine.size());
+  comm.all_gather(mine, all);
+  for (int k = 0; k < comm.size(); ++k)
+    CHECK(std::memcmp(all.data() + static_cast<std::size_t>(k) * mine.size(), mine.data(), mine.size()) == 0);
+}
+
+TEST_CASE("child: codecs" * doctest::skip()) {
+  namespace cp = dc::compress;
+  using compressed_mean_bounds::bound_levels;
+  auto comm = gloo_comm::from_env();
+  gloo_codec_round<cp::blockwise<dc::fp8_e4m3>>(comm, 21, bound_levels<dc::fp8_e4m3>());
+  gloo_codec_round<cp::error_feedback<cp::blockwise<dc::fp8_e5m2>>>(comm, 22, bound_levels<dc::fp8_e5m2>());
+  gloo_codec_round<cp::blockwise<dc::fp4_e3m0, 64, cp::stochastic_rounding>>(comm, 23, bound_levels<dc::fp4_e3m0>() / 2,
+                                                                             {.seed = 4});
+  gloo_codec_round<cp::error_feedback<cp::blockwise<dc::int2>>>(comm, 24, bound_levels<dc::int2>());
+  {
+    // chunk_topk keeping every element in int8: the sparse mean is within
+    // int8's bound of one stage (nothing is re-encoded).
+    using namespace compressed_mean_bounds;
+    std::vector<std::vector<float>> theta;
+    for (auto n : sizes) theta.emplace_back(n, 0.0f);
+    dc::algorithm<dc::inner::sgd, dc::outer::sgd, cp::chunk_topk<128, 128, dc::int8>, gloo_comm> t(
+        theta, comm, {.inner_steps = 1, .inner = {.lr = 1.0f}});
+    CHECK(t.step(deltas(comm.rank(), 25)));
+    check_blockwise(comm.size(), 25, theta, 127.0f);
+  }
+  mark_done("codecs", comm.rank());
+}
+
 TEST_CASE("child: determinism" * doctest::skip()) {
   auto comm = gloo_comm::from_env();
   std::vector<float> x = mixed_inputs(comm.rank(), 10007);
@@ -479,6 +522,12 @@ TEST_CASE("2 and 4 processes over a file store: every operation and the algorith
     for (int r = 1; r < m; ++r)
       CHECK(harness::read_file(d.file("hash." + std::to_string(r))) == harness::read_file(d.file("hash.0")));
   }
+}
+
+TEST_CASE("2 processes: every small format's compressed mean within its bound, the same bits on both") {
+  harness::temp_dir d;
+  world_spec w{.role = "doctest:child: codecs", .size = 2, .store = "file://" + d.file("store"), .dir = d.path().string()};
+  run_world(w, 120s, {"codecs"});
 }
 
 TEST_CASE("2 and 4 processes over a Redis store: every operation and the algorithm") {

@@ -62,6 +62,18 @@ TEST_CASE("compressed mean within the codec's bound of the exact mean, M = 1, 2,
   }
 }
 
+TEST_CASE_TEMPLATE("small formats: the compressed mean within the format's bound, M = 1, 2, 3, 4, 7", F, dc::fp8_e4m3,
+                   dc::fp8_e5m2, dc::fp4_e3m0, dc::int2) {
+  for (int m : {1, 2, 3, 4, 7}) {
+    CAPTURE(m);
+    check_blockwise(m, 11, run_round<cp::blockwise<F, B>>(m, 11), bound_levels<F>());
+    check_blockwise(m, 12, run_round<cp::error_feedback<cp::blockwise<F, B>>>(m, 12), bound_levels<F>());
+    // Stochastic rounding: each stage within a whole gap (two half gaps).
+    check_blockwise(m, 13, run_round<cp::blockwise<F, B, cp::stochastic_rounding>>(m, 13, {.seed = 5}),
+                    bound_levels<F>() / 2.0f);
+  }
+}
+
 TEST_CASE("the bytes on the wire are what the codec promises") {
   constexpr int m = 4;
   dc::comm::threads::world world(m);
@@ -124,8 +136,9 @@ class flaky_link : public threads_host_link {
   flaky_link(dc::comm::threads& c, int victim, int on_call) : threads_host_link(c), victim_(victim), on_call_(on_call) {}
   void all_to_all(std::span<const std::byte> s, std::span<std::byte> r) {
     threads().all_to_all(s, r);
-    // Byte 100 of the slot from rank 1: inside its segment's payload.
-    if (++calls_ == on_call_ && rank() == victim_) r[r.size() / static_cast<std::size_t>(size()) + 100] ^= std::byte{0x10};
+    // Byte 80 of the slot from rank 1: inside its segment's payload (header 64 bytes, every
+    // codec's payload here at least 36).
+    if (++calls_ == on_call_ && rank() == victim_) r[r.size() / static_cast<std::size_t>(size()) + 80] ^= std::byte{0x10};
   }
 
  private:
@@ -134,15 +147,17 @@ class flaky_link : public threads_host_link {
 
 }  // namespace
 
-TEST_CASE("corrupt bytes in transit: every rank rejects the round with format_error") {
+TEST_CASE_TEMPLATE("corrupt bytes in transit: every rank rejects the round with format_error", C,
+                   cp::error_feedback<cp::blockwise<dc::int8>>, cp::blockwise<dc::fp8_e4m3>,
+                   cp::error_feedback<cp::blockwise<dc::fp8_e5m2>>, cp::blockwise<dc::fp4_e3m0>,
+                   cp::error_feedback<cp::blockwise<dc::int2>>) {
   constexpr int m = 3;
   std::atomic<int> precise{0};
   dc::comm::threads::world world(m);
   world.run([&](dc::comm::threads& inner) {
     flaky_link comm(inner, 2, 2);
     std::vector<float> theta(500, 0.0f);
-    dc::algorithm<dc::inner::sgd, dc::outer::nesterov, cp::error_feedback<cp::blockwise<dc::int8>>, flaky_link> t(
-        theta, comm, {.inner_steps = 1, .inner = {.lr = 1.0f}});
+    dc::algorithm<dc::inner::sgd, dc::outer::nesterov, C, flaky_link> t(theta, comm, {.inner_steps = 1, .inner = {.lr = 1.0f}});
     std::vector<float> g(500);
     for (std::size_t i = 0; i < g.size(); ++i) g[i] = std::sin(static_cast<float>(i + 1) * static_cast<float>(comm.rank() + 1));
     CHECK(t.step(g));

@@ -52,6 +52,39 @@ TEST_CASE("compressed mean over MPI within the codec's bound of the exact mean")
   check_cast(m, 6, run_round<cp::topk<64>>(comm, 6, {.fraction = 1.0f}), 22, 0.0);
 }
 
+TEST_CASE_TEMPLATE("small formats over MPI within the format's bound", F, dc::fp8_e4m3, dc::fp8_e5m2, dc::fp4_e3m0,
+                   dc::int2) {
+  dc::comm::mpi comm(MPI_COMM_WORLD);
+  const int m = comm.size();
+  check_blockwise(m, 11, run_round<cp::blockwise<F, B>>(comm, 11), bound_levels<F>());
+  check_blockwise(m, 12, run_round<cp::error_feedback<cp::blockwise<F, B, cp::stochastic_rounding>>>(comm, 12, {.seed = 3}),
+                  bound_levels<F>() / 2.0f);
+}
+
+TEST_CASE("chunk_topk over MPI: the sparse mean is the dense mean of every rank's decoded segment, on every rank") {
+  using P = cp::chunk_topk<128, 8, dc::int2>;
+  dc::comm::mpi comm(MPI_COMM_WORLD);
+  const int m = comm.size();
+  const auto got = run_round<P>(comm, 31);
+  // Every rank's pseudo-gradients are known here (deltas(r, salt)): encode
+  // each chunk, decode, sum in rank order, divide by M; theta = -mean.
+  const P::codec c = P::make_codec({});
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    std::vector<float> sum(sizes[t], 0.0f);
+    for (int r = 0; r < m; ++r) {
+      const auto d = deltas(r, 31)[t];
+      for (std::size_t s = 0; s < d.size(); s += 128) {
+        const std::size_t len = std::min<std::size_t>(128, d.size() - s);
+        std::vector<std::byte> bytes(c.stride());
+        std::vector<float> dq(len);
+        c.encode(d.data() + s, len, bytes.data(), dq.data(), 0, 0);
+        for (std::size_t j = 0; j < len; ++j) sum[s + j] = r == 0 ? dq[j] : sum[s + j] + dq[j];
+      }
+    }
+    for (std::size_t i = 0; i < sizes[t]; ++i) REQUIRE(got[t][i] == 0.0f - 1.0f * (sum[i] / static_cast<float>(m)));
+  }
+}
+
 TEST_CASE("over MPI, a NaN on one rank rejects the compressed round on every rank") {
   dc::comm::mpi comm(MPI_COMM_WORLD);
   std::vector<std::vector<float>> theta;

@@ -205,6 +205,19 @@ TEST_CASE("team programs: block sizes that are not multiples of 4, tiny blocks, 
   }
 }
 
+TEST_CASE("team programs: the small formats (fp8, fp4, int2) give the host passes' bytes") {
+  const std::vector<std::size_t> sizes{1, 3, 127, 128, 129, 257};
+  for (bool residual : {false, true}) {
+    compare_passes<cp::blockwise_codec<dc::fp8_e4m3, 128, cp::round_nearest>>(sizes, residual, 3, 21);
+    compare_passes<cp::blockwise_codec<dc::fp8_e4m3, 10, cp::stochastic_rounding>>(sizes, residual, 2, 22);
+    compare_passes<cp::blockwise_codec<dc::fp8_e5m2, 64, cp::round_nearest>>(sizes, residual, 4, 23);
+    compare_passes<cp::blockwise_codec<dc::fp4_e3m0, 128, cp::stochastic_rounding>>(sizes, residual, 3, 24);
+    compare_passes<cp::blockwise_codec<dc::fp4_e3m0, 10, cp::round_nearest>>(sizes, residual, 2, 25);
+    compare_passes<cp::blockwise_codec<dc::int2, 128, cp::round_nearest>>(sizes, residual, 3, 26);
+    compare_passes<cp::blockwise_codec<dc::int2, 8, cp::stochastic_rounding>>(sizes, residual, 2, 27);
+  }
+}
+
 TEST_CASE("non-finite and extreme blocks: the same codes and residuals (NaN factors, tiny scales, fp16 overflow)") {
   using C8 = cp::blockwise_codec<dc::int8, 16, cp::round_nearest>;
   using E8 = k::codec_elements<C8>;
@@ -499,6 +512,9 @@ TEST_CASE("device compressed mean: the host engine's bits, M = 1, 2, 3, 4, int8 
     compare_engines<cp::error_feedback<cp::blockwise<dc::int4, 128>>>(m, 3);
     compare_engines<cp::cast<dc::bf16>>(m, 3);
     compare_engines<cp::error_feedback<cp::cast<dc::bf16>>>(m, 3);
+    compare_engines<cp::blockwise<dc::fp8_e4m3, 128>>(m, 3);
+    compare_engines<cp::error_feedback<cp::blockwise<dc::fp4_e3m0, 64, cp::stochastic_rounding>>>(m, 3);
+    compare_engines<cp::error_feedback<cp::blockwise<dc::int2, 128>>>(m, 3);
   }
 }
 

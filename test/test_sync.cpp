@@ -731,9 +731,13 @@ class eager_link : public threads_host_link {
     record(s);
     return all_to_all(s, r), request{};
   }
-  request iall_gather(std::span<const std::byte> s, std::span<std::byte> r) { return all_gather(s, r), request{}; }
+  request iall_gather(std::span<const std::byte> s, std::span<std::byte> r) {
+    if (record_gathers) record(s);  // a gathered (sparse) exchange's one segment
+    return all_gather(s, r), request{};
+  }
   void all_to_all(std::span<const std::byte> s, std::span<std::byte> r) { threads_host_link::all_to_all(s, r); }
   std::vector<std::uint32_t> fragments;
+  bool record_gathers = false;
 
  private:
   void record(std::span<const std::byte> s) {
@@ -745,9 +749,11 @@ class eager_link : public threads_host_link {
 
 }  // namespace
 
-TEST_CASE("compressed streaming: the staged non-blocking exchange gives the bits of the exchange run at once; headers "
-          "carry the fragment") {
-  using codec = dc::compress::error_feedback<dc::compress::blockwise<dc::int8, 32>>;
+TEST_CASE_TEMPLATE("compressed streaming: the staged non-blocking exchange gives the bits of the exchange run at once; "
+                   "headers carry the fragment",
+                   codec, dc::compress::error_feedback<dc::compress::blockwise<dc::int8, 32>>,
+                   dc::compress::error_feedback<dc::compress::blockwise<dc::fp4_e3m0, 32>>,
+                   dc::compress::error_feedback<dc::compress::chunk_topk<32, 4>>) {
   const std::vector<std::size_t> sizes{40, 70, 33};
   const std::size_t H = 6;
   const int steps = 4 * static_cast<int>(H);
@@ -769,6 +775,7 @@ TEST_CASE("compressed streaming: the staged non-blocking exchange gives the bits
     }
     {
       eager_link link(comm);
+      link.record_gathers = dc::compress::gathered_v<codec>;
       model mdl(sizes);
       dc::algorithm<dc::inner::sgd, dc::outer::nesterov, codec, eager_link, dc::sync::streaming> t(
           mdl.w, link, {.inner_steps = H, .inner = {.lr = 0.1f}, .sync = so});

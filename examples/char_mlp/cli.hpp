@@ -28,7 +28,8 @@ namespace char_mlp {
 
 // The values of --methods and of --compress, in table order.
 inline const std::vector<std::string> method_names{"single", "ddp", "diloco"};
-inline const std::vector<std::string> compressor_names{"none", "bf16", "int8", "int4", "topk"};
+inline const std::vector<std::string> compressor_names{"none", "bf16", "int8", "int4", "fp8",
+                                                       "fp8e5m2", "fp4", "int2", "sparseloco", "topk"};
 // The values of --sync: DiLoCo's schedules (diloco::sync::blocking,
 // streaming, one_step_delay, eager).
 inline const std::vector<std::string> sync_names{"blocking", "streaming", "delay", "eager"};
@@ -87,6 +88,17 @@ result run_diloco_variant(const diloco_variant& v, const config& c, const datase
     return run_diloco<cp::error_feedback<cp::blockwise<diloco::int8>>>(c, data, comm, "diloco+int8+ef");
   if (v.compress == "int4")
     return run_diloco<cp::error_feedback<cp::blockwise<diloco::int4>>>(c, data, comm, "diloco+int4+ef");
+  if (v.compress == "fp8")
+    return run_diloco<cp::error_feedback<cp::blockwise<diloco::fp8_e4m3>>>(c, data, comm, "diloco+fp8_e4m3+ef");
+  if (v.compress == "fp8e5m2")
+    return run_diloco<cp::error_feedback<cp::blockwise<diloco::fp8_e5m2>>>(c, data, comm, "diloco+fp8_e5m2+ef");
+  if (v.compress == "fp4")
+    return run_diloco<cp::error_feedback<cp::blockwise<diloco::fp4_e3m0>>>(c, data, comm, "diloco+fp4_e3m0+ef");
+  if (v.compress == "int2")
+    return run_diloco<cp::error_feedback<cp::blockwise<diloco::int2>>>(c, data, comm, "diloco+int2+ef");
+  if (v.compress == "sparseloco")
+    return run_diloco<cp::error_feedback<cp::chunk_topk<4096, 64, diloco::int2>>>(
+        c, data, comm, "diloco+sparseloco 64/4096 int2+ef", {.decay = c.feedback_decay});
   if (v.compress == "topk")
     return run_diloco<cp::error_feedback<cp::topk<>>>(c, data, comm, "diloco+top10%+ef", {.fraction = 0.1f});
   throw diloco::config_error("demo: unknown compressor '" + v.compress + "'");
@@ -206,11 +218,15 @@ inline cli parse_cli(int argc, char** argv, const cli& defaults, const char* wor
   app.add_option("--weight-decay", c.weight_decay, "AdamW weight decay")
       ->capture_default_str()
       ->check(detail::finite_in(0.0, 1.0));
+  app.add_option("--feedback-decay", c.feedback_decay, "sparseloco rows: error-feedback decay beta in (0, 1]")
+      ->capture_default_str()
+      ->check(detail::finite_in(0.0, 1.0, true));
   detail::add_list(app, "--methods", out.methods, "which of single,ddp,diloco to run (comma-separated)",
                    method_names);
   detail::add_list(app, "--compress", out.compressors,
-                   "DiLoCo rows, any of none,bf16,int8,int4,topk: bf16 cast; int8/int4 block-wise (B=128) and "
-                   "top-k (10%) with error feedback",
+                   "DiLoCo rows, any of none,bf16,int8,int4,fp8,fp8e5m2,fp4,int2,sparseloco,topk: bf16 cast; "
+                   "int8/int4/fp8 (e4m3)/fp8e5m2/fp4 (e3m0)/int2 block-wise (B=128), SparseLoCo (64 of every "
+                   "4096 as int2, --feedback-decay) and top-k (10%) with error feedback",
                    compressor_names);
   detail::add_list(app, "--sync", out.syncs,
                    "DiLoCo schedules, any of blocking,streaming,delay,eager: blocking rows use every --compress; "

@@ -48,6 +48,7 @@ struct config {
   float weight_decay = 0.0f;
   float outer_lr = 0.7f;
   float outer_momentum = 0.9f;
+  float feedback_decay = 0.95f;  // sparseloco rows: r <- beta (r + delta - sent), SparseLoCo's 0.95
   // sync::streaming rows (--fragments, --delay, --alpha): P = 4 fragments,
   // each exchange overlapping tau = 2 inner steps, alpha = 0.5 of the local
   // value kept at the merge (the paper's tau = 1-5 and alpha in {0, 0.5}).

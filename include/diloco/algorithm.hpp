@@ -309,6 +309,11 @@ class algorithm {
   static std::string compressor_fingerprint() {
     if constexpr (Compressor::lossless)
       return Compressor::name;
+    else if constexpr (requires { Compressor::codec::k; })  // chunk_topk: K and the values' format too
+      return detail::concat(Compressor::name, ", chunk ", Compressor::codec::block, ", k ", Compressor::codec::k,
+                            ", values ", Compressor::codec::values_name,
+                            Compressor::stochastic ? ", stochastic rounding" : ", round to nearest",
+                            Compressor::has_error_feedback ? ", error feedback" : "");
     else
       return detail::concat(Compressor::name, ", block ", Compressor::codec::block,
                             Compressor::stochastic ? ", stochastic rounding" : ", round to nearest",

@@ -44,6 +44,7 @@
 #include "diloco/kernels/pseudo_gradient.hpp"
 #include "diloco/optimizer.hpp"
 #include "diloco/reduce/compressed.hpp"
+#include "diloco/reduce/gathered.hpp"
 #include "diloco/reduce/fp32_mean.hpp"
 #include "diloco/sync/blocking.hpp"
 #include "diloco/sync/concepts.hpp"
@@ -164,8 +165,12 @@ class engine final : public engine_base {
   using executor = typename executor_for<Space>::type;
   using clock = std::chrono::steady_clock;
   using transport_type = wire_transport<Comm, Space, executor>;
-  using reducer_type = std::conditional_t<Compressor::lossless, reduce::fp32_mean<Comm, Space, executor>,
-                                          reduce::compressed<Compressor, Comm, Space, executor>>;
+  // fp32 all-reduce for lossless compressors, all-gather and sum for sparse
+  // ones (chunk_topk), else the compressed mean's shard reduction.
+  using reducer_type = std::conditional_t<
+      Compressor::lossless, reduce::fp32_mean<Comm, Space, executor>,
+      std::conditional_t<compress::gathered_v<Compressor>, reduce::gathered<Compressor, Comm, Space, executor>,
+                         reduce::compressed<Compressor, Comm, Space, executor>>>;
   static constexpr bool blocking = std::is_same_v<Sync, sync::blocking>;
   static constexpr bool delayed = Sync::kind == sync::schedule_kind::delayed;
   static constexpr bool eager = std::is_same_v<Sync, sync::eager>;

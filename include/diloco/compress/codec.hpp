@@ -45,4 +45,23 @@ concept lossy_compressor = requires(const typename C::options& o) {
   { C::make_codec(o) } -> block_codec;
 };
 
+// Whether a compressor's reducer all-gathers its segments (sparse
+// aggregation) rather than reducing shards.
+template <class C>
+constexpr bool gathered_v = [] {
+  if constexpr (requires { C::gathered; })
+    return C::gathered;
+  else
+    return false;
+}();
+
+// The error-feedback decay of a compressor's options (1 when it has none).
+template <class Options>
+float feedback_decay(const Options& o) {
+  if constexpr (requires { o.decay; })
+    return o.decay;
+  else
+    return (void)o, 1.0f;
+}
+
 }  // namespace diloco::compress

@@ -5,9 +5,11 @@
 namespace diloco::compress {
 
 // Error feedback around any lossy compressor: each worker keeps the residual
-//   e <- (delta + e) - decode(encode(delta + e))
+//   e <- beta * ((delta + e) - decode(encode(delta + e)))
+// with beta = options.decay where the compressor's options have one
+// (chunk_topk; SparseLoCo uses 0.95), else 1
 // and adds it to the next round's pseudo-gradient, so what compression drops
-// is delayed, not lost: over R rounds the decoded transmissions sum to the
+// is delayed, not lost (beta = 1): over R rounds the decoded transmissions sum to the
 // sum of the true deltas minus the final residual. The residual is part of
 // the algorithm's state (4 bytes per parameter, twice: a round writes the
 // new residual beside the old one and keeps it only if the round is
@@ -23,6 +25,7 @@ struct error_feedback {
   static constexpr bool lossless = false;
   static constexpr bool has_error_feedback = true;
   static constexpr bool stochastic = C::stochastic;
+  static constexpr bool gathered = gathered_v<C>;
   static void validate(const options& o) { C::validate(o); }
   static codec make_codec(const options& o) { return C::make_codec(o); }
 };

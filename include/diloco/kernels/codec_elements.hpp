@@ -102,8 +102,8 @@ struct codec_elements {
   static constexpr bool supported = false;
 };
 
-// blockwise<int8|int4, B>: a 4-byte factor (the block's amax), then the
-// codes (int8: one byte each; int4: two per byte, element 2i low).
+// blockwise<Format, B>: a 4-byte factor (the block's amax), then the codes
+// (Format::bits each, packed from the low bits of each byte).
 template <class Format, std::size_t B, class Rounding>
 struct codec_elements<compress::blockwise_codec<Format, B, Rounding>> {
   using codec = compress::blockwise_codec<Format, B, Rounding>;
@@ -116,7 +116,9 @@ struct codec_elements<compress::blockwise_codec<Format, B, Rounding>> {
   static constexpr std::size_t values_offset = 4;
   static constexpr std::size_t group_bytes = group * Format::bits / 8;
   static constexpr float levels = Format::levels;
-  using code = int;
+  static constexpr int bits = Format::bits;
+  using code = unsigned;
+  static_assert(group * Format::bits % 8 == 0, "a group's codes must fill whole bytes");
   static_assert(stride % group_bytes == 0 && values_offset % group_bytes == 0,
                 "every group's codes must be aligned to their size");
 
@@ -126,43 +128,39 @@ struct codec_elements<compress::blockwise_codec<Format, B, Rounding>> {
   // q and dq of one element against the block's amax, as quantize_block
   // computes them for it; u is the element's draw (stochastic rounding).
   DILOCO_HD static void encode(float v, float amax, float u, code& q, float& dq) {
+    constexpr auto g = grid<Format>();
     float qf;
     if constexpr (stochastic)
-      quantize_block<true>(&v, 1, amax, levels, &qf, &dq, [u](std::size_t) { return u; });
+      quantize_block<true>(&v, 1, amax, g, &qf, &dq, [u](std::size_t) { return u; });
     else
-      quantize_block<false>(&v, 1, amax, levels, &qf, &dq, [](std::size_t) { return 0.0f; });
-    q = static_cast<int>(qf);
+      quantize_block<false>(&v, 1, amax, g, &qf, &dq, [](std::size_t) { return 0.0f; });
+    q = g.code(qf);
   }
 
   // blockwise_codec::decode for one element.
   DILOCO_HD static float decode(code q, float amax) {
-    if (scale_is_normal(amax, levels) || !(amax - amax == 0.0f)) return static_cast<float>(q) * (amax / levels);
-    return dequantize(q, amax, levels);
+    constexpr auto g = grid<Format>();
+    if (scale_is_normal(amax, levels) || !(amax - amax == 0.0f)) return g.value(q) * (amax / levels);
+    return dequantize(g.value(q), amax, levels);
   }
 
   // The codes of elements [j0, j0 + group), j0 a multiple of group.
   DILOCO_HD static void put_codes(std::byte* blk, std::size_t j0, const code (&q)[group]) {
+    constexpr std::size_t per_byte = 8 / bits;
     unsigned char bytes[group_bytes];
-    if constexpr (Format::bits == 8) {
-      for (std::size_t i = 0; i < group; ++i) bytes[i] = static_cast<unsigned char>(q[i]);
-    } else {
-      for (std::size_t p = 0; p < group_bytes; ++p)
-        bytes[p] = static_cast<unsigned char>((static_cast<unsigned>(q[2 * p]) & 0xfu) |
-                                              ((static_cast<unsigned>(q[2 * p + 1]) & 0xfu) << 4));
+    for (std::size_t p = 0; p < group_bytes; ++p) {
+      unsigned byte = 0;
+      for (std::size_t i = 0; i < per_byte; ++i) byte |= (q[p * per_byte + i] & codec::mask) << (i * bits);
+      bytes[p] = static_cast<unsigned char>(byte);
     }
-    store_bytes<group_bytes>(blk + values_offset + j0 * Format::bits / 8, bytes);
+    store_bytes<group_bytes>(blk + values_offset + j0 * bits / 8, bytes);
   }
   DILOCO_HD static void codes(const std::byte* blk, std::size_t j0, code (&q)[group]) {
+    constexpr std::size_t per_byte = 8 / bits;
     unsigned char bytes[group_bytes];
-    load_bytes<group_bytes>(blk + values_offset + j0 * Format::bits / 8, bytes);
-    if constexpr (Format::bits == 8) {
-      for (std::size_t i = 0; i < group; ++i) q[i] = static_cast<std::int8_t>(bytes[i]);
-    } else {
-      for (std::size_t i = 0; i < group; ++i) {
-        const unsigned nibble = (static_cast<unsigned>(bytes[i / 2]) >> ((i % 2) * 4)) & 0xfu;
-        q[i] = static_cast<int>(nibble ^ 8u) - 8;
-      }
-    }
+    load_bytes<group_bytes>(blk + values_offset + j0 * bits / 8, bytes);
+    for (std::size_t i = 0; i < group; ++i)
+      q[i] = (static_cast<unsigned>(bytes[i / per_byte]) >> ((i % per_byte) * bits)) & codec::mask;
   }
 };
 

@@ -68,6 +68,7 @@ struct encode_pseudo_gradient {
   std::byte* payload;     // the shard's payload; block b at b * stride
   std::size_t stride;
   std::uint64_t stream;
+  float decay = 1.0f;     // error feedback: the new residual is decay * (v - decoded)
 
   DILOCO_HD sums2 operator()(std::size_t b) const {
     const compress::block_ref blk = blocks[b];
@@ -100,7 +101,10 @@ struct encode_pseudo_gradient {
     });
     if (new_residual) {
       float* DILOCO_RESTRICT e = new_residual + off;
-      for (std::size_t j = 0; j < blk.len; ++j) e[j] = dq[j];
+      if (decay == 1.0f)
+        for (std::size_t j = 0; j < blk.len; ++j) e[j] = dq[j];
+      else
+        for (std::size_t j = 0; j < blk.len; ++j) e[j] = decay * dq[j];
     }
     return {delta_sq, error_sq};
   }
@@ -136,6 +140,45 @@ struct reduce_shard {
     for (std::size_t j = 0; j < blk.len; ++j) acc[j] = acc[j] / m;
     codec.encode(acc, blk.len, payload + b * stride, dq, stream, offset[blk.tensor] + blk.start);
     return lane_squares(blk.len, [&](std::size_t j) { return dq[j]; });
+  }
+};
+
+// The gathered (sparse) aggregation's last pass, per block: decode every
+// rank's encoding of the block, sum in rank order (deterministic), divide
+// by M, apply the outer optimizer and copy into the replica.
+template <class Codec, class Update, class Merge = merge::overwrite>
+struct gathered_decode_apply {
+  Codec codec;
+  Update update;
+  const compress::block_ref* blocks;
+  tensor_table tensors;
+  const std::byte* const* payloads;  // M payloads, in rank order; block b at b * stride
+  int world;
+  std::size_t stride;
+  float* global;
+  float* state;
+  std::size_t state_stride;
+  Merge merge{};
+
+  DILOCO_HD void operator()(std::size_t b) const {
+    const compress::block_ref blk = blocks[b];
+    const std::size_t off = tensors.offset[blk.tensor] + blk.start;
+    float* local = tensors.local[blk.tensor] + blk.start;
+    float acc[Codec::block];
+    float dq[Codec::block];
+    codec.decode(payloads[0] + b * stride, blk.len, acc);
+    for (int k = 1; k < world; ++k) {
+      codec.decode(payloads[k] + b * stride, blk.len, dq);
+      for (std::size_t j = 0; j < blk.len; ++j) acc[j] += dq[j];
+    }
+    const auto m = static_cast<float>(world);
+    for (std::size_t j = 0; j < blk.len; ++j) {
+      float g = global[off + j];
+      float l = local[j];
+      merge::apply_element(update, merge, off + j, g, acc[j] / m, state ? state + off + j : nullptr, state_stride, l);
+      global[off + j] = g;
+      local[j] = l;
+    }
   }
 };
 

@@ -1,10 +1,12 @@
 #pragma once
 
-// Symmetric integer quantization of one block: q = round(v * L / amax) in
-// [-L, L] with one fp32 factor per block (amax, the block's largest
-// magnitude), dequantized as q * (amax / L). L = 127 for int8, 7 for int4.
-// Round to nearest gives |v - dq| <= (amax / L) / 2 (plus fp32 rounding);
-// stochastic rounding floor(y + u) is unbiased: E[q] = y.
+// Block-wise quantization of one block onto a format's grid
+// (kernels/grids.hpp): q = round(v * L / amax) with one fp32 factor per
+// block (amax, the block's largest magnitude), dequantized as q * (amax / L),
+// where L is the grid's largest value (127 for int8, 7 for int4, 3 for int2,
+// 448 for fp8_e4m3, ...). Round to nearest gives |v - dq| <= half the grid's
+// gap around v, times amax / L (plus fp32 rounding); stochastic rounding is
+// unbiased: E[q] = v * L / amax.
 
 #include <cstddef>
 #include <cstdint>
@@ -12,23 +14,9 @@
 
 #include "diloco/core/macros.hpp"
 #include "diloco/kernels/exact_float.hpp"
+#include "diloco/kernels/grids.hpp"
 
 namespace diloco::kernels {
-
-// Round to nearest even by the 1.5 * 2^23 trick: exact for |y| < 2^22, and
-// plain adds, so loops vectorize on any SIMD level and host and device agree
-// bit for bit. The first add is add_rn so that nvcc cannot fuse it with the
-// product that usually computes y (kernels/exact_float.hpp).
-DILOCO_HD DILOCO_FORCEINLINE float round_even(float y) {
-  constexpr float magic = 12582912.0f;
-  return add_rn(y, magic) - magic;
-}
-
-// floor(z) for |z| < 2^22, from round_even.
-DILOCO_HD DILOCO_FORCEINLINE float floor_small(float z) {
-  const float r = round_even(z);
-  return r > z ? r - 1.0f : r;
-}
 
 // The largest magnitude of v[0, len), NaN if any element is NaN. Taken on
 // the bit patterns with the sign cleared: for IEEE floats their integer
@@ -54,23 +42,24 @@ DILOCO_HD DILOCO_FORCEINLINE bool scale_is_normal(float amax, float levels) {
   return amax / levels >= 1.17549435e-38f;
 }
 
-DILOCO_HD DILOCO_FORCEINLINE float dequantize(int q, float amax, float levels) {
+DILOCO_HD DILOCO_FORCEINLINE float dequantize(float q, float amax, float levels) {
   const float scale = amax / levels;
-  return scale >= 1.17549435e-38f ? static_cast<float>(q) * scale : (static_cast<float>(q) * amax) / levels;
+  return scale >= 1.17549435e-38f ? q * scale : (q * amax) / levels;
 }
 
-// Quantizes v[0, len) against `amax` into q[0, len) (as floats holding
-// integers in [-L, L]) and writes the dequantized values into dq.
-// Stochastic: floor(y + random(j)) with random(j) in [0, 1); otherwise
-// round to nearest even.
-// A zero, infinite or NaN amax gives q = 0 and dq = 0 * (amax / L), i.e. 0
-// or NaN: non-finite blocks stay visibly non-finite.
-template <bool Stochastic, class Random>
-DILOCO_HD DILOCO_FORCEINLINE void quantize_block(const float* v, std::size_t len, float amax, float levels, float* q,
+// Quantizes v[0, len) against `amax` into q[0, len) (as floats holding grid
+// values in [-L, L]) and writes the dequantized values into dq.
+// Stochastic: the grid's stochastic rounding with random(j) in [0, 1);
+// otherwise round to nearest, ties to even.
+// A zero, infinite or NaN amax gives q = 0 and dq = value(code(0)) * (amax / L),
+// i.e. 0, or inf/NaN: non-finite blocks stay visibly non-finite.
+template <bool Stochastic, class Grid, class Random>
+DILOCO_HD DILOCO_FORCEINLINE void quantize_block(const float* v, std::size_t len, float amax, const Grid& grid, float* q,
                                                  float* dq, const Random& random) {
+  const float levels = grid.levels;
   const bool finite = amax - amax == 0.0f;
   if (!(amax > 0.0f) || !finite) {
-    const float z = 0.0f * (amax / levels);
+    const float z = grid.value(grid.code(0.0f)) * (amax / levels);  // what decode gives: 0 or NaN
     for (std::size_t j = 0; j < len; ++j) {
       q[j] = 0.0f;
       dq[j] = z;
@@ -80,9 +69,7 @@ DILOCO_HD DILOCO_FORCEINLINE void quantize_block(const float* v, std::size_t len
   const float inv = levels / amax;
   const float scale = amax / levels;
   auto level = [&](float y, std::size_t j) {
-    float r = Stochastic ? floor_small(add_rn(y, random(j))) : round_even(y);
-    r = r < levels ? r : levels;  // the min/max forms map onto SIMD min/max
-    return r > -levels ? r : -levels;
+    return grid.template round<Stochastic>(y, Stochastic ? random(j) : 0.0f);
   };
   if (inv - inv == 0.0f && scale >= 1.17549435e-38f) {  // every normal block
     for (std::size_t j = 0; j < len; ++j) {
@@ -108,10 +95,11 @@ struct quant_scale {
   DILOCO_HD static quant_scale make(float amax, float levels) { return {amax, levels}; }
   DILOCO_HD int quantize(float v, float u) const {
     float q, dq;
+    const int_grid<8> g{levels};
     if (u < 0.0f)
-      quantize_block<false>(&v, 1, amax, levels, &q, &dq, [](std::size_t) { return 0.0f; });
+      quantize_block<false>(&v, 1, amax, g, &q, &dq, [](std::size_t) { return 0.0f; });
     else
-      quantize_block<true>(&v, 1, amax, levels, &q, &dq, [u](std::size_t) { return u; });
+      quantize_block<true>(&v, 1, amax, g, &q, &dq, [u](std::size_t) { return u; });
     return static_cast<int>(q);
   }
 };

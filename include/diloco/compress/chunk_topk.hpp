@@ -1,0 +1,204 @@
+#pragma once
+
+// SparseLoCo's compressor (arXiv 2508.15706): per chunk of `Chunk`
+// consecutive elements keep the K largest magnitudes, their values
+// quantized to `Values` (int2, int4, int8, fp8_e4m3, ...) against the
+// chunk's largest magnitude, their positions packed in ceil(log2 Chunk)
+// bits. With error_feedback (options.decay = beta, SparseLoCo uses 0.95)
+// what is not sent is carried over: r <- beta (r + delta - sent).
+//
+// Chunk layout (the codec block), fixed stride:
+//   offset 0            fp32 amax: the chunk's largest magnitude (always kept)
+//   4                   K value codes, Values::bits each, packed from the low bits
+//   4 + ceil(K*vb/8)    K positions, I = ceil(log2 Chunk) bits each, packed
+//                       from the low bits, strictly increasing
+// A partial chunk of len < K elements sends len entries; unused entries
+// and padding bits are zero. Bytes per parameter at Chunk 4096, K 64, int2:
+// (4 + 16 + 96) / 4096 = 0.0283.
+//
+// Which elements: the K largest |v|, ties to the lower index; NaN counts as
+// the largest magnitude so it is never hidden (the chunk's amax is then
+// NaN and the round is refused). Aggregation is sparse: the reducer
+// all-gathers every rank's segment and each rank sums the decoded chunks in
+// fp32 in rank order (reduce/gathered.hpp); re-encoding a mean of sparse
+// vectors would only lose more.
+//
+// Encoding is host code (selection with nth_element over the chunk).
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "diloco/compress/blockwise.hpp"
+#include "diloco/compress/codec.hpp"
+#include "diloco/compress/formats.hpp"
+#include "diloco/core/error.hpp"
+#include "diloco/core/macros.hpp"
+#include "diloco/kernels/grids.hpp"
+#include "diloco/kernels/quantize.hpp"
+#include "diloco/kernels/random.hpp"
+
+namespace diloco::compress {
+
+namespace detail_bits {
+
+// ceil(log2 n) for n >= 2.
+constexpr int ceil_log2(std::size_t n) {
+  int b = 0;
+  while ((std::size_t{1} << b) < n) ++b;
+  return b;
+}
+
+// `bits`-bit field number `i` of a little-endian bit stream.
+DILOCO_HD inline unsigned get_field(const std::byte* p, std::size_t i, int bits) {
+  const std::size_t bit = i * static_cast<std::size_t>(bits);
+  std::uint32_t w = 0;
+  const std::size_t first = bit / 8, last = (bit + static_cast<std::size_t>(bits) - 1) / 8;
+  for (std::size_t b = first; b <= last; ++b) w |= static_cast<std::uint32_t>(p[b]) << (8 * (b - first));
+  return (w >> (bit % 8)) & ((1u << bits) - 1u);
+}
+// Ors field `i` in (the stream starts zeroed).
+inline void or_field(std::byte* p, std::size_t i, int bits, unsigned v) {
+  const std::size_t bit = i * static_cast<std::size_t>(bits);
+  std::uint32_t w = static_cast<std::uint32_t>(v) << (bit % 8);
+  for (std::size_t b = bit / 8; w != 0; ++b, w >>= 8) p[b] |= static_cast<std::byte>(w & 0xffu);
+}
+
+}  // namespace detail_bits
+
+template <std::size_t Chunk, std::size_t K, class Values, class Rounding>
+struct chunk_topk_codec {
+  static_assert(Chunk >= 2 && Chunk <= 16384, "chunk_topk: Chunk must be in [2, 16384]");
+  static_assert(K >= 1 && K <= Chunk, "chunk_topk: K must be in [1, Chunk]");
+  static_assert(Values::bits == 8 || Values::bits == 4 || Values::bits == 2,
+                "chunk_topk: Values must be int8, int4, int2, fp8_e4m3, fp8_e5m2 or fp4_e3m0");
+  static constexpr std::size_t block = Chunk;
+  static constexpr std::size_t k = K;
+  static constexpr const char* values_name = Values::name;
+  static constexpr codec_id id = static_cast<codec_id>(static_cast<unsigned>(codec_id::chunk_topk) +
+                                                       static_cast<unsigned>(format_id<Values>()));
+  static constexpr int value_bits = Values::bits;
+  static constexpr int index_bits = detail_bits::ceil_log2(Chunk);
+  static constexpr std::size_t value_bytes = (K * Values::bits + 7) / 8;
+  static constexpr std::size_t index_bytes = (K * index_bits + 7) / 8;
+  static constexpr float levels = Values::levels;
+
+  DILOCO_HD static constexpr std::size_t stride() { return 4 + value_bytes + index_bytes; }
+  // Entries a chunk of len elements sends.
+  DILOCO_HD static constexpr std::size_t entries(std::size_t len) { return len < K ? len : K; }
+
+  void encode(const float* v, std::size_t len, std::byte* out, float* dq, std::uint64_t stream,
+              std::uint64_t index0) const {
+    len = std::min(len, Chunk);
+    const std::size_t n = entries(len);
+    // Selection: the n largest keys (|v| bits, then the lower index), so
+    // every tie is decided and the result is the same on every machine.
+    std::uint64_t keys[Chunk];
+    for (std::size_t j = 0; j < len; ++j) {
+      std::uint32_t b;
+      std::memcpy(&b, v + j, 4);
+      keys[j] = (static_cast<std::uint64_t>(b & 0x7fffffffu) << 32) | (0xffffffffu - static_cast<std::uint32_t>(j));
+    }
+    if (n < len) std::nth_element(keys, keys + n, keys + len, [](std::uint64_t a, std::uint64_t b) { return a > b; });
+    // The selected positions, in increasing order (sorted in place of their
+    // keys: the arrays are Chunk long, which keeps GCC's bounds analysis of
+    // std::sort quiet).
+    for (std::size_t e = 0; e < n; ++e) keys[e] = 0xffffffffu - (keys[e] & 0xffffffffu);
+    std::sort(keys, keys + n);
+    const std::uint64_t* idx = keys;
+    float sel[K], q[K], sdq[K];
+    for (std::size_t e = 0; e < n; ++e) sel[e] = v[idx[e]];
+    const float amax = kernels::block_amax(sel, n);
+    constexpr auto g = kernels::grid<Values>();
+    if constexpr (Rounding::stochastic)
+      kernels::quantize_block<true>(sel, n, amax, g, q, sdq,
+                                    [&](std::size_t e) { return kernels::random_unit(stream, index0 + idx[e]); });
+    else
+      kernels::quantize_block<false>(sel, n, amax, g, q, sdq, [](std::size_t) { return 0.0f; });
+    std::memset(out, 0, stride());
+    std::memcpy(out, &amax, 4);
+    std::fill(dq, dq + len, 0.0f);
+    for (std::size_t e = 0; e < n; ++e) {
+      detail_bits::or_field(out + 4, e, value_bits, g.code(q[e]));
+      detail_bits::or_field(out + 4 + value_bytes, e, index_bits, static_cast<unsigned>(idx[e]));
+      dq[idx[e]] = sdq[e];
+    }
+  }
+
+  DILOCO_HD void decode(const std::byte* in, std::size_t len, float* dq) const {
+    len = len < Chunk ? len : Chunk;
+    float amax;
+    std::memcpy(&amax, in, 4);
+    for (std::size_t j = 0; j < len; ++j) dq[j] = 0.0f;
+    constexpr auto g = kernels::grid<Values>();
+    const bool multiply = kernels::scale_is_normal(amax, levels) || !(amax - amax == 0.0f);
+    const float scale = amax / levels;
+    const std::size_t n = entries(len);
+    for (std::size_t e = 0; e < n; ++e) {
+      const unsigned i = detail_bits::get_field(in + 4 + value_bytes, e, index_bits);
+      const float x = g.value(detail_bits::get_field(in + 4, e, value_bits));
+      if (i < len) dq[i] = multiply ? x * scale : kernels::dequantize(x, amax, levels);  // check() refuses i >= len
+    }
+  }
+
+  DILOCO_HD const char* check(const std::byte* in, std::size_t len) const {
+    constexpr auto g = kernels::grid<Values>();
+    const std::size_t n = entries(len);
+    unsigned previous = 0;
+    for (std::size_t e = 0; e < K; ++e) {
+      const unsigned code = detail_bits::get_field(in + 4, e, value_bits);
+      const unsigned i = detail_bits::get_field(in + 4 + value_bytes, e, index_bits);
+      if (e < n) {
+        if (i >= len) return "chunk_topk position beyond its chunk";
+        if (e > 0 && i <= previous) return "chunk_topk positions not strictly increasing";
+        if (!g.valid(code)) return g.invalid;
+        previous = i;
+      } else if (code != 0 || i != 0) {
+        return "chunk_topk entry beyond the chunk's count is not empty";
+      }
+    }
+    // Padding bits after the last value and the last position.
+    if (const std::size_t used = K * value_bits; used % 8 != 0 && (static_cast<unsigned>(in[4 + used / 8]) >> (used % 8)) != 0)
+      return "non-zero padding bits after the chunk_topk values";
+    if (const std::size_t used = K * index_bits;
+        used % 8 != 0 && (static_cast<unsigned>(in[4 + value_bytes + used / 8]) >> (used % 8)) != 0)
+      return "non-zero padding bits after the chunk_topk positions";
+    return nullptr;
+  }
+};
+
+struct chunk_topk_options {
+  std::uint64_t seed = 0;  // stochastic rounding of the values
+  float decay = 1.0f;      // error feedback: r <- decay * (r + delta - sent), in (0, 1]
+  template <class F>
+  friend void visit_options(const chunk_topk_options& o, F&& f) {
+    f("seed", o.seed);
+    f("decay", o.decay);
+  }
+};
+
+// The compressor policy: chunk_topk<> is SparseLoCo's 64 of every 4096 as
+// int2; wrap it in error_feedback (SparseLoCo always does).
+template <std::size_t Chunk = 4096, std::size_t K = 64, class Values = int2, class Rounding = round_nearest>
+struct chunk_topk {
+  using options = chunk_topk_options;
+  using codec = chunk_topk_codec<Chunk, K, Values, Rounding>;
+  static constexpr const char* name = "chunk_topk";
+  static constexpr bool lossless = false;
+  static constexpr bool has_error_feedback = false;
+  static constexpr bool stochastic = Rounding::stochastic;
+  // Sparse aggregation: all-gather the segments, sum in rank order
+  // (reduce/gathered.hpp) instead of reducing shards and re-encoding.
+  static constexpr bool gathered = true;
+  static void validate(const options& o) {
+    if (!(o.decay > 0.0f && o.decay <= 1.0f))
+      detail::raise<config_error>("chunk_topk: decay must lie in (0, 1], got ", o.decay);
+  }
+  static codec make_codec(const options& o) {
+    validate(o);
+    return {};
+  }
+};
+
+}  // namespace diloco::compress

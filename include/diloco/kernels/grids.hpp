@@ -1,0 +1,193 @@
+#pragma once
+
+// The value grids of the block-wise formats (compress/formats.hpp): where a
+// value y, already divided by the block's scale (so |y| <= levels), lands,
+// and the bits that say so. Each grid gives
+//
+//   round<Stochastic>(y, u)  the grid value for y: the nearest (ties to the
+//                            even code), or with Stochastic the upper of the
+//                            two neighbours with probability
+//                            (y - lo) / (hi - lo) (u in [0, 1)), which is
+//                            unbiased; beyond the largest value it saturates
+//   code(r)                  the Format::bits-bit code of grid value r
+//   value(c)                 the grid value of code c
+//   valid(c)                 false for a code the format never writes,
+//                            `invalid` saying what such a code is
+//
+// Written once for host and device; plain float operations (add_rn where a
+// sum could be fused with a product), so both put the same codes on the wire.
+
+#include <cstdint>
+
+#include "diloco/compress/formats.hpp"
+#include "diloco/core/macros.hpp"
+#include "diloco/kernels/exact_float.hpp"
+#include "diloco/kernels/float_formats.hpp"
+
+namespace diloco::kernels {
+
+// Round to nearest even by the 1.5 * 2^23 trick: exact for |y| < 2^22, and
+// plain adds, so loops vectorize on any SIMD level and host and device agree
+// bit for bit. The first add is add_rn so that nvcc cannot fuse it with the
+// product that usually computes y (kernels/exact_float.hpp).
+DILOCO_HD DILOCO_FORCEINLINE float round_even(float y) {
+  constexpr float magic = 12582912.0f;
+  return add_rn(y, magic) - magic;
+}
+
+// floor(z) for |z| < 2^22, from round_even.
+DILOCO_HD DILOCO_FORCEINLINE float floor_small(float z) {
+  const float r = round_even(z);
+  return r > z ? r - 1.0f : r;
+}
+
+// Symmetric integers in [-L, L], two's complement codes of `Bits` bits
+// (int8: L = 127, int4: L = 7; the code -L - 1 is never written).
+template <int Bits>
+struct int_grid {
+  float levels;
+  template <bool Stochastic>
+  DILOCO_HD DILOCO_FORCEINLINE float round(float y, float u) const {
+    float r = Stochastic ? floor_small(add_rn(y, u)) : round_even(y);
+    r = r < levels ? r : levels;  // the min/max forms map onto SIMD min/max
+    return r > -levels ? r : -levels;
+  }
+  DILOCO_HD static unsigned code(float r) {
+    return static_cast<unsigned>(static_cast<int>(r)) & ((1u << Bits) - 1u);
+  }
+  DILOCO_HD static float value(unsigned c) {
+    constexpr unsigned sign = 1u << (Bits - 1);
+    return static_cast<float>(static_cast<int>((c & ((1u << Bits) - 1u)) ^ sign) - static_cast<int>(sign));
+  }
+  DILOCO_HD bool valid(unsigned c) const { return value(c) >= -levels; }
+  static constexpr const char* invalid = "quantized value out of range";
+};
+
+// int2: the four levels -3, -1, +1, +3 (codes 0..3, value 2c - 3).
+struct int2_grid {
+  static constexpr float levels = 3.0f;
+  template <bool Stochastic>
+  DILOCO_HD DILOCO_FORCEINLINE static float round(float y, float u) {
+    if constexpr (Stochastic) {
+      // Position on the code axis, p = (y + 3) / 2 in [0, 3]; the code is
+      // floor(p + u), so E[code] = p and E[value] = y.
+      float c = floor_small(add_rn((y + 3.0f) * 0.5f, u));
+      c = c < 3.0f ? c : 3.0f;
+      c = c > 0.0f ? c : 0.0f;
+      return 2.0f * c - 3.0f;
+    } else {
+      // Nearest level; the midpoints -2, 0, +2 go to the even code
+      // (-3, +1, +1). Comparisons rather than arithmetic on y, so even a
+      // tiny negative y finds -1.
+      const float hi = y > 2.0f ? 3.0f : 1.0f;
+      const float lo = y > -2.0f ? -1.0f : -3.0f;
+      return y >= 0.0f ? hi : lo;
+    }
+  }
+  DILOCO_HD static unsigned code(float r) { return static_cast<unsigned>(static_cast<int>(r) + 4) >> 1; }  // 0 -> code 2
+  DILOCO_HD static float value(unsigned c) { return static_cast<float>(2 * static_cast<int>(c & 3u) - 3); }
+  DILOCO_HD static bool valid(unsigned) { return true; }
+  static constexpr const char* invalid = "";
+};
+
+// Sign-magnitude small floats (fp8_e4m3, fp8_e5m2, fp4_e3m0): the top bit
+// is the sign, then the exponent field, then the mantissa.
+template <class Format>
+struct minifloat_grid {
+  static constexpr int E = Format::exponent_bits;
+  static constexpr int M = Format::mantissa_bits;
+  static constexpr int bias = Format::bias;
+  static constexpr float levels = Format::levels;
+  static constexpr unsigned sign_bit = 1u << (E + M);
+  static_assert(E + M + 1 == Format::bits, "minifloat: sign, exponent and mantissa must fill the format");
+
+  // The value of magnitude code c (no sign): exponent field 0 holds
+  // m * 2^(1 - bias - M), the others (1 + m / 2^M) * 2^(e - bias).
+  DILOCO_HD DILOCO_FORCEINLINE static float magnitude(unsigned c) {
+    const unsigned e = c >> M;
+    const unsigned m = c & ((1u << M) - 1u);
+    // 2^(1 - bias - M) is a normal fp32 for every format here.
+    const float sub = static_cast<float>(m) * bits_float(static_cast<std::uint32_t>(127 + 1 - bias - M) << 23);
+    const float normal = bits_float(((e + 127u - static_cast<unsigned>(bias)) << 23) | (m << (23 - M)));
+    return e == 0 ? sub : normal;
+  }
+  // The magnitude code of the largest grid value <= a, for 0 <= a < levels.
+  DILOCO_HD DILOCO_FORCEINLINE static unsigned truncate(float a) {
+    const std::uint32_t b = float_bits(a);
+    const std::uint32_t min_normal = static_cast<std::uint32_t>(127 + 1 - bias) << 23;
+    if (b >= min_normal) {
+      const unsigned e = (b >> 23) - 127u + static_cast<unsigned>(bias);
+      return (e << M) | ((b & 0x7fffffu) >> (23 - M));
+    }
+    // Subnormal: floor(a / 2^(1 - bias - M)); the scaling is exact.
+    return static_cast<unsigned>(a * bits_float(static_cast<std::uint32_t>(127 - 1 + bias + M) << 23));
+  }
+
+  template <bool Stochastic>
+  DILOCO_HD DILOCO_FORCEINLINE static float round(float y, float u) {
+    const float a = bits_float(float_bits(y) & 0x7fffffffu);  // |y|, and +0 for -0
+    float mag;
+    if (!(a < levels)) {
+      mag = levels;  // saturate
+    } else {
+      const unsigned t = truncate(a);
+      const float lo = magnitude(t);
+      const float hi = magnitude(t + 1);  // t < max_code, so t + 1 is a value
+      const float step = hi - lo;         // exact: neighbours in one binade, or the subnormal spacing
+      const float below = a - lo;         // exact: a and lo within a factor of 2, or lo = 0
+      bool up;
+      if constexpr (Stochastic) {
+        up = u * step < below;
+      } else {
+        const float half = 0.5f * step;
+        up = below > half || (below == half && (t & 1u));
+      }
+      mag = up ? hi : lo;
+    }
+    return y < 0.0f && mag > 0.0f ? -mag : mag;  // zero is always +0 (code 0)
+  }
+  DILOCO_HD static unsigned code(float r) {
+    const float a = bits_float(float_bits(r) & 0x7fffffffu);
+    const unsigned mag = a < levels ? truncate(a) : Format::max_code;
+    return (r < 0.0f ? sign_bit : 0u) | mag;
+  }
+  DILOCO_HD static float value(unsigned c) {
+    const float a = magnitude(c & (sign_bit - 1u));
+    return (c & sign_bit) ? -a : a;
+  }
+  DILOCO_HD static bool valid(unsigned c) { return (c & (sign_bit - 1u)) <= Format::max_code; }
+  static constexpr const char* invalid = "NaN or infinity code (the format saturates and never writes one)";
+};
+
+namespace detail {
+template <class Format>
+struct grid_of {
+  using type = minifloat_grid<Format>;
+  DILOCO_HD static constexpr type make() { return {}; }
+};
+template <>
+struct grid_of<diloco::int8> {
+  using type = int_grid<8>;
+  DILOCO_HD static constexpr type make() { return {127.0f}; }
+};
+template <>
+struct grid_of<diloco::int4> {
+  using type = int_grid<4>;
+  DILOCO_HD static constexpr type make() { return {7.0f}; }
+};
+template <>
+struct grid_of<diloco::int2> {
+  using type = int2_grid;
+  DILOCO_HD static constexpr type make() { return {}; }
+};
+}  // namespace detail
+
+// The grid of a block-wise format.
+template <class Format>
+using grid_t = typename detail::grid_of<Format>::type;
+template <class Format>
+DILOCO_HD constexpr grid_t<Format> grid() {
+  return detail::grid_of<Format>::make();
+}
+
+}  // namespace diloco::kernels

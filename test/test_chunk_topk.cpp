@@ -1,0 +1,387 @@
+// chunk_topk (SparseLoCo): the selection against a sort, the packed layout
+// and its checks, error feedback with decay against its formula, mass
+// conservation over 50 rounds, the sparse (gathered) mean against the dense
+// mean of the decoded segments for M = 1, 2, 3, 4, 7, the promised bytes on
+// a 2^20-element tensor, and corrupt bytes refused on every rank.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <diloco/diloco.hpp>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "threads_link.hpp"
+
+namespace dc = diloco;
+namespace cp = diloco::compress;
+
+namespace {
+
+std::vector<float> normals(std::size_t n, unsigned seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// The positions a chunk's segment names, read from the bytes.
+template <class Codec>
+std::vector<unsigned> positions(const std::vector<std::byte>& bytes, std::size_t len) {
+  std::vector<unsigned> out;
+  for (std::size_t e = 0; e < Codec::entries(len); ++e)
+    out.push_back(cp::detail_bits::get_field(bytes.data() + 4 + Codec::value_bytes, e, Codec::index_bits));
+  return out;
+}
+
+// The K largest |v| by a full sort, ties to the lower index, in index order.
+std::vector<unsigned> reference_topk(const std::vector<float>& v, std::size_t k) {
+  std::vector<unsigned> idx(v.size());
+  std::iota(idx.begin(), idx.end(), 0u);
+  std::stable_sort(idx.begin(), idx.end(), [&](unsigned a, unsigned b) { return std::fabs(v[a]) > std::fabs(v[b]); });
+  idx.resize(std::min(k, v.size()));
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+template <class Codec>
+std::vector<float> encode(const Codec& c, const std::vector<float>& v, std::vector<std::byte>* bytes = nullptr) {
+  std::vector<std::byte> out(c.stride(), std::byte{0x77});
+  std::vector<float> dq(v.size()), back(v.size());
+  c.encode(v.data(), v.size(), out.data(), dq.data(), 0, 0);
+  c.decode(out.data(), v.size(), back.data());
+  for (std::size_t j = 0; j < v.size(); ++j) REQUIRE(std::memcmp(&dq[j], &back[j], 4) == 0);
+  REQUIRE(c.check(out.data(), v.size()) == nullptr);
+  if (bytes) *bytes = out;
+  return back;
+}
+
+}  // namespace
+
+TEST_CASE("chunk_topk selects exactly the K largest magnitudes, ties to the lower index") {
+  using C = cp::chunk_topk_codec<64, 8, dc::int8, cp::round_nearest>;
+  C c;
+  for (std::size_t len : {std::size_t{64}, std::size_t{63}, std::size_t{9}, std::size_t{8}, std::size_t{5}, std::size_t{1}}) {
+    CAPTURE(len);
+    auto v = normals(len, static_cast<unsigned>(len));
+    std::vector<std::byte> bytes;
+    const auto back = encode(c, v, &bytes);
+    CHECK(positions<C>(bytes, len) == reference_topk(v, 8));
+    // Everything not selected decodes to zero; the selected ones within
+    // int8's half step of amax / 127.
+    const auto sel = reference_topk(v, 8);
+    float amax = 0.0f;
+    for (float x : v) amax = std::max(amax, std::fabs(x));
+    for (std::size_t j = 0; j < len; ++j) {
+      if (std::find(sel.begin(), sel.end(), j) == sel.end())
+        CHECK(back[j] == 0.0f);
+      else
+        CHECK(std::fabs(back[j] - v[j]) <= amax / 127.0f / 2.0f * 1.0001f);
+    }
+  }
+  SUBCASE("ties: equal magnitudes of either sign go to the lower index") {
+    std::vector<float> v(64, 0.5f);
+    for (std::size_t j = 0; j < 64; j += 3) v[j] = -0.5f;
+    v[40] = 2.0f;
+    std::vector<std::byte> bytes;
+    encode(c, v, &bytes);
+    CHECK(positions<C>(bytes, 64) == std::vector<unsigned>{0, 1, 2, 3, 4, 5, 6, 40});
+  }
+  SUBCASE("NaN counts as the largest magnitude: never dropped, the chunk visibly non-finite") {
+    auto v = normals(64, 3);
+    v[17] = std::nanf("");
+    std::vector<float> dq(64);
+    std::vector<std::byte> bytes(c.stride());
+    c.encode(v.data(), 64, bytes.data(), dq.data(), 0, 0);
+    const auto pos = positions<C>(bytes, 64);
+    CHECK(std::find(pos.begin(), pos.end(), 17u) != pos.end());
+    CHECK(std::isnan(dq[17]));
+  }
+}
+
+TEST_CASE("chunk_topk layout: 4 + K*bits/8 + K*ceil(log2 Chunk)/8 bytes, and 0.0283 B/param at 64 of 4096 in int2") {
+  using S = cp::chunk_topk_codec<4096, 64, dc::int2, cp::round_nearest>;
+  CHECK(S::index_bits == 12);
+  CHECK(S::stride() == 4 + 16 + 96);
+  CHECK(static_cast<double>(S::stride()) / 4096.0 < 0.03);
+  CHECK(S::id == static_cast<cp::codec_id>(0x40 + 9));
+  using T = cp::chunk_topk_codec<1000, 7, dc::fp8_e4m3, cp::round_nearest>;
+  CHECK(T::index_bits == 10);
+  CHECK(T::stride() == 4 + 7 + 9);  // 70 index bits: 9 bytes
+}
+
+TEST_CASE("chunk_topk: malformed segments are refused before decode") {
+  using C = cp::chunk_topk_codec<16, 4, dc::int2, cp::round_nearest>;
+  C c;
+  const auto v = normals(16, 8);
+  std::vector<std::byte> good;
+  encode(c, v, &good);
+  auto set_pos = [&](std::vector<std::byte> b, std::size_t e, unsigned p) {
+    // Clear 4-bit position field e (Chunk 16), then write p.
+    std::byte* base = b.data() + 4 + C::value_bytes;
+    base[e / 2] &= static_cast<std::byte>(~(0xfu << ((e % 2) * 4)));
+    cp::detail_bits::or_field(base, e, C::index_bits, p);
+    return b;
+  };
+  const auto pos = positions<C>(good, 16);
+  CHECK(std::string(c.check(set_pos(good, 1, pos[0]).data(), 16)) == "chunk_topk positions not strictly increasing");
+  CHECK(std::string(c.check(set_pos(good, 3, 15).data(), 12)) == "chunk_topk position beyond its chunk");
+  // A partial chunk of 3 elements sends 3 entries; the 4th must be empty.
+  std::vector<std::byte> part;
+  encode(c, std::vector<float>(v.begin(), v.begin() + 3), &part);
+  CHECK(std::string(c.check(set_pos(part, 3, 5).data(), 3)) == "chunk_topk entry beyond the chunk's count is not empty");
+}
+
+TEST_CASE("error feedback with decay follows r' = beta (r + delta - sent) exactly") {
+  using P = cp::error_feedback<cp::chunk_topk<64, 4, dc::int4>>;
+  using codec = P::codec;
+  const codec c = P::make_codec({});
+  const std::size_t n = 200;  // 3 full chunks and a partial one
+  const cp::block_layout layout({n}, codec::block, 1);
+  for (float beta : {1.0f, 0.95f, 0.5f}) {
+    CAPTURE(beta);
+    std::vector<float> global(n, 0.0f), local(n), r = normals(n, 4, 0.1f), r2(n);
+    const auto delta = normals(n, 5);
+    for (std::size_t i = 0; i < n; ++i) local[i] = -delta[i];  // global - local = delta exactly
+    std::vector<float*> ptrs{local.data()};
+    std::vector<std::size_t> offs{0};
+    std::vector<std::byte> payload(layout.block_count() * c.stride());
+    dc::exec::host ex(1);
+    ex.transform_reduce(layout.block_count(),
+                        dc::kernels::encode_pseudo_gradient<codec>{c, layout.blocks(), {ptrs.data(), offs.data()},
+                                                                   global.data(), r.data(), r2.data(), payload.data(),
+                                                                   c.stride(), 0, beta});
+    // sent: the decoded segment; the formula in fp32, in its own order.
+    for (std::size_t b = 0; b < layout.block_count(); ++b) {
+      const auto& blk = layout.blocks()[b];
+      std::vector<float> sent(blk.len);
+      c.decode(payload.data() + b * c.stride(), blk.len, sent.data());
+      for (std::size_t j = 0; j < blk.len; ++j) {
+        const std::size_t i = blk.start + j;
+        const float want = beta * ((delta[i] + r[i]) - sent[j]);
+        REQUIRE(std::memcmp(&r2[i], &want, 4) == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("error feedback with decay 1 conserves mass over 50 rounds: sum of sent + residual = sum of deltas") {
+  // M = 1, inner and outer SGD at lr 1: the replica moves by -g, so each
+  // round's pseudo-gradient is g (to fp32 rounding), and theta moves by
+  // -sent. So theta_0 - theta_50 + residual_50 = sum of the g's.
+  const std::size_t n = 300;
+  dc::comm::threads::world world(1);
+  world.run([&](dc::comm::threads& comm) {
+    std::vector<float> theta(n, 0.0f);
+    dc::algorithm<dc::inner::sgd, dc::outer::sgd, cp::error_feedback<cp::chunk_topk<64, 4, dc::int2>>, dc::comm::threads> t(
+        theta, comm, {.inner_steps = 1, .inner = {.lr = 1.0f}});
+    std::vector<double> total(n, 0.0);
+    double scale = 0.0;
+    for (int round = 0; round < 50; ++round) {
+      const auto g = normals(n, 100 + static_cast<unsigned>(round), 0.01f);
+      for (std::size_t i = 0; i < n; ++i) total[i] += g[i], scale += std::fabs(g[i]);
+      REQUIRE(t.step(g));
+    }
+    const auto r = t.compression_residual();
+    double worst = 0.0, moved = 0.0;
+    for (std::size_t i = 0; i < n; ++i) {
+      worst = std::max(worst, std::fabs((-static_cast<double>(theta[i]) + r[i]) - total[i]));
+      moved += std::fabs(theta[i]);
+    }
+    CHECK(moved > 0.0);
+    CHECK(worst <= 1e-5 * scale / static_cast<double>(n) * 50);  // fp32 rounding of 50 rounds, not lost mass
+  });
+}
+
+TEST_CASE("the sparse mean equals the dense mean of the decoded segments, bit for bit, M = 1, 2, 3, 4, 7") {
+  using P = cp::chunk_topk<256, 16, dc::int2>;
+  const std::vector<std::size_t> sizes{1, 255, 600, 256};
+  for (int m : {1, 2, 3, 4, 7}) {
+    CAPTURE(m);
+    std::vector<std::vector<std::vector<float>>> grads(static_cast<std::size_t>(m)), seen(static_cast<std::size_t>(m));
+    for (int r = 0; r < m; ++r)
+      for (std::size_t t = 0; t < sizes.size(); ++t)
+        grads[static_cast<std::size_t>(r)].push_back(normals(sizes[t], static_cast<unsigned>(r * 10 + t + 1)));
+    dc::comm::threads::world world(m);
+    world.run([&](dc::comm::threads& comm) {
+      std::vector<std::vector<float>> theta;
+      for (auto s : sizes) theta.emplace_back(s, 0.0f);
+      dc::algorithm<dc::inner::sgd, dc::outer::sgd, P, dc::comm::threads> t(theta, comm,
+                                                                          {.inner_steps = 1, .inner = {.lr = 1.0f}});
+      CHECK(t.step(grads[static_cast<std::size_t>(comm.rank())]));
+      seen[static_cast<std::size_t>(comm.rank())] = theta;
+    });
+    // Independently: each rank's segment decoded densely, chunk by chunk,
+    // summed in rank order, divided by M; theta = 0 - 1 * mean.
+    const P::codec c = P::make_codec({});
+    for (std::size_t t = 0; t < sizes.size(); ++t) {
+      std::vector<float> sum(sizes[t], 0.0f);
+      for (int r = 0; r < m; ++r) {
+        const auto& g = grads[static_cast<std::size_t>(r)][t];
+        for (std::size_t s = 0; s < g.size(); s += 256) {
+          const std::vector<float> chunk(g.begin() + static_cast<std::ptrdiff_t>(s),
+                                         g.begin() + static_cast<std::ptrdiff_t>(std::min(g.size(), s + 256)));
+          const auto dq = encode(c, chunk);
+          for (std::size_t j = 0; j < dq.size(); ++j) sum[s + j] = r == 0 ? dq[j] : sum[s + j] + dq[j];
+        }
+      }
+      for (int r = 0; r < m; ++r)
+        for (std::size_t i = 0; i < sizes[t]; ++i) {
+          const float want = 0.0f - 1.0f * (sum[i] / static_cast<float>(m));
+          CAPTURE(t);
+          CAPTURE(i);
+          REQUIRE(seen[static_cast<std::size_t>(r)][t][i] == want);
+        }
+    }
+  }
+}
+
+TEST_CASE("SparseLoCo's 64 of 4096 in int2 on a 2^20-element tensor: at most 0.03 bytes per parameter on the wire") {
+  const std::size_t n = std::size_t{1} << 20;
+  dc::comm::threads::world world(2);
+  world.run([&](dc::comm::threads& comm) {
+    std::vector<float> theta(n, 0.0f);
+    dc::algorithm<dc::inner::sgd, dc::outer::nesterov, cp::error_feedback<cp::chunk_topk<>>, dc::comm::threads> t(
+        theta, comm, {.inner_steps = 1, .inner = {.lr = 1.0f}, .compress = {.decay = 0.95f}});
+    REQUIRE(t.step(normals(n, 9 + static_cast<unsigned>(comm.rank()))));
+    const double b = t.stats().encoded_bytes_per_parameter;
+    MESSAGE("chunk_topk 64/4096 int2 on 2^20: ", b, " B/param");
+    CHECK(b == doctest::Approx((256 * 116 + 64) / static_cast<double>(n)));
+    CHECK(b <= 0.03);
+  });
+}
+
+TEST_CASE("chunk_topk options are validated") {
+  CHECK_THROWS_WITH_AS(cp::chunk_topk<>::validate({.decay = 0.0f}), doctest::Contains("decay must lie in (0, 1]"),
+                       dc::config_error);
+  CHECK_THROWS_AS(cp::chunk_topk<>::validate({.decay = std::nanf("")}), dc::config_error);
+  CHECK_THROWS_AS(cp::chunk_topk<>::validate({.decay = 1.5f}), dc::config_error);
+}
+
+namespace {
+
+// A threads communicator whose next all-gather once armed delivers one
+// flipped byte to `victim`.
+class flaky_gather : public threads_host_link {
+ public:
+  flaky_gather(dc::comm::threads& c, int victim) : threads_host_link(c), victim_(victim) {}
+  void arm() { armed_ = true; }
+  void all_gather(std::span<const std::byte> s, std::span<std::byte> r) {
+    threads().all_gather(s, r);
+    // Byte 80 of rank 1's slot: inside its payload.
+    if (armed_ && rank() == victim_) r[s.size() + 80] ^= std::byte{0x10};
+    armed_ = false;
+  }
+
+ private:
+  int victim_;
+  bool armed_ = false;
+};
+
+}  // namespace
+
+TEST_CASE("chunk_topk: corrupt bytes in transit are refused with format_error on every rank, theta_global unchanged") {
+  constexpr int m = 3;
+  std::atomic<int> precise{0};
+  dc::comm::threads::world world(m);
+  world.run([&](dc::comm::threads& inner) {
+    flaky_gather comm(inner, 2);
+    std::vector<float> theta(500, 0.0f);
+    dc::algorithm<dc::inner::sgd, dc::outer::nesterov, cp::error_feedback<cp::chunk_topk<128, 8>>, flaky_gather> t(
+        theta, comm, {.inner_steps = 1, .inner = {.lr = 1.0f}});
+    const auto g = normals(500, 40 + static_cast<unsigned>(comm.rank()));
+    CHECK(t.step(g));
+    const auto gl = t.global_parameters();
+    const auto res = t.compression_residual();
+    const std::vector<float> before(gl.data(), gl.data() + gl.size()), res0(res.data(), res.data() + res.size());
+    comm.arm();
+    try {
+      t.step(g);
+      FAIL("the corrupt round was applied");
+    } catch (const dc::format_error& e) {
+      const std::string what = e.what();
+      if (comm.rank() == 2) {
+        if (what.find("checksum mismatch") != std::string::npos) precise.fetch_add(1);
+      } else {
+        CHECK(what.find("rank(s) 2 received corrupt compressed data") != std::string::npos);
+      }
+    }
+    CHECK(std::memcmp(gl.data(), before.data(), before.size() * 4) == 0);
+    CHECK(std::memcmp(res.data(), res0.data(), res0.size() * 4) == 0);
+    CHECK(t.step(g));
+  });
+  CHECK(precise.load() == 1);
+}
+
+namespace {
+
+// M workers on f(w) = |w - target_r|^2 / 2 under schedule S with
+// chunk_topk + error feedback: every replica's theta_global bitwise equal
+// to rank 0's, and w much closer to the mean target than where it started.
+// Outer Nesterov momentum 0.5: error feedback on a 25% top-k already delays
+// components by several rounds, and with the delayed schedules momentum
+// 0.9 on top of that oscillates and grows (SparseLoCo lets the error
+// feedback play the momentum's part).
+template <class S, class CT = cp::error_feedback<cp::chunk_topk<64, 16>>>
+void schedule_converges(typename S::options so) {
+  constexpr int m = 3;
+  const std::size_t n = 500;
+  std::vector<std::vector<float>> targets;
+  // A shared optimum plus a little per-worker spread (sparsified workers
+  // that disagree a lot keep a noise floor of their disagreement).
+  const auto common = normals(n, 69);
+  for (int r = 0; r < m; ++r) {
+    targets.push_back(normals(n, 70 + static_cast<unsigned>(r), 0.05f));
+    for (std::size_t i = 0; i < n; ++i) targets.back()[i] += common[i];
+  }
+  std::vector<float> mean(n, 0.0f);
+  for (const auto& t : targets)
+    for (std::size_t i = 0; i < n; ++i) mean[i] += t[i] / m;
+  std::vector<std::vector<float>> globals(m);
+  std::vector<double> start(m), end(m);
+  dc::comm::threads::world world(m);
+  world.run([&](dc::comm::threads& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    std::vector<std::vector<float>> w{std::vector<float>(200, 0.0f), std::vector<float>(300, 0.0f)};
+    auto dist = [&] {
+      double d = 0.0;
+      for (std::size_t i = 0; i < n; ++i) {
+        const double x = i < 200 ? w[0][i] : w[1][i - 200];
+        d += (x - mean[i]) * (x - mean[i]);
+      }
+      return std::sqrt(d);
+    };
+    start[r] = dist();
+    dc::algorithm<dc::inner::sgd, dc::outer::nesterov, CT, dc::comm::threads, S> t(
+        w, comm, {.inner_steps = 4, .inner = {.lr = 0.2f}, .outer = {.lr = 0.7f, .momentum = 0.5f}, .sync = so});
+    for (int s = 0; s < 200; ++s) {
+      std::vector<std::vector<float>> g{std::vector<float>(200), std::vector<float>(300)};
+      for (std::size_t i = 0; i < n; ++i) (i < 200 ? g[0][i] : g[1][i - 200]) = (i < 200 ? w[0][i] : w[1][i - 200]) - targets[r][i];
+      t.step(g);
+    }
+    t.finish();
+    const auto gl = t.global_parameters();
+    globals[r].assign(gl.data(), gl.data() + gl.size());
+    end[r] = dist();
+  });
+  for (int r = 1; r < m; ++r) CHECK(std::memcmp(globals[static_cast<std::size_t>(r)].data(), globals[0].data(), n * 4) == 0);
+  for (int r = 0; r < m; ++r) {
+    CAPTURE(r);
+    CHECK(end[static_cast<std::size_t>(r)] < 0.2 * start[static_cast<std::size_t>(r)]);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("chunk_topk composes with every schedule: replicas agree bit for bit and training converges") {
+  SUBCASE("blocking") { schedule_converges<dc::sync::blocking>({}); }
+  SUBCASE("streaming P = 2, tau = 1, alpha = 0.5") {
+    schedule_converges<dc::sync::streaming>({.fragments = 2, .delay = 1, .alpha = 0.5f});
+  }
+  SUBCASE("one-step delay") { schedule_converges<dc::sync::one_step_delay>({}); }
+  SUBCASE("eager") { schedule_converges<dc::sync::eager>({}); }
+}
