@@ -101,3 +101,45 @@ TEST_CASE("host buffers are zeroed and 64-byte aligned") {
   CHECK(empty.size() == 0);
   CHECK(empty.data() == nullptr);
 }
+
+namespace {
+// A user's 2-D tensor whose traits give its shape.
+struct user_matrix {
+  std::vector<float> v;
+  std::size_t r, c;
+};
+}  // namespace
+template <>
+struct diloco::tensor_traits<user_matrix> {
+  using value_type = float;
+  using memory_space = diloco::host_space;
+  static float* data(user_matrix& m) { return m.v.data(); }
+  static std::size_t size(const user_matrix& m) { return m.v.size(); }
+  static std::size_t rows(const user_matrix& m) { return m.r; }
+  static std::size_t cols(const user_matrix& m) { return m.c; }
+};
+
+TEST_CASE("tensor shapes: traits may give rows and columns, parameter sets carry them, vectors are n x 1") {
+  user_matrix a{std::vector<float>(12), 3, 4};
+  std::vector<float> b(5);
+  std::vector<float> c(6);
+  CHECK(diloco::tensor_shape_of(a) == diloco::tensor_shape{3, 4});
+  CHECK(diloco::tensor_shape_of(b) == diloco::tensor_shape{5, 1});
+  CHECK(diloco::tensor_shape_of(&a) == diloco::tensor_shape{3, 4});  // through a pointer
+  CHECK(diloco::tensor_shape_of(diloco::matrix_view<float>(c.data(), 2, 3)) == diloco::tensor_shape{2, 3});
+  CHECK(diloco::tensor_shape_of(a).is_matrix());
+  CHECK(!diloco::tensor_shape_of(b).is_matrix());
+
+  std::vector<user_matrix*> list{&a};
+  const diloco::parameter_set<float, diloco::host_space> ps(list);
+  CHECK(ps.shape(0) == diloco::tensor_shape{3, 4});
+  const std::vector<diloco::matrix_view<float>> views{{c.data(), 3, 2}, {b.data(), 5, 1}};
+  const diloco::parameter_set<float, diloco::host_space> pv(views);
+  CHECK(pv.shape(0) == diloco::tensor_shape{3, 2});
+  CHECK(pv.shape(1) == diloco::tensor_shape{5, 1});
+
+  user_matrix bad{std::vector<float>(12), 5, 2};
+  std::vector<user_matrix*> wrong{&bad};
+  CHECK_THROWS_WITH_AS((diloco::parameter_set<float, diloco::host_space>(wrong)),
+                       doctest::Contains("tensor 0 says it is 5 x 2 but has 12 elements"), diloco::config_error);
+}

@@ -259,10 +259,13 @@ void gpu_compare_passes(const std::vector<std::size_t>& sizes, bool residual, in
   std::vector<float*> local_ptr;
   std::vector<thrust::device_vector<float>> local_d;
   std::vector<k::device_tensor> tensors;
+  // Every device vector first, then their addresses: growing the outer
+  // vector copies its device_vectors (their move is not noexcept) and frees
+  // the old storage, so an address taken during the growth would dangle.
+  for (std::size_t t = 0; t < sizes.size(); ++t) local_d.push_back(to_device(local[t]));
   for (std::size_t t = 0; t < sizes.size(); ++t) {
     local_ptr.push_back(local[t].data());
-    local_d.push_back(to_device(local[t]));
-    tensors.push_back({raw(local_d.back()), padded[t], packed[t]});
+    tensors.push_back({raw(local_d[t]), padded[t], packed[t]});
   }
   const k::tensor_table table{local_ptr.data(), packed.data()};
   const std::uint64_t stream = k::make_stream(seed, 3, 1, 1);

@@ -53,6 +53,8 @@ class parameter_set {
   // Number of parameters (the tensors' sizes added up).
   std::size_t elements() const { return elements_; }
   std::size_t offset(std::size_t k) const { return offsets_[k]; }
+  // Tensor k's shape (tensor_traits' rows and cols; a vector is n x 1).
+  const tensor_shape& shape(std::size_t k) const { return shapes_[k]; }
   const view_type& operator[](std::size_t k) const { return views_[k]; }
   auto begin() const { return views_.begin(); }
   auto end() const { return views_.end(); }
@@ -63,6 +65,7 @@ class parameter_set {
   void assign(R&& tensors) {
     views_.clear();
     offsets_.clear();
+    shapes_.clear();
     total_ = elements_ = 0;
     for (auto&& t : tensors) add(t);
   }
@@ -86,6 +89,11 @@ class parameter_set {
     auto* p = tensor_data(t);
     const std::size_t n = tensor_size(t);
     if (p == nullptr && n != 0) detail::raise<config_error>("tensor ", views_.size(), " has ", n, " elements but a null data pointer");
+    const tensor_shape s = tensor_shape_of(t);
+    if (s.rows * s.cols != n)
+      detail::raise<config_error>("tensor ", views_.size(), " says it is ", s.rows, " x ", s.cols, " but has ", n,
+                                  " elements (tensor_traits rows * cols must equal size)");
+    shapes_.push_back(s);
     views_.emplace_back(p, n);
     offsets_.push_back(total_);
     elements_ += n;
@@ -96,6 +104,7 @@ class parameter_set {
 
   std::vector<view_type> views_;
   std::vector<std::size_t> offsets_;
+  std::vector<tensor_shape> shapes_;
   std::size_t total_ = 0;
   std::size_t elements_ = 0;
 };

@@ -16,7 +16,11 @@ namespace diloco {
 //   static value_type* data(T&);         // first element, contiguous
 //   static std::size_t size(const T&);   // element count
 // and may provide `static const value_type* data(const T&)` for read-only
-// use. The library keeps the pointer between calls: the storage must stay
+// use, and a 2-D shape,
+//   static std::size_t rows(const T&);   // rows * cols == size, row-major
+//   static std::size_t cols(const T&);
+// which shape-aware compressors (low-rank) use; without them a tensor is a
+// vector. The library keeps the pointer between calls: the storage must stay
 // where it is for as long as an algorithm refers to it.
 template <class T>
 struct tensor_traits;
@@ -77,15 +81,45 @@ struct tensor_traits<std::span<T, Extent>> {
   static std::size_t size(const std::span<T, Extent>& t) { return t.size(); }
 };
 
+// A row-major matrix view: a tensor_view that also says its shape, for
+// raw pointers to 2-D weights (diloco::matrix_view<float>(p, rows, cols)).
+template <class T, class Space = host_space>
+struct matrix_view : tensor_view<T, Space> {
+  std::size_t row_count = 0, col_count = 0;
+  constexpr matrix_view() = default;
+  constexpr matrix_view(T* p, std::size_t r, std::size_t c) : tensor_view<T, Space>(p, r * c), row_count(r), col_count(c) {}
+};
+
+template <class T, class Space>
+struct tensor_traits<matrix_view<T, Space>> {
+  using value_type = std::remove_const_t<T>;
+  using memory_space = Space;
+  static T* data(const matrix_view<T, Space>& t) { return t.ptr; }
+  static std::size_t size(const matrix_view<T, Space>& t) { return t.count; }
+  static std::size_t rows(const matrix_view<T, Space>& t) { return t.row_count; }
+  static std::size_t cols(const matrix_view<T, Space>& t) { return t.col_count; }
+};
+
 // A pointer to a tensor (e.g. std::vector<float>*) is a tensor too, so a
 // model can hand out a list of pointers to its weight vectors.
 template <class T>
   requires requires { typename tensor_traits<std::remove_cv_t<T>>::value_type; }
 struct tensor_traits<T*> {
-  using value_type = typename tensor_traits<std::remove_cv_t<T>>::value_type;
-  using memory_space = typename tensor_traits<std::remove_cv_t<T>>::memory_space;
-  static auto data(T* t) { return tensor_traits<std::remove_cv_t<T>>::data(*t); }
-  static std::size_t size(T* t) { return tensor_traits<std::remove_cv_t<T>>::size(*t); }
+  using inner = tensor_traits<std::remove_cv_t<T>>;
+  using value_type = typename inner::value_type;
+  using memory_space = typename inner::memory_space;
+  static auto data(T* t) { return inner::data(*t); }
+  static std::size_t size(T* t) { return inner::size(*t); }
+  static std::size_t rows(T* t)
+    requires requires(const std::remove_cv_t<T>& x) { inner::rows(x); }
+  {
+    return inner::rows(*t);
+  }
+  static std::size_t cols(T* t)
+    requires requires(const std::remove_cv_t<T>& x) { inner::cols(x); }
+  {
+    return inner::cols(*t);
+  }
 };
 
 template <class T>
@@ -105,6 +139,23 @@ auto tensor_data(T&& t) {
 template <class T>
 std::size_t tensor_size(const T& t) {
   return tensor_traits_of<T>::size(t);
+}
+
+// A tensor's 2-D shape: rows x cols, row-major. A vector is size x 1.
+struct tensor_shape {
+  std::size_t rows = 0, cols = 1;
+  bool is_matrix() const { return rows > 1 && cols > 1; }
+  friend bool operator==(const tensor_shape&, const tensor_shape&) = default;
+};
+
+// The shape tensor_traits gives (rows/cols), or a vector's.
+template <class T>
+tensor_shape tensor_shape_of(const T& t) {
+  using traits = tensor_traits_of<T>;
+  if constexpr (requires { traits::rows(t); traits::cols(t); })
+    return {traits::rows(t), traits::cols(t)};
+  else
+    return {tensor_size(t), 1};
 }
 
 }  // namespace diloco
