@@ -302,6 +302,18 @@ TEST_CASE("child: codecs" * doctest::skip()) {
     CHECK(t.step(deltas(comm.rank(), 25)));
     check_blockwise(comm.size(), 25, theta, 127.0f);
   }
+  {
+    // low_rank: a rank-1 matrix held by both is reproduced, a vector exactly.
+    std::vector<float> w(12 * 9, 0.0f), b(3, 0.0f), a(12 * 9);
+    for (std::size_t i = 0; i < 12; ++i)
+      for (std::size_t j = 0; j < 9; ++j) a[i * 9 + j] = static_cast<float>(i + 1) * static_cast<float>(j % 4 + 1);
+    std::vector<dc::matrix_view<float>> params{{w.data(), 12, 9}, {b.data(), 3, 1}};
+    dc::algorithm<dc::inner::sgd, dc::outer::sgd, cp::low_rank, gloo_comm> t(
+        params, comm, {.inner_steps = 1, .inner = {.lr = 1.0f}, .compress = {.rank = 2}});
+    CHECK(t.step(std::vector<std::vector<float>>{a, {1.0f, 2.0f, static_cast<float>(comm.rank())}}));
+    for (std::size_t i = 0; i < a.size(); ++i) CHECK(std::fabs(w[i] + a[i]) <= 1e-5f * std::fabs(a[i]) + 1e-6f);
+    CHECK(b[2] == -0.5f);
+  }
   mark_done("codecs", comm.rank());
 }
 

@@ -85,6 +85,29 @@ TEST_CASE("chunk_topk over MPI: the sparse mean is the dense mean of every rank'
   }
 }
 
+TEST_CASE("low_rank over MPI: a rank-2 matrix held by every rank is reproduced, the same bits on every rank") {
+  dc::comm::mpi comm(MPI_COMM_WORLD);
+  const std::size_t rows = 24, cols = 18;
+  std::vector<float> a(rows * cols, 0.0f);
+  for (std::size_t i = 0; i < rows; ++i)
+    for (std::size_t j = 0; j < cols; ++j)
+      a[i * cols + j] = std::sin(0.3f * static_cast<float>(i)) * std::cos(0.2f * static_cast<float>(j)) +
+                        0.5f * std::cos(0.7f * static_cast<float>(i + 1)) * std::sin(0.1f * static_cast<float>(j + 2));
+  std::vector<float> w(rows * cols, 0.0f), b(5, 0.0f);
+  std::vector<dc::matrix_view<float>> params{{w.data(), rows, cols}, {b.data(), 5, 1}};
+  dc::algorithm<dc::inner::sgd, dc::outer::sgd, cp::low_rank, dc::comm::mpi> t(
+      params, comm, {.inner_steps = 1, .inner = {.lr = 1.0f}, .compress = {.rank = 3}});
+  std::vector<float> vec{1.0f, 2.0f, 3.0f, 4.0f, static_cast<float>(comm.rank())};
+  CHECK(t.step(std::vector<std::vector<float>>{a, vec}));
+  double e = 0.0, n = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) e += (w[i] + a[i]) * (w[i] + a[i]), n += a[i] * a[i];
+  CHECK(std::sqrt(e / n) <= 1e-5);
+  CHECK(b[4] == -static_cast<float>(comm.size() - 1) / 2.0f);  // the exact mean of 0..M-1
+  std::vector<float> root = w;
+  MPI_Bcast(root.data(), static_cast<int>(root.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+  CHECK(std::memcmp(root.data(), w.data(), w.size() * 4) == 0);
+}
+
 TEST_CASE("over MPI, a NaN on one rank rejects the compressed round on every rank") {
   dc::comm::mpi comm(MPI_COMM_WORLD);
   std::vector<std::vector<float>> theta;

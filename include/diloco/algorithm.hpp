@@ -307,8 +307,8 @@ class algorithm {
   // The compressor as the header names it: its name, and for a lossy one
   // its block size, rounding and error feedback.
   static std::string compressor_fingerprint() {
-    if constexpr (Compressor::lossless)
-      return Compressor::name;
+    if constexpr (Compressor::lossless || compress::factored_compressor<Compressor>)
+      return Compressor::name;  // low_rank: its rank is an option, agreed with the others
     else if constexpr (requires { Compressor::codec::k; })  // chunk_topk: K and the values' format too
       return detail::concat(Compressor::name, ", chunk ", Compressor::codec::block, ", k ", Compressor::codec::k,
                             ", values ", Compressor::codec::values_name,

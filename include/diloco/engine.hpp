@@ -44,6 +44,7 @@
 #include "diloco/kernels/pseudo_gradient.hpp"
 #include "diloco/optimizer.hpp"
 #include "diloco/reduce/compressed.hpp"
+#include "diloco/reduce/factored.hpp"
 #include "diloco/reduce/gathered.hpp"
 #include "diloco/reduce/fp32_mean.hpp"
 #include "diloco/sync/blocking.hpp"
@@ -165,12 +166,15 @@ class engine final : public engine_base {
   using executor = typename executor_for<Space>::type;
   using clock = std::chrono::steady_clock;
   using transport_type = wire_transport<Comm, Space, executor>;
-  // fp32 all-reduce for lossless compressors, all-gather and sum for sparse
-  // ones (chunk_topk), else the compressed mean's shard reduction.
+  // fp32 all-reduce for lossless compressors, the factor exchanges for
+  // low_rank, all-gather and sum for sparse ones (chunk_topk), else the
+  // compressed mean's shard reduction.
   using reducer_type = std::conditional_t<
       Compressor::lossless, reduce::fp32_mean<Comm, Space, executor>,
-      std::conditional_t<compress::gathered_v<Compressor>, reduce::gathered<Compressor, Comm, Space, executor>,
-                         reduce::compressed<Compressor, Comm, Space, executor>>>;
+      std::conditional_t<
+          compress::factored_compressor<Compressor>, reduce::factored<Compressor, Comm, Space, executor>,
+          std::conditional_t<compress::gathered_v<Compressor>, reduce::gathered<Compressor, Comm, Space, executor>,
+                             reduce::compressed<Compressor, Comm, Space, executor>>>>;
   static constexpr bool blocking = std::is_same_v<Sync, sync::blocking>;
   static constexpr bool delayed = Sync::kind == sync::schedule_kind::delayed;
   static constexpr bool eager = std::is_same_v<Sync, sync::eager>;
@@ -201,8 +205,9 @@ class engine final : public engine_base {
     for (std::size_t p = 0; p < plan_.fragments(); ++p) {
       auto f = std::make_unique<fragment>();
       f->tensors = plan_.tensors[p];
-      std::vector<tensor_view<float, Space>> views;
-      for (std::size_t k : f->tensors) views.push_back(params_[k]);
+      std::vector<matrix_view<float, Space>> views;  // keeps each tensor's shape (low_rank uses it)
+      for (std::size_t k : f->tensors)
+        views.emplace_back(params_[k].data(), params_.shape(k).rows, params_.shape(k).cols);
       f->params = parameter_set<float, Space>(views);
       f->base = base;
       for (std::size_t j = 0; j < f->tensors.size(); ++j) {

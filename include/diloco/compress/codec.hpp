@@ -45,6 +45,15 @@ concept lossy_compressor = requires(const typename C::options& o) {
   { C::make_codec(o) } -> block_codec;
 };
 
+// A compressor with a reducer of its own instead of a block codec
+// (low_rank: factors exchanged over several collectives).
+template <class C>
+concept factored_compressor = requires(const typename C::options& o) {
+  requires !C::lossless;
+  requires C::factored;
+  { C::validate(o) };
+};
+
 // Whether a compressor's reducer all-gathers its segments (sparse
 // aggregation) rather than reducing shards.
 template <class C>

@@ -107,6 +107,7 @@ enum class codec_id : std::uint8_t {
   fp8_e5m2 = 7,
   fp4_e3m0 = 8,
   int2 = 9,
+  low_rank = 10,
   // chunk_topk: 0x40 + the id of the format its values travel in.
   chunk_topk = 0x40,
 };

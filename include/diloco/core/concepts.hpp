@@ -85,7 +85,7 @@ concept compressor = requires {
   typename C::options;
   { C::name } -> std::convertible_to<const char*>;
   { C::lossless } -> std::convertible_to<bool>;
-} && (C::lossless || compress::lossy_compressor<C>);
+} && (C::lossless || compress::lossy_compressor<C> || compress::factored_compressor<C>);
 
 // ---------------------------------------------------------- communicators
 // The handle of a non-blocking collective. wait() blocks until it has

@@ -1,0 +1,223 @@
+// low_rank (PowerSGD-style) over the threads communicator: a rank-R matrix
+// held by every worker is reproduced, error feedback stays bounded, vectors
+// travel exactly, replicas agree bit for bit for M = 1, 2, 3, 4, 7, and a
+// corrupt factor segment is refused on every rank.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <diloco/diloco.hpp>
+#include <random>
+#include <vector>
+
+#include "threads_link.hpp"
+
+namespace dc = diloco;
+namespace cp = diloco::compress;
+
+namespace {
+
+std::vector<float> normals(std::size_t n, unsigned seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// A rows x cols matrix of rank R: sum of R outer products.
+std::vector<float> rank_r(std::size_t rows, std::size_t cols, std::size_t r, unsigned seed) {
+  const auto u = normals(rows * r, seed), v = normals(cols * r, seed + 1);
+  std::vector<float> a(rows * cols, 0.0f);
+  for (std::size_t i = 0; i < rows; ++i)
+    for (std::size_t j = 0; j < cols; ++j)
+      for (std::size_t c = 0; c < r; ++c) a[i * cols + j] += u[i * r + c] * v[j * r + c];
+  return a;
+}
+
+double rel_err(const std::vector<float>& got, const std::vector<float>& want, float sign = 1.0f) {
+  double e = 0.0, n = 0.0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    e += (sign * static_cast<double>(got[i]) - want[i]) * (sign * static_cast<double>(got[i]) - want[i]);
+    n += static_cast<double>(want[i]) * want[i];
+  }
+  return std::sqrt(e / n);
+}
+
+template <class Comm>
+using trainer = dc::algorithm<dc::inner::sgd, dc::outer::sgd, cp::low_rank, Comm>;
+
+}  // namespace
+
+TEST_CASE("low_rank: a rank-R matrix on every worker is reproduced (rel. err <= 1e-5), ranks 2 and 4") {
+  const auto a = rank_r(40, 30, 2, 5);
+  for (std::uint32_t r : {2u, 4u}) {
+    for (int m : {1, 3}) {
+      CAPTURE(r);
+      CAPTURE(m);
+      std::vector<std::vector<float>> got(static_cast<std::size_t>(m));
+      dc::comm::threads::world world(m);
+      world.run([&](dc::comm::threads& comm) {
+        std::vector<float> w(40 * 30, 0.0f);
+        std::vector<dc::matrix_view<float>> params{{w.data(), 40, 30}};
+        trainer<dc::comm::threads> t(params, comm, {.inner_steps = 1, .inner = {.lr = 1.0f}, .compress = {.rank = r}});
+        CHECK(t.step(std::vector<std::vector<float>>{a}));  // delta = a: theta = -mean = -a
+        got[static_cast<std::size_t>(comm.rank())] = w;
+      });
+      for (const auto& g : got) CHECK(rel_err(g, a, -1.0f) <= 1e-5);
+    }
+  }
+}
+
+TEST_CASE("low_rank: vectors and matrices too small for the rank travel exactly; the bytes are 4 r (rows + cols)") {
+  constexpr int m = 3;
+  std::vector<std::vector<std::vector<float>>> grads(m);
+  for (int k = 0; k < m; ++k)
+    grads[static_cast<std::size_t>(k)] = {normals(20 * 10, 10 + static_cast<unsigned>(k)), normals(7, 20 + static_cast<unsigned>(k)),
+                                          normals(3 * 2, 30 + static_cast<unsigned>(k))};
+  std::vector<std::vector<float>> vec(m), small(m);
+  std::vector<double> bytes(m);
+  dc::comm::threads::world world(m);
+  world.run([&](dc::comm::threads& comm) {
+    std::vector<float> w(200, 0.0f), b(7, 0.0f), s(6, 0.0f);
+    std::vector<dc::matrix_view<float>> params{{w.data(), 20, 10}, {b.data(), 7, 1}, {s.data(), 3, 2}};
+    trainer<dc::comm::threads> t(params, comm, {.inner_steps = 1, .inner = {.lr = 1.0f}, .compress = {.rank = 2}});
+    CHECK(t.step(grads[static_cast<std::size_t>(comm.rank())]));
+    vec[static_cast<std::size_t>(comm.rank())] = b;
+    small[static_cast<std::size_t>(comm.rank())] = s;
+    bytes[static_cast<std::size_t>(comm.rank())] = t.stats().encoded_bytes_per_parameter;
+  });
+  for (int k = 0; k < m; ++k) {
+    for (std::size_t i = 0; i < 7; ++i) {
+      float sum = 0.0f;
+      for (int r = 0; r < m; ++r) sum = r == 0 ? grads[0][1][i] : sum + grads[static_cast<std::size_t>(r)][1][i];
+      CHECK(vec[static_cast<std::size_t>(k)][i] == 0.0f - 1.0f * (sum / static_cast<float>(m)));
+    }
+    for (std::size_t i = 0; i < 6; ++i) {  // 3 x 2 at rank 2: not smaller than min(rows, cols), sent whole
+      float sum = 0.0f;
+      for (int r = 0; r < m; ++r) sum = r == 0 ? grads[0][2][i] : sum + grads[static_cast<std::size_t>(r)][2][i];
+      CHECK(small[static_cast<std::size_t>(k)][i] == 0.0f - 1.0f * (sum / static_cast<float>(m)));
+    }
+    // P (20 x 2) + the vector (7) + the small matrix (6) in exchange 1, Q
+    // (10 x 2) in exchange 2, fp32, plus two 64-byte headers.
+    CHECK(bytes[static_cast<std::size_t>(k)] == doctest::Approx((4.0 * (40 + 7 + 6 + 20) + 128) / 213.0));
+  }
+}
+
+TEST_CASE("low_rank: error feedback stays bounded over 40 rounds of full-rank pseudo-gradients") {
+  constexpr int m = 2;
+  dc::comm::threads::world world(m);
+  world.run([&](dc::comm::threads& comm) {
+    std::vector<float> w(32 * 24, 0.0f);
+    std::vector<dc::matrix_view<float>> params{{w.data(), 32, 24}};
+    trainer<dc::comm::threads> t(params, comm, {.inner_steps = 1, .inner = {.lr = 1.0f}, .compress = {.rank = 2}});
+    double delta_norm = 0.0, at10 = 0.0, worst = 0.0;
+    for (int round = 0; round < 40; ++round) {
+      const auto g = normals(32 * 24, 100 + static_cast<unsigned>(round * 7 + comm.rank()), 0.1f);
+      double n = 0.0;
+      for (float x : g) n += static_cast<double>(x) * x;
+      delta_norm = std::max(delta_norm, std::sqrt(n));
+      REQUIRE(t.step(std::vector<std::vector<float>>{g}));
+      double e = 0.0;
+      const auto res = t.compression_residual();
+      for (std::size_t i = 0; i < res.size(); ++i) e += static_cast<double>(res[i]) * res[i];
+      if (round == 10) at10 = std::sqrt(e);
+      worst = std::max(worst, std::sqrt(e));
+    }
+    // The residual collects what rank 2 cannot say, but the power iteration
+    // sends its largest directions every round: it levels off rather than
+    // growing with the rounds (a sum of 40 unsent deltas would be ~6x one).
+    MESSAGE("residual at round 10 ", at10, ", worst ", worst, ", largest delta ", delta_norm);
+    CHECK(at10 > 0.0);
+    CHECK(worst <= 5.0 * delta_norm);
+    CHECK(worst <= 2.0 * at10);
+  });
+}
+
+TEST_CASE("low_rank: replicas agree bit for bit, M = 1, 2, 3, 4, 7, and the residual and Q are checkpoint state") {
+  for (int m : {1, 2, 3, 4, 7}) {
+    CAPTURE(m);
+    std::vector<std::vector<float>> seen(static_cast<std::size_t>(m));
+    dc::comm::threads::world world(m);
+    world.run([&](dc::comm::threads& comm) {
+      std::vector<float> w(24 * 16, 0.0f), b(16, 0.0f);
+      std::vector<dc::matrix_view<float>> params{{w.data(), 24, 16}, {b.data(), 16, 1}};
+      dc::algorithm<dc::inner::sgd, dc::outer::nesterov, cp::low_rank, dc::comm::threads> t(
+          params, comm, {.inner_steps = 2, .inner = {.lr = 0.5f}, .compress = {.rank = 3, .seed = 9}});
+      for (int s = 0; s < 6; ++s)
+        t.step(std::vector<std::vector<float>>{normals(24 * 16, 50 + static_cast<unsigned>(s * 11 + comm.rank())),
+                                               normals(16, 60 + static_cast<unsigned>(s + comm.rank()))});
+      const auto g = t.global_parameters();
+      seen[static_cast<std::size_t>(comm.rank())].assign(g.data(), g.data() + g.size());
+      bool residual = false, q = false;
+      for (const auto& e : t.state()) {
+        residual = residual || e.name.find(".residual") != std::string::npos;
+        q = q || e.name.find(".low_rank_q") != std::string::npos;
+      }
+      CHECK(residual);
+      CHECK(q);
+    });
+    for (int r = 1; r < m; ++r)
+      CHECK(std::memcmp(seen[static_cast<std::size_t>(r)].data(), seen[0].data(), seen[0].size() * 4) == 0);
+  }
+}
+
+TEST_CASE("low_rank options: rank 0 is a config_error") {
+  CHECK_THROWS_WITH_AS(cp::low_rank::validate({.rank = 0}), doctest::Contains("rank must lie in [1, 4096]"),
+                       dc::config_error);
+}
+
+namespace {
+
+class flaky_gather : public threads_host_link {
+ public:
+  flaky_gather(dc::comm::threads& c, int victim, int which) : threads_host_link(c), victim_(victim), which_(which) {}
+  void arm() { armed_ = 1; }
+  void all_gather(std::span<const std::byte> s, std::span<std::byte> r) {
+    threads().all_gather(s, r);
+    // Arm, then count the round's gathers: flip a payload byte of rank 1's
+    // segment in the `which`-th (1: P, 2: Q).
+    if (armed_ > 0 && armed_++ == which_ && rank() == victim_) r[s.size() + 70] ^= std::byte{0x20};
+  }
+
+ private:
+  int victim_, which_, armed_ = 0;
+};
+
+}  // namespace
+
+TEST_CASE("low_rank: a corrupt P or Q segment is refused with format_error on every rank, theta_global unchanged") {
+  for (int which : {1, 2}) {
+    CAPTURE(which);
+    constexpr int m = 3;
+    std::atomic<int> precise{0};
+    dc::comm::threads::world world(m);
+    world.run([&](dc::comm::threads& inner) {
+      flaky_gather comm(inner, 2, which);
+      std::vector<float> w(30 * 20, 0.0f);
+      std::vector<dc::matrix_view<float>> params{{w.data(), 30, 20}};
+      dc::algorithm<dc::inner::sgd, dc::outer::nesterov, cp::low_rank, flaky_gather> t(
+          params, comm, {.inner_steps = 1, .inner = {.lr = 1.0f}, .compress = {.rank = 2}});
+      const auto g = normals(600, 80 + static_cast<unsigned>(comm.rank()));
+      CHECK(t.step(std::vector<std::vector<float>>{g}));
+      const auto gl = t.global_parameters();
+      const std::vector<float> before(gl.data(), gl.data() + gl.size());
+      comm.arm();
+      try {
+        t.step(std::vector<std::vector<float>>{g});
+        FAIL("the corrupt round was applied");
+      } catch (const dc::format_error& e) {
+        const std::string what = e.what();
+        if (comm.rank() == 2) {
+          if (what.find("checksum mismatch") != std::string::npos) precise.fetch_add(1);
+        } else {
+          CHECK(what.find("rank(s) 2 received corrupt compressed data") != std::string::npos);
+        }
+      }
+      CHECK(std::memcmp(gl.data(), before.data(), before.size() * 4) == 0);
+      CHECK(t.step(std::vector<std::vector<float>>{g}));
+    });
+    CHECK(precise.load() == 1);
+  }
+}
