@@ -107,6 +107,40 @@ struct round_findings {
   }
 };
 
+// A host engine's part of the round's agreement: what this rank found in
+// the round (found_), its own result so far (out_), and the M vote slots
+// the reducer's all-reduce sums (this rank's verdict in its own slot).
+class host_ballot {
+ public:
+  float* vote_data() { return slots_.data(); }
+  std::size_t vote_count() const { return slots_.size(); }
+  // The round's outcome, once the votes are summed.
+  template <class Exec>
+  compress::exchange_result result(Exec&) const {
+    compress::exchange_result out = out_;
+    found_.read(slots_, out);
+    return out;
+  }
+
+ protected:
+  explicit host_ballot(int world) : slots_(static_cast<std::size_t>(world), 0.0f) {}
+  // A round begins: nothing found yet.
+  void open_round() {
+    out_ = {};
+    found_ = {};
+  }
+  // This rank's vote (round_findings::vote) in its slot, zeros elsewhere.
+  void cast(int rank) {
+    std::fill(slots_.begin(), slots_.end(), 0.0f);
+    slots_[static_cast<std::size_t>(rank)] = found_.vote();
+  }
+  compress::exchange_result out_;
+  round_findings found_;
+
+ private:
+  std::vector<float> slots_;
+};
+
 }  // namespace diloco::detail
 
 namespace diloco::detail {
@@ -141,7 +175,7 @@ void visit_residual(Visitor& v, std::string_view prefix, Residual& residual, boo
 namespace diloco::compress {
 
 template <class Compressor, class Space>
-class compressed_mean {
+class compressed_mean : public diloco::detail::host_ballot {
  public:
   using codec_type = typename Compressor::codec;
 
@@ -149,7 +183,12 @@ class compressed_mean {
   // in every segment header; 0 for the whole model).
   compressed_mean(const parameter_set<float, Space>& params, int world, int rank,
                   const typename Compressor::options& opts, std::uint32_t fragment = 0)
-      : codec_(Compressor::make_codec(opts)), seed_(diloco::detail::stream_seed<Compressor>(opts, fragment)), world_(world), rank_(rank), fragment_(fragment) {
+      : host_ballot(world),
+        codec_(Compressor::make_codec(opts)),
+        seed_(diloco::detail::stream_seed<Compressor>(opts, fragment)),
+        world_(world),
+        rank_(rank),
+        fragment_(fragment) {
     std::vector<std::size_t> sizes;
     for (std::size_t k = 0; k < params.count(); ++k) {
       sizes.push_back(params[k].size());
@@ -166,7 +205,6 @@ class compressed_mean {
     recv_ = host_buffer<std::byte>(m * slot_);
     reduced_ = host_buffer<std::byte>(slot_);
     gathered_ = host_buffer<std::byte>(m * slot_);
-    verdict_.assign(m, 0.0f);
     received_.assign(m, nullptr);
     if constexpr (Compressor::has_error_feedback) {
       residual_ = host_buffer<float>(params.total());
@@ -196,8 +234,7 @@ class compressed_mean {
   // 1. encode every shard (shard k is meant for rank k).
   template <class Exec>
   void encode(Exec& exec, const float* global, std::uint64_t round) {
-    out_ = {};
-    found_ = {};
+    open_round();
     round_ = round;
     const kernels::tensor_table table{local_.data(), offset_.data()};
     const std::uint64_t stream1 = kernels::make_stream(seed_, round, static_cast<std::uint64_t>(rank_), 1);
@@ -289,20 +326,10 @@ class compressed_mean {
         found_.local_problem = e.what();
       }
     }
-    std::fill(verdict_.begin(), verdict_.end(), 0.0f);
-    verdict_[static_cast<std::size_t>(rank_)] = found_.vote();
+    cast(rank_);
   }
-  // 6. agree on the round (round_findings::vote): summed over the ranks.
-  float* vote_data() { return verdict_.data(); }
-  std::size_t vote_count() const { return verdict_.size(); }
-
-  // The round's outcome, once the votes are summed.
-  template <class Exec>
-  exchange_result result(Exec&) const {
-    exchange_result out = out_;
-    found_.read(verdict_, out);
-    return out;
-  }
+  // 6. agree on the round: vote_data() summed over the ranks, then result()
+  // (diloco::detail::host_ballot).
 
   // Stage 7: decode the mean, outer step, copy-back; then keep the new
   // error-feedback residual.
@@ -344,12 +371,8 @@ class compressed_mean {
   std::size_t slot_ = 0;
   host_buffer<std::byte> send_, recv_, reduced_, gathered_;
   host_buffer<float> residual_, next_residual_;
-  std::vector<float> verdict_;
   std::vector<const std::byte*> received_;
-  // The exchange in progress.
-  std::uint64_t round_ = 0;
-  exchange_result out_;
-  diloco::detail::round_findings found_;
+  std::uint64_t round_ = 0;  // of the exchange in progress
 };
 
 }  // namespace diloco::compress

@@ -40,7 +40,7 @@
 namespace diloco::compress {
 
 template <class Compressor, class Space>
-class gathered_mean {
+class gathered_mean : public diloco::detail::host_ballot {
   static_assert(std::is_same_v<Space, host_space>,
                 "a gathered (sparse) compressor such as chunk_topk has no device form yet: keep its parameters in "
                 "host memory");
@@ -50,7 +50,8 @@ class gathered_mean {
 
   gathered_mean(const parameter_set<float, Space>& params, int world, int rank, const typename Compressor::options& opts,
                 std::uint32_t fragment = 0)
-      : codec_(Compressor::make_codec(opts)),
+      : host_ballot(world),
+        codec_(Compressor::make_codec(opts)),
         seed_(diloco::detail::stream_seed<Compressor>(opts, fragment)),
         decay_(feedback_decay(opts)),
         world_(world),
@@ -69,7 +70,6 @@ class gathered_mean {
     const auto m = static_cast<std::size_t>(world);
     send_ = host_buffer<std::byte>(slot_);
     gathered_ = host_buffer<std::byte>(m * slot_);
-    verdict_.assign(m, 0.0f);
     payloads_.assign(m, nullptr);
     if constexpr (Compressor::has_error_feedback) {
       residual_ = host_buffer<float>(params.total());
@@ -87,8 +87,7 @@ class gathered_mean {
   // 1. encode the whole fragment into this rank's segment.
   template <class Exec>
   void encode(Exec& exec, const float* global, std::uint64_t round) {
-    out_ = {};
-    found_ = {};
+    open_round();
     round_ = round;
     const kernels::tensor_table table{local_.data(), offset_.data()};
     const std::uint64_t stream = kernels::make_stream(seed_, round, static_cast<std::uint64_t>(rank_), 1);
@@ -118,12 +117,10 @@ class gathered_mean {
     double total = 0.0;
     for (int k = 0; k < world_ && found_.local_problem.empty(); ++k) {
       const std::byte* seg = gathered_.data() + static_cast<std::size_t>(k) * slot_;
-      const wire::header want = expected(k, 0.0f);
       const std::string where = diloco::detail::concat("gathered round ", round_, ", segment from rank ", k, " on rank ", rank_);
       try {
         const auto h = validate_segment(codec_, std::span<const std::byte>(seg, slot_),
-                                        {want.codec, want.flags, want.block_size, want.sender, want.elements,
-                                         want.payload_bytes, want.round, want.fragment},
+                                        wire::expectation::of(expected(k, 0.0f)),
                                         layout_.blocks(), layout_.block_count(), where.c_str(), false, world_);
         found_.sender(h, k);
         total += h.norm;
@@ -136,18 +133,9 @@ class gathered_mean {
     // fit in fp32 (each decoded value is at most its sender's norm).
     if (found_.local_problem.empty() && found_.bad_senders.empty() && !(total <= std::numeric_limits<float>::max()))
       found_.bad_shards = "all ranks together (sum of norms overflows fp32)";
-    std::fill(verdict_.begin(), verdict_.end(), 0.0f);
-    verdict_[static_cast<std::size_t>(rank_)] = found_.vote();
+    cast(rank_);
   }
-  // 4. agree on the round: summed over the ranks.
-  float* vote_data() { return verdict_.data(); }
-  std::size_t vote_count() const { return verdict_.size(); }
-  template <class Exec>
-  exchange_result result(Exec&) const {
-    exchange_result out = out_;
-    found_.read(verdict_, out);
-    return out;
-  }
+  // 4. agree on the round: vote_data() summed over the ranks, then result().
 
   // 5. decode and sum in rank order, outer step, copy-back; keep the new
   // residual.
@@ -188,11 +176,8 @@ class gathered_mean {
   std::size_t stride_ = 0, payload_ = 0, slot_ = 0;
   host_buffer<std::byte> send_, gathered_;
   host_buffer<float> residual_, next_residual_;
-  std::vector<float> verdict_;
   std::vector<const std::byte*> payloads_;
   std::uint64_t round_ = 0;
-  exchange_result out_;
-  diloco::detail::round_findings found_;
 };
 
 }  // namespace diloco::compress

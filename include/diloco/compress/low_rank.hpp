@@ -98,13 +98,13 @@ inline void orthonormalise(float* p, std::size_t rows, std::size_t r) {
 }  // namespace detail_low_rank
 
 template <class Space>
-class low_rank_mean {
+class low_rank_mean : public diloco::detail::host_ballot {
   static_assert(std::is_same_v<Space, host_space>, "low_rank has no device form yet: keep its parameters in host memory");
 
  public:
   low_rank_mean(const parameter_set<float, Space>& params, int world, int rank, const low_rank_options& opts,
                 std::uint32_t fragment = 0)
-      : r_(opts.rank), world_(world), rank_(rank), fragment_(fragment) {
+      : host_ballot(world), r_(opts.rank), world_(world), rank_(rank), fragment_(fragment) {
     low_rank::validate(opts);
     std::size_t p_floats = 0, q_floats = 0, q_state = 0;
     for (std::size_t k = 0; k < params.count(); ++k) {
@@ -137,12 +137,10 @@ class low_rank_mean {
     p_mean_.assign(p_floats_, 0.0f);
     q_mean_.assign(q_floats_, 0.0f);
     for (std::size_t i = 0; i < q_state; ++i) q_[i] = detail_low_rank::normal(opts.seed ^ 0x6c6f775f72616e6bULL, i);
-    verdict_.assign(m, 0.0f);
   }
 
   std::size_t slot_bytes() const { return std::max(slot1_, slot2_); }
   std::span<const float> residual() const { return {residual_.data(), residual_.size()}; }
-  std::size_t matrix_count() const { return mats_.size(); }
   // The residual and the warm-started Q are state.
   template <class Visitor>
   void visit_state(Visitor& v, std::string_view prefix) {
@@ -153,8 +151,7 @@ class low_rank_mean {
   // 1. M = delta + residual; P_w = M Q; vectors' deltas; segment 1.
   template <class Exec>
   void encode(Exec&, const float* global, std::uint64_t round) {
-    out_ = {};
-    found_ = {};
+    open_round();
     round_ = round;
     double delta_sq = 0.0;
     float* p = payload(send1_.data());
@@ -247,17 +244,9 @@ class low_rank_mean {
       for (float x : q_mean_) finite = finite && std::isfinite(x);
       if (!finite) found_.bad_shards = "the low-rank factors";
     }
-    std::fill(verdict_.begin(), verdict_.end(), 0.0f);
-    verdict_[static_cast<std::size_t>(rank_)] = found_.vote();
+    cast(rank_);
   }
-  float* vote_data() { return verdict_.data(); }
-  std::size_t vote_count() const { return verdict_.size(); }
-  template <class Exec>
-  exchange_result result(Exec&) const {
-    exchange_result out = out_;
-    found_.read(verdict_, out);
-    return out;
-  }
+  // Then vote_data() summed over the ranks, and result().
 
   // 6. the mean P^ Q^T (and the vectors' mean), outer step, merge; keep the
   // residual and warm-start Q with the mean Q.
@@ -317,13 +306,11 @@ class low_rank_mean {
     if (!found_.local_problem.empty()) return;
     for (int k = 0; k < world_; ++k) {
       const std::byte* seg = all + static_cast<std::size_t>(k) * slot;
-      const wire::header want = header(exchange, k, 0.0f);
       const std::string where = diloco::detail::concat("low-rank round ", round_, ", ", exchange == 1 ? "P" : "Q",
                                                        " segment from rank ", k, " on rank ", rank_);
       try {
         const auto h = wire::read_header(std::span<const std::byte>(seg, slot),
-                                         {want.codec, want.flags, want.block_size, want.sender, want.elements,
-                                          want.payload_bytes, want.round, want.fragment},
+                                         wire::expectation::of(header(exchange, k, 0.0f)),
                                          where.c_str());
         if (exchange == 1) found_.sender(h, k);
       } catch (const format_error& e) {
@@ -349,10 +336,7 @@ class low_rank_mean {
   host_buffer<std::byte> send1_, send2_, gathered1_, gathered2_;
   host_buffer<float> residual_, next_residual_, work_, q_;
   std::vector<float> p_mean_, q_mean_;
-  std::vector<float> verdict_;
   std::uint64_t round_ = 0;
-  exchange_result out_;
-  diloco::detail::round_findings found_;
 };
 
 }  // namespace diloco::compress

@@ -131,6 +131,11 @@ struct expectation {
   std::uint64_t payload_bytes;
   std::uint64_t round;
   std::uint32_t fragment = 0;
+
+  // What a receiver expects of a segment it would itself write as `h`.
+  static expectation of(const header& h) {
+    return {h.codec, h.flags, h.block_size, h.sender, h.elements, h.payload_bytes, h.round, h.fragment};
+  }
 };
 
 // Validates `bytes` (a received slot: the segment and any padding after it)

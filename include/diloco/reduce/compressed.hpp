@@ -2,173 +2,65 @@
 
 // The reducer for lossy codecs: the compressed mean's protocol (encode,
 // all-to-all, reduce the shard, all-gather, vote; compress/compressed_mean.hpp
-// says why) written once as a state machine, over the per-space operations of
-// compress::compressed_mean<C, host_space> (fused host passes) and
-// <C, device_space> (team programs, device checksums). With an async host
-// communicator and an overlapping schedule each collective is started
-// non-blocking and the next stage runs when poll() finds it complete, between
-// inner steps; otherwise begin() runs every stage at once through the
-// engine's transport (device buffers: staged or handed to a device
-// communicator), which gives the same bits.
+// says why) on reduce::staged's state machine, over the per-space operations
+// of compress::compressed_mean<C, host_space> (fused host passes) and
+// <C, device_space> (team programs, device checksums).
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <span>
-#include <string_view>
 #include <type_traits>
 
-#include "diloco/comm/detail/transport.hpp"
 #include "diloco/compress/compressed_mean.hpp"
-#include "diloco/core/concepts.hpp"
-#include "diloco/reduce/verdict.hpp"
+#include "diloco/reduce/staged.hpp"
 #include "diloco/tensor/parameter_set.hpp"
 
 namespace diloco::reduce {
 
 template <class Compressor, class Comm, class Space, class Exec>
-class compressed {
+class compressed
+    : public staged<compressed<Compressor, Comm, Space, Exec>, compress::compressed_mean<Compressor, Space>, Comm, Space,
+                    Exec> {
   using engine_type = compress::compressed_mean<Compressor, Space>;
-  static constexpr bool staged_async = async_host_communicator<Comm> && std::is_same_v<Space, host_space>;
+  using base = staged<compressed, engine_type, Comm, Space, Exec>;
+  friend base;
 
  public:
-  using transport = detail::wire_transport<Comm, Space, Exec>;
-
+  // The fragment id goes into every segment header and seeds the
+  // fragment's stochastic-rounding streams (diloco::detail::stream_seed).
   compressed(const parameter_set<float, Space>& params, int world, int rank, const typename Compressor::options& opts,
-             std::uint32_t fragment, Exec& exec) {
-    // The fragment id goes into every segment header and seeds the
-    // fragment's stochastic-rounding streams (diloco::detail::stream_seed).
-    if constexpr (std::is_same_v<Space, host_space>) {
-      (void)exec;
-      engine_ = std::make_unique<engine_type>(params, world, rank, opts, fragment);
-    } else {
-      engine_ = std::make_unique<engine_type>(params, world, rank, opts, exec, fragment);
-    }
-  }
-
-  std::size_t slot_bytes() const { return engine_->slot_bytes(); }
-  auto residual() const { return engine_->residual(); }
-  template <class Visitor>
-  void visit_state(Visitor& v, std::string_view prefix) {
-    engine_->visit_state(v, prefix);
-  }
-
-  void begin(Exec& exec, Comm& comm, transport& link, const float* ref, std::uint64_t round, bool overlap) {
-    async_ = staged_async && overlap;
-    engine_->encode(exec, ref, round);
-    stage_ = stage::all_to_all;
-    start(exec, comm, link);
-  }
-
-  // Drops the exchange in flight (elastic recovery): the pending collective
-  // is waited for and its result ignored; the residual was not committed.
-  void abort() {
-    pending_ = {};
-    stage_ = stage::done;
-  }
-
-  // Runs every stage whose collective has completed; true when the whole
-  // exchange has.
-  bool poll(Exec& exec, Comm& comm, transport& link) {
-    while (stage_ != stage::done) {
-      if (!pending_.test()) return false;
-      advance(exec, comm, link);
-    }
-    return true;
-  }
-
-  verdict wait(Exec& exec, Comm& comm, transport& link) {
-    while (stage_ != stage::done) {
-      pending_.wait();
-      advance(exec, comm, link);
-    }
-    return out_;
-  }
-
-  template <class Update, class Merge>
-  void apply(Exec& exec, const Update& update, float* global, float* state, std::size_t stride, const Merge& merge) {
-    engine_->apply(exec, update, global, state, stride, merge);
-  }
+             std::uint32_t fragment, Exec& exec)
+      : base(make(params, world, rank, opts, fragment, exec)) {}
 
  private:
-  // The protocol: stage_ names the collective in flight (or just done).
-  enum class stage { all_to_all, all_gather, vote, done };
-
-  // Starts the current stage's collective: non-blocking when overlapping
-  // (poll/wait finish it), else blocking through the transport (staged for
-  // device buffers and a host communicator); a world of one copies.
-  void start(Exec& exec, Comm& comm, transport& link) {
-    engine_type& e = *engine_;
-    const bool alone = comm.size() == 1;
-    if constexpr (staged_async) {
-      if (async_ && !alone) {
-        switch (stage_) {
-          case stage::all_to_all:
-            pending_.req = comm.iall_to_all(std::span<const std::byte>(e.send_data(), e.exchange_bytes()),
-                                            std::span<std::byte>(e.recv_data(), e.exchange_bytes()));
-            return;
-          case stage::all_gather:
-            pending_.req = comm.iall_gather(std::span<const std::byte>(e.reduced_data(), e.slot_bytes()),
-                                            std::span<std::byte>(e.gathered_data(), e.exchange_bytes()));
-            return;
-          case stage::vote:
-            pending_.req = comm.iall_reduce(std::span<float>(e.vote_data(), e.vote_count()), reduce_op::sum);
-            return;
-          case stage::done:
-            return;
-        }
-      }
-    }
-    switch (stage_) {
-      case stage::all_to_all:
-        if (alone)
-          e.self_all_to_all(exec);
-        else
-          link.all_to_all(comm, exec, e.send_data(), e.recv_data(), e.exchange_bytes());
-        break;
-      case stage::all_gather:
-        if (alone)
-          e.self_all_gather(exec);
-        else
-          link.all_gather(comm, exec, e.reduced_data(), e.slot_bytes(), e.gathered_data());
-        break;
-      case stage::vote:
-        if (!alone) link.all_reduce(comm, exec, e.vote_data(), e.vote_count(), reduce_op::sum);
-        break;
-      case stage::done:
-        return;
-    }
-    // Blocking: the collective is complete, go on at once.
-    advance(exec, comm, link);
+  static std::unique_ptr<engine_type> make(const parameter_set<float, Space>& params, int world, int rank,
+                                           const typename Compressor::options& opts, std::uint32_t fragment, Exec& exec) {
+    if constexpr (std::is_same_v<Space, host_space>)
+      return (void)exec, std::make_unique<engine_type>(params, world, rank, opts, fragment);
+    else
+      return std::make_unique<engine_type>(params, world, rank, opts, exec, fragment);
   }
 
-  // The current stage's collective has completed: run the operations after
-  // it and start the next collective.
-  void advance(Exec& exec, Comm& comm, transport& link) {
-    switch (stage_) {
-      case stage::all_to_all:
-        engine_->reduce(exec);
-        stage_ = stage::all_gather;
-        break;
-      case stage::all_gather:
-        engine_->check_gathered(exec);
-        stage_ = stage::vote;
-        break;
-      case stage::vote:
-        out_ = engine_->result(exec);
-        stage_ = stage::done;
-        return;
-      case stage::done:
-        return;
-    }
-    start(exec, comm, link);
+  // all-to-all of the encoded shards, then reduce; all-gather of the
+  // reduced shards, then check them.
+  static constexpr std::size_t exchanges = 2;
+  collective exchange(std::size_t i) {
+    engine_type& e = *this->engine_;
+    if (i == 0) return {collective::kind::all_to_all, e.send_data(), e.recv_data(), e.exchange_bytes()};
+    return {collective::kind::all_gather, e.reduced_data(), e.gathered_data(), e.slot_bytes()};
   }
-
-  std::unique_ptr<engine_type> engine_;
-  stage stage_ = stage::done;
-  bool async_ = false;
-  verdict out_;
-  pending<Comm> pending_;
+  void alone(std::size_t i, Exec& exec) {
+    if (i == 0)
+      this->engine_->self_all_to_all(exec);
+    else
+      this->engine_->self_all_gather(exec);
+  }
+  void after(std::size_t i, Exec& exec) {
+    if (i == 0)
+      this->engine_->reduce(exec);
+    else
+      this->engine_->check_gathered(exec);
+  }
 };
 
 }  // namespace diloco::reduce

@@ -1,0 +1,165 @@
+#pragma once
+
+// The state machine every engine-backed reducer runs (reduce::compressed,
+// reduce::gathered, reduce::factored): encode, then a fixed list of
+// collectives, each followed by the engine's operations on what arrived,
+// then the vote (a tiny all-reduce of each rank's verdict) and the result.
+// With an async host communicator and an overlapping schedule each
+// collective is started non-blocking and the next stage runs when poll()
+// finds it complete, between inner steps; otherwise begin() runs every stage
+// at once through the engine's transport (device buffers: staged or handed
+// to a device communicator), which gives the same bits. A world of one
+// copies instead of calling the communicator.
+//
+// A reducer derives from staged<Derived, Engine, Comm, Space, Exec> and says
+// its protocol:
+//   static constexpr std::size_t exchanges;     collectives before the vote
+//   collective exchange(std::size_t i);         the i-th one's buffers
+//   void alone(std::size_t i, Exec&);           its copy in a world of one
+//   void after(std::size_t i, Exec&);           the operations once it completed
+// The engine provides encode(exec, ref, round), vote_data(), vote_count(),
+// result(exec), apply(...), slot_bytes(), residual(), visit_state(...).
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+#include "diloco/comm/detail/transport.hpp"
+#include "diloco/core/comm_types.hpp"
+#include "diloco/core/concepts.hpp"
+#include "diloco/reduce/verdict.hpp"
+
+namespace diloco::reduce {
+
+// One byte collective of a protocol: an all-to-all of `bytes` in total, or
+// an all-gather of `bytes` per rank.
+struct collective {
+  enum class kind { all_to_all, all_gather } op;
+  const std::byte* send;
+  std::byte* recv;
+  std::size_t bytes;
+};
+
+template <class Derived, class Engine, class Comm, class Space, class Exec>
+class staged {
+  static constexpr bool staged_async = async_host_communicator<Comm> && std::is_same_v<Space, host_space>;
+
+ public:
+  using transport = detail::wire_transport<Comm, Space, Exec>;
+
+  std::size_t slot_bytes() const { return engine_->slot_bytes(); }
+  auto residual() const { return engine_->residual(); }
+  template <class Visitor>
+  void visit_state(Visitor& v, std::string_view prefix) {
+    engine_->visit_state(v, prefix);
+  }
+
+  void begin(Exec& exec, Comm& comm, transport& link, const float* ref, std::uint64_t round, bool overlap) {
+    async_ = staged_async && overlap;
+    engine_->encode(exec, ref, round);
+    stage_ = 0;
+    start(exec, comm, link);
+  }
+
+  // Drops the exchange in flight (elastic recovery): the pending collective
+  // is waited for and its result ignored; the residual was not committed.
+  void abort() {
+    pending_ = {};
+    stage_ = done;
+  }
+
+  // Runs every stage whose collective has completed; true when the whole
+  // exchange has.
+  bool poll(Exec& exec, Comm& comm, transport& link) {
+    while (stage_ != done) {
+      if (!pending_.test()) return false;
+      advance(exec, comm, link);
+    }
+    return true;
+  }
+
+  verdict wait(Exec& exec, Comm& comm, transport& link) {
+    while (stage_ != done) {
+      pending_.wait();
+      advance(exec, comm, link);
+    }
+    return out_;
+  }
+
+  template <class Update, class Merge>
+  void apply(Exec& exec, const Update& update, float* global, float* state, std::size_t stride, const Merge& merge) {
+    engine_->apply(exec, update, global, state, stride, merge);
+  }
+
+ protected:
+  explicit staged(std::unique_ptr<Engine> engine) : engine_(std::move(engine)) {}
+  std::unique_ptr<Engine> engine_;
+
+ private:
+  // stage_ names the collective in flight (or just done): exchanges 0..n-1,
+  // then the vote, then done.
+  static constexpr std::size_t vote = Derived::exchanges;
+  static constexpr std::size_t done = vote + 1;
+
+  Derived& self() { return static_cast<Derived&>(*this); }
+
+  // Starts the current stage's collective: non-blocking when overlapping
+  // (poll/wait finish it), else blocking through the transport.
+  void start(Exec& exec, Comm& comm, transport& link) {
+    if (stage_ == done) return;
+    const bool alone = comm.size() == 1;
+    if constexpr (staged_async) {
+      if (async_ && !alone) {
+        if (stage_ == vote) {
+          pending_.req = comm.iall_reduce(std::span<float>(engine_->vote_data(), engine_->vote_count()), reduce_op::sum);
+        } else {
+          const collective c = self().exchange(stage_);
+          const std::size_t recv = c.op == collective::kind::all_gather ? c.bytes * static_cast<std::size_t>(comm.size())
+                                                                        : c.bytes;
+          const std::span<const std::byte> s(c.send, c.bytes);
+          const std::span<std::byte> r(c.recv, recv);
+          pending_.req = c.op == collective::kind::all_gather ? comm.iall_gather(s, r) : comm.iall_to_all(s, r);
+        }
+        return;
+      }
+    }
+    if (stage_ == vote) {
+      if (!alone) link.all_reduce(comm, exec, engine_->vote_data(), engine_->vote_count(), reduce_op::sum);
+    } else if (alone) {
+      self().alone(stage_, exec);
+    } else {
+      const collective c = self().exchange(stage_);
+      if (c.op == collective::kind::all_gather)
+        link.all_gather(comm, exec, c.send, c.bytes, c.recv);
+      else
+        link.all_to_all(comm, exec, c.send, c.recv, c.bytes);
+    }
+    // Blocking: the collective is complete, go on at once.
+    advance(exec, comm, link);
+  }
+
+  // The current stage's collective has completed: run the operations after
+  // it and start the next collective.
+  void advance(Exec& exec, Comm& comm, transport& link) {
+    if (stage_ == done) return;
+    if (stage_ == vote) {
+      out_ = engine_->result(exec);
+      stage_ = done;
+      return;
+    }
+    self().after(stage_, exec);
+    ++stage_;
+    start(exec, comm, link);
+  }
+
+  std::size_t stage_ = done;
+  bool async_ = false;
+  verdict out_;
+  pending<Comm> pending_;
+};
+
+}  // namespace diloco::reduce
