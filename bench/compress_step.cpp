@@ -19,6 +19,37 @@ namespace cp = diloco::compress;
 
 namespace {
 
+// One worker's round over one tensor of n parameters: theta_global, the
+// error-feedback residual and its successor, the outer momentum (flat), and
+// the replica the tensor table points at.
+struct round_buffers {
+  struct flat_buffers {
+    std::vector<float> global, residual, next, momentum;
+  } flat;
+  std::vector<float> local;
+  std::vector<float*> ptrs;
+  std::vector<std::size_t> offsets{0};
+  explicit round_buffers(std::size_t n) : flat{std::vector<float>(n), std::vector<float>(n), std::vector<float>(n), std::vector<float>(n)}, local(n) {
+    bench::fill(flat.global, 1.0f);
+    bench::fill(local, 0.999f);
+    bench::fill(flat.residual, 0.0f);
+    bench::fill(flat.next, 0.0f);
+    bench::fill(flat.momentum, 0.0f);
+    ptrs = {local.data()};
+  }
+  dc::kernels::tensor_table table() const { return {ptrs.data(), offsets.data()}; }
+};
+
+// The encode pass's rows: bytes it must move per parameter and its rate
+// against triad's.
+void print_encode(const std::string& p, double enc, double encode_bytes, double gn, double t_encode, double triad_gbps) {
+  bench::print(p + "triad_gbps", triad_gbps);
+  bench::print(p + "encoded_bytes_per_param", enc);
+  bench::print(p + "encode_bytes_per_param", encode_bytes);
+  bench::print(p + "encode_gbps", encode_bytes * gn / t_encode);
+  bench::print(p + "encode_vs_triad", encode_bytes * gn / t_encode / triad_gbps);
+}
+
 template <class Compressor, class Triad>
 void run(const char* name, std::size_t n, int world, int reps, Triad&& triad) {
   using codec = typename Compressor::codec;
@@ -26,16 +57,11 @@ void run(const char* name, std::size_t n, int world, int reps, Triad&& triad) {
   const cp::block_layout layout({n}, codec::block, world);
   const std::size_t stride = c.stride();
   const double enc = static_cast<double>(layout.block_count() * stride) / static_cast<double>(n);  // encoded B/param
-  std::vector<float> global(n), local(n), residual(n), next(n), momentum(n);
-  bench::fill(global, 1.0f);
-  bench::fill(local, 0.999f);
-  bench::fill(residual, 0.0f);
-  bench::fill(next, 0.0f);
-  bench::fill(momentum, 0.0f);
+  round_buffers b(n);
+  auto& [global, residual, next, momentum] = b.flat;
+  const dc::kernels::tensor_table table = b.table();
+  const std::vector<std::size_t>& offsets = b.offsets;
   std::vector<std::byte> payload(layout.block_count() * stride);
-  std::vector<float*> ptrs{local.data()};
-  std::vector<std::size_t> offsets{0};
-  const dc::kernels::tensor_table table{ptrs.data(), offsets.data()};
   dc::exec::host ex(bench::threads());
   constexpr bool ef = Compressor::has_error_feedback;
 
@@ -80,11 +106,7 @@ void run(const char* name, std::size_t n, int world, int reps, Triad&& triad) {
 
   const double gn = static_cast<double>(n) / 1e9;
   const std::string p = std::string(name) + ".";
-  bench::print(p + "triad_gbps", triad_gbps);
-  bench::print(p + "encoded_bytes_per_param", enc);
-  bench::print(p + "encode_bytes_per_param", encode_bytes);
-  bench::print(p + "encode_gbps", encode_bytes * gn / t_encode);
-  bench::print(p + "encode_vs_triad", encode_bytes * gn / t_encode / triad_gbps);
+  print_encode(p, enc, encode_bytes, gn, t_encode, triad_gbps);
   bench::print(p + "reduce_bytes_per_param", reduce_bytes);
   bench::print(p + "reduce_gbps", reduce_bytes * shard_elements / 1e9 / t_reduce);
   bench::print(p + "reduce_vs_triad", reduce_bytes * shard_elements / 1e9 / t_reduce / triad_gbps);
@@ -103,16 +125,10 @@ void run_gathered(const char* name, std::size_t n, int world, int reps, Triad&& 
   const cp::block_layout layout({n}, codec::block, 1);
   const std::size_t stride = c.stride();
   const double enc = static_cast<double>(layout.block_count() * stride) / static_cast<double>(n);
-  std::vector<float> global(n), local(n), residual(n), next(n), momentum(n);
-  bench::fill(global, 1.0f);
-  bench::fill(local, 0.999f);
-  bench::fill(residual, 0.0f);
-  bench::fill(next, 0.0f);
-  bench::fill(momentum, 0.0f);
+  round_buffers b(n);
+  auto& [global, residual, next, momentum] = b.flat;
+  const dc::kernels::tensor_table table = b.table();
   std::vector<std::byte> payload(layout.block_count() * stride);
-  std::vector<float*> ptrs{local.data()};
-  std::vector<std::size_t> offsets{0};
-  const dc::kernels::tensor_table table{ptrs.data(), offsets.data()};
   dc::exec::host ex(bench::threads());
   constexpr bool ef = Compressor::has_error_feedback;
   auto encode = [&] {
@@ -136,11 +152,7 @@ void run_gathered(const char* name, std::size_t n, int world, int reps, Triad&& 
   const double triad_gbps = 12.0 * static_cast<double>(n) / 1e9 / t[2];
   const double gn = static_cast<double>(n) / 1e9;
   const std::string p = std::string(name) + ".";
-  bench::print(p + "triad_gbps", triad_gbps);
-  bench::print(p + "encoded_bytes_per_param", enc);
-  bench::print(p + "encode_bytes_per_param", encode_bytes);
-  bench::print(p + "encode_gbps", encode_bytes * gn / t[0]);
-  bench::print(p + "encode_vs_triad", encode_bytes * gn / t[0] / triad_gbps);
+  print_encode(p, enc, encode_bytes, gn, t[0], triad_gbps);
   bench::print(p + "aggregate_apply_bytes_per_param", aggregate_bytes);
   bench::print(p + "aggregate_apply_gbps", aggregate_bytes * gn / t[1]);
   bench::print(p + "aggregate_apply_vs_triad", aggregate_bytes * gn / t[1] / triad_gbps);

@@ -6,6 +6,15 @@
 #include <random>
 #include <vector>
 
+// n normal floats of standard deviation `scale`, the same for the same seed.
+inline std::vector<float> random_normals(std::size_t n, std::uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
 // n floats uniform in [lo, hi), the same for the same seed everywhere.
 inline std::vector<float> random_floats(std::size_t n, std::uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
   std::mt19937 rng(seed);

@@ -14,6 +14,8 @@
 #include <random>
 #include <vector>
 
+#include "codec_round_trip.hpp"
+#include "random_inputs.hpp"
 #include "threads_link.hpp"
 
 namespace dc = diloco;
@@ -21,13 +23,6 @@ namespace cp = diloco::compress;
 
 namespace {
 
-std::vector<float> normals(std::size_t n, unsigned seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
 
 // The positions a chunk's segment names, read from the bytes.
 template <class Codec>
@@ -48,18 +43,6 @@ std::vector<unsigned> reference_topk(const std::vector<float>& v, std::size_t k)
   return idx;
 }
 
-template <class Codec>
-std::vector<float> encode(const Codec& c, const std::vector<float>& v, std::vector<std::byte>* bytes = nullptr) {
-  std::vector<std::byte> out(c.stride(), std::byte{0x77});
-  std::vector<float> dq(v.size()), back(v.size());
-  c.encode(v.data(), v.size(), out.data(), dq.data(), 0, 0);
-  c.decode(out.data(), v.size(), back.data());
-  for (std::size_t j = 0; j < v.size(); ++j) REQUIRE(std::memcmp(&dq[j], &back[j], 4) == 0);
-  REQUIRE(c.check(out.data(), v.size()) == nullptr);
-  if (bytes) *bytes = out;
-  return back;
-}
-
 }  // namespace
 
 TEST_CASE("chunk_topk selects exactly the K largest magnitudes, ties to the lower index") {
@@ -67,9 +50,9 @@ TEST_CASE("chunk_topk selects exactly the K largest magnitudes, ties to the lowe
   C c;
   for (std::size_t len : {std::size_t{64}, std::size_t{63}, std::size_t{9}, std::size_t{8}, std::size_t{5}, std::size_t{1}}) {
     CAPTURE(len);
-    auto v = normals(len, static_cast<unsigned>(len));
+    auto v = random_normals(len, static_cast<unsigned>(len));
     std::vector<std::byte> bytes;
-    const auto back = encode(c, v, &bytes);
+    const auto back = round_trip(c, v, 0, &bytes);
     CHECK(positions<C>(bytes, len) == reference_topk(v, 8));
     // Everything not selected decodes to zero; the selected ones within
     // int8's half step of amax / 127.
@@ -88,11 +71,11 @@ TEST_CASE("chunk_topk selects exactly the K largest magnitudes, ties to the lowe
     for (std::size_t j = 0; j < 64; j += 3) v[j] = -0.5f;
     v[40] = 2.0f;
     std::vector<std::byte> bytes;
-    encode(c, v, &bytes);
+    round_trip(c, v, 0, &bytes);
     CHECK(positions<C>(bytes, 64) == std::vector<unsigned>{0, 1, 2, 3, 4, 5, 6, 40});
   }
   SUBCASE("NaN counts as the largest magnitude: never dropped, the chunk visibly non-finite") {
-    auto v = normals(64, 3);
+    auto v = random_normals(64, 3);
     v[17] = std::nanf("");
     std::vector<float> dq(64);
     std::vector<std::byte> bytes(c.stride());
@@ -117,9 +100,9 @@ TEST_CASE("chunk_topk layout: 4 + K*bits/8 + K*ceil(log2 Chunk)/8 bytes, and 0.0
 TEST_CASE("chunk_topk: malformed segments are refused before decode") {
   using C = cp::chunk_topk_codec<16, 4, dc::int2, cp::round_nearest>;
   C c;
-  const auto v = normals(16, 8);
+  const auto v = random_normals(16, 8);
   std::vector<std::byte> good;
-  encode(c, v, &good);
+  round_trip(c, v, 0, &good);
   auto set_pos = [&](std::vector<std::byte> b, std::size_t e, unsigned p) {
     // Clear 4-bit position field e (Chunk 16), then write p.
     std::byte* base = b.data() + 4 + C::value_bytes;
@@ -132,7 +115,7 @@ TEST_CASE("chunk_topk: malformed segments are refused before decode") {
   CHECK(std::string(c.check(set_pos(good, 3, 15).data(), 12)) == "chunk_topk position beyond its chunk");
   // A partial chunk of 3 elements sends 3 entries; the 4th must be empty.
   std::vector<std::byte> part;
-  encode(c, std::vector<float>(v.begin(), v.begin() + 3), &part);
+  round_trip(c, std::vector<float>(v.begin(), v.begin() + 3), 0, &part);
   CHECK(std::string(c.check(set_pos(part, 3, 5).data(), 3)) == "chunk_topk entry beyond the chunk's count is not empty");
 }
 
@@ -144,8 +127,8 @@ TEST_CASE("error feedback with decay follows r' = beta (r + delta - sent) exactl
   const cp::block_layout layout({n}, codec::block, 1);
   for (float beta : {1.0f, 0.95f, 0.5f}) {
     CAPTURE(beta);
-    std::vector<float> global(n, 0.0f), local(n), r = normals(n, 4, 0.1f), r2(n);
-    const auto delta = normals(n, 5);
+    std::vector<float> global(n, 0.0f), local(n), r = random_normals(n, 4, 0.1f), r2(n);
+    const auto delta = random_normals(n, 5);
     for (std::size_t i = 0; i < n; ++i) local[i] = -delta[i];  // global - local = delta exactly
     std::vector<float*> ptrs{local.data()};
     std::vector<std::size_t> offs{0};
@@ -182,7 +165,7 @@ TEST_CASE("error feedback with decay 1 conserves mass over 50 rounds: sum of sen
     std::vector<double> total(n, 0.0);
     double scale = 0.0;
     for (int round = 0; round < 50; ++round) {
-      const auto g = normals(n, 100 + static_cast<unsigned>(round), 0.01f);
+      const auto g = random_normals(n, 100 + static_cast<unsigned>(round), 0.01f);
       for (std::size_t i = 0; i < n; ++i) total[i] += g[i], scale += std::fabs(g[i]);
       REQUIRE(t.step(g));
     }
@@ -205,7 +188,7 @@ TEST_CASE("the sparse mean equals the dense mean of the decoded segments, bit fo
     std::vector<std::vector<std::vector<float>>> grads(static_cast<std::size_t>(m)), seen(static_cast<std::size_t>(m));
     for (int r = 0; r < m; ++r)
       for (std::size_t t = 0; t < sizes.size(); ++t)
-        grads[static_cast<std::size_t>(r)].push_back(normals(sizes[t], static_cast<unsigned>(r * 10 + t + 1)));
+        grads[static_cast<std::size_t>(r)].push_back(random_normals(sizes[t], static_cast<unsigned>(r * 10 + t + 1)));
     dc::comm::threads::world world(m);
     world.run([&](dc::comm::threads& comm) {
       std::vector<std::vector<float>> theta;
@@ -225,7 +208,7 @@ TEST_CASE("the sparse mean equals the dense mean of the decoded segments, bit fo
         for (std::size_t s = 0; s < g.size(); s += 256) {
           const std::vector<float> chunk(g.begin() + static_cast<std::ptrdiff_t>(s),
                                          g.begin() + static_cast<std::ptrdiff_t>(std::min(g.size(), s + 256)));
-          const auto dq = encode(c, chunk);
+          const auto dq = round_trip(c, chunk);
           for (std::size_t j = 0; j < dq.size(); ++j) sum[s + j] = r == 0 ? dq[j] : sum[s + j] + dq[j];
         }
       }
@@ -247,7 +230,7 @@ TEST_CASE("SparseLoCo's 64 of 4096 in int2 on a 2^20-element tensor: at most 0.0
     std::vector<float> theta(n, 0.0f);
     dc::algorithm<dc::inner::sgd, dc::outer::nesterov, cp::error_feedback<cp::chunk_topk<>>, dc::comm::threads> t(
         theta, comm, {.inner_steps = 1, .inner = {.lr = 1.0f}, .compress = {.decay = 0.95f}});
-    REQUIRE(t.step(normals(n, 9 + static_cast<unsigned>(comm.rank()))));
+    REQUIRE(t.step(random_normals(n, 9 + static_cast<unsigned>(comm.rank()))));
     const double b = t.stats().encoded_bytes_per_parameter;
     MESSAGE("chunk_topk 64/4096 int2 on 2^20: ", b, " B/param");
     CHECK(b == doctest::Approx((256 * 116 + 64) / static_cast<double>(n)));
@@ -262,27 +245,6 @@ TEST_CASE("chunk_topk options are validated") {
   CHECK_THROWS_AS(cp::chunk_topk<>::validate({.decay = 1.5f}), dc::config_error);
 }
 
-namespace {
-
-// A threads communicator whose next all-gather once armed delivers one
-// flipped byte to `victim`.
-class flaky_gather : public threads_host_link {
- public:
-  flaky_gather(dc::comm::threads& c, int victim) : threads_host_link(c), victim_(victim) {}
-  void arm() { armed_ = true; }
-  void all_gather(std::span<const std::byte> s, std::span<std::byte> r) {
-    threads().all_gather(s, r);
-    // Byte 80 of rank 1's slot: inside its payload.
-    if (armed_ && rank() == victim_) r[s.size() + 80] ^= std::byte{0x10};
-    armed_ = false;
-  }
-
- private:
-  int victim_;
-  bool armed_ = false;
-};
-
-}  // namespace
 
 TEST_CASE("chunk_topk: corrupt bytes in transit are refused with format_error on every rank, theta_global unchanged") {
   constexpr int m = 3;
@@ -293,23 +255,13 @@ TEST_CASE("chunk_topk: corrupt bytes in transit are refused with format_error on
     std::vector<float> theta(500, 0.0f);
     dc::algorithm<dc::inner::sgd, dc::outer::nesterov, cp::error_feedback<cp::chunk_topk<128, 8>>, flaky_gather> t(
         theta, comm, {.inner_steps = 1, .inner = {.lr = 1.0f}});
-    const auto g = normals(500, 40 + static_cast<unsigned>(comm.rank()));
+    const auto g = random_normals(500, 40 + static_cast<unsigned>(comm.rank()));
     CHECK(t.step(g));
     const auto gl = t.global_parameters();
     const auto res = t.compression_residual();
     const std::vector<float> before(gl.data(), gl.data() + gl.size()), res0(res.data(), res.data() + res.size());
     comm.arm();
-    try {
-      t.step(g);
-      FAIL("the corrupt round was applied");
-    } catch (const dc::format_error& e) {
-      const std::string what = e.what();
-      if (comm.rank() == 2) {
-        if (what.find("checksum mismatch") != std::string::npos) precise.fetch_add(1);
-      } else {
-        CHECK(what.find("rank(s) 2 received corrupt compressed data") != std::string::npos);
-      }
-    }
+    expect_corrupt_round(comm.rank(), 2, [&] { t.step(g); }, precise);
     CHECK(std::memcmp(gl.data(), before.data(), before.size() * 4) == 0);
     CHECK(std::memcmp(res.data(), res0.data(), res0.size() * 4) == 0);
     CHECK(t.step(g));
@@ -333,9 +285,9 @@ void schedule_converges(typename S::options so) {
   std::vector<std::vector<float>> targets;
   // A shared optimum plus a little per-worker spread (sparsified workers
   // that disagree a lot keep a noise floor of their disagreement).
-  const auto common = normals(n, 69);
+  const auto common = random_normals(n, 69);
   for (int r = 0; r < m; ++r) {
-    targets.push_back(normals(n, 70 + static_cast<unsigned>(r), 0.05f));
+    targets.push_back(random_normals(n, 70 + static_cast<unsigned>(r), 0.05f));
     for (std::size_t i = 0; i < n; ++i) targets.back()[i] += common[i];
   }
   std::vector<float> mean(n, 0.0f);

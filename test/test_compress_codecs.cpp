@@ -11,6 +11,8 @@
 #include <random>
 #include <vector>
 
+#include "codec_round_trip.hpp"
+
 namespace dc = diloco;
 namespace cp = diloco::compress;
 
@@ -53,17 +55,6 @@ double nearest_even(const std::vector<double>& grid, double x) {
     r = lo_index % 2 == 0 ? lo : hi;
   if (r == grid.back()) r = INFINITY;
   return std::copysign(r, x);
-}
-
-template <class Codec>
-std::vector<float> round_trip(const Codec& codec, const std::vector<float>& v, std::uint64_t stream = 0) {
-  std::vector<std::byte> bytes(codec.stride());
-  std::vector<float> dq(v.size()), back(v.size());
-  codec.encode(v.data(), v.size(), bytes.data(), dq.data(), stream, 0);
-  codec.decode(bytes.data(), v.size(), back.data());
-  for (std::size_t j = 0; j < v.size(); ++j) REQUIRE(std::memcmp(&dq[j], &back[j], 4) == 0);  // encode's dq = decode
-  CHECK(codec.check(bytes.data(), v.size()) == nullptr);
-  return back;
 }
 
 std::vector<float> random_values(std::size_t n, unsigned seed, float lo_exp, float hi_exp) {

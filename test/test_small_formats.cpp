@@ -13,6 +13,8 @@
 #include <random>
 #include <vector>
 
+#include "codec_round_trip.hpp"
+
 namespace dc = diloco;
 namespace cp = diloco::compress;
 namespace k = diloco::kernels;
@@ -69,19 +71,6 @@ double half_gap(const std::vector<double>& grid, double y) {
   if (*it == y) return 0.0;
   if (it == grid.begin()) return 0.0;
   return (*it - *(it - 1)) / 2.0;
-}
-
-template <class Codec>
-std::vector<float> round_trip(const Codec& codec, const std::vector<float>& v, std::uint64_t stream = 0,
-                              std::vector<std::byte>* out = nullptr) {
-  std::vector<std::byte> bytes(codec.stride(), std::byte{0x5a});
-  std::vector<float> dq(v.size()), back(v.size());
-  codec.encode(v.data(), v.size(), bytes.data(), dq.data(), stream, 0);
-  codec.decode(bytes.data(), v.size(), back.data());
-  for (std::size_t j = 0; j < v.size(); ++j) REQUIRE(std::memcmp(&dq[j], &back[j], 4) == 0);  // encode's dq = decode
-  REQUIRE(codec.check(bytes.data(), v.size()) == nullptr);
-  if (out) *out = bytes;
-  return back;
 }
 
 std::vector<float> random_values(std::size_t n, unsigned seed, float lo_exp, float hi_exp) {

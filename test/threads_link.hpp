@@ -6,8 +6,12 @@
 // on the host, where device memory is host memory.
 #pragma once
 
+#include <doctest/doctest.h>
+
+#include <atomic>
 #include <diloco/diloco.hpp>
 #include <span>
+#include <string>
 #include <type_traits>
 
 template <bool Device>
@@ -50,3 +54,39 @@ using threads_device_link = threads_link<true>;
 
 static_assert(diloco::communicator<threads_host_link>);
 static_assert(diloco::device_communicator<threads_device_link> && !diloco::communicator<threads_device_link>);
+
+// A threads communicator that, once armed, flips one byte of what the
+// `which`-th all-gather after arming delivers to `victim`: byte `offset` of
+// rank 1's slot (inside its segment's payload, past the 64-byte header).
+class flaky_gather : public threads_host_link {
+ public:
+  flaky_gather(diloco::comm::threads& c, int victim, int which = 1, std::size_t offset = 80)
+      : threads_host_link(c), victim_(victim), which_(which), offset_(offset) {}
+  void arm() { armed_ = 1; }
+  void all_gather(std::span<const std::byte> s, std::span<std::byte> r) {
+    threads().all_gather(s, r);
+    if (armed_ > 0 && armed_++ == which_ && rank() == victim_) r[s.size() + offset_] ^= std::byte{0x10};
+  }
+
+ private:
+  int victim_, which_, armed_ = 0;
+  std::size_t offset_;
+};
+
+// Runs `step`, a round in which `victim` received corrupt bytes: every rank
+// must raise format_error; the victim's names the checksum (counted in
+// `precise`), the others name the victim's report.
+template <class Step>
+void expect_corrupt_round(int rank, int victim, Step&& step, std::atomic<int>& precise) {
+  try {
+    step();
+    FAIL("the corrupt round was applied");
+  } catch (const diloco::format_error& e) {
+    const std::string what = e.what();
+    if (rank == victim) {
+      if (what.find("checksum mismatch") != std::string::npos) precise.fetch_add(1);
+    } else {
+      CHECK(what.find("rank(s) " + std::to_string(victim) + " received corrupt compressed data") != std::string::npos);
+    }
+  }
+}
