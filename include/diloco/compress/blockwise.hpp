@@ -79,7 +79,18 @@ struct blockwise_codec {
     // non-finite) multiply; tiny blocks take dequantize()'s exact path.
     if (kernels::scale_is_normal(amax, levels) || !(amax - amax == 0.0f)) {
       const float scale = amax / levels;
-      for (std::size_t j = 0; j < len; ++j) dq[j] = g.value(code(q, j)) * scale;
+      if constexpr (Format::bits == 8) {
+        for (std::size_t j = 0; j < len; ++j) dq[j] = g.value(static_cast<unsigned>(q[j])) * scale;
+      } else {
+        // Whole bytes, their codes unpacked with constant shifts (so the
+        // loop vectorizes), then the partial byte.
+        const std::size_t full = len / per_byte;
+        for (std::size_t p = 0; p < full; ++p) {
+          const auto byte = static_cast<unsigned>(q[p]);
+          for (std::size_t i = 0; i < per_byte; ++i) dq[p * per_byte + i] = g.value((byte >> (i * bits)) & mask) * scale;
+        }
+        for (std::size_t j = full * per_byte; j < len; ++j) dq[j] = g.value(code(q, j)) * scale;
+      }
     } else {
       for (std::size_t j = 0; j < len; ++j) dq[j] = kernels::dequantize(g.value(code(q, j)), amax, levels);
     }
