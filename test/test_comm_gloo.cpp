@@ -314,6 +314,28 @@ TEST_CASE("child: codecs" * doctest::skip()) {
     for (std::size_t i = 0; i < a.size(); ++i) CHECK(std::fabs(w[i] + a[i]) <= 1e-5f * std::fabs(a[i]) + 1e-6f);
     CHECK(b[2] == -0.5f);
   }
+  {
+    // adaptive int8 / int2: the first round on int2 (the start), then int8
+    // (a budget every rung fits), on both ranks; each round within its
+    // rung's bound of the exact mean.
+    using namespace compressed_mean_bounds;
+    using ladder = cp::adaptive<cp::blockwise<dc::int8>, cp::blockwise<dc::int2>>;
+    std::vector<std::vector<float>> theta;
+    for (auto n : sizes) theta.emplace_back(n, 0.0f);
+    dc::algorithm<dc::inner::sgd, dc::outer::sgd, ladder, gloo_comm> t(
+        theta, comm, {.inner_steps = 1, .inner = {.lr = 1.0f}, .compress = {.rule = {.budget_seconds = 1e9, .start = 1}}});
+    CHECK(t.step(deltas(comm.rank(), 26)));
+    check_blockwise(comm.size(), 26, theta, bound_levels<dc::int2>());
+    CHECK(t.stats().compression_choices.at(0).used == 1);
+    CHECK(t.stats().compression_choices.at(0).next == 0);
+    const auto before = theta;
+    CHECK(t.step(deltas(comm.rank(), 27)));
+    CHECK(t.stats().compression_choices.at(0).used == 0);
+    auto step = theta;  // minus round 2's decoded mean
+    for (std::size_t k = 0; k < step.size(); ++k)
+      for (std::size_t i = 0; i < step[k].size(); ++i) step[k][i] -= before[k][i];
+    check_blockwise(comm.size(), 27, step, bound_levels<dc::int8>());
+  }
   mark_done("codecs", comm.rank());
 }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "compressed_mean_bounds.hpp"
+#include "random_inputs.hpp"
 
 namespace dc = diloco;
 namespace cp = diloco::compress;
@@ -106,6 +107,57 @@ TEST_CASE("low_rank over MPI: a rank-2 matrix held by every rank is reproduced, 
   std::vector<float> root = w;
   MPI_Bcast(root.data(), static_cast<int>(root.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
   CHECK(std::memcmp(root.data(), w.data(), w.size() * 4) == 0);
+}
+
+TEST_CASE("adaptive over MPI: crafted budgets choose each rung; a measured budget gives the same choices on every rank") {
+  dc::comm::mpi comm(MPI_COMM_WORLD);
+  using ladder = cp::adaptive<cp::error_feedback<cp::blockwise<dc::int8, 128>>,
+                              cp::error_feedback<cp::blockwise<dc::int4, 128>>,
+                              cp::error_feedback<cp::blockwise<dc::int2, 128>>>;
+  // Rung of every round, and of the next, for a rule.
+  // Normal pseudo-gradients: relative errors about 0.006 (int8), 0.1 (int4)
+  // and 0.4 (int2) in blocks of 128.
+  const std::vector<std::size_t> shapes{3000, 1000, 37};
+  const auto normals = [&](int rank, unsigned salt) {
+    std::vector<std::vector<float>> g;
+    for (std::size_t k = 0; k < shapes.size(); ++k)
+      g.push_back(random_normals(shapes[k], static_cast<std::uint32_t>(1000 * salt + 10 * rank + k)));
+    return g;
+  };
+  const auto run = [&](cp::adaptive_settings rule, int rounds, std::size_t inner_steps) {
+    std::vector<std::vector<float>> theta;
+    for (auto n : shapes) theta.emplace_back(n, 0.0f);
+    dc::algorithm<dc::inner::sgd, dc::outer::sgd, ladder, dc::comm::mpi> t(
+        theta, comm, {.inner_steps = inner_steps, .inner = {.lr = 1.0f}, .compress = {.rule = rule}});
+    std::vector<std::uint64_t> used;
+    for (int r = 1; r <= rounds; ++r)
+      for (std::size_t s = 0; s < inner_steps; ++s)
+        if (t.step(normals(comm.rank(), static_cast<unsigned>(r * 10 + s)))) {
+          const auto& c = t.stats().compression_choices.at(0);
+          used.push_back(c.used);
+          used.push_back(c.next);
+        }
+    // The same on every rank: compare with rank 0's.
+    std::vector<std::uint64_t> root = used;
+    MPI_Bcast(root.data(), static_cast<int>(root.size()), MPI_UINT64_T, 0, MPI_COMM_WORLD);
+    CHECK(root == used);
+    for (auto& tensor : theta) {
+      std::vector<float> r0 = tensor;
+      MPI_Bcast(r0.data(), static_cast<int>(r0.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+      CHECK(std::memcmp(r0.data(), tensor.data(), tensor.size() * sizeof(float)) == 0);
+    }
+    return used;
+  };
+  // A generous budget: from int2 up to int8 after the first round.
+  CHECK(run({.budget_seconds = 1e9, .start = 2}, 3, 1) == std::vector<std::uint64_t>{2, 0, 0, 0, 0, 0});
+  // No rung fits: the most compressed (int2) within a loose bound...
+  CHECK(run({.budget_seconds = 1e-12, .error_bound = 0.9}, 3, 1) == std::vector<std::uint64_t>{0, 2, 2, 2, 2, 2});
+  // ... and int4 when int2's error (about 0.4) is beyond the bound.
+  CHECK(run({.budget_seconds = 1e-12, .error_bound = 0.25, .retry_after = 100, .start = 2}, 3, 1) ==
+        std::vector<std::uint64_t>{2, 1, 1, 1, 1, 1});
+  // The budget measured from the compute time between rounds: whatever the
+  // timings, every rank takes the same rungs (checked inside run).
+  run({.budget_share = 0.5, .window = 2}, 6, 3);
 }
 
 TEST_CASE("over MPI, a NaN on one rank rejects the compressed round on every rank") {

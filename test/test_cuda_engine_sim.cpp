@@ -315,11 +315,11 @@ namespace {
 // Every schedule over device-space tensors against the host engine: the
 // merges run inside the device apply passes (fp32 and decode-apply).
 template <class Compressor, class Sync>
-void host_and_device_agree(typename Sync::options so, std::uint64_t rounds) {
+void host_and_device_agree(typename Sync::options so, std::uint64_t rounds, typename Compressor::options co = {}) {
   // 3 rounds of H = 6 and 2 steps more (20 steps), then finish().
   const typename dc::algorithm_options<dc::inner::adamw, dc::outer::nesterov, Compressor, Sync> opts{
       .inner_steps = 6, .inner = {.lr = 0.05f, .weight_decay = 0.01f}, .outer = {.lr = 0.7f, .momentum = 0.9f},
-      .sync = so};
+      .compress = co, .sync = so};
   const auto host = train<dc::host_space, dc::inner::adamw, dc::outer::nesterov, Compressor, Sync>(
       opts, 3, plain_comm, no_inspect, 0, 2);
   const auto device = train<dc::device_space, dc::inner::adamw, dc::outer::nesterov, Compressor, Sync>(
@@ -353,6 +353,14 @@ TEST_CASE("every schedule over device tensors gives the host engine's bits (fp32
         {.fragments = 2, .delay = 2, .alpha = 0.25f, .assignment = dc::sync::fragment_assignment::strided}, 7);
     host_and_device_agree<int8_ef, dc::sync::one_step_delay>({}, 3);
     host_and_device_agree<int8_ef, dc::sync::eager>({}, 3);
+  }
+  SUBCASE("adaptive: int4 in the first round, int8 after it (a budget every rung fits)") {
+    using int4_ef = dc::compress::error_feedback<dc::compress::blockwise<dc::int4, 16>>;
+    using ladder = dc::compress::adaptive<int8_ef, int4_ef>;
+    const ladder::options co{.rule = {.budget_seconds = 1e9, .start = 1}};
+    host_and_device_agree<ladder, dc::sync::blocking>({}, 3, co);
+    host_and_device_agree<ladder, dc::sync::streaming>({.fragments = 2, .delay = 1}, 7, co);
+    host_and_device_agree<ladder, dc::sync::one_step_delay>({}, 3, co);
   }
 }
 

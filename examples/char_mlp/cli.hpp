@@ -29,7 +29,7 @@ namespace char_mlp {
 // The values of --methods and of --compress, in table order.
 inline const std::vector<std::string> method_names{"single", "ddp", "diloco"};
 inline const std::vector<std::string> compressor_names{"none", "bf16", "int8", "int4", "fp8",
-                                                       "fp8e5m2", "fp4", "int2", "sparseloco", "topk"};
+                                                       "fp8e5m2", "fp4", "int2", "sparseloco", "adaptive", "topk"};
 // The values of --sync: DiLoCo's schedules (diloco::sync::blocking,
 // streaming, one_step_delay, eager).
 inline const std::vector<std::string> sync_names{"blocking", "streaming", "delay", "eager"};
@@ -99,6 +99,11 @@ result run_diloco_variant(const diloco_variant& v, const config& c, const datase
   if (v.compress == "sparseloco")
     return run_diloco<cp::error_feedback<cp::chunk_topk<4096, 64, diloco::int2>>>(
         c, data, comm, "diloco+sparseloco 64/4096 int2+ef", {.decay = c.feedback_decay});
+  if (v.compress == "adaptive")
+    return run_diloco<cp::adaptive<cp::error_feedback<cp::blockwise<diloco::int8>>,
+                                   cp::error_feedback<cp::blockwise<diloco::int4>>,
+                                   cp::error_feedback<cp::blockwise<diloco::int2>>>>(c, data, comm,
+                                                                                     "diloco+adaptive int8/4/2+ef");
   if (v.compress == "topk")
     return run_diloco<cp::error_feedback<cp::topk<>>>(c, data, comm, "diloco+top10%+ef", {.fraction = 0.1f});
   throw diloco::config_error("demo: unknown compressor '" + v.compress + "'");
@@ -224,9 +229,10 @@ inline cli parse_cli(int argc, char** argv, const cli& defaults, const char* wor
   detail::add_list(app, "--methods", out.methods, "which of single,ddp,diloco to run (comma-separated)",
                    method_names);
   detail::add_list(app, "--compress", out.compressors,
-                   "DiLoCo rows, any of none,bf16,int8,int4,fp8,fp8e5m2,fp4,int2,sparseloco,topk: bf16 cast; "
-                   "int8/int4/fp8 (e4m3)/fp8e5m2/fp4 (e3m0)/int2 block-wise (B=128), SparseLoCo (64 of every "
-                   "4096 as int2, --feedback-decay) and top-k (10%) with error feedback",
+                   "DiLoCo rows, any of none,bf16,int8,int4,fp8,fp8e5m2,fp4,int2,sparseloco,adaptive,topk: bf16 "
+                   "cast; int8/int4/fp8 (e4m3)/fp8e5m2/fp4 (e3m0)/int2 block-wise (B=128), SparseLoCo (64 of "
+                   "every 4096 as int2, --feedback-decay), adaptive (int8, int4 or int2 per round: the most "
+                   "accurate whose link time fits the inner phase) and top-k (10%) with error feedback",
                    compressor_names);
   detail::add_list(app, "--sync", out.syncs,
                    "DiLoCo schedules, any of blocking,streaming,delay,eager: blocking rows use every --compress; "

@@ -23,6 +23,7 @@
 #include "diloco/checkpoint/file.hpp"
 #include "diloco/checkpoint/format.hpp"
 #include "diloco/checkpoint/state_io.hpp"
+#include "diloco/compress/fingerprint.hpp"
 #include "diloco/core/concepts.hpp"
 #include "diloco/core/error.hpp"
 #include "diloco/core/options.hpp"
@@ -304,21 +305,8 @@ class algorithm {
     return out;
   }
 
-  // The compressor as the header names it: its name, and for a lossy one
-  // its block size, rounding and error feedback.
-  static std::string compressor_fingerprint() {
-    if constexpr (Compressor::lossless || compress::factored_compressor<Compressor>)
-      return Compressor::name;  // low_rank: its rank is an option, agreed with the others
-    else if constexpr (requires { Compressor::codec::k; })  // chunk_topk: K and the values' format too
-      return detail::concat(Compressor::name, ", chunk ", Compressor::codec::block, ", k ", Compressor::codec::k,
-                            ", values ", Compressor::codec::values_name,
-                            Compressor::stochastic ? ", stochastic rounding" : ", round to nearest",
-                            Compressor::has_error_feedback ? ", error feedback" : "");
-    else
-      return detail::concat(Compressor::name, ", block ", Compressor::codec::block,
-                            Compressor::stochastic ? ", stochastic rounding" : ", round to nearest",
-                            Compressor::has_error_feedback ? ", error feedback" : "");
-  }
+  // The compressor as the header names it (compress/fingerprint.hpp).
+  static std::string compressor_fingerprint() { return compress::fingerprint<Compressor>(); }
 
   void load_bytes(std::span<const std::byte> bytes, const std::string& source) {
     if (engine_->in_flight())

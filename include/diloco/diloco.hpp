@@ -25,6 +25,7 @@
 #include "diloco/compress/topk.hpp"
 #include "diloco/compress/chunk_topk.hpp"
 #include "diloco/compress/low_rank.hpp"
+#include "diloco/compress/adaptive.hpp"
 #include "diloco/compress/error_feedback.hpp"
 #include "diloco/compress/wire_format.hpp"
 #include "diloco/comm/local.hpp"

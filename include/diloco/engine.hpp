@@ -43,10 +43,7 @@
 #include "diloco/kernels/merge.hpp"
 #include "diloco/kernels/pseudo_gradient.hpp"
 #include "diloco/optimizer.hpp"
-#include "diloco/reduce/compressed.hpp"
-#include "diloco/reduce/factored.hpp"
-#include "diloco/reduce/gathered.hpp"
-#include "diloco/reduce/fp32_mean.hpp"
+#include "diloco/reduce/select.hpp"
 #include "diloco/sync/blocking.hpp"
 #include "diloco/sync/concepts.hpp"
 #include "diloco/sync/eager.hpp"
@@ -166,15 +163,8 @@ class engine final : public engine_base {
   using executor = typename executor_for<Space>::type;
   using clock = std::chrono::steady_clock;
   using transport_type = wire_transport<Comm, Space, executor>;
-  // fp32 all-reduce for lossless compressors, the factor exchanges for
-  // low_rank, all-gather and sum for sparse ones (chunk_topk), else the
-  // compressed mean's shard reduction.
-  using reducer_type = std::conditional_t<
-      Compressor::lossless, reduce::fp32_mean<Comm, Space, executor>,
-      std::conditional_t<
-          compress::factored_compressor<Compressor>, reduce::factored<Compressor, Comm, Space, executor>,
-          std::conditional_t<compress::gathered_v<Compressor>, reduce::gathered<Compressor, Comm, Space, executor>,
-                             reduce::compressed<Compressor, Comm, Space, executor>>>>;
+  using reducer_type = reduce::reducer_t<Compressor, Comm, Space, executor>;  // reduce/select.hpp
+  static constexpr bool switching = compress::switching_compressor<Compressor>;
   static constexpr bool blocking = std::is_same_v<Sync, sync::blocking>;
   static constexpr bool delayed = Sync::kind == sync::schedule_kind::delayed;
   static constexpr bool eager = std::is_same_v<Sync, sync::eager>;
@@ -222,6 +212,7 @@ class engine final : public engine_base {
     inner_ = optimizer_core<Inner, Space>(params_.total(), opts_.inner);
     outer_state_ = buffer<float, Space>(flat_ * outer_slots_);
     stats_.fragment_bytes_sent.assign(frags_.size(), 0);
+    if constexpr (switching) stats_.compression_choices.assign(frags_.size(), {});
 
     // A reduction overlaps inner steps only when the schedule lets one stay
     // in flight; otherwise the blocking collectives run (same bits).
@@ -459,16 +450,19 @@ class engine final : public engine_base {
   void carry_reducer_state(Reducer& from, Reducer& to, const std::string& prefix) {
     struct collect final : state_visitor {
       std::vector<std::pair<std::string, std::pair<float*, std::size_t>>> out;
+      std::vector<std::pair<std::string, std::uint64_t*>> scalars;
       void buffer(std::string_view name, float* data, std::size_t size, bool) override {
         out.push_back({std::string(name), {data, size}});
       }
-      void scalar(std::string_view, std::uint64_t&) override {}
+      void scalar(std::string_view name, std::uint64_t& value) override { scalars.push_back({std::string(name), &value}); }
     } a, b;
     from.visit_state(a, prefix);
     to.visit_state(b, prefix);
     for (std::size_t i = 0; i < a.out.size() && i < b.out.size(); ++i)
       if (a.out[i].first == b.out[i].first && a.out[i].second.second == b.out[i].second.second)
         exec_.for_each(a.out[i].second.second, kernels::copy{a.out[i].second.first, b.out[i].second.first});
+    for (std::size_t i = 0; i < a.scalars.size() && i < b.scalars.size(); ++i)
+      if (a.scalars[i].first == b.scalars[i].first) *b.scalars[i].second = *a.scalars[i].second;
   }
 
   void set_host_threads() {
@@ -831,6 +825,7 @@ class engine final : public engine_base {
     const double hidden = overlap_ ? seconds_between(f.begun, f.completed ? f.completed_at : t0) : 0.0;
     account(p, v, f.blocked, hidden);
     if (!v.accepted) reject(p, v);
+    if constexpr (switching) stats_.compression_choices[p] = f.reducer->choice();
 
     fault_point("apply");
     const auto update = Outer::make_update(opts_.outer, f.outer_steps + 1);

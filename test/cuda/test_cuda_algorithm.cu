@@ -206,12 +206,14 @@ template <class C>
 const typename sgd_trainer<C>::options sgd_opts{.inner_steps = 3, .inner = {.lr = 0.5f}, .outer = {.lr = 1.0f}};
 
 template <class C, class Model>
-std::vector<std::vector<float>> train_compressed(int rounds, int m) {
+std::vector<std::vector<float>> train_compressed(int rounds, int m, typename C::options co = {}) {
   std::vector<std::vector<float>> out(static_cast<std::size_t>(m));
   dc::comm::threads::world world(m);
   world.run([&](dc::comm::threads& comm) {
     Model model(comm.rank());
-    sgd_trainer<C> t(model.params, comm, sgd_opts<C>);
+    auto opts = sgd_opts<C>;
+    opts.compress = co;
+    sgd_trainer<C> t(model.params, comm, opts);
     for (int s = 0; s < rounds * 3; ++s) {
       model.backward();
       t.step(model.grads);
@@ -224,12 +226,12 @@ std::vector<std::vector<float>> train_compressed(int rounds, int m) {
 }
 
 template <class C>
-void check_same_bits(int m) {
+void check_same_bits(int m, typename C::options co = {}) {
   CAPTURE(C::name);
   CAPTURE(C::has_error_feedback);
   CAPTURE(m);
-  const auto host = train_compressed<C, host_model>(4, m);
-  const auto device = train_compressed<C, device_model>(4, m);
+  const auto host = train_compressed<C, host_model>(4, m, co);
+  const auto device = train_compressed<C, device_model>(4, m, co);
   for (std::size_t r = 0; r < host.size(); ++r) {
     CAPTURE(r);
     REQUIRE(device[r].size() == host[r].size());
@@ -255,6 +257,9 @@ TEST_CASE("gpu: compressed DiLoCo over thrust::device_vector gives the host tens
     check_same_bits<cp::error_feedback<cp::blockwise<dc::int4, 64, cp::stochastic_rounding>>>(m);
     check_same_bits<cp::cast<dc::bf16>>(m);
     check_same_bits<cp::error_feedback<cp::cast<dc::fp16>>>(m);
+    // adaptive: int4 in the first round, int8 after it (a budget every rung fits).
+    using ladder = cp::adaptive<cp::error_feedback<cp::blockwise<dc::int8>>, cp::error_feedback<cp::blockwise<dc::int4>>>;
+    check_same_bits<ladder>(m, {.rule = {.budget_seconds = 1e9, .start = 1}});
   }
 }
 

@@ -54,6 +54,15 @@ concept factored_compressor = requires(const typename C::options& o) {
   { C::validate(o) };
 };
 
+// A compressor that runs one of several compressors per round, with a
+// reducer of its own over theirs (adaptive<C...>).
+template <class C>
+concept switching_compressor = requires(const typename C::options& o) {
+  requires !C::lossless;
+  requires C::switching;
+  { C::validate(o) };
+};
+
 // Whether a compressor's reducer all-gathers its segments (sparse
 // aggregation) rather than reducing shards.
 template <class C>

@@ -79,13 +79,16 @@ concept outer_optimizer = optimizer_policy<O>;
 // ----------------------------------------------------------- compressors
 // What a pseudo-gradient becomes before it travels. `lossless` codecs are
 // reduced with the communicator's own all-reduce; lossy ones provide a block
-// codec (compress/codec.hpp) and travel through the compressed mean.
+// codec (compress/codec.hpp) and travel through the compressed mean (or
+// all-gathered, chunk_topk), or have a reducer of their own (low_rank's
+// factors, adaptive's rungs).
 template <class C>
 concept compressor = requires {
   typename C::options;
   { C::name } -> std::convertible_to<const char*>;
   { C::lossless } -> std::convertible_to<bool>;
-} && (C::lossless || compress::lossy_compressor<C> || compress::factored_compressor<C>);
+} && (C::lossless || compress::lossy_compressor<C> || compress::factored_compressor<C> ||
+     compress::switching_compressor<C>);
 
 // ---------------------------------------------------------- communicators
 // The handle of a non-blocking collective. wait() blocks until it has

@@ -40,7 +40,8 @@ inline bool is_global_entry(std::string_view name) {
   if (name == "theta_global" || name == "outer.slots" || name == "rounds" || name == "schedule.position" ||
       name == "schedule.steps_in_round")
     return true;
-  return name.starts_with("fragment.") && name.ends_with(".outer_steps");
+  // adaptive compression's rule memory (agreed across ranks).
+  return name.starts_with("fragment.") && (name.ends_with(".outer_steps") || name.find(".adaptive.") != name.npos);
 }
 }  // namespace checkpoint
 

@@ -1,9 +1,25 @@
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace diloco {
+
+// adaptive<C...>: one fragment's last round and the rung chosen for its
+// next one, with the agreed numbers the rule compared (the means over the
+// ranks; identical on every rank).
+struct compression_choice {
+  std::size_t used = 0;           // the rung of the last applied round
+  std::size_t next = 0;           // the rung of the next round
+  std::string next_name;          // its compressor's name
+  std::string reason;             // why (compress::adaptive_reason): "start", "within budget", ...
+  double link_seconds = 0.0;      // the last round's link time
+  double relative_error = 0.0;    // the last round's ||v - decode(encode(v))|| / ||v||
+  double budget_seconds = 0.0;    // the budget compared with (0: none yet)
+  double predicted_seconds = 0.0; // the next rung's predicted link time
+};
 
 // What an algorithm instance has done so far, for logs and dashboards.
 // Byte counts are this worker's, as its communicator accounts them.
@@ -50,6 +66,8 @@ struct stats {
   int workers = 0;
   std::uint64_t membership_changes = 0;
   std::uint64_t aborted_rounds = 0;
+  // adaptive<C...> only: one entry per fragment.
+  std::vector<compression_choice> compression_choices;
 };
 
 }  // namespace diloco

@@ -101,6 +101,17 @@ struct count_non_finite {
   bool vec4_aligned() const { return aligned16(x); }
 };
 
+// dst_i += src_i, src_i = 0 (adaptive compression hands a residual to the
+// next rung): read 8, write 8.
+struct absorb {
+  float* DILOCO_RESTRICT src;
+  float* DILOCO_RESTRICT dst;
+  DILOCO_HD DILOCO_FORCEINLINE void operator()(std::size_t i) const {
+    dst[i] += src[i];
+    src[i] = 0.0f;
+  }
+};
+
 // dst_i = src_i (restoring replicas, initial copies): read 4, write 4.
 struct copy {
   const float* DILOCO_RESTRICT src;

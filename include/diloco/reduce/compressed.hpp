@@ -30,7 +30,7 @@ class compressed
   // fragment's stochastic-rounding streams (diloco::detail::stream_seed).
   compressed(const parameter_set<float, Space>& params, int world, int rank, const typename Compressor::options& opts,
              std::uint32_t fragment, Exec& exec)
-      : base(make(params, world, rank, opts, fragment, exec)) {}
+      : base(make(params, world, rank, opts, fragment, exec), world) {}
 
  private:
   static std::unique_ptr<engine_type> make(const parameter_set<float, Space>& params, int world, int rank,

@@ -23,7 +23,7 @@ class factored : public staged<factored<Compressor, Comm, Space, Exec>, compress
  public:
   factored(const parameter_set<float, Space>& params, int world, int rank, const typename Compressor::options& opts,
            std::uint32_t fragment, Exec& /*exec*/)
-      : base(std::make_unique<engine_type>(params, world, rank, opts, fragment)) {}
+      : base(std::make_unique<engine_type>(params, world, rank, opts, fragment), world) {}
 
  private:
   // The P segments, then the Q segments.

@@ -25,7 +25,7 @@ class gathered
  public:
   gathered(const parameter_set<float, Space>& params, int world, int rank, const typename Compressor::options& opts,
            std::uint32_t fragment, Exec& /*exec*/)
-      : base(std::make_unique<engine_type>(params, world, rank, opts, fragment)) {}
+      : base(std::make_unique<engine_type>(params, world, rank, opts, fragment), world) {}
 
  private:
   // One all-gather of every rank's segment, then validate them all.

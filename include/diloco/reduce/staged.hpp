@@ -52,6 +52,18 @@ class staged {
   using transport = detail::wire_transport<Comm, Space, Exec>;
 
   std::size_t slot_bytes() const { return engine_->slot_bytes(); }
+  // The bytes one rank's collectives carry in a round (the vote aside): an
+  // all-to-all of B bytes sends (M-1)/M of them, an all-gather of B bytes
+  // per rank brings (M-1) B. adaptive<C...> predicts link time from it.
+  std::size_t link_bytes() {
+    const auto m = static_cast<std::size_t>(world_);
+    std::size_t total = 0;
+    for (std::size_t i = 0; i < Derived::exchanges; ++i) {
+      const collective c = self().exchange(i);
+      total += c.op == collective::kind::all_to_all ? c.bytes / m * (m - 1) : c.bytes * (m - 1);
+    }
+    return total;
+  }
   auto residual() const { return engine_->residual(); }
   template <class Visitor>
   void visit_state(Visitor& v, std::string_view prefix) {
@@ -96,7 +108,7 @@ class staged {
   }
 
  protected:
-  explicit staged(std::unique_ptr<Engine> engine) : engine_(std::move(engine)) {}
+  staged(std::unique_ptr<Engine> engine, int world) : engine_(std::move(engine)), world_(world) {}
   std::unique_ptr<Engine> engine_;
 
  private:
@@ -156,6 +168,7 @@ class staged {
     start(exec, comm, link);
   }
 
+  int world_ = 1;
   std::size_t stage_ = done;
   bool async_ = false;
   verdict out_;
