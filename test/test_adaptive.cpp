@@ -10,7 +10,9 @@
 #include <cstring>
 #include <diloco/diloco.hpp>
 #include <limits>
+#include <chrono>
 #include <mutex>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -352,4 +354,31 @@ TEST_CASE("adaptive: the fingerprint names every rung") {
   CHECK(cp::fingerprint<ladder>() ==
         "adaptive(blockwise int8, block 128, round to nearest, error feedback | blockwise int4, block 128, round to "
         "nearest, error feedback | blockwise int2, block 128, round to nearest, error feedback)");
+}
+
+TEST_CASE("adaptive with the budget measured from the inner phase: slow compute keeps int8, a tiny share drives int2") {
+  // Budget = share x the agreed compute time between rounds. With 20 ms of
+  // "compute" per inner step (H = 2), an in-process exchange of a few KB
+  // (microseconds, milliseconds under sanitizers) fits 40 ms: int8 from the
+  // second round on. With a share of 1e-9 the budget is nanoseconds and no
+  // rung fits: int2, the most compressed within the (loose) bound.
+  const auto run_with = [](double share, std::chrono::milliseconds compute) {
+    std::vector<std::vector<std::size_t>> used(2);
+    dc::comm::threads::world world(2);
+    world.run([&](dc::comm::threads& comm) {
+      std::vector<std::vector<float>> theta;
+      for (auto n : sizes) theta.emplace_back(n, 0.0f);
+      trainer<> t(theta, comm,
+                  {.inner_steps = 2, .inner = {.lr = 1.0f}, .compress = {.rule = {.budget_share = share, .error_bound = 0.9}}});
+      for (int s = 1; s <= 8; ++s) {
+        std::this_thread::sleep_for(compute);
+        if (t.step(deltas(comm.rank(), s))) used[static_cast<std::size_t>(comm.rank())].push_back(t.stats().compression_choices[0].next);
+      }
+    });
+    CHECK(used[0] == used[1]);
+    return used[0];
+  };
+  // Round 1 has no compute time measured yet (no budget): int8 stays.
+  CHECK(run_with(1.0, std::chrono::milliseconds(20)) == std::vector<std::size_t>{0, 0, 0, 0});
+  CHECK(run_with(1e-9, std::chrono::milliseconds(0)) == std::vector<std::size_t>{0, 2, 2, 2});
 }
