@@ -170,12 +170,44 @@ void visit_residual(Visitor& v, std::string_view prefix, Residual& residual, boo
     (void)v, (void)prefix, (void)residual, (void)device;
 }
 
+// A host engine's error-feedback residual (4 bytes per parameter, twice):
+// the committed one, read by a round's encode, and the one the encode
+// writes beside it, kept by commit() only when the round is applied. Empty
+// without error feedback. The committed residual is the engine's state.
+template <class Compressor>
+class host_feedback {
+  static constexpr bool ef = Compressor::has_error_feedback;
+
+ public:
+  std::span<const float> residual() const { return {residual_.data(), residual_.size()}; }
+  template <class Visitor>
+  void visit_state(Visitor& v, std::string_view prefix) {
+    visit_residual<Compressor>(v, prefix, residual_, false);
+  }
+
+ protected:
+  explicit host_feedback(std::size_t elements) {
+    if constexpr (ef) {
+      residual_ = host_buffer<float>(elements);
+      next_residual_ = host_buffer<float>(elements);
+    }
+  }
+  const float* committed_residual() const { return ef ? residual_.data() : nullptr; }
+  float* next_residual() { return ef ? next_residual_.data() : nullptr; }
+  void commit_residual() {
+    if constexpr (ef) std::swap(residual_, next_residual_);
+  }
+
+ private:
+  host_buffer<float> residual_, next_residual_;
+};
+
 }  // namespace diloco::detail
 
 namespace diloco::compress {
 
 template <class Compressor, class Space>
-class compressed_mean : public diloco::detail::host_ballot {
+class compressed_mean : public diloco::detail::host_ballot, public diloco::detail::host_feedback<Compressor> {
  public:
   using codec_type = typename Compressor::codec;
 
@@ -184,6 +216,7 @@ class compressed_mean : public diloco::detail::host_ballot {
   compressed_mean(const parameter_set<float, Space>& params, int world, int rank,
                   const typename Compressor::options& opts, std::uint32_t fragment = 0)
       : host_ballot(world),
+        diloco::detail::host_feedback<Compressor>(params.total()),
         codec_(Compressor::make_codec(opts)),
         seed_(diloco::detail::stream_seed<Compressor>(opts, fragment)),
         world_(world),
@@ -206,21 +239,12 @@ class compressed_mean : public diloco::detail::host_ballot {
     reduced_ = host_buffer<std::byte>(slot_);
     gathered_ = host_buffer<std::byte>(m * slot_);
     received_.assign(m, nullptr);
-    if constexpr (Compressor::has_error_feedback) {
-      residual_ = host_buffer<float>(params.total());
-      next_residual_ = host_buffer<float>(params.total());
-    }
   }
 
   const block_layout& layout() const { return layout_; }
   std::size_t slot_bytes() const { return slot_; }
-  // The error-feedback residual (empty without error feedback).
-  std::span<const float> residual() const { return {residual_.data(), residual_.size()}; }
-  // The error-feedback residual is state (the rest is scratch).
-  template <class Visitor>
-  void visit_state(Visitor& v, std::string_view prefix) {
-    diloco::detail::visit_residual<Compressor>(v, prefix, residual_, false);
-  }
+  // residual() and visit_state(): the error-feedback residual is the state
+  // (diloco::detail::host_feedback); the rest is scratch.
 
   // Stages 1-6, the operations between the collectives. The protocol (which
   // collective follows which stage) is reduce::compressed's, for host and
@@ -244,8 +268,7 @@ class compressed_mean : public diloco::detail::host_ballot {
       sums += exec.transform_reduce(
           layout_.blocks_in(s),
           kernels::encode_pseudo_gradient<codec_type>{codec_, layout_.blocks() + layout_.first_block(s), table, global,
-                                                      Compressor::has_error_feedback ? residual_.data() : nullptr,
-                                                      Compressor::has_error_feedback ? next_residual_.data() : nullptr,
+                                                      this->committed_residual(), this->next_residual(),
                                                       seg + wire::header_bytes, stride_, stream1});
     }
     out_.delta_norm = std::sqrt(sums.a);
@@ -344,7 +367,7 @@ class compressed_mean : public diloco::detail::host_ballot {
                         gathered_.data() + static_cast<std::size_t>(s) * slot_ + wire::header_bytes, stride_, global,
                         state, state_stride, merge});
     }
-    if constexpr (Compressor::has_error_feedback) std::swap(residual_, next_residual_);
+    this->commit_residual();
   }
 
  private:
@@ -370,7 +393,6 @@ class compressed_mean : public diloco::detail::host_ballot {
   std::size_t stride_ = 0;
   std::size_t slot_ = 0;
   host_buffer<std::byte> send_, recv_, reduced_, gathered_;
-  host_buffer<float> residual_, next_residual_;
   std::vector<const std::byte*> received_;
   std::uint64_t round_ = 0;  // of the exchange in progress
 };

@@ -40,7 +40,7 @@
 namespace diloco::compress {
 
 template <class Compressor, class Space>
-class gathered_mean : public diloco::detail::host_ballot {
+class gathered_mean : public diloco::detail::host_ballot, public diloco::detail::host_feedback<Compressor> {
   static_assert(std::is_same_v<Space, host_space>,
                 "a gathered (sparse) compressor such as chunk_topk has no device form yet: keep its parameters in "
                 "host memory");
@@ -51,6 +51,7 @@ class gathered_mean : public diloco::detail::host_ballot {
   gathered_mean(const parameter_set<float, Space>& params, int world, int rank, const typename Compressor::options& opts,
                 std::uint32_t fragment = 0)
       : host_ballot(world),
+        diloco::detail::host_feedback<Compressor>(params.total()),
         codec_(Compressor::make_codec(opts)),
         seed_(diloco::detail::stream_seed<Compressor>(opts, fragment)),
         decay_(feedback_decay(opts)),
@@ -71,18 +72,10 @@ class gathered_mean : public diloco::detail::host_ballot {
     send_ = host_buffer<std::byte>(slot_);
     gathered_ = host_buffer<std::byte>(m * slot_);
     payloads_.assign(m, nullptr);
-    if constexpr (Compressor::has_error_feedback) {
-      residual_ = host_buffer<float>(params.total());
-      next_residual_ = host_buffer<float>(params.total());
-    }
   }
 
   std::size_t slot_bytes() const { return slot_; }
-  std::span<const float> residual() const { return {residual_.data(), residual_.size()}; }
-  template <class Visitor>
-  void visit_state(Visitor& v, std::string_view prefix) {
-    diloco::detail::visit_residual<Compressor>(v, prefix, residual_, false);
-  }
+  // residual() and visit_state(): diloco::detail::host_feedback.
 
   // 1. encode the whole fragment into this rank's segment.
   template <class Exec>
@@ -91,11 +84,10 @@ class gathered_mean : public diloco::detail::host_ballot {
     round_ = round;
     const kernels::tensor_table table{local_.data(), offset_.data()};
     const std::uint64_t stream = kernels::make_stream(seed_, round, static_cast<std::uint64_t>(rank_), 1);
-    constexpr bool ef = Compressor::has_error_feedback;
     const kernels::sums2 sums = exec.transform_reduce(
         layout_.block_count(),
         kernels::encode_pseudo_gradient<codec_type>{codec_, layout_.blocks(), table, global,
-                                                    ef ? residual_.data() : nullptr, ef ? next_residual_.data() : nullptr,
+                                                    this->committed_residual(), this->next_residual(),
                                                     send_.data() + wire::header_bytes, stride_, stream, decay_});
     out_.delta_norm = std::sqrt(sums.a);
     out_.error_norm = std::sqrt(sums.b);
@@ -147,7 +139,7 @@ class gathered_mean : public diloco::detail::host_ballot {
                   kernels::gathered_decode_apply<codec_type, Update, Merge>{codec_, update, layout_.blocks(), table,
                                                                             payloads_.data(), world_, stride_, global,
                                                                             state, state_stride, merge});
-    if constexpr (Compressor::has_error_feedback) std::swap(residual_, next_residual_);
+    this->commit_residual();
   }
 
  private:
@@ -175,7 +167,6 @@ class gathered_mean : public diloco::detail::host_ballot {
   std::vector<std::size_t> offset_;
   std::size_t stride_ = 0, payload_ = 0, slot_ = 0;
   host_buffer<std::byte> send_, gathered_;
-  host_buffer<float> residual_, next_residual_;
   std::vector<const std::byte*> payloads_;
   std::uint64_t round_ = 0;
 };
