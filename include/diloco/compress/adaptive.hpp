@@ -163,13 +163,10 @@ inline void adaptive_rule(adaptive_memory& m, const adaptive_settings& s, std::s
       m.reason = static_cast<std::uint64_t>(adaptive_reason::within_budget);
       return;
     }
+  bool any_fits = false;
+  for (std::size_t j = 0; j < n; ++j) any_fits = any_fits || fits(j);
   for (std::size_t j = n; j-- > 0;)
     if (within(j)) {
-      const bool any_fits = [&] {
-        for (std::size_t i = 0; i < n; ++i)
-          if (fits(i)) return true;
-        return false;
-      }();
       m.active = j;
       m.reason = static_cast<std::uint64_t>(any_fits ? adaptive_reason::error_bound : adaptive_reason::over_budget);
       return;

@@ -96,7 +96,8 @@ class adaptive {
   }
 
   void begin(Exec& exec, Comm& comm, transport& link, const float* ref, std::uint64_t round, bool overlap) {
-    if (memory_.active >= rungs || memory_.reason > 3 || memory_.samples > (std::uint64_t{1} << 62))
+    if (memory_.active >= rungs || memory_.reason > static_cast<std::uint64_t>(compress::adaptive_reason::error_bound) ||
+        memory_.samples > (std::uint64_t{1} << 62))
       diloco::detail::raise<state_error>("adaptive: the rule's state names rung ", memory_.active, " of ", rungs,
                                          " (reason ", memory_.reason, "): a corrupt or foreign state was loaded");
     const auto t0 = clock::now();
@@ -186,18 +187,18 @@ class adaptive {
   // f(rung j's reducer), for a j known only at run time.
   template <class F>
   decltype(auto) on(std::size_t j, F&& f) {
-    return dispatch<0>(j, f);
+    return dispatch<0>(*this, j, f);
   }
   template <class F>
   decltype(auto) on(std::size_t j, F&& f) const {
-    return const_cast<adaptive*>(this)->dispatch<0>(j, f);
+    return dispatch<0>(*this, j, f);
   }
-  template <std::size_t I, class F>
-  decltype(auto) dispatch(std::size_t j, F& f) {
+  template <std::size_t I, class Self, class F>
+  static decltype(auto) dispatch(Self& self, std::size_t j, F& f) {
     if constexpr (I + 1 == rungs)
-      return f(*std::get<I>(rungs_));
+      return f(*std::get<I>(self.rungs_));
     else
-      return j == I ? f(*std::get<I>(rungs_)) : dispatch<I + 1>(j, f);
+      return j == I ? f(*std::get<I>(self.rungs_)) : dispatch<I + 1>(self, j, f);
   }
 
   auto active_residual() const {
