@@ -1,6 +1,7 @@
 // Reproducible test inputs shared by the host tests and the CUDA tests.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <random>
@@ -21,5 +22,15 @@ inline std::vector<float> random_floats(std::size_t n, std::uint32_t seed, float
   std::uniform_real_distribution<float> u(lo, hi);
   std::vector<float> v(n);
   for (auto& x : v) x = u(rng);
+  return v;
+}
+
+// n floats of random sign with magnitudes m * 2^e, m uniform in [1, 2) and e
+// uniform in [lo_exp, hi_exp): values spread over many binades (codec tests).
+inline std::vector<float> random_values(std::size_t n, unsigned seed, float lo_exp, float hi_exp) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> e(lo_exp, hi_exp), sign(-1.0f, 1.0f), m(1.0f, 2.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = std::copysign(m(rng) * std::exp2(e(rng)), sign(rng));
   return v;
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "codec_round_trip.hpp"
+#include "random_inputs.hpp"
 
 namespace dc = diloco;
 namespace cp = diloco::compress;
@@ -55,14 +56,6 @@ double nearest_even(const std::vector<double>& grid, double x) {
     r = lo_index % 2 == 0 ? lo : hi;
   if (r == grid.back()) r = INFINITY;
   return std::copysign(r, x);
-}
-
-std::vector<float> random_values(std::size_t n, unsigned seed, float lo_exp, float hi_exp) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> e(lo_exp, hi_exp), sign(-1.0f, 1.0f), m(1.0f, 2.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = std::copysign(m(rng) * std::exp2(e(rng)), sign(rng));
-  return v;
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "codec_round_trip.hpp"
+#include "random_inputs.hpp"
 
 namespace dc = diloco;
 namespace cp = diloco::compress;
@@ -71,14 +72,6 @@ double half_gap(const std::vector<double>& grid, double y) {
   if (*it == y) return 0.0;
   if (it == grid.begin()) return 0.0;
   return (*it - *(it - 1)) / 2.0;
-}
-
-std::vector<float> random_values(std::size_t n, unsigned seed, float lo_exp, float hi_exp) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> e(lo_exp, hi_exp), sign(-1.0f, 1.0f), m(1.0f, 2.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = std::copysign(m(rng) * std::exp2(e(rng)), sign(rng));
-  return v;
 }
 
 // Round to nearest: every element within half the grid's gap around it, at
