@@ -210,6 +210,37 @@ int main(int argc, char** argv) {
                                                  nesterov, l128.blocks.data(), tensors.data(), reduced.data(), x, v, n,
                                                  n % 4 == 0});
                   })});
+  // chunk_topk (SparseLoCo's 64 of every 4096 as int2, kernels/topk_blocks.hpp):
+  // the encode reads 12 bytes per element and writes the new residual (4)
+  // and 0.028 of payload; decode-apply reads M sparse payloads, theta and
+  // the momentum, and writes theta, the momentum and the replica.
+  {
+    using topk = cp::chunk_topk_codec<4096, 64, dc::int2, cp::round_nearest>;
+    const device_layout l4096(n, 4096, ex);
+    std::vector<dc::device_buffer<std::byte>> topk_payloads;
+    std::vector<const std::byte*> topk_pointers;
+    for (int r = 0; r < sources; ++r) {
+      topk_payloads.emplace_back(l4096.count * topk::stride());
+      topk_pointers.push_back(topk_payloads.back().data());
+    }
+    dc::device_buffer<const std::byte*> topk_received(sources);
+    ex.from_host(topk_received.data(), topk_pointers.data(), sources);
+    auto encode_topk = [&](std::byte* payload) {
+      ex.run_teams(l4096.count, k::topk_encode_blocks<topk>{l4096.blocks.data(), tensors.data(), x, residual.data(),
+                                                            next_residual.data(), payload, stream, block_sums.data(),
+                                                            0.95f, true});
+    };
+    for (auto& payload : topk_payloads) encode_topk(payload.data());
+    const double payload_per_element = static_cast<double>(topk::stride()) / 4096;
+    rows.push_back({"encode_topk4096_int2_ef", 16 + payload_per_element + per_block / 4096,
+                    t.median_seconds(iterations, [&] { encode_topk(topk_payloads[0].data()); })});
+    rows.push_back({"decode_apply_topk4096_m4_nesterov", 20 + sources * payload_per_element + per_block / 2 / 4096,
+                    t.median_seconds(iterations, [&] {
+                      ex.run_teams(l4096.count, k::topk_decode_apply_blocks<topk, k::sgd_update>{
+                                                    nesterov, l4096.blocks.data(), tensors.data(), topk_received.data(),
+                                                    sources, x, v, n});
+                    })});
+  }
   {
     const k::segment_ref segment{int8_payloads[0].data(), l128.count * int8_e::stride, 0, l128.count, 0};
     dc::device_buffer<k::segment_ref> segments(1);

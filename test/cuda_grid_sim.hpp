@@ -57,8 +57,9 @@ double run_reduce(const grid::plan& p, const F& f) {
 
 // exec/cuda/team_kernels.cuh's run_teams, block by block and phase by
 // phase: every team's threads load, the team max is taken (CUB's reduction
-// on the device; max is exact in any order), they store, then the lanes and
-// the block's sums after the barriers.
+// on the device; max is exact in any order), the program's phases run
+// thread by thread, they store, then the lanes and the block's sums after
+// the barriers.
 template <class P>
 void run_teams(std::size_t n, const P& p) {
   using plan = grid::team_plan<P>;
@@ -79,6 +80,9 @@ void run_teams(std::size_t n, const P& p) {
         std::fill(m.begin(), m.end(), team_max);
       }
       if (!live) continue;
+      if constexpr (grid::team_phases<P> > 0)
+        for (unsigned s = 0; s < grid::team_phases<P>; ++s)  // each after __syncthreads()
+          for (unsigned t = 0; t < plan::team; ++t) p.phase(s, b, t, shared, regs[t]);
       for (unsigned t = 0; t < plan::team; ++t) p.store(b, t, shared, regs[t], m[t]);
       if constexpr (P::norms > 0) {
         for (unsigned t = 0; t < 8; ++t) p.lanes(t, shared, regs[t]);  // then __syncthreads()

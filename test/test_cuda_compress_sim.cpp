@@ -308,6 +308,214 @@ TEST_CASE("the device structure check finds the first malformed block of each se
 }
 
 // ------------------------------------------------------------------ engine
+// ------------------------------------------------------------ top-k passes
+namespace {
+
+// chunk_topk's two device passes (kernels/topk_blocks.hpp) in the replayed
+// grid against the host functors (encode_pseudo_gradient,
+// gathered_decode_apply), chunk by chunk. The deltas hold the cases a
+// selection can get wrong: runs of equal magnitudes of both signs (ties
+// across the threshold, decided by the lower index), zeros and -0, a chunk
+// of one repeated value, an all-zero chunk, and optionally a NaN.
+template <class Codec>
+void compare_topk_passes(const std::vector<std::size_t>& sizes, bool residual, float decay, int world,
+                         std::uint32_t seed, bool with_nan = false) {
+  const Codec codec{};
+  CAPTURE(Codec::block);
+  CAPTURE(Codec::k);
+  CAPTURE(Codec::values_name);
+  CAPTURE(residual);
+  CAPTURE(world);
+  std::vector<std::size_t> packed, padded;
+  std::size_t np = 0, nd = 0;
+  for (auto n : sizes) {
+    packed.push_back(np);
+    padded.push_back(nd);
+    np += n;
+    nd += (n + 15) / 16 * 16;
+  }
+  const cp::block_layout layout(sizes, Codec::block, 1);
+  const std::size_t nb = layout.block_count();
+  std::vector<std::vector<float>> local;
+  for (std::size_t t = 0; t < sizes.size(); ++t)
+    local.push_back(random_floats(sizes[t], seed + static_cast<std::uint32_t>(t), 0.01f));
+  std::vector<float> global_h = random_floats(np, seed + 100), residual_h = random_floats(np, seed + 200, 0.001f);
+  for (std::size_t t = 0; t < sizes.size(); ++t)
+    for (std::size_t i = 0; i < sizes[t]; ++i) {
+      const std::size_t j = packed[t] + i;
+      if (i % 5 == 1) {  // runs of +-2.5 and of +-0: equal magnitudes
+        local[t][i] = 0.0f;
+        global_h[j] = (i % 3 == 0 ? -2.5f : 2.5f);
+      } else if (i % 11 == 4) {
+        local[t][i] = 0.0f;
+        global_h[j] = (i % 2 ? -0.0f : 0.0f);
+        residual_h[j] = (i % 4 ? -0.0f : 0.0f);
+      }
+    }
+  // Tensor 1 (when there is one) all ties, tensor 2 all zeros.
+  if (sizes.size() > 1)
+    for (std::size_t i = 0; i < sizes[1]; ++i) {
+      local[1][i] = 0.0f;
+      global_h[packed[1] + i] = i % 2 ? 1.0f : -1.0f;
+      residual_h[packed[1] + i] = 0.0f;
+    }
+  if (sizes.size() > 2)
+    for (std::size_t i = 0; i < sizes[2]; ++i) {
+      local[2][i] = 0.0f;
+      global_h[packed[2] + i] = 0.0f;
+      residual_h[packed[2] + i] = 0.0f;
+    }
+  if (with_nan) global_h[np / 2] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> global_d(nd, 0.0f), residual_d(nd, 0.0f);
+  for (std::size_t t = 0; t < sizes.size(); ++t)
+    for (std::size_t i = 0; i < sizes[t]; ++i) {
+      global_d[padded[t] + i] = global_h[packed[t] + i];
+      residual_d[padded[t] + i] = residual_h[packed[t] + i];
+    }
+  std::vector<float*> local_ptr;
+  std::vector<k::device_tensor> tensors;
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    local_ptr.push_back(local[t].data());
+    tensors.push_back({local[t].data(), padded[t], packed[t]});
+  }
+  const k::tensor_table table{local_ptr.data(), packed.data()};
+  const std::uint64_t stream = k::make_stream(seed, 3, 1, 1);
+
+  // Encode.
+  std::vector<std::byte> pay_h(nb * Codec::stride(), std::byte{0x55}), pay_d(nb * Codec::stride(), std::byte{0xaa});
+  std::vector<float> next_h(np, -1.0f), next_d(nd, -1.0f);
+  std::vector<k::sums2> sums_h(nb), sums_d(nb);
+  const k::encode_pseudo_gradient<Codec> host{codec,
+                                              layout.blocks(),
+                                              table,
+                                              global_h.data(),
+                                              residual ? residual_h.data() : nullptr,
+                                              residual ? next_h.data() : nullptr,
+                                              pay_h.data(),
+                                              Codec::stride(),
+                                              stream,
+                                              decay};
+  for (std::size_t b = 0; b < nb; ++b) sums_h[b] = host(b);
+  sim::run_teams(nb, k::topk_encode_blocks<Codec>{layout.blocks(), tensors.data(), global_d.data(),
+                                                  residual ? residual_d.data() : nullptr,
+                                                  residual ? next_d.data() : nullptr, pay_d.data(), stream,
+                                                  sums_d.data(), decay, true});
+  for (std::size_t b = 0; b < nb; ++b) {
+    CAPTURE(b);
+    REQUIRE(same_bytes(pay_h.data() + b * Codec::stride(), pay_d.data() + b * Codec::stride(), Codec::stride()));
+    REQUIRE(same_sums(sums_h[b], sums_d[b]));
+    REQUIRE(codec.check(pay_d.data() + b * Codec::stride(), layout.blocks()[b].len) == nullptr);
+  }
+  if (residual)
+    for (std::size_t t = 0; t < sizes.size(); ++t)
+      REQUIRE(same_bytes(next_h.data() + packed[t], next_d.data() + padded[t], sizes[t] * sizeof(float)));
+  if (with_nan) return;
+
+  // Decode, sum in rank order, Nesterov, copy-back: `world` segments, the
+  // first the one just encoded, the others other vectors' encodings.
+  std::vector<std::vector<std::byte>> sources{pay_h};
+  for (int r = 1; r < world; ++r) {
+    sources.push_back(pay_h);
+    std::vector<float> v = random_floats(np, seed + 300 + static_cast<std::uint32_t>(r));
+    for (std::size_t i = 0; i < np; i += 3) v[i] = i % 2 ? -0.0f : 0.0f;
+    float dq[Codec::block];
+    for (std::size_t b = 0; b < nb; ++b) {
+      const auto blk = layout.blocks()[b];
+      codec.encode(v.data() + packed[blk.tensor] + blk.start, blk.len, sources.back().data() + b * Codec::stride(), dq,
+                   stream, 0);
+    }
+  }
+  std::vector<const std::byte*> payloads;
+  for (auto& src : sources) payloads.push_back(src.data());
+  const auto nesterov = dc::outer::nesterov::make_update({}, 2);
+  std::vector<float> state_h = random_floats(np, seed + 400), state_d(nd, 0.0f);
+  for (std::size_t t = 0; t < sizes.size(); ++t)
+    for (std::size_t i = 0; i < sizes[t]; ++i) state_d[padded[t] + i] = state_h[packed[t] + i];
+  auto local_d = local;
+  std::vector<k::device_tensor> tensors_d = tensors;
+  for (std::size_t t = 0; t < sizes.size(); ++t) tensors_d[t].local = local_d[t].data();
+  const k::gathered_decode_apply<Codec, k::sgd_update> host_apply{
+      codec, nesterov, layout.blocks(), table, payloads.data(), world, Codec::stride(), global_h.data(),
+      state_h.data(), np};
+  for (std::size_t b = 0; b < nb; ++b) host_apply(b);
+  sim::run_teams(nb, k::topk_decode_apply_blocks<Codec, k::sgd_update>{nesterov, layout.blocks(), tensors_d.data(),
+                                                                       payloads.data(), world, global_d.data(),
+                                                                       state_d.data(), nd});
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    CAPTURE(t);
+    REQUIRE(same_bytes(global_h.data() + packed[t], global_d.data() + padded[t], sizes[t] * sizeof(float)));
+    REQUIRE(same_bytes(state_h.data() + packed[t], state_d.data() + padded[t], sizes[t] * sizeof(float)));
+    REQUIRE(same_bytes(local[t].data(), local_d[t].data(), sizes[t] * sizeof(float)));
+  }
+}
+
+// The selection on its own: a chunk whose kept set is known by hand.
+template <class Codec>
+std::vector<unsigned> device_positions(const std::vector<float>& delta) {
+  const std::vector<std::size_t> sizes{delta.size()};
+  const cp::block_layout layout(sizes, Codec::block, 1);
+  std::vector<float> local(delta.size(), 0.0f), global = delta;
+  std::vector<k::device_tensor> tensors{{local.data(), 0, 0}};
+  std::vector<std::byte> pay(layout.block_count() * Codec::stride());
+  std::vector<k::sums2> sums(layout.block_count());
+  sim::run_teams(layout.block_count(), k::topk_encode_blocks<Codec>{layout.blocks(), tensors.data(), global.data(),
+                                                                    nullptr, nullptr, pay.data(), 0, sums.data(),
+                                                                    1.0f, false});
+  std::vector<unsigned> out;
+  for (std::size_t e = 0; e < Codec::entries(delta.size()); ++e) out.push_back(Codec::position(pay.data(), e));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("chunk_topk device selection: the K largest magnitudes, ties to the lower index, NaN first") {
+  using C = cp::chunk_topk_codec<16, 4, dc::int8, cp::round_nearest>;
+  // |x|: 3 at 2, 9 at 5 and 12 (tie), 7 at 9 and -7 at 14 (tie), 1 elsewhere.
+  std::vector<float> d(16, 1.0f);
+  d[2] = 3.0f;
+  d[5] = -9.0f;
+  d[12] = 9.0f;
+  d[9] = 7.0f;
+  d[14] = -7.0f;
+  CHECK(device_positions<C>(d) == std::vector<unsigned>{5, 9, 12, 14});
+  d[9] = 2.0f;  // now 3 is the 4th: 2, 5, 12, 14
+  CHECK(device_positions<C>(d) == std::vector<unsigned>{2, 5, 12, 14});
+  std::vector<float> ties(16, -0.5f);  // all equal: the first K
+  CHECK(device_positions<C>(ties) == std::vector<unsigned>{0, 1, 2, 3});
+  ties[11] = std::numeric_limits<float>::quiet_NaN();
+  CHECK(device_positions<C>(ties) == std::vector<unsigned>{0, 1, 2, 11});
+  // Magnitudes that differ only in their lowest byte (the last radix pass).
+  std::vector<float> close(16);
+  for (std::size_t i = 0; i < 16; ++i) {
+    std::uint32_t b = 0x3f800000u + static_cast<std::uint32_t>((i * 7) % 16);
+    std::memcpy(&close[i], &b, 4);
+  }
+  // (i * 7) % 16 is largest for i = 9 (15), 2 (14), 11 (13), 4 (12).
+  CHECK(device_positions<C>(close) == std::vector<unsigned>{2, 4, 9, 11});
+  // A partial chunk of 3 elements keeps all 3.
+  CHECK(device_positions<C>({0.0f, -1.0f, 2.0f}) == std::vector<unsigned>{0, 1, 2});
+}
+
+TEST_CASE("chunk_topk team programs give the host passes' bytes, norms, residuals and results") {
+  compare_topk_passes<cp::chunk_topk_codec<4096, 64, dc::int2, cp::round_nearest>>({5000, 4096, 300, 1}, true, 0.95f, 3,
+                                                                                  11);
+  compare_topk_passes<cp::chunk_topk_codec<4096, 64, dc::int2, cp::round_nearest>>({4097, 2}, false, 1.0f, 1, 12);
+  compare_topk_passes<cp::chunk_topk_codec<64, 8, dc::int4, cp::stochastic_rounding>>({1, 63, 64, 65, 200, 7}, true,
+                                                                                      1.0f, 4, 13);
+  compare_topk_passes<cp::chunk_topk_codec<100, 7, dc::fp8_e4m3, cp::round_nearest>>({250, 100, 99}, true, 0.9f, 2, 14);
+  compare_topk_passes<cp::chunk_topk_codec<8, 3, dc::int8, cp::round_nearest>>({10, 8, 2, 1}, true, 1.0f, 3, 15);
+  compare_topk_passes<cp::chunk_topk_codec<16, 16, dc::int2, cp::round_nearest>>({40, 16, 5}, true, 1.0f, 2, 16);
+  compare_topk_passes<cp::chunk_topk_codec<1000, 64, dc::fp4_e3m0, cp::stochastic_rounding>>({2500, 1000, 999}, true,
+                                                                                             0.95f, 3, 17);
+  compare_topk_passes<cp::chunk_topk_codec<2048, 32, dc::fp8_e5m2, cp::round_nearest>>({3000, 2048, 1}, false, 1.0f, 2,
+                                                                                      18);
+  compare_topk_passes<cp::chunk_topk_codec<4096, 4096, dc::int8, cp::round_nearest>>({5000, 10, 3}, true, 1.0f, 2, 19);
+}
+
+TEST_CASE("chunk_topk team programs: a NaN chunk encodes as on the host (its amax is NaN, the round is refused)") {
+  compare_topk_passes<cp::chunk_topk_codec<64, 8, dc::int2, cp::round_nearest>>({200, 64, 64}, true, 0.95f, 1, 21, true);
+}
+
 namespace {
 
 // Awkward tensor sizes around the block sizes 128 (blockwise) and 64 (casts).
@@ -498,8 +706,9 @@ void compare_engines(int m, int rounds, const std::vector<std::size_t>& sizes = 
   CHECK(sim::team_launches > 0);
   check_same_run(host, device, m, rounds);
   // The wire really carried data: one all-to-all and one all-gather per
-  // round for M > 1 (a world of one copies on the device).
-  if (m > 1) CHECK(device.wire[0].size() == static_cast<std::size_t>(2 * rounds));
+  // round for M > 1, one all-gather for a sparse (gathered) codec (a world
+  // of one copies on the device).
+  if (m > 1) CHECK(device.wire[0].size() == static_cast<std::size_t>((cp::gathered_v<C> ? 1 : 2) * rounds));
 }
 
 }  // namespace
@@ -550,24 +759,62 @@ TEST_CASE("device compressed mean over misaligned replicas: scalar accesses, sam
   check_same_run(host, device, 2, 2);
 }
 
+TEST_CASE("device gathered mean (chunk_topk): the host engine's bits, M = 1, 2, 3, 4, with and without error feedback") {
+  using sparse = cp::error_feedback<cp::chunk_topk<64, 8, dc::int2>>;
+  for (int m : {1, 2, 3, 4}) {
+    compare_engines<sparse>(m, 3, model_sizes, {.decay = 0.95f});
+    compare_engines<cp::chunk_topk<>>(m, 2);
+    compare_engines<cp::error_feedback<cp::chunk_topk<128, 16, dc::fp8_e4m3, cp::stochastic_rounding>>>(
+        m, 3, model_sizes, {.seed = 5});
+  }
+  // Chunks of 4096 (16 elements per thread, 16-byte accesses) over tensors
+  // that end inside chunks, on replicas that allow or forbid 16-byte
+  // accesses.
+  using sparse_loco = cp::error_feedback<cp::chunk_topk<4096, 64, dc::int2>>;
+  compare_engines<sparse_loco>(3, 2, {5000, 4096, 17}, {.decay = 0.95f});
+  const auto host = train<dc::host_space, sparse_loco>(2, 2, {5000, 300});
+  const auto device = train<dc::device_space, sparse_loco>(2, 2, {5000, 300}, {}, /*misalign=*/1);
+  check_same_run(host, device, 2, 2);
+}
+
+TEST_CASE("device gathered mean through a device communicator (device views, nothing staged)") {
+  using C = cp::error_feedback<cp::chunk_topk<64, 8, dc::int4>>;
+  const auto host = train<dc::host_space, C>(3, 2, model_sizes);
+  const auto device = train<dc::device_space, C, link_kind::device>(3, 2, model_sizes);
+  check_same_run(host, device, 3, 2);
+}
+
 // --------------------------------------------------------------- rejection
 namespace {
 
-// A host communicator over comm::threads whose all-to-all hands `victim`
-// damaged bytes (fault injection on a real exchange) on the second round.
+// A host communicator over comm::threads whose all-to-all (the compressed
+// mean's first exchange; the gathered mean's all-gather when `gathered`)
+// hands `victim` damaged bytes (fault injection on a real exchange) on the
+// second round after arm() (the start-up agreement also gathers).
 class flaky_link : public threads_host_link {
  public:
   using damage = void (*)(std::span<std::byte> slot_of_rank_1);
-  flaky_link(dc::comm::threads& c, int victim, damage d) : threads_host_link(c), victim_(victim), damage_(d) {}
+  flaky_link(dc::comm::threads& c, int victim, damage d, bool gathered)
+      : threads_host_link(c), victim_(victim), damage_(d), gathered_(gathered) {}
   void all_to_all(std::span<const std::byte> s, std::span<std::byte> r) {
     threads().all_to_all(s, r);
-    const std::size_t slot = r.size() / static_cast<std::size_t>(size());
-    if (++calls_ == 2 && rank() == victim_) damage_(r.subspan(slot, slot));
+    if (!gathered_) hit(r);
   }
+  void all_gather(std::span<const std::byte> s, std::span<std::byte> r) {
+    threads().all_gather(s, r);
+    if (gathered_) hit(r);
+  }
+  void arm() { armed_ = true; }
 
  private:
+  void hit(std::span<std::byte> r) {
+    const std::size_t slot = r.size() / static_cast<std::size_t>(size());
+    if (armed_ && ++calls_ == 2 && rank() == victim_) damage_(r.subspan(slot, slot));
+  }
   int victim_;
   damage damage_;
+  bool gathered_;
+  bool armed_ = false;
   int calls_ = 0;
 };
 
@@ -582,6 +829,16 @@ void forge_a_code(std::span<std::byte> seg) {
   dc::wire::detail::put<std::uint64_t>(seg.data() + 48, dc::wire::detail::segment_checksum(seg.data(), payload));
 }
 
+// A chunk_topk position beyond the chunk (4095 in a tensor of 500) in
+// chunk 0, with the checksum recomputed.
+template <class Codec>
+void forge_a_position(std::span<std::byte> seg) {
+  seg[dc::wire::header_bytes + 4 + Codec::value_bytes] = std::byte{0xff};
+  seg[dc::wire::header_bytes + 4 + Codec::value_bytes + 1] |= std::byte{0x0f};
+  const auto payload = dc::wire::detail::get<std::uint64_t>(seg.data() + 24);
+  dc::wire::detail::put<std::uint64_t>(seg.data() + 48, dc::wire::detail::segment_checksum(seg.data(), payload));
+}
+
 struct rejection {
   std::vector<std::string> what;  // [rank] the second round's error
   bool state_kept = true;         // theta_global, residual, replica as the rules say
@@ -590,9 +847,8 @@ struct rejection {
 
 // Three rounds on 3 workers (one tensor of 500): the second is damaged on
 // rank 2 (`damage`) or carries a NaN from rank 1 (damage == nullptr).
-template <class Space>
+template <class Space, class C = cp::error_feedback<cp::blockwise<dc::int8>>>
 rejection reject_second_round(flaky_link::damage damage) {
-  using C = cp::error_feedback<cp::blockwise<dc::int8>>;
   constexpr int m = 3;
   rejection out;
   out.what.resize(m);
@@ -600,10 +856,11 @@ rejection reject_second_round(flaky_link::damage damage) {
   dc::comm::threads::world world(m);
   world.run([&](dc::comm::threads& inner) {
     const int r = inner.rank();
-    flaky_link comm(inner, 2, damage ? damage : [](std::span<std::byte>) {});
+    flaky_link comm(inner, 2, damage ? damage : [](std::span<std::byte>) {}, cp::gathered_v<C>);
     replica<Space> rep(r, {500});
     dc::algorithm<dc::inner::sgd, dc::outer::nesterov, C, flaky_link> t(rep.params, comm,
                                                                         {.inner_steps = 1, .inner = {.lr = 0.5f}});
+    comm.arm();
     rep.compute_grads(r);
     t.step(rep.grads);
     const auto g = t.template global_parameters<Space>();
@@ -662,14 +919,45 @@ TEST_CASE("device compressed mean: a NaN, a corrupt byte, a forged code reject t
   }
 }
 
+TEST_CASE("device gathered mean: a NaN, a corrupt byte, a forged position reject the round as on the host") {
+  using C = cp::error_feedback<cp::chunk_topk<>>;
+  struct scenario {
+    const char* name;
+    flaky_link::damage damage;
+    const char* victim;
+  };
+  for (const scenario s :
+       {scenario{"nan", nullptr, "non-finite pseudo-gradient from rank 1 (norm nan: the pseudo-gradient holds NaN"},
+        scenario{"flipped bit", flip_a_bit, "checksum mismatch"},
+        scenario{"forged position", forge_a_position<C::codec>, "chunk_topk position beyond its chunk"}}) {
+    CAPTURE(s.name);
+    const auto host = reject_second_round<dc::host_space, C>(s.damage);
+    const auto device = reject_second_round<dc::device_space, C>(s.damage);
+    CHECK(device.state_kept);
+    CHECK(device.third_round_applied);
+    CHECK(host.state_kept);
+    for (int r = 0; r < 3; ++r) {
+      CAPTURE(r);
+      const auto i = static_cast<std::size_t>(r);
+      CHECK(device.what[i] == host.what[i]);
+      CHECK(device.what[i].find("outer round 2 rejected") != std::string::npos);
+    }
+    CHECK(device.what[2].find(s.victim) != std::string::npos);
+    if (s.damage) CHECK(device.what[0].find("rank(s) 2 received corrupt compressed data") != std::string::npos);
+  }
+}
+
 TEST_CASE("topk has no device form: a compile-time error names what to use (see compile_fail_device_topk)") {
   CHECK_FALSE(k::codec_elements<cp::topk_codec<64>>::supported);
   CHECK(k::codec_elements<cp::blockwise_codec<dc::int4, 64, cp::round_nearest>>::supported);
   CHECK(k::codec_elements<cp::cast_codec<dc::bf16, cp::round_nearest>>::supported);
 }
 
-TEST_CASE("host and device workers share compressed rounds: the same segments, the all-host run's bits") {
-  using C = cp::error_feedback<cp::blockwise<dc::int4, 128>>;
+namespace {
+
+template <class C>
+void mixed_workers() {
+  CAPTURE(C::name);
   constexpr int m = 3, rounds = 2;
   const auto host = train<dc::host_space, C>(m, rounds, model_sizes);
   std::vector<std::vector<float>> mixed(m);
@@ -699,4 +987,11 @@ TEST_CASE("host and device workers share compressed rounds: the same segments, t
     REQUIRE(logs[r].size() == host.wire[r].size());
     for (std::size_t c = 0; c < logs[r].size(); ++c) CHECK(logs[r][c] == host.wire[r][c]);
   }
+}
+
+}  // namespace
+
+TEST_CASE("host and device workers share compressed rounds: the same segments, the all-host run's bits") {
+  mixed_workers<cp::error_feedback<cp::blockwise<dc::int4, 128>>>();
+  mixed_workers<cp::error_feedback<cp::chunk_topk<64, 8, dc::int2>>>();
 }

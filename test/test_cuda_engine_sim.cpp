@@ -362,6 +362,16 @@ TEST_CASE("every schedule over device tensors gives the host engine's bits (fp32
     host_and_device_agree<ladder, dc::sync::streaming>({.fragments = 2, .delay = 1}, 7, co);
     host_and_device_agree<ladder, dc::sync::one_step_delay>({}, 3, co);
   }
+  SUBCASE("chunk_topk + error feedback (sparse, gathered), alone and as an adaptive rung") {
+    using sparse = dc::compress::error_feedback<dc::compress::chunk_topk<32, 4, dc::int2>>;
+    host_and_device_agree<sparse, dc::sync::streaming>({.fragments = 3, .delay = 1, .alpha = 0.5f}, 10,
+                                                       {.decay = 0.95f});
+    host_and_device_agree<sparse, dc::sync::one_step_delay>({}, 3);
+    host_and_device_agree<sparse, dc::sync::eager>({}, 3);
+    using ladder = dc::compress::adaptive<int8_ef, sparse>;
+    host_and_device_agree<ladder, dc::sync::streaming>({.fragments = 2, .delay = 1}, 7,
+                                                       {.rule = {.budget_seconds = 1e9, .start = 1}});
+  }
 }
 
 // Checkpoints of device-space state: every buffer is staged through host

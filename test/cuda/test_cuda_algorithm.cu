@@ -260,6 +260,12 @@ TEST_CASE("gpu: compressed DiLoCo over thrust::device_vector gives the host tens
     // adaptive: int4 in the first round, int8 after it (a budget every rung fits).
     using ladder = cp::adaptive<cp::error_feedback<cp::blockwise<dc::int8>>, cp::error_feedback<cp::blockwise<dc::int4>>>;
     check_same_bits<ladder>(m, {.rule = {.budget_seconds = 1e9, .start = 1}});
+    // Sparse (gathered): the selection's radix select in shared memory.
+    check_same_bits<cp::error_feedback<cp::chunk_topk<64, 8, dc::int2>>>(m, {.decay = 0.95f});
+    check_same_bits<cp::chunk_topk<4096, 64, dc::int4>>(m);
+    using sparse_ladder = cp::adaptive<cp::error_feedback<cp::blockwise<dc::int8>>,
+                                       cp::error_feedback<cp::chunk_topk<256, 16, dc::int8>>>;
+    check_same_bits<sparse_ladder>(m, {.rule = {.budget_seconds = 1e9, .start = 1}});
   }
 }
 

@@ -23,7 +23,9 @@
 // fp32 in rank order (reduce/gathered.hpp); re-encoding a mean of sparse
 // vectors would only lose more.
 //
-// Encoding is host code (selection with nth_element over the chunk).
+// Encoding on the host selects with nth_element over the chunk; the device
+// form (kernels/topk_blocks.hpp) runs a radix select in shared memory per
+// chunk and gives the same bytes.
 
 #include <algorithm>
 #include <cstddef>
@@ -65,6 +67,18 @@ inline void or_field(std::byte* p, std::size_t i, int bits, unsigned v) {
   for (std::size_t b = bit / 8; w != 0; ++b, w >>= 8) p[b] |= static_cast<std::byte>(w & 0xffu);
 }
 
+// Stochastic rounding's draw for selected entry e (element index0 +
+// idx[e]), and none: functors rather than lambdas, which nvcc would make
+// host-only inside this host function.
+struct draw_at {
+  std::uint64_t stream, index0;
+  const std::uint64_t* idx;
+  DILOCO_HD float operator()(std::size_t e) const { return kernels::random_unit(stream, index0 + idx[e]); }
+};
+struct no_draw {
+  DILOCO_HD float operator()(std::size_t) const { return 0.0f; }
+};
+
 }  // namespace detail_bits
 
 template <std::size_t Chunk, std::size_t K, class Values, class Rounding>
@@ -83,6 +97,7 @@ struct chunk_topk_codec {
   static constexpr std::size_t value_bytes = (K * Values::bits + 7) / 8;
   static constexpr std::size_t index_bytes = (K * index_bits + 7) / 8;
   static constexpr float levels = Values::levels;
+  static constexpr bool stochastic = Rounding::stochastic;
 
   DILOCO_HD static constexpr std::size_t stride() { return 4 + value_bytes + index_bytes; }
   // Entries a chunk of len elements sends.
@@ -112,10 +127,9 @@ struct chunk_topk_codec {
     const float amax = kernels::block_amax(sel, n);
     constexpr auto g = kernels::grid<Values>();
     if constexpr (Rounding::stochastic)
-      kernels::quantize_block<true>(sel, n, amax, g, q, sdq,
-                                    [&](std::size_t e) { return kernels::random_unit(stream, index0 + idx[e]); });
+      kernels::quantize_block<true>(sel, n, amax, g, q, sdq, detail_bits::draw_at{stream, index0, idx});
     else
-      kernels::quantize_block<false>(sel, n, amax, g, q, sdq, [](std::size_t) { return 0.0f; });
+      kernels::quantize_block<false>(sel, n, amax, g, q, sdq, detail_bits::no_draw{});
     std::memset(out, 0, stride());
     std::memcpy(out, &amax, 4);
     std::fill(dq, dq + len, 0.0f);
@@ -128,18 +142,45 @@ struct chunk_topk_codec {
 
   DILOCO_HD void decode(const std::byte* in, std::size_t len, float* dq) const {
     len = len < Chunk ? len : Chunk;
-    float amax;
-    std::memcpy(&amax, in, 4);
+    const float amax = factor(in);
     for (std::size_t j = 0; j < len; ++j) dq[j] = 0.0f;
-    constexpr auto g = kernels::grid<Values>();
-    const bool multiply = kernels::scale_is_normal(amax, levels) || !(amax - amax == 0.0f);
-    const float scale = amax / levels;
     const std::size_t n = entries(len);
     for (std::size_t e = 0; e < n; ++e) {
-      const unsigned i = detail_bits::get_field(in + 4 + value_bytes, e, index_bits);
-      const float x = g.value(detail_bits::get_field(in + 4, e, value_bits));
-      if (i < len) dq[i] = multiply ? x * scale : kernels::dequantize(x, amax, levels);  // check() refuses i >= len
+      const unsigned i = position(in, e);
+      if (i < len) dq[i] = decode_value(value_code(in, e), amax);  // check() refuses i >= len
     }
+  }
+
+  // Element-level access, for the device passes (kernels/topk_blocks.hpp),
+  // which give a chunk's elements to the threads of a team: the same float
+  // operations as encode() and decode() per element, so the same bits.
+  DILOCO_HD static float factor(const std::byte* in) {
+    float amax;
+    std::memcpy(&amax, in, 4);
+    return amax;
+  }
+  DILOCO_HD static unsigned position(const std::byte* in, std::size_t e) {
+    return detail_bits::get_field(in + 4 + value_bytes, e, index_bits);
+  }
+  DILOCO_HD static unsigned value_code(const std::byte* in, std::size_t e) {
+    return detail_bits::get_field(in + 4, e, value_bits);
+  }
+  // A selected value against the chunk's amax, as encode() quantizes it (u:
+  // its draw under stochastic rounding).
+  DILOCO_HD static void encode_value(float v, float amax, float u, unsigned& code, float& dq) {
+    constexpr auto g = kernels::grid<Values>();
+    float q;
+    if constexpr (Rounding::stochastic)
+      kernels::quantize_block<true>(&v, 1, amax, g, &q, &dq, [u](std::size_t) { return u; });
+    else
+      kernels::quantize_block<false>(&v, 1, amax, g, &q, &dq, [](std::size_t) { return 0.0f; });
+    code = g.code(q);
+  }
+  DILOCO_HD static float decode_value(unsigned code, float amax) {
+    constexpr auto g = kernels::grid<Values>();
+    const float x = g.value(code);
+    if (kernels::scale_is_normal(amax, levels) || !(amax - amax == 0.0f)) return x * (amax / levels);
+    return kernels::dequantize(x, amax, levels);
   }
 
   DILOCO_HD const char* check(const std::byte* in, std::size_t len) const {

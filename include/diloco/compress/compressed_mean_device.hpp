@@ -38,6 +38,7 @@
 #include "diloco/compress/block_layout.hpp"
 #include "diloco/compress/codec.hpp"
 #include "diloco/compress/compressed_mean.hpp"
+#include "diloco/compress/device_segments.hpp"
 #include "diloco/compress/segment.hpp"
 #include "diloco/compress/wire_format.hpp"
 #include "diloco/core/comm_types.hpp"
@@ -108,22 +109,9 @@ class compressed_mean<Compressor, Space> {
       next_residual_ = device_buffer<float>(params.total());
     }
     block_sums_ = device_buffer<kernels::sums2>(layout_.block_count());
-    blocks_ = upload(exec, layout_.blocks(), layout_.block_count());
-    tensors_ = upload(exec, tensors.data(), tensors.size());
-
-    // The host executor's reduction chunks over each shard's blocks: the
-    // norms are summed in that order (kernels::chunk_lane_sums).
-    std::vector<kernels::chunk_ref> chunks;
-    for (int s = 0; s < world; ++s) {
-      shard_chunks_.push_back(chunks.size());
-      const std::size_t end = layout_.first_block(s) + layout_.blocks_in(s);
-      for (std::size_t b = layout_.first_block(s); b < end; b += diloco::exec::host::reduce_chunk)
-        chunks.push_back({b, std::min(end, b + diloco::exec::host::reduce_chunk)});
-    }
-    shard_chunks_.push_back(chunks.size());
-    chunks_ = upload(exec, chunks.data(), chunks.size());
-    lanes_ = device_buffer<kernels::sums2>(chunks.size() * lanes);
-    host_lanes_ = host_buffer<kernels::sums2>(chunks.size() * lanes);
+    blocks_ = device_detail::upload<Space>(exec, layout_.blocks(), layout_.block_count());
+    tensors_ = device_detail::upload<Space>(exec, tensors.data(), tensors.size());
+    norms_ = device_detail::device_norms<Space>(exec, layout_);
 
     std::vector<const std::byte*> received;
     std::vector<kernels::segment_ref> send, recv, gathered;
@@ -141,19 +129,15 @@ class compressed_mean<Compressor, Space> {
     }
     const kernels::segment_ref reduced{reduced_.data() + wire::header_bytes, mine * stride_,
                                        layout_.first_block(rank), mine, 0};
-    received_ = upload(exec, received.data(), m);
-    send_segments_ = upload(exec, send.data(), m);
-    recv_segments_ = upload(exec, recv.data(), m);
-    gathered_segments_ = upload(exec, gathered.data(), m);
-    reduced_segment_ = upload(exec, &reduced, 1);
+    received_ = device_detail::upload<Space>(exec, received.data(), m);
+    send_segments_ = device_detail::upload<Space>(exec, send.data(), m);
+    recv_segments_ = device_detail::upload<Space>(exec, recv.data(), m);
+    gathered_segments_ = device_detail::upload<Space>(exec, gathered.data(), m);
+    reduced_segment_ = device_detail::upload<Space>(exec, &reduced, 1);
 
-    headers_ = device_bytes(m * wire::header_bytes);
-    host_headers_ = host_buffer<std::byte>(m * wire::header_bytes);
-    results_ = device_buffer<std::uint64_t>(2 * m);  // checksum sums, then first bad blocks
-    host_results_ = host_buffer<std::uint64_t>(2 * m);
+    segments_ = device_detail::device_segments<codec_type, Space>(codec_, m, slot_, max_payload_);
     verdict_device_ = device_buffer<float>(m);
     verdict_.assign(m, 0.0f);
-    bad_block_bytes_ = host_buffer<std::byte>(stride_);
   }
 
   const block_layout& layout() const { return layout_; }
@@ -191,22 +175,20 @@ class compressed_mean<Compressor, Space> {
                          Compressor::has_error_feedback ? next_residual_.data() : nullptr,
                          segment(send_, static_cast<std::size_t>(s)) + wire::header_bytes, stream1,
                          block_sums_.data() + layout_.first_block(s), vector_});
-    exec.checksum_segments(send_segments_.data(), m, max_payload_, results_.data());
-    const kernels::sums2 sums = shard_sums(exec, 0, world_);
-    exec.to_host(host_results_.data(), results_.data(), m);
+    segments_.checksums(exec, send_segments_.data(), m, max_payload_);
+    const kernels::sums2 sums = norms_(exec, block_sums_.data(), 0, world_);
     out_.delta_norm = std::sqrt(sums.a);
     out_.error_norm = std::sqrt(sums.b);
     for (int s = 0; s < world_; ++s) {
       const std::size_t payload = layout_.blocks_in(s) * stride_;
-      wire::write_header(host_headers_.data() + static_cast<std::size_t>(s) * wire::header_bytes,
+      wire::write_header(segments_.host_header(static_cast<std::size_t>(s)),
                          {codec_type::id, flags(), static_cast<std::uint32_t>(codec_type::block),
                           static_cast<std::uint32_t>(rank_), layout_.elements_in(s), payload, round,
                           static_cast<float>(out_.delta_norm), 0, fragment_},
-                         host_results_[static_cast<std::size_t>(s)]);
+                         segments_.checksum(static_cast<std::size_t>(s)));
       out_.encoded_bytes += wire::header_bytes + payload;
     }
-    exec.from_host(headers_.data(), host_headers_.data(), m * wire::header_bytes);
-    exec.for_each(m * header_words, kernels::copy_headers{headers_.data(), wire::header_bytes, send_.data(), slot_});
+    segments_.put_headers(exec, send_.data(), m);
   }
 
   // 2. shard r of every rank to rank r: the M slots of send_data() to
@@ -224,7 +206,7 @@ class compressed_mean<Compressor, Space> {
   void reduce(Exec& exec) {
     const auto m = static_cast<std::size_t>(world_);
     const std::size_t mine = layout_.blocks_in(rank_);
-    inspect(exec, recv_, recv_segments_, m * mine);
+    segments_.inspect(exec, recv_.data(), recv_segments_.data(), m * mine, blocks_.data());
     std::uint32_t status = 0;
     const std::size_t my_payload = mine * stride_;
     for (int k = 0; k < world_ && status == 0; ++k) {
@@ -245,17 +227,16 @@ class compressed_mean<Compressor, Space> {
                                                             received_.data(), world_,
                                                             reduced_.data() + wire::header_bytes, stream2,
                                                             block_sums_.data() + layout_.first_block(rank_)});
-      exec.checksum_segments(reduced_segment_.data(), 1, my_payload, results_.data());
-      reduced_norm = std::sqrt(shard_sums(exec, rank_, rank_ + 1).a);
-      exec.to_host(host_results_.data(), results_.data(), 1);
-      reduced_sum = host_results_[0];
+      segments_.checksums(exec, reduced_segment_.data(), 1, my_payload);
+      reduced_norm = std::sqrt(norms_(exec, block_sums_.data(), rank_, rank_ + 1).a);
+      reduced_sum = segments_.checksum(0);
     }
-    wire::write_header(host_headers_.data(),
+    wire::write_header(segments_.host_header(0),
                        {codec_type::id, flags(), static_cast<std::uint32_t>(codec_type::block),
                         static_cast<std::uint32_t>(rank_), layout_.elements_in(rank_), status == 0 ? my_payload : 0,
                         round_, static_cast<float>(reduced_norm), status, fragment_},
                        reduced_sum);
-    exec.from_host(reduced_.data(), host_headers_.data(), wire::header_bytes);
+    segments_.put_headers(exec, reduced_.data(), 1);
   }
 
   // 5. every reduced shard (slot_bytes() from reduced_data()) to every rank
@@ -272,7 +253,7 @@ class compressed_mean<Compressor, Space> {
   template <class Exec>
   void check_gathered(Exec& exec) {
     const auto m = static_cast<std::size_t>(world_);
-    inspect(exec, gathered_, gathered_segments_, layout_.block_count());
+    segments_.inspect(exec, gathered_.data(), gathered_segments_.data(), layout_.block_count(), blocks_.data());
     for (int k = 0; k < world_ && found_.local_problem.empty(); ++k) {
       try {
         // A shard whose owner reported a problem carries a status and no
@@ -318,9 +299,6 @@ class compressed_mean<Compressor, Space> {
   }
 
  private:
-  static constexpr std::size_t lanes = kernels::chunk_lane_sums::lanes_per_chunk;
-  static constexpr std::size_t header_words = wire::header_bytes / 4;
-
   static constexpr std::uint8_t flags() { return diloco::detail::segment_flags<Compressor>(); }
   wire::expectation expect(int sender, int shard, std::uint64_t payload) const {
     return {codec_type::id,
@@ -335,75 +313,17 @@ class compressed_mean<Compressor, Space> {
 
   static device_buffer<std::byte> device_bytes(std::size_t n) { return device_buffer<std::byte>(n); }
 
-  template <class Exec, class T>
-  static device_buffer<T> upload(Exec& exec, const T* host, std::size_t n) {
-    device_buffer<T> d(n);
-    exec.from_host(d.data(), host, n);
-    return d;
-  }
-
   std::byte* segment(device_buffer<std::byte>& slots, std::size_t k) const { return slots.data() + k * slot_; }
 
-  // The per-block sums of shards [first, last) (written by the last pass)
-  // reduced in exec::host::transform_reduce's order, shard by shard, then
-  // added in shard order as the host's loop adds them.
-  template <class Exec>
-  kernels::sums2 shard_sums(Exec& exec, int first, int last) {
-    const std::size_t c0 = shard_chunks_[static_cast<std::size_t>(first)];
-    const std::size_t c1 = shard_chunks_[static_cast<std::size_t>(last)];
-    exec.for_each((c1 - c0) * lanes, kernels::chunk_lane_sums{block_sums_.data(), chunks_.data() + c0,
-                                                               lanes_.data() + c0 * lanes});
-    exec.to_host(host_lanes_.data() + c0 * lanes, lanes_.data() + c0 * lanes, (c1 - c0) * lanes);
-    kernels::sums2 total;
-    for (int s = first; s < last; ++s) {
-      kernels::sums2 shard;
-      for (std::size_t c = shard_chunks_[static_cast<std::size_t>(s)]; c < shard_chunks_[static_cast<std::size_t>(s) + 1];
-           ++c) {
-        kernels::sums2 lane[lanes];
-        for (std::size_t l = 0; l < lanes; ++l) lane[l] = host_lanes_[c * lanes + l];
-        for (std::size_t width = lanes / 2; width > 0; width /= 2)
-          for (std::size_t l = 0; l < width; ++l) lane[l] += lane[l + width];
-        shard += lane[0];
-      }
-      total += shard;
-    }
-    return total;
-  }
-
-  // Brings the headers of the M segments in `slots` to the host, with their
-  // payload checksum sums and first malformed blocks (`items`: the blocks
-  // of all M segments together).
-  template <class Exec>
-  void inspect(Exec& exec, device_buffer<std::byte>& slots, const device_buffer<kernels::segment_ref>& table,
-               std::size_t items) {
-    const auto m = static_cast<std::size_t>(world_);
-    exec.for_each(m * header_words, kernels::copy_headers{slots.data(), slot_, headers_.data(), wire::header_bytes});
-    exec.checksum_segments(table.data(), m, max_payload_, results_.data());
-    exec.for_each(m, kernels::fill_words{results_.data() + m, ~std::uint64_t{0}});
-    exec.for_each(items, kernels::check_blocks<codec_type>{codec_, table.data(), m, blocks_.data(), results_.data() + m});
-    exec.to_host(host_headers_.data(), headers_.data(), m * wire::header_bytes);
-    exec.to_host(host_results_.data(), results_.data(), 2 * m);
-  }
-
-  // validate_segment for segment k of `slots`, from what inspect() brought
-  // to the host; a malformed block is copied over to name its problem.
+  // validate_segment for segment k of `slots` (carrying shard `shard`),
+  // from what segments_.inspect() brought to the host.
   template <class Exec>
   wire::header check_segment(Exec& exec, std::size_t k, device_buffer<std::byte>& slots,
                              const wire::expectation& want, int shard, const char* what, bool allow_status) {
     const std::string where = diloco::detail::concat("compressed round ", want.round, ", ", what, " from rank ",
                                                      want.sender, " on rank ", rank_);
-    const std::size_t nblocks = layout_.blocks_in(shard);
-    return validate_segment_parts(
-        host_headers_.data() + k * wire::header_bytes, slot_, want, nblocks, where.c_str(), allow_status, world_,
-        [&](std::uint64_t bytes) { return bytes == 0 ? std::uint64_t{0} : host_results_[k]; },
-        [&]() -> bad_block {
-          const std::uint64_t b = host_results_[static_cast<std::size_t>(world_) + k];
-          if (b >= nblocks) return {nblocks, nullptr};
-          exec.to_host(bad_block_bytes_.data(), segment(slots, k) + wire::header_bytes + b * stride_, stride_);
-          const char* why =
-              codec_.check(bad_block_bytes_.data(), layout_.blocks()[layout_.first_block(shard) + b].len);
-          return {static_cast<std::size_t>(b), why != nullptr ? why : "malformed (found by the device check)"};
-        });
+    return segments_.check(exec, k, slots.data(), want, layout_.blocks() + layout_.first_block(shard),
+                           layout_.blocks_in(shard), where.c_str(), allow_status, world_);
   }
 
   codec_type codec_;
@@ -416,19 +336,15 @@ class compressed_mean<Compressor, Space> {
   std::size_t slot_ = 0;
   std::size_t max_payload_ = 0;
   bool vector_ = false;  // 16-byte accesses to the replica's tensors
-  device_buffer<std::byte> send_, recv_, reduced_, gathered_, headers_;
+  device_buffer<std::byte> send_, recv_, reduced_, gathered_;
   device_buffer<float> residual_, next_residual_, verdict_device_;
   device_buffer<compress::block_ref> blocks_;
   device_buffer<kernels::device_tensor> tensors_;
-  device_buffer<kernels::sums2> block_sums_, lanes_;
-  device_buffer<kernels::chunk_ref> chunks_;
+  device_buffer<kernels::sums2> block_sums_;
   device_buffer<const std::byte*> received_;
   device_buffer<kernels::segment_ref> send_segments_, recv_segments_, gathered_segments_, reduced_segment_;
-  device_buffer<std::uint64_t> results_;
-  std::vector<std::size_t> shard_chunks_;  // first chunk of each shard, and the total
-  host_buffer<kernels::sums2> host_lanes_;
-  host_buffer<std::byte> host_headers_, bad_block_bytes_;
-  host_buffer<std::uint64_t> host_results_;
+  device_detail::device_norms<Space> norms_;
+  device_detail::device_segments<codec_type, Space> segments_;
   std::vector<float> verdict_;
   // The exchange in progress.
   std::uint64_t round_ = 0;

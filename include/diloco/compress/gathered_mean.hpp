@@ -13,7 +13,8 @@
 // Every rank computes the same sums in the same order: the replicas stay
 // bitwise equal. Traffic per rank: (M - 1) segments received. Unlike the
 // compressed mean (compressed_mean.hpp) nothing is re-encoded, so a sparse
-// codec's mean is exactly the mean of the decoded segments.
+// codec's mean is exactly the mean of the decoded segments. Device tensors:
+// gathered_mean_device.hpp (the same bytes).
 
 #include <cmath>
 #include <cstddef>
@@ -41,10 +42,6 @@ namespace diloco::compress {
 
 template <class Compressor, class Space>
 class gathered_mean : public diloco::detail::host_ballot, public diloco::detail::host_feedback<Compressor> {
-  static_assert(std::is_same_v<Space, host_space>,
-                "a gathered (sparse) compressor such as chunk_topk has no device form yet: keep its parameters in "
-                "host memory");
-
  public:
   using codec_type = typename Compressor::codec;
 
@@ -172,3 +169,5 @@ class gathered_mean : public diloco::detail::host_ballot, public diloco::detail:
 };
 
 }  // namespace diloco::compress
+
+#include "diloco/compress/gathered_mean_device.hpp"

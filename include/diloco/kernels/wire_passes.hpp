@@ -106,7 +106,7 @@ struct check_blocks {
     const segment_ref s = segments[k];
     const std::size_t b = i - static_cast<std::size_t>(s.item_begin);
     if (b >= s.blocks) return;
-    if (codec.check(s.payload + b * codec_elements<Codec>::stride, blocks[s.first_block + b].len) != nullptr)
+    if (codec.check(s.payload + b * Codec::stride(), blocks[s.first_block + b].len) != nullptr)
       atomic_min(first_bad + k, b);
   }
 };

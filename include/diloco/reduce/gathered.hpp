@@ -2,11 +2,13 @@
 
 // The reducer for sparse codecs (chunk_topk): the gathered mean's protocol
 // (encode, all-gather, validate and vote; compress/gathered_mean.hpp says
-// why) on reduce::staged's state machine. Host memory only for now.
+// why) on reduce::staged's state machine, over compress::gathered_mean<C,
+// host_space> (fused host passes) or <C, device_space> (team programs).
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <type_traits>
 
 #include "diloco/compress/gathered_mean.hpp"
 #include "diloco/reduce/staged.hpp"
@@ -24,10 +26,18 @@ class gathered
 
  public:
   gathered(const parameter_set<float, Space>& params, int world, int rank, const typename Compressor::options& opts,
-           std::uint32_t fragment, Exec& /*exec*/)
-      : base(std::make_unique<engine_type>(params, world, rank, opts, fragment), world) {}
+           std::uint32_t fragment, Exec& exec)
+      : base(make(params, world, rank, opts, fragment, exec), world) {}
 
  private:
+  static std::unique_ptr<engine_type> make(const parameter_set<float, Space>& params, int world, int rank,
+                                           const typename Compressor::options& opts, std::uint32_t fragment, Exec& exec) {
+    if constexpr (std::is_same_v<Space, host_space>)
+      return (void)exec, std::make_unique<engine_type>(params, world, rank, opts, fragment);
+    else
+      return std::make_unique<engine_type>(params, world, rank, opts, exec, fragment);
+  }
+
   // One all-gather of every rank's segment, then validate them all.
   static constexpr std::size_t exchanges = 1;
   collective exchange(std::size_t) {

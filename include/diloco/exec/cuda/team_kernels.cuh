@@ -28,7 +28,8 @@ namespace kernel {
 
 // Team `threadIdx.x / team` of the block runs codec block
 // blockIdx.x * teams_per_block + that; the sequence of kernels/
-// compressed_blocks.hpp, with the barriers and the team max in between.
+// compressed_blocks.hpp, with the barriers and the team max in between,
+// and the program's phases (grid::team_phases) before its store.
 template <class P>
 __global__ void __launch_bounds__(grid::team_plan<P>::threads) run_teams(P p, std::size_t n) {
   using plan = grid::team_plan<P>;
@@ -55,6 +56,13 @@ __global__ void __launch_bounds__(grid::team_plan<P>::threads) run_teams(P p, st
     if (t == 0) team_max[slot] = m;  // the aggregate is valid in the team's first thread
     __syncthreads();
     m = team_max[slot];
+  }
+  if constexpr (grid::team_phases<P> > 0) {
+    for (unsigned s = 0; s < grid::team_phases<P>; ++s) {
+      __syncthreads();
+      if (live) p.phase(s, b, t, shared[slot], regs);
+    }
+    __syncthreads();
   }
   if (live) p.store(b, t, shared[slot], regs, m);
   if constexpr (P::norms > 0) {

@@ -27,6 +27,16 @@ struct team_plan {
   static constexpr std::size_t blocks(std::size_t n) { return (n + teams_per_block - 1) / teams_per_block; }
 };
 
+// A team program's phases between its load and its store (0 unless it
+// says P::phases): each runs after a barrier, p.phase(s, b, t, shared,
+// regs) for s = 0, 1, ... (the chunk_topk encode's selection,
+// kernels/topk_blocks.hpp).
+template <class P>
+inline constexpr unsigned team_phases = 0;
+template <class P>
+  requires requires { P::phases; }
+inline constexpr unsigned team_phases<P> = P::phases;
+
 // The checksum of several payloads at once: grid.y = segment, grid.x
 // blocks of 256 threads striding over its 8-byte words.
 inline constexpr unsigned checksum_block = 256;

@@ -1,0 +1,174 @@
+#pragma once
+
+// What the device engines (compressed_mean_device.hpp, gathered_mean_device.hpp)
+// share around their team programs: the norms of a pass summed in the host
+// executor's order, and the segments' headers, payload checksums and
+// structure checks, computed on the device with only headers and a few
+// numbers coming to the host, where headers are written and validated as
+// the host engines do (wire_format.hpp, segment.hpp).
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "diloco/compress/block_layout.hpp"
+#include "diloco/compress/segment.hpp"
+#include "diloco/compress/wire_format.hpp"
+#include "diloco/core/error.hpp"
+#include "diloco/exec/host.hpp"
+#include "diloco/kernels/compressed_passes.hpp"
+#include "diloco/kernels/wire_passes.hpp"
+#include "diloco/tensor/buffer.hpp"
+
+namespace diloco::compress::device_detail {
+
+template <class Space, class Exec, class T>
+buffer<T, Space> upload(Exec& exec, const T* host, std::size_t n) {
+  buffer<T, Space> d(n);
+  exec.from_host(d.data(), host, n);
+  return d;
+}
+
+// The per-block sums a pass wrote (kernels::sums2 per layout block), reduced
+// as exec::host::transform_reduce reduces a pass over each shard's blocks:
+// in chunks of reduce_chunk blocks, 8 lanes per chunk (on the device), the
+// lanes pairwise and the chunks in order (here), the shards in order.
+template <class Space>
+class device_norms {
+ public:
+  device_norms() = default;
+  template <class Exec>
+  device_norms(Exec& exec, const block_layout& layout) {
+    std::vector<kernels::chunk_ref> chunks;
+    for (int s = 0; s < layout.shards(); ++s) {
+      shard_chunks_.push_back(chunks.size());
+      const std::size_t end = layout.first_block(s) + layout.blocks_in(s);
+      for (std::size_t b = layout.first_block(s); b < end; b += diloco::exec::host::reduce_chunk)
+        chunks.push_back({b, std::min(end, b + diloco::exec::host::reduce_chunk)});
+    }
+    shard_chunks_.push_back(chunks.size());
+    chunks_ = upload<Space>(exec, chunks.data(), chunks.size());
+    lanes_ = buffer<kernels::sums2, Space>(chunks.size() * lanes);
+    host_lanes_ = host_buffer<kernels::sums2>(chunks.size() * lanes);
+  }
+
+  // The sums of shards [first, last).
+  template <class Exec>
+  kernels::sums2 operator()(Exec& exec, const kernels::sums2* block_sums, int first, int last) {
+    const std::size_t c0 = shard_chunks_[static_cast<std::size_t>(first)];
+    const std::size_t c1 = shard_chunks_[static_cast<std::size_t>(last)];
+    exec.for_each((c1 - c0) * lanes,
+                  kernels::chunk_lane_sums{block_sums, chunks_.data() + c0, lanes_.data() + c0 * lanes});
+    exec.to_host(host_lanes_.data() + c0 * lanes, lanes_.data() + c0 * lanes, (c1 - c0) * lanes);
+    kernels::sums2 total;
+    for (int s = first; s < last; ++s) {
+      kernels::sums2 shard;
+      for (std::size_t c = shard_chunks_[static_cast<std::size_t>(s)]; c < shard_chunks_[static_cast<std::size_t>(s) + 1];
+           ++c) {
+        kernels::sums2 lane[lanes];
+        for (std::size_t l = 0; l < lanes; ++l) lane[l] = host_lanes_[c * lanes + l];
+        for (std::size_t width = lanes / 2; width > 0; width /= 2)
+          for (std::size_t l = 0; l < width; ++l) lane[l] += lane[l + width];
+        shard += lane[0];
+      }
+      total += shard;
+    }
+    return total;
+  }
+
+ private:
+  static constexpr std::size_t lanes = kernels::chunk_lane_sums::lanes_per_chunk;
+  buffer<kernels::chunk_ref, Space> chunks_;
+  buffer<kernels::sums2, Space> lanes_;
+  host_buffer<kernels::sums2> host_lanes_;
+  std::vector<std::size_t> shard_chunks_;  // first chunk of each shard, and the total
+};
+
+// Up to `count` segments at a time in slots of `slot_bytes` of device
+// memory: their payload checksums, their headers (written on the host and
+// copied in, or copied out and validated there) and the first malformed
+// block of each (found on the device with an atomic min; only that block
+// comes to the host, to name its problem).
+template <class Codec, class Space>
+class device_segments {
+ public:
+  static constexpr std::size_t header_words = wire::header_bytes / 4;
+
+  device_segments() = default;
+  device_segments(const Codec& codec, std::size_t count, std::size_t slot_bytes, std::size_t max_payload)
+      : codec_(codec),
+        count_(count),
+        slot_(slot_bytes),
+        max_payload_(max_payload),
+        headers_(count * wire::header_bytes),
+        host_headers_(count * wire::header_bytes),
+        results_(2 * count),
+        host_results_(2 * count),
+        bad_block_bytes_(Codec::stride()) {}
+
+  // The payload checksum sums of the first n segments of `table`, on the
+  // host: checksum(k).
+  template <class Exec>
+  void checksums(Exec& exec, const kernels::segment_ref* table, std::size_t n, std::size_t max_payload) {
+    exec.checksum_segments(table, n, max_payload, results_.data());
+    exec.to_host(host_results_.data(), results_.data(), n);
+  }
+  std::uint64_t checksum(std::size_t k) const { return host_results_[k]; }
+
+  // Header k, on the host, to be written (wire::write_header) and then put
+  // into the first n slots at `slots` by put_headers().
+  std::byte* host_header(std::size_t k) { return host_headers_.data() + k * wire::header_bytes; }
+  template <class Exec>
+  void put_headers(Exec& exec, std::byte* slots, std::size_t n) {
+    exec.from_host(headers_.data(), host_headers_.data(), n * wire::header_bytes);
+    exec.for_each(n * header_words, kernels::copy_headers{headers_.data(), wire::header_bytes, slots, slot_});
+  }
+
+  // Brings the headers of the `count` segments in the slots at `slots` to
+  // the host, with their payload checksum sums and first malformed blocks
+  // (`items`: the blocks of all of them together, as `table` numbers them).
+  template <class Exec>
+  void inspect(Exec& exec, std::byte* slots, const kernels::segment_ref* table, std::size_t items,
+               const compress::block_ref* blocks) {
+    exec.for_each(count_ * header_words, kernels::copy_headers{slots, slot_, headers_.data(), wire::header_bytes});
+    exec.checksum_segments(table, count_, max_payload_, results_.data());
+    exec.for_each(count_, kernels::fill_words{results_.data() + count_, ~std::uint64_t{0}});
+    exec.for_each(items, kernels::check_blocks<Codec>{codec_, table, count_, blocks, results_.data() + count_});
+    exec.to_host(host_headers_.data(), headers_.data(), count_ * wire::header_bytes);
+    exec.to_host(host_results_.data(), results_.data(), 2 * count_);
+  }
+
+  // validate_segment for segment k (in slots at `slots`), from what
+  // inspect() brought to the host; `blocks` are the nblocks host-side block
+  // refs of the shard it carries. A malformed block is copied over to name
+  // its problem.
+  template <class Exec>
+  wire::header check(Exec& exec, std::size_t k, const std::byte* slots, const wire::expectation& want,
+                     const compress::block_ref* blocks, std::size_t nblocks, const char* where, bool allow_status,
+                     int world) {
+    return validate_segment_parts(
+        host_headers_.data() + k * wire::header_bytes, slot_, want, nblocks, where, allow_status, world,
+        [&](std::uint64_t bytes) { return bytes == 0 ? std::uint64_t{0} : host_results_[k]; },
+        [&]() -> bad_block {
+          const std::uint64_t b = host_results_[count_ + k];
+          if (b >= nblocks) return {nblocks, nullptr};
+          exec.to_host(bad_block_bytes_.data(), slots + k * slot_ + wire::header_bytes + b * Codec::stride(),
+                       Codec::stride());
+          const char* why = codec_.check(bad_block_bytes_.data(), blocks[b].len);
+          return {static_cast<std::size_t>(b), why != nullptr ? why : "malformed (found by the device check)"};
+        });
+  }
+
+ private:
+  Codec codec_{};
+  std::size_t count_ = 0, slot_ = 0, max_payload_ = 0;
+  buffer<std::byte, Space> headers_;
+  host_buffer<std::byte> host_headers_;
+  buffer<std::uint64_t, Space> results_;  // checksum sums, then first bad blocks
+  host_buffer<std::uint64_t> host_results_;
+  host_buffer<std::byte> bad_block_bytes_;
+};
+
+}  // namespace diloco::compress::device_detail
