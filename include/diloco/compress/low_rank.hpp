@@ -32,6 +32,7 @@
 #include "diloco/compress/formats.hpp"
 #include "diloco/compress/wire_format.hpp"
 #include "diloco/core/error.hpp"
+#include "diloco/kernels/low_rank_passes.hpp"
 #include "diloco/kernels/merge.hpp"
 #include "diloco/kernels/random.hpp"
 #include "diloco/tensor/buffer.hpp"
@@ -121,6 +122,11 @@ class low_rank_mean : public diloco::detail::host_ballot {
       }
     }
     for (auto& v : vecs_) v.at = p_floats, p_floats += v.n;
+    std::size_t partials = 0;
+    for (auto& t : mats_) t.norm_at = partials, partials += kernels::low_rank::norm_chunks(t.rows * t.cols);
+    for (auto& v : vecs_) v.norm_at = partials, partials += kernels::low_rank::norm_chunks(v.n);
+    partials_.assign(partials, 0.0);
+    sources_.assign(static_cast<std::size_t>(world), nullptr);
     p_floats_ = p_floats;
     q_floats_ = q_floats;
     slot1_ = (wire::header_bytes + 4 * p_floats_ + 63) / 64 * 64;
@@ -150,35 +156,22 @@ class low_rank_mean : public diloco::detail::host_ballot {
 
   // 1. M = delta + residual; P_w = M Q; vectors' deltas; segment 1.
   template <class Exec>
-  void encode(Exec&, const float* global, std::uint64_t round) {
+  void encode(Exec& exec, const float* global, std::uint64_t round) {
+    namespace lr = kernels::low_rank;
     open_round();
     round_ = round;
-    double delta_sq = 0.0;
     float* p = payload(send1_.data());
     for (const auto& t : mats_) {
       const std::size_t n = t.rows * t.cols;
-      for (std::size_t i = 0; i < n; ++i) {
-        const float d = global[t.offset + i] - t.local[i];
-        delta_sq += static_cast<double>(d) * d;
-        work_[t.offset + i] = d + residual_[t.offset + i];
-      }
-      const float* mm = work_.data() + t.offset;
-      const float* q = q_.data() + t.q_state;
-      float* pt = p + t.p_at;
-      for (std::size_t i = 0; i < t.rows; ++i)
-        for (std::size_t c = 0; c < r_; ++c) {
-          float s = 0.0f;
-          for (std::size_t j = 0; j < t.cols; ++j) s += mm[i * t.cols + j] * q[j * r_ + c];
-          pt[i * r_ + c] = s;
-        }
+      exec.for_each(n, lr::form_m{global + t.offset, t.local, residual_.data() + t.offset, work_.data() + t.offset});
+      exec.for_each(lr::norm_chunks(n), lr::square_partials{global + t.offset, t.local, n, partials_.data() + t.norm_at});
+      exec.for_each(t.rows * r_, lr::times_q{work_.data() + t.offset, q_.data() + t.q_state, p + t.p_at, t.cols, r_});
     }
-    for (const auto& v : vecs_)
-      for (std::size_t i = 0; i < v.n; ++i) {
-        const float d = global[v.offset + i] - v.local[i];
-        delta_sq += static_cast<double>(d) * d;
-        p[v.at + i] = d;
-      }
-    out_.delta_norm = std::sqrt(delta_sq);
+    for (const auto& v : vecs_) {
+      exec.for_each(v.n, lr::form_m{global + v.offset, v.local, nullptr, p + v.at});
+      exec.for_each(lr::norm_chunks(v.n), lr::square_partials{p + v.at, nullptr, v.n, partials_.data() + v.norm_at});
+    }
+    out_.delta_norm = std::sqrt(sum_partials());
     wire::write_header(send1_.data(), header(1, rank_, static_cast<float>(out_.delta_norm)));
     out_.encoded_bytes = wire::header_bytes + 4 * p_floats_;
   }
@@ -192,37 +185,24 @@ class low_rank_mean : public diloco::detail::host_ballot {
 
   // 2-4. validate and average the P's, orthonormalise, Q_w = M^T P^; segment 2.
   template <class Exec>
-  void second(Exec&) {
-    sum_segments(gathered1_.data(), slot1_, p_floats_, 1, p_mean_);
+  void second(Exec& exec) {
+    namespace lr = kernels::low_rank;
+    sum_segments(exec, gathered1_.data(), slot1_, p_floats_, 1, p_mean_);
     for (const auto& t : mats_) detail_low_rank::orthonormalise(p_mean_.data() + t.p_at, t.rows, r_);
     float* q = payload(send2_.data());
-    for (const auto& t : mats_) {
-      const float* mm = work_.data() + t.offset;
-      const float* ph = p_mean_.data() + t.p_at;
-      float* qt = q + t.q_at;
-      for (std::size_t j = 0; j < t.cols; ++j)
-        for (std::size_t c = 0; c < r_; ++c) qt[j * r_ + c] = 0.0f;
-      for (std::size_t i = 0; i < t.rows; ++i)
-        for (std::size_t j = 0; j < t.cols; ++j) {
-          const float x = mm[i * t.cols + j];
-          for (std::size_t c = 0; c < r_; ++c) qt[j * r_ + c] += x * ph[i * r_ + c];
-        }
-    }
+    for (const auto& t : mats_)
+      exec.for_each(t.cols * r_, lr::times_p{work_.data() + t.offset, p_mean_.data() + t.p_at, q + t.q_at, t.rows,
+                                             t.cols, r_});
     // The local error e_w = M_w - P^ Q_w^T (and its norm).
-    double err_sq = 0.0;
     for (const auto& t : mats_) {
-      const float* ph = p_mean_.data() + t.p_at;
-      const float* qt = q + t.q_at;
-      for (std::size_t i = 0; i < t.rows; ++i)
-        for (std::size_t j = 0; j < t.cols; ++j) {
-          float a = 0.0f;
-          for (std::size_t c = 0; c < r_; ++c) a += ph[i * r_ + c] * qt[j * r_ + c];
-          const float e = work_[t.offset + i * t.cols + j] - a;
-          next_residual_[t.offset + i * t.cols + j] = e;
-          err_sq += static_cast<double>(e) * e;
-        }
+      const std::size_t n = t.rows * t.cols;
+      exec.for_each(n, lr::residual_of{work_.data() + t.offset, p_mean_.data() + t.p_at, q + t.q_at,
+                                       next_residual_.data() + t.offset, t.cols, r_});
+      exec.for_each(lr::norm_chunks(n), lr::square_partials{next_residual_.data() + t.offset, nullptr, n,
+                                                            partials_.data() + t.norm_at});
     }
-    out_.error_norm = std::sqrt(err_sq);
+    for (const auto& v : vecs_) std::fill_n(partials_.data() + v.norm_at, lr::norm_chunks(v.n), 0.0);
+    out_.error_norm = std::sqrt(sum_partials());
     wire::write_header(send2_.data(), header(2, rank_, static_cast<float>(out_.delta_norm)));
     out_.encoded_bytes += wire::header_bytes + 4 * q_floats_;
   }
@@ -236,8 +216,8 @@ class low_rank_mean : public diloco::detail::host_ballot {
 
   // 5. validate and average the Q's; cast the vote.
   template <class Exec>
-  void check_gathered(Exec&) {
-    sum_segments(gathered2_.data(), slot2_, q_floats_, 2, q_mean_);
+  void check_gathered(Exec& exec) {
+    sum_segments(exec, gathered2_.data(), slot2_, q_floats_, 2, q_mean_);
     if (found_.local_problem.empty() && found_.bad_senders.empty()) {
       bool finite = true;
       for (float x : p_mean_) finite = finite && std::isfinite(x);
@@ -251,28 +231,18 @@ class low_rank_mean : public diloco::detail::host_ballot {
   // 6. the mean P^ Q^T (and the vectors' mean), outer step, merge; keep the
   // residual and warm-start Q with the mean Q.
   template <class Exec, class Update, class Merge = kernels::merge::overwrite>
-  void apply(Exec&, const Update& update, float* global, float* state, std::size_t state_stride,
+  void apply(Exec& exec, const Update& update, float* global, float* state, std::size_t state_stride,
              const Merge& merge = {}) {
-    auto element = [&](std::size_t off, float* local, float mean) {
-      float g = global[off];
-      float l = *local;
-      kernels::merge::apply_element(update, merge, off, g, mean, state ? state + off : nullptr, state_stride, l);
-      global[off] = g;
-      *local = l;
-    };
+    using pass = kernels::low_rank::apply_mean<Update, Merge>;
+    auto at = [&](std::size_t off) { return state ? state + off : nullptr; };
     for (const auto& t : mats_) {
-      const float* ph = p_mean_.data() + t.p_at;
-      const float* qm = q_mean_.data() + t.q_at;
-      for (std::size_t i = 0; i < t.rows; ++i)
-        for (std::size_t j = 0; j < t.cols; ++j) {
-          float a = 0.0f;
-          for (std::size_t c = 0; c < r_; ++c) a += ph[i * r_ + c] * qm[j * r_ + c];
-          element(t.offset + i * t.cols + j, t.local + i * t.cols + j, a);
-        }
-      std::memcpy(q_.data() + t.q_state, qm, 4 * t.cols * r_);
+      exec.for_each(t.rows * t.cols, pass{update, merge, p_mean_.data() + t.p_at, q_mean_.data() + t.q_at, t.cols, r_,
+                                          global + t.offset, t.local, at(t.offset), state_stride, t.offset});
+      std::memcpy(q_.data() + t.q_state, q_mean_.data() + t.q_at, 4 * t.cols * r_);
     }
     for (const auto& v : vecs_)
-      for (std::size_t i = 0; i < v.n; ++i) element(v.offset + i, v.local + i, p_mean_[v.at + i]);
+      exec.for_each(v.n, pass{update, merge, p_mean_.data() + v.at, nullptr, 1, r_, global + v.offset, v.local,
+                              at(v.offset), state_stride, v.offset});
     std::swap(residual_, next_residual_);
   }
 
@@ -281,12 +251,22 @@ class low_rank_mean : public diloco::detail::host_ballot {
     std::size_t tensor, rows, cols, offset;
     float* local;
     std::size_t p_at, q_at, q_state;
+    std::size_t norm_at = 0;  // its first partial of a norm
   };
   struct vector_part {
     std::size_t tensor, n, offset;
     float* local;
     std::size_t at;
+    std::size_t norm_at = 0;
   };
+
+  // The norm partials of every tensor (kernels::low_rank::square_partials),
+  // added in order.
+  double sum_partials() const {
+    double total = 0.0;
+    for (double x : partials_) total += x;
+    return total;
+  }
 
   static float* payload(std::byte* seg) { return reinterpret_cast<float*>(seg + wire::header_bytes); }
 
@@ -301,7 +281,9 @@ class low_rank_mean : public diloco::detail::host_ballot {
 
   // Validates the M segments of an exchange and sums their floats in rank
   // order, divided by M, into `mean`.
-  void sum_segments(const std::byte* all, std::size_t slot, std::size_t floats, int exchange, std::vector<float>& mean) {
+  template <class Exec>
+  void sum_segments(Exec& exec, const std::byte* all, std::size_t slot, std::size_t floats, int exchange,
+                    std::vector<float>& mean) {
     std::fill(mean.begin(), mean.end(), 0.0f);
     if (!found_.local_problem.empty()) return;
     for (int k = 0; k < world_; ++k) {
@@ -318,11 +300,9 @@ class low_rank_mean : public diloco::detail::host_ballot {
         std::fill(mean.begin(), mean.end(), 0.0f);
         return;
       }
-      const float* x = reinterpret_cast<const float*>(seg + wire::header_bytes);
-      for (std::size_t i = 0; i < floats; ++i) mean[i] = k == 0 ? x[i] : mean[i] + x[i];
+      sources_[static_cast<std::size_t>(k)] = reinterpret_cast<const float*>(seg + wire::header_bytes);
     }
-    const auto m = static_cast<float>(world_);
-    for (auto& x : mean) x = x / m;
+    exec.for_each(floats, kernels::low_rank::segment_mean{sources_.data(), world_, mean.data()});
   }
 
   std::uint32_t r_;
@@ -336,6 +316,8 @@ class low_rank_mean : public diloco::detail::host_ballot {
   host_buffer<std::byte> send1_, send2_, gathered1_, gathered2_;
   host_buffer<float> residual_, next_residual_, work_, q_;
   std::vector<float> p_mean_, q_mean_;
+  std::vector<double> partials_;
+  std::vector<const float*> sources_;
   std::uint64_t round_ = 0;
 };
 

@@ -2,7 +2,8 @@
 
 // The reducer for low-rank compression (compress/low_rank.hpp) on
 // reduce::staged's state machine: encode P, all-gather, orthonormalise and
-// compute Q, all-gather, validate and vote. Host memory only for now.
+// compute Q, all-gather, validate and vote. Host memory only for now (the
+// passes are DILOCO_HD functors, kernels/low_rank_passes.hpp).
 
 #include <cstddef>
 #include <cstdint>
