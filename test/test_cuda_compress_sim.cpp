@@ -3,7 +3,9 @@
 // thread of the grids exec::cuda would launch (cuda_grid_sim.hpp), so the
 // team programs (kernels/compressed_blocks.hpp), the device checksum and
 // structure checks (kernels/wire_passes.hpp) and the device compressed mean
-// (compress/compressed_mean_device.hpp) all run here.
+// (compress/compressed_mean_device.hpp), and chunk_topk's team programs
+// (kernels/topk_blocks.hpp) with the device gathered mean
+// (compress/gathered_mean_device.hpp) all run here.
 //
 // References: the host reference functors (kernels/compressed_passes.hpp),
 // the host checksum and validation (compress/wire_format.hpp, segment.hpp)

@@ -17,18 +17,19 @@
 // in index order) gives each kept element its entry number, so the
 // positions come out strictly increasing as the codec lays them out. The
 // chunk's block is packed byte by byte from the entries in shared memory.
-// Phases, each after a barrier (kernels run them in order, the host tests
-// replay them thread by thread):
+// The program, each step after a barrier (kernels run them in order, the
+// host tests replay them thread by thread):
 //   load       v = (global - local) + residual; squares of delta
-//   0..7       4 radix passes: count digits (shared atomics), pick (thread 0)
-//   8          per-thread counts above / equal to T, and each thread's max
-//   9          thread 0: prefix counts, the chunk's amax
-//   store      quantize the kept elements, new residual, error squares
+//   phase 0-7  4 radix passes: count digits (shared atomics), pick (thread 0)
+//   phase 8    per-thread counts above / equal to T, and each thread's max
+//   phase 9    thread 0: prefix counts over the threads, the chunk's amax
+//   phase 10   quantize the kept elements into the entries, new residual,
+//              squares of the error
+//   store      pack the chunk's block byte by byte from the entries
 //   lanes, publish   the norms' lanes and the chunk's sums
-// and the block's bytes are packed in the `lanes` step's barrier interval
-// (phase 10). Shared memory per chunk: 8 bytes per element for the norms'
-// squares, 3 per kept entry, ~3 KB of counts; the device form takes
-// chunks of at most 4096 elements (SparseLoCo's).
+// Shared memory per chunk: 8 bytes per element for the norms' squares, 3
+// per kept entry, ~3 KB of counts; the device form takes chunks of at most
+// 4096 elements (SparseLoCo's).
 //
 // Decoding binary-searches each sender's (increasing) positions for the
 // thread's range and sums the M decoded values per element in rank order,
