@@ -62,7 +62,7 @@ namespace diloco::compress {
 // CUDA backend (tensor/device_buffer.hpp), which may be included later.
 template <class Compressor, class Space>
   requires std::same_as<Space, device_space>
-class compressed_mean<Compressor, Space> {
+class compressed_mean<Compressor, Space> : public device_detail::device_ballot<Space> {
   template <class T>
   using device_buffer = buffer<T, Space>;
 
@@ -78,7 +78,8 @@ class compressed_mean<Compressor, Space> {
   template <class Exec>
   compressed_mean(const parameter_set<float, device_space>& params, int world, int rank,
                   const typename Compressor::options& opts, Exec& exec, std::uint32_t fragment = 0)
-      : codec_(Compressor::make_codec(opts)), seed_(diloco::detail::stream_seed<Compressor>(opts, fragment)), world_(world), rank_(rank), fragment_(fragment) {
+      : device_detail::device_ballot<Space>(world),
+        codec_(Compressor::make_codec(opts)), seed_(diloco::detail::stream_seed<Compressor>(opts, fragment)), world_(world), rank_(rank), fragment_(fragment) {
     if (static_cast<std::size_t>(world) > diloco::exec::grid::max_checksum_segments)
       diloco::detail::raise<config_error>("the device compressed mean takes at most ",
                                           diloco::exec::grid::max_checksum_segments, " workers, got ", world);
@@ -136,8 +137,6 @@ class compressed_mean<Compressor, Space> {
     reduced_segment_ = device_detail::upload<Space>(exec, &reduced, 1);
 
     segments_ = device_detail::device_segments<codec_type, Space>(codec_, m, slot_, max_payload_);
-    verdict_device_ = device_buffer<float>(m);
-    verdict_.assign(m, 0.0f);
   }
 
   const block_layout& layout() const { return layout_; }
@@ -162,8 +161,7 @@ class compressed_mean<Compressor, Space> {
   // point the pseudo-gradient is taken from, in the flat device layout.
   template <class Exec>
   void encode(Exec& exec, const float* global, std::uint64_t round) {
-    out_ = {};
-    found_ = {};
+    this->open_round();
     round_ = round;
     const auto m = static_cast<std::size_t>(world_);
     const std::uint64_t stream1 = kernels::make_stream(seed_, round, static_cast<std::uint64_t>(rank_), 1);
@@ -252,7 +250,6 @@ class compressed_mean<Compressor, Space> {
   // vote_data() (device memory, one slot per rank).
   template <class Exec>
   void check_gathered(Exec& exec) {
-    const auto m = static_cast<std::size_t>(world_);
     segments_.inspect(exec, gathered_.data(), gathered_segments_.data(), layout_.block_count(), blocks_.data());
     for (int k = 0; k < world_ && found_.local_problem.empty(); ++k) {
       try {
@@ -265,23 +262,11 @@ class compressed_mean<Compressor, Space> {
         found_.local_problem = e.what();
       }
     }
-    std::fill(verdict_.begin(), verdict_.end(), 0.0f);
-    verdict_[static_cast<std::size_t>(rank_)] = found_.vote();
-    exec.from_host(verdict_device_.data(), verdict_.data(), m);
+    this->cast(exec, rank_);
   }
 
-  // 6. the votes, summed over the ranks (an fp32 all-reduce of vote_count()).
-  float* vote_data() { return verdict_device_.data(); }
-  std::size_t vote_count() const { return static_cast<std::size_t>(world_); }
-
-  // The round's outcome, once the votes are summed.
-  template <class Exec>
-  exchange_result result(Exec& exec) {
-    exec.to_host(verdict_.data(), verdict_device_.data(), verdict_.size());
-    exchange_result out = out_;
-    found_.read(verdict_, out);
-    return out;
-  }
+  // 6. the votes, summed over the ranks (an fp32 all-reduce of vote_count(),
+  // device_ballot), then result().
 
   // Stage 7: decode the mean, outer step, copy-back; then keep the new
   // error-feedback residual.
@@ -337,7 +322,7 @@ class compressed_mean<Compressor, Space> {
   std::size_t max_payload_ = 0;
   bool vector_ = false;  // 16-byte accesses to the replica's tensors
   device_buffer<std::byte> send_, recv_, reduced_, gathered_;
-  device_buffer<float> residual_, next_residual_, verdict_device_;
+  device_buffer<float> residual_, next_residual_;
   device_buffer<compress::block_ref> blocks_;
   device_buffer<kernels::device_tensor> tensors_;
   device_buffer<kernels::sums2> block_sums_;
@@ -345,11 +330,10 @@ class compressed_mean<Compressor, Space> {
   device_buffer<kernels::segment_ref> send_segments_, recv_segments_, gathered_segments_, reduced_segment_;
   device_detail::device_norms<Space> norms_;
   device_detail::device_segments<codec_type, Space> segments_;
-  std::vector<float> verdict_;
   // The exchange in progress.
   std::uint64_t round_ = 0;
-  exchange_result out_;
-  diloco::detail::round_findings found_;
+  using device_detail::device_ballot<Space>::out_;
+  using device_detail::device_ballot<Space>::found_;
 };
 
 }  // namespace diloco::compress

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "diloco/compress/block_layout.hpp"
+#include "diloco/compress/compressed_mean.hpp"
 #include "diloco/compress/segment.hpp"
 #include "diloco/compress/wire_format.hpp"
 #include "diloco/core/error.hpp"
@@ -169,6 +170,45 @@ class device_segments {
   buffer<std::uint64_t, Space> results_;  // checksum sums, then first bad blocks
   host_buffer<std::uint64_t> host_results_;
   host_buffer<std::byte> bad_block_bytes_;
+};
+
+// A device engine's part of the round's agreement (host_ballot's twin):
+// what this rank found (found_), its result so far (out_), and the M vote
+// slots in device memory that the reducer's all-reduce sums.
+template <class Space>
+class device_ballot {
+ public:
+  float* vote_data() { return device_votes_.data(); }
+  std::size_t vote_count() const { return votes_.size(); }
+  // The round's outcome, once the votes are summed.
+  template <class Exec>
+  exchange_result result(Exec& exec) {
+    exec.to_host(votes_.data(), device_votes_.data(), votes_.size());
+    exchange_result out = out_;
+    found_.read(votes_, out);
+    return out;
+  }
+
+ protected:
+  explicit device_ballot(int world)
+      : device_votes_(static_cast<std::size_t>(world)), votes_(static_cast<std::size_t>(world), 0.0f) {}
+  void open_round() {
+    out_ = {};
+    found_ = {};
+  }
+  // This rank's vote in its slot, zeros elsewhere, into device memory.
+  template <class Exec>
+  void cast(Exec& exec, int rank) {
+    std::fill(votes_.begin(), votes_.end(), 0.0f);
+    votes_[static_cast<std::size_t>(rank)] = found_.vote();
+    exec.from_host(device_votes_.data(), votes_.data(), votes_.size());
+  }
+  exchange_result out_;
+  diloco::detail::round_findings found_;
+
+ private:
+  buffer<float, Space> device_votes_;
+  std::vector<float> votes_;
 };
 
 }  // namespace diloco::compress::device_detail

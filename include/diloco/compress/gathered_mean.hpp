@@ -40,6 +40,16 @@
 
 namespace diloco::compress {
 
+// The header of a gathered segment (host and device engines): one segment
+// per rank carrying the whole fragment.
+template <class Compressor>
+wire::header gathered_header(std::uint64_t elements, std::uint64_t payload, std::uint64_t round,
+                             std::uint32_t fragment, int sender, float norm) {
+  using codec = typename Compressor::codec;
+  return {codec::id, diloco::detail::segment_flags<Compressor>(), static_cast<std::uint32_t>(codec::block),
+          static_cast<std::uint32_t>(sender), elements, payload, round, norm, 0, fragment};
+}
+
 template <class Compressor, class Space>
 class gathered_mean : public diloco::detail::host_ballot, public diloco::detail::host_feedback<Compressor> {
  public:
@@ -141,16 +151,7 @@ class gathered_mean : public diloco::detail::host_ballot, public diloco::detail:
 
  private:
   wire::header expected(int sender, float norm) const {
-    return {codec_type::id,
-            diloco::detail::segment_flags<Compressor>(),
-            static_cast<std::uint32_t>(codec_type::block),
-            static_cast<std::uint32_t>(sender),
-            layout_.total(),
-            payload_,
-            round_,
-            norm,
-            0,
-            fragment_};
+    return gathered_header<Compressor>(layout_.total(), payload_, round_, fragment_, sender, norm);
   }
 
   codec_type codec_;

@@ -42,7 +42,7 @@ namespace diloco::compress {
 
 template <class Compressor, class Space>
   requires std::same_as<Space, device_space>
-class gathered_mean<Compressor, Space> {
+class gathered_mean<Compressor, Space> : public device_detail::device_ballot<Space> {
   template <class T>
   using device_buffer = buffer<T, Space>;
 
@@ -55,7 +55,8 @@ class gathered_mean<Compressor, Space> {
   template <class Exec>
   gathered_mean(const parameter_set<float, device_space>& params, int world, int rank,
                 const typename Compressor::options& opts, Exec& exec, std::uint32_t fragment = 0)
-      : codec_(Compressor::make_codec(opts)),
+      : device_detail::device_ballot<Space>(world),
+        codec_(Compressor::make_codec(opts)),
         seed_(diloco::detail::stream_seed<Compressor>(opts, fragment)),
         decay_(feedback_decay(opts)),
         world_(world),
@@ -99,8 +100,6 @@ class gathered_mean<Compressor, Space> {
     gathered_segments_ = device_detail::upload<Space>(exec, gathered.data(), m);
     send_segment_ = device_detail::upload<Space>(exec, &send, 1);
     segments_ = device_detail::device_segments<codec_type, Space>(codec_, m, slot_, payload_);
-    verdict_device_ = device_buffer<float>(m);
-    verdict_.assign(m, 0.0f);
   }
 
   std::size_t slot_bytes() const { return slot_; }
@@ -116,8 +115,7 @@ class gathered_mean<Compressor, Space> {
   // header.
   template <class Exec>
   void encode(Exec& exec, const float* global, std::uint64_t round) {
-    out_ = {};
-    found_ = {};
+    this->open_round();
     round_ = round;
     const std::uint64_t stream = kernels::make_stream(seed_, round, static_cast<std::uint64_t>(rank_), 1);
     exec.run_teams(layout_.block_count(),
@@ -164,21 +162,11 @@ class gathered_mean<Compressor, Space> {
     }
     if (found_.local_problem.empty() && found_.bad_senders.empty() && !(total <= std::numeric_limits<float>::max()))
       found_.bad_shards = "all ranks together (sum of norms overflows fp32)";
-    std::fill(verdict_.begin(), verdict_.end(), 0.0f);
-    verdict_[static_cast<std::size_t>(rank_)] = found_.vote();
-    exec.from_host(verdict_device_.data(), verdict_.data(), m);
+    this->cast(exec, rank_);
   }
 
-  // 4. the votes, summed over the ranks (an fp32 all-reduce of vote_count()).
-  float* vote_data() { return verdict_device_.data(); }
-  std::size_t vote_count() const { return static_cast<std::size_t>(world_); }
-  template <class Exec>
-  exchange_result result(Exec& exec) {
-    exec.to_host(verdict_.data(), verdict_device_.data(), verdict_.size());
-    exchange_result out = out_;
-    found_.read(verdict_, out);
-    return out;
-  }
+  // 4. the votes, summed over the ranks (an fp32 all-reduce of vote_count(),
+  // device_ballot), then result().
 
   // 5. decode and sum in rank order, outer step, copy-back; keep the new
   // residual.
@@ -194,16 +182,7 @@ class gathered_mean<Compressor, Space> {
 
  private:
   wire::header expected(int sender, float norm) const {
-    return {codec_type::id,
-            diloco::detail::segment_flags<Compressor>(),
-            static_cast<std::uint32_t>(codec_type::block),
-            static_cast<std::uint32_t>(sender),
-            layout_.total(),
-            payload_,
-            round_,
-            norm,
-            0,
-            fragment_};
+    return gathered_header<Compressor>(layout_.total(), payload_, round_, fragment_, sender, norm);
   }
 
   codec_type codec_;
@@ -216,7 +195,7 @@ class gathered_mean<Compressor, Space> {
   std::size_t payload_ = 0, slot_ = 0;
   bool vector_ = false;  // 16-byte accesses to the replica's tensors
   device_buffer<std::byte> send_, gathered_;
-  device_buffer<float> residual_, next_residual_, verdict_device_;
+  device_buffer<float> residual_, next_residual_;
   device_buffer<compress::block_ref> blocks_;
   device_buffer<kernels::device_tensor> tensors_;
   device_buffer<kernels::sums2> block_sums_;
@@ -224,10 +203,9 @@ class gathered_mean<Compressor, Space> {
   device_buffer<kernels::segment_ref> gathered_segments_, send_segment_;
   device_detail::device_norms<Space> norms_;
   device_detail::device_segments<codec_type, Space> segments_;
-  std::vector<float> verdict_;
   std::uint64_t round_ = 0;
-  exchange_result out_;
-  diloco::detail::round_findings found_;
+  using device_detail::device_ballot<Space>::out_;
+  using device_detail::device_ballot<Space>::found_;
 };
 
 }  // namespace diloco::compress

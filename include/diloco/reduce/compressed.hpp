@@ -30,16 +30,9 @@ class compressed
   // fragment's stochastic-rounding streams (diloco::detail::stream_seed).
   compressed(const parameter_set<float, Space>& params, int world, int rank, const typename Compressor::options& opts,
              std::uint32_t fragment, Exec& exec)
-      : base(make(params, world, rank, opts, fragment, exec), world) {}
+      : base(base::make_engine(params, world, rank, opts, fragment, exec), world) {}
 
  private:
-  static std::unique_ptr<engine_type> make(const parameter_set<float, Space>& params, int world, int rank,
-                                           const typename Compressor::options& opts, std::uint32_t fragment, Exec& exec) {
-    if constexpr (std::is_same_v<Space, host_space>)
-      return (void)exec, std::make_unique<engine_type>(params, world, rank, opts, fragment);
-    else
-      return std::make_unique<engine_type>(params, world, rank, opts, exec, fragment);
-  }
 
   // all-to-all of the encoded shards, then reduce; all-gather of the
   // reduced shards, then check them.

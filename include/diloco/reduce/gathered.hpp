@@ -27,16 +27,9 @@ class gathered
  public:
   gathered(const parameter_set<float, Space>& params, int world, int rank, const typename Compressor::options& opts,
            std::uint32_t fragment, Exec& exec)
-      : base(make(params, world, rank, opts, fragment, exec), world) {}
+      : base(base::make_engine(params, world, rank, opts, fragment, exec), world) {}
 
  private:
-  static std::unique_ptr<engine_type> make(const parameter_set<float, Space>& params, int world, int rank,
-                                           const typename Compressor::options& opts, std::uint32_t fragment, Exec& exec) {
-    if constexpr (std::is_same_v<Space, host_space>)
-      return (void)exec, std::make_unique<engine_type>(params, world, rank, opts, fragment);
-    else
-      return std::make_unique<engine_type>(params, world, rank, opts, exec, fragment);
-  }
 
   // One all-gather of every rank's segment, then validate them all.
   static constexpr std::size_t exchanges = 1;

@@ -32,6 +32,7 @@
 #include "diloco/core/comm_types.hpp"
 #include "diloco/core/concepts.hpp"
 #include "diloco/reduce/verdict.hpp"
+#include "diloco/tensor/parameter_set.hpp"
 
 namespace diloco::reduce {
 
@@ -109,6 +110,16 @@ class staged {
 
  protected:
   staged(std::unique_ptr<Engine> engine, int world) : engine_(std::move(engine)), world_(world) {}
+  // The engine for Space: a host engine takes no executor, a device engine
+  // uploads its tables with it.
+  template <class Options>
+  static std::unique_ptr<Engine> make_engine(const parameter_set<float, Space>& params, int world, int rank,
+                                             const Options& opts, std::uint32_t fragment, Exec& exec) {
+    if constexpr (std::is_same_v<Space, host_space>)
+      return (void)exec, std::make_unique<Engine>(params, world, rank, opts, fragment);
+    else
+      return std::make_unique<Engine>(params, world, rank, opts, exec, fragment);
+  }
   std::unique_ptr<Engine> engine_;
 
  private:
