@@ -12,10 +12,14 @@
 
 #include <bit>
 #include <cmath>
+#include <chrono>
 #include <cstring>
 #include <diloco/diloco.hpp>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <span>
+#include <thread>
 #include <vector>
 
 #include "sim_device.hpp"
@@ -123,6 +127,30 @@ class device_only_threads : public threads_device_link {
   int broadcasts = 0;
 };
 
+// One link per worker thread, kept alive for the whole run (train() takes
+// a pointer from `wrap()`).
+template <class Link>
+class owned_links {
+ public:
+  template <class... Args>
+  explicit owned_links(Args... args) : make_([=](dc::comm::threads& c) { return std::make_unique<Link>(c, args...); }) {}
+  auto wrap() {
+    return [this](dc::comm::threads& c) {
+      auto p = make_(c);
+      Link* raw = p.get();
+      std::lock_guard lock(mu_);
+      owned_[static_cast<std::size_t>(c.rank())] = std::move(p);
+      return raw;
+    };
+  }
+  Link& operator[](std::size_t m) { return *owned_[m]; }
+
+ private:
+  std::function<std::unique_ptr<Link>(dc::comm::threads&)> make_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<Link>> owned_ = std::vector<std::unique_ptr<Link>>(workers);
+};
+
 static_assert(dc::device_communicator<device_only_threads> && !dc::communicator<device_only_threads>);
 static_assert(dc::detail::wire_transport<dc::comm::threads, dc::device_space, sim::cuda_executor>::staged);
 static_assert(!dc::detail::wire_transport<device_only_threads, dc::device_space, sim::cuda_executor>::staged);
@@ -213,26 +241,16 @@ TEST_CASE("device tensors through a host communicator (staged): the host engine'
 
 TEST_CASE("a device communicator receives device views, nothing is staged, same bits") {
   const auto host = train<dc::host_space, dc::inner::adamw, dc::outer::nesterov>(adamw_opts, 3, plain_comm, no_inspect);
-  std::mutex mu;
-  std::vector<device_only_threads*> comms;
-  std::vector<std::unique_ptr<device_only_threads>> owned(workers);
-  const auto device = train<dc::device_space, dc::inner::adamw, dc::outer::nesterov>(
-      adamw_opts, 3,
-      [&](dc::comm::threads& c) {
-        auto p = std::make_unique<device_only_threads>(c);
-        auto* raw = p.get();
-        std::lock_guard lock(mu);
-        owned[static_cast<std::size_t>(c.rank())] = std::move(p);
-        return raw;
-      },
-      no_inspect);
+  owned_links<device_only_threads> owned;
+  const auto device =
+      train<dc::device_space, dc::inner::adamw, dc::outer::nesterov>(adamw_opts, 3, owned.wrap(), no_inspect);
   for (int m = 0; m < workers; ++m) {
     CAPTURE(m);
     const auto i = static_cast<std::size_t>(m);
     CHECK(same_bits(host.replicas[i], device.replicas[i]));
     // One broadcast per tensor at construction, one all-reduce per round.
-    CHECK(owned[i]->broadcasts == static_cast<int>(sizes.size()));
-    CHECK(owned[i]->all_reduces == 3);
+    CHECK(owned[i].broadcasts == static_cast<int>(sizes.size()));
+    CHECK(owned[i].all_reduces == 3);
   }
 }
 
@@ -429,4 +447,87 @@ TEST_CASE("checkpoint of a device-space engine: save, train on; load into a fres
     ++compared;
   });
   CHECK(compared == workers);
+}
+
+namespace {
+
+// Blocked seconds per applied round of 2 workers whose parameters are
+// device tensors, over a link where every collective takes `d` longer and
+// every inner step `step_time` (H = 4, 4 phases). Link: slow_link<false>
+// (a host communicator: the wire is staged through host memory) or
+// slow_link<true> (a device communicator: handed device views).
+template <class Link, class Compressor, class Sync>
+double device_blocked_per_round(std::chrono::milliseconds d, std::chrono::milliseconds step_time) {
+  constexpr std::size_t H = 4;
+  std::vector<double> per_round(2);
+  dc::comm::threads::world world(2);
+  world.run([&](dc::comm::threads& threads) {
+    const int m = threads.rank();
+    Link link(threads, d);
+    replica<dc::device_space> r(m);
+    dc::algorithm<dc::inner::sgd, dc::outer::nesterov, Compressor, Link, Sync> t(
+        r.params, link, {.inner_steps = H, .inner = {.lr = 0.1f}});
+    for (std::size_t s = 0; s < 4 * H; ++s) {
+      std::this_thread::sleep_for(step_time);  // the inner step's compute
+      r.compute_grads(m);
+      t.step(r.grads);
+    }
+    per_round[static_cast<std::size_t>(m)] = t.stats().blocked_seconds / static_cast<double>(t.stats().rounds);
+    if (!std::is_same_v<Sync, dc::sync::blocking>) CHECK(t.stats().hidden_seconds > 0.0);
+    t.finish();
+  });
+  return std::max(per_round[0], per_round[1]);
+}
+
+template <class Link, class Compressor>
+void device_overlap_is_real(int collectives) {
+  // d = 30 ms per collective (fp32: one; the compressed mean: all-to-all,
+  // all-gather, vote); an inner phase of 4 x 50 ms = 200 ms hides all.
+  const auto d = std::chrono::milliseconds(30), step = std::chrono::milliseconds(50);
+  const double blocking = device_blocked_per_round<Link, Compressor, dc::sync::blocking>(d, step);
+  const double delayed = device_blocked_per_round<Link, Compressor, dc::sync::one_step_delay>(d, step);
+  MESSAGE("blocked per round: blocking ", blocking, " s, one_step_delay ", delayed, " s");
+  CHECK(blocking >= 0.9 * static_cast<double>(collectives) * 0.030);
+  CHECK(delayed < 0.2 * blocking);
+}
+
+}  // namespace
+
+static_assert(dc::detail::wire_transport<slow_link<false>, dc::device_space, sim::cuda_executor>::staged);
+static_assert(dc::detail::wire_transport<slow_link<false>, dc::device_space, sim::cuda_executor>::async);
+static_assert(!dc::detail::wire_transport<slow_link<true>, dc::device_space, sim::cuda_executor>::staged);
+static_assert(dc::detail::wire_transport<slow_link<true>, dc::device_space, sim::cuda_executor>::async);
+
+TEST_CASE("overlap over device tensors: one-step delay hides the exchange that a blocking round waits for") {
+  using int8_ef = dc::compress::error_feedback<dc::compress::blockwise<dc::int8, 16>>;
+  SUBCASE("staged through host memory, fp32") { device_overlap_is_real<slow_link<false>, dc::compress::none>(1); }
+  SUBCASE("staged through host memory, int8 + error feedback") { device_overlap_is_real<slow_link<false>, int8_ef>(3); }
+  SUBCASE("a device communicator, fp32") { device_overlap_is_real<slow_link<true>, dc::compress::none>(1); }
+  SUBCASE("a device communicator, int8 + error feedback") { device_overlap_is_real<slow_link<true>, int8_ef>(3); }
+}
+
+// The non-blocking route to a device communicator (issue, poll between
+// inner steps, complete) gives the host engine's bits under the
+// overlapping schedules.
+TEST_CASE("a device communicator with non-blocking operations: overlapped device exchanges, the host engine's bits") {
+  using int8_ef = dc::compress::error_feedback<dc::compress::blockwise<dc::int8, 16>>;
+  const auto agree = []<class Compressor, class Sync>(typename Sync::options so, std::uint64_t rounds) {
+    const typename dc::algorithm_options<dc::inner::adamw, dc::outer::nesterov, Compressor, Sync> opts{
+        .inner_steps = 6, .inner = {.lr = 0.05f, .weight_decay = 0.01f}, .sync = so};
+    const auto host = train<dc::host_space, dc::inner::adamw, dc::outer::nesterov, Compressor, Sync>(
+        opts, 3, plain_comm, no_inspect, 0, 2);
+    owned_links<slow_link<true>> links(std::chrono::milliseconds(1));
+    const auto device = train<dc::device_space, dc::inner::adamw, dc::outer::nesterov, Compressor, Sync>(
+        opts, 3, links.wrap(), no_inspect, 0, 2);
+    for (int m = 0; m < workers; ++m) {
+      CAPTURE(m);
+      const auto i = static_cast<std::size_t>(m);
+      CHECK(same_bits(host.replicas[i], device.replicas[i]));
+      CHECK(same_bits(host.globals[i], device.globals[i]));
+      CHECK(device.stats[i].rounds == rounds);
+    }
+  };
+  agree.operator()<dc::compress::none, dc::sync::one_step_delay>({}, 3);
+  agree.operator()<int8_ef, dc::sync::streaming>({.fragments = 2, .delay = 2}, 7);
+  agree.operator()<int8_ef, dc::sync::eager>({}, 3);
 }

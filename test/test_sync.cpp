@@ -10,7 +10,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <diloco/comm/detail/async.hpp>
 #include <diloco/diloco.hpp>
 #include <limits>
 #include <map>
@@ -503,43 +502,14 @@ TEST_CASE("state(): every stateful part by name") {
 
 namespace {
 
-// Every collective takes `delay` longer, inside the transfer: the blocking
-// ones on the caller's thread, the non-blocking ones on a progress thread of
-// this link's own, so they overlap whatever the caller does meanwhile.
-class slow_link : public threads_host_link {
- public:
-  slow_link(dc::comm::threads& c, std::chrono::milliseconds d) : threads_host_link(c), delay_(d) {}
-  using request = dc::comm::async_request;
-  void all_reduce(std::span<float> b, dc::reduce_op op) {
-    std::this_thread::sleep_for(delay_);
-    threads().all_reduce(b, op);
-  }
-  request iall_reduce(std::span<float> b, dc::reduce_op op) {
-    return queue_.submit([this, b, op] {
-      std::this_thread::sleep_for(delay_);
-      threads().all_reduce(b, op);
-    });
-  }
-  request iall_to_all(std::span<const std::byte> s, std::span<std::byte> r) {
-    return queue_.submit([this, s, r] { threads().all_to_all(s, r); });
-  }
-  request iall_gather(std::span<const std::byte> s, std::span<std::byte> r) {
-    return queue_.submit([this, s, r] { threads().all_gather(s, r); });
-  }
-
- private:
-  std::chrono::milliseconds delay_;
-  dc::comm::detail::progress_queue queue_;
-};
-
 template <class Sync>
 double blocked_per_round(std::chrono::milliseconds d, std::chrono::milliseconds step_time, std::size_t H, int phases) {
   std::vector<double> per_round(2);
   dc::comm::threads::world world(2);
   world.run([&](dc::comm::threads& comm) {
-    slow_link link(comm, d);
+    slow_link<false> link(comm, d);
     model mdl({16, 16});
-    dc::algorithm<dc::inner::sgd, dc::outer::nesterov, dc::compress::none, slow_link, Sync> t(
+    dc::algorithm<dc::inner::sgd, dc::outer::nesterov, dc::compress::none, slow_link<false>, Sync> t(
         mdl.w, link, {.inner_steps = H, .inner = {.lr = 0.1f}});
     for (std::size_t s = 0; s < H * static_cast<std::size_t>(phases); ++s) {
       std::this_thread::sleep_for(step_time);  // the inner step's compute

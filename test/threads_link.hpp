@@ -9,9 +9,12 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <chrono>
+#include <diloco/comm/detail/async.hpp>
 #include <diloco/diloco.hpp>
 #include <span>
 #include <string>
+#include <thread>
 #include <type_traits>
 
 template <bool Device>
@@ -54,6 +57,47 @@ using threads_device_link = threads_link<true>;
 
 static_assert(diloco::communicator<threads_host_link>);
 static_assert(diloco::device_communicator<threads_device_link> && !diloco::communicator<threads_device_link>);
+
+// Every fp32 all-reduce, all-to-all and all-gather takes `delay` longer,
+// inside the transfer: the blocking ones on the caller's thread, the
+// non-blocking ones on a progress thread of this link's own, so they overlap
+// whatever the caller does meanwhile (a slow link). Device: over device
+// views, as a device communicator.
+template <bool Device>
+class slow_link : public threads_link<Device> {
+  using base = threads_link<Device>;
+  template <class T>
+  using view = typename base::template view<T>;
+
+ public:
+  slow_link(diloco::comm::threads& c, std::chrono::milliseconds d) : base(c), delay_(d) {}
+  using request = diloco::comm::async_request;
+  void all_reduce(view<float> b, diloco::reduce_op op) { slowly([&] { this->threads().all_reduce(base::span(b), op); }); }
+  void all_to_all(view<const std::byte> s, view<std::byte> r) {
+    slowly([&] { this->threads().all_to_all(base::span(s), base::span(r)); });
+  }
+  void all_gather(view<const std::byte> s, view<std::byte> r) {
+    slowly([&] { this->threads().all_gather(base::span(s), base::span(r)); });
+  }
+  request iall_reduce(view<float> b, diloco::reduce_op op) {
+    return queue_.submit([this, b, op] { slowly([&] { this->threads().all_reduce(base::span(b), op); }); });
+  }
+  request iall_to_all(view<const std::byte> s, view<std::byte> r) {
+    return queue_.submit([this, s, r] { slowly([&] { this->threads().all_to_all(base::span(s), base::span(r)); }); });
+  }
+  request iall_gather(view<const std::byte> s, view<std::byte> r) {
+    return queue_.submit([this, s, r] { slowly([&] { this->threads().all_gather(base::span(s), base::span(r)); }); });
+  }
+
+ private:
+  template <class F>
+  void slowly(F&& f) {
+    std::this_thread::sleep_for(delay_);
+    f();
+  }
+  std::chrono::milliseconds delay_;
+  diloco::comm::detail::progress_queue queue_;
+};
 
 // A threads communicator that, once armed, flips one byte of what the
 // `which`-th all-gather after arming delivers to `victim`: byte `offset` of

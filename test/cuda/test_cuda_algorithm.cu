@@ -200,24 +200,29 @@ namespace cp = dc::compress;
 // two, so the device's fused multiply-adds round exactly as the host's
 // separate operations: host and device tensors must give the same bits,
 // round after round, through the compressed mean.
-template <class C>
-using sgd_trainer = dc::algorithm<dc::inner::sgd, dc::outer::sgd, C, dc::comm::threads>;
-template <class C>
-const typename sgd_trainer<C>::options sgd_opts{.inner_steps = 3, .inner = {.lr = 0.5f}, .outer = {.lr = 1.0f}};
+template <class C, class Sync = dc::sync::blocking>
+using sgd_trainer = dc::algorithm<dc::inner::sgd, dc::outer::sgd, C, dc::comm::threads, Sync>;
+template <class C, class Sync = dc::sync::blocking>
+const typename sgd_trainer<C, Sync>::options sgd_opts{.inner_steps = 3, .inner = {.lr = 0.5f}, .outer = {.lr = 1.0f}};
 
-template <class C, class Model>
-std::vector<std::vector<float>> train_compressed(int rounds, int m, typename C::options co = {}) {
+// `rounds` phases of H = 3 steps, then finish() (a delayed schedule applies
+// its last round there).
+template <class C, class Model, class Sync = dc::sync::blocking>
+std::vector<std::vector<float>> train_compressed(int rounds, int m, typename C::options co = {},
+                                                 typename Sync::options so = {}) {
   std::vector<std::vector<float>> out(static_cast<std::size_t>(m));
   dc::comm::threads::world world(m);
   world.run([&](dc::comm::threads& comm) {
     Model model(comm.rank());
-    auto opts = sgd_opts<C>;
+    auto opts = sgd_opts<C, Sync>;
     opts.compress = co;
-    sgd_trainer<C> t(model.params, comm, opts);
+    opts.sync = so;
+    sgd_trainer<C, Sync> t(model.params, comm, opts);
     for (int s = 0; s < rounds * 3; ++s) {
       model.backward();
       t.step(model.grads);
     }
+    t.finish();
     CHECK(t.stats().rounds == static_cast<std::uint64_t>(rounds));
     CHECK(t.stats().rejected_rounds == 0);
     out[static_cast<std::size_t>(comm.rank())] = model.flat();
@@ -266,6 +271,24 @@ TEST_CASE("gpu: compressed DiLoCo over thrust::device_vector gives the host tens
     using sparse_ladder = cp::adaptive<cp::error_feedback<cp::blockwise<dc::int8>>,
                                        cp::error_feedback<cp::chunk_topk<256, 16, dc::int8>>>;
     check_same_bits<sparse_ladder>(m, {.rule = {.budget_seconds = 1e9, .start = 1}});
+  }
+}
+
+// The overlapping schedules keep the exchange in flight while inner steps
+// run: device buffers are staged through pinned host memory when each
+// collective starts and copied back when it completes.
+TEST_CASE("gpu: overlapped (non-blocking, staged) exchanges over device tensors give the host tensors' bits") {
+  using int8_ef = cp::error_feedback<cp::blockwise<dc::int8>>;
+  for (int m : {2, 3}) {
+    CAPTURE(m);
+    const auto same = [](const auto& device, const auto& host) {
+      for (std::size_t r = 0; r < host.size(); ++r)
+        CHECK(std::memcmp(device[r].data(), host[r].data(), host[r].size() * sizeof(float)) == 0);
+    };
+    same(train_compressed<int8_ef, device_model, dc::sync::one_step_delay>(4, m),
+         train_compressed<int8_ef, host_model, dc::sync::one_step_delay>(4, m));
+    same(train_compressed<cp::none, device_model, dc::sync::one_step_delay>(4, m),
+         train_compressed<cp::none, host_model, dc::sync::one_step_delay>(4, m));
   }
 }
 

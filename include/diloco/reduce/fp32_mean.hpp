@@ -66,9 +66,9 @@ class fp32_mean {
     norms_[static_cast<std::size_t>(rank_)] = static_cast<float>(out_.delta_norm);
     exec.from_host(wire_.data() + ps.total(), norms_.data(), norms_.size());
     if (world_ == 1) return;
-    if constexpr (async_host_communicator<Comm> && std::is_same_v<Space, host_space>) {
+    if constexpr (transport::async) {
       if (overlap) {
-        pending_.req = comm.iall_reduce(std::span<float>(wire_.data(), wire_.size()), reduce_op::sum);
+        pending_ = link.iall_reduce(comm, exec, wire_.data(), wire_.size(), reduce_op::sum);
         return;
       }
     }
@@ -124,7 +124,7 @@ class fp32_mean {
   buffer<float, Space> wire_;
   std::vector<float> norms_;
   verdict out_;
-  pending<Comm> pending_;
+  typename transport::request pending_;
 };
 
 }  // namespace diloco::reduce

@@ -4,12 +4,13 @@
 // reduce::gathered, reduce::factored): encode, then a fixed list of
 // collectives, each followed by the engine's operations on what arrived,
 // then the vote (a tiny all-reduce of each rank's verdict) and the result.
-// With an async host communicator and an overlapping schedule each
+// When the transport runs the communicator's collectives non-blocking (an
+// async host communicator, for device buffers staged through host memory
+// too, or an async device communicator) and the schedule overlaps, each
 // collective is started non-blocking and the next stage runs when poll()
 // finds it complete, between inner steps; otherwise begin() runs every stage
-// at once through the engine's transport (device buffers: staged or handed
-// to a device communicator), which gives the same bits. A world of one
-// copies instead of calling the communicator.
+// at once through the engine's transport, which gives the same bits. A world
+// of one copies instead of calling the communicator.
 //
 // A reducer derives from staged<Derived, Engine, Comm, Space, Exec> and says
 // its protocol:
@@ -47,8 +48,6 @@ struct collective {
 
 template <class Derived, class Engine, class Comm, class Space, class Exec>
 class staged {
-  static constexpr bool staged_async = async_host_communicator<Comm> && std::is_same_v<Space, host_space>;
-
  public:
   using transport = detail::wire_transport<Comm, Space, Exec>;
 
@@ -72,7 +71,7 @@ class staged {
   }
 
   void begin(Exec& exec, Comm& comm, transport& link, const float* ref, std::uint64_t round, bool overlap) {
-    async_ = staged_async && overlap;
+    async_ = transport::async && overlap;
     engine_->encode(exec, ref, round);
     stage_ = 0;
     start(exec, comm, link);
@@ -135,17 +134,14 @@ class staged {
   void start(Exec& exec, Comm& comm, transport& link) {
     if (stage_ == done) return;
     const bool alone = comm.size() == 1;
-    if constexpr (staged_async) {
+    if constexpr (transport::async) {
       if (async_ && !alone) {
         if (stage_ == vote) {
-          pending_.req = comm.iall_reduce(std::span<float>(engine_->vote_data(), engine_->vote_count()), reduce_op::sum);
+          pending_ = link.iall_reduce(comm, exec, engine_->vote_data(), engine_->vote_count(), reduce_op::sum);
         } else {
           const collective c = self().exchange(stage_);
-          const std::size_t recv = c.op == collective::kind::all_gather ? c.bytes * static_cast<std::size_t>(comm.size())
-                                                                        : c.bytes;
-          const std::span<const std::byte> s(c.send, c.bytes);
-          const std::span<std::byte> r(c.recv, recv);
-          pending_.req = c.op == collective::kind::all_gather ? comm.iall_gather(s, r) : comm.iall_to_all(s, r);
+          pending_ = c.op == collective::kind::all_gather ? link.iall_gather(comm, exec, c.send, c.bytes, c.recv)
+                                                          : link.iall_to_all(comm, exec, c.send, c.recv, c.bytes);
         }
         return;
       }
@@ -183,7 +179,7 @@ class staged {
   std::size_t stage_ = done;
   bool async_ = false;
   verdict out_;
-  pending<Comm> pending_;
+  typename transport::request pending_;
 };
 
 }  // namespace diloco::reduce

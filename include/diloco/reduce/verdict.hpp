@@ -1,12 +1,10 @@
 #pragma once
 
-// What every reducer hands the engine when a reduction completes, and the
-// request type a reducer keeps while one is in flight.
+// What every reducer hands the engine when a reduction completes.
 
 #include <cmath>
 #include <cstddef>
 #include <limits>
-#include <optional>
 #include <span>
 #include <string>
 
@@ -18,32 +16,6 @@ namespace diloco::reduce {
 
 // accepted/corrupt/problem, this rank's norms and encoded bytes.
 using verdict = compress::exchange_result;
-
-// A pending non-blocking collective of communicator C over host memory
-// (none for a communicator with blocking operations only).
-template <class Comm>
-struct pending {
-  void wait() {}
-  bool test() { return true; }
-};
-template <class Comm>
-  requires async_host_communicator<Comm>
-struct pending<Comm> {
-  std::optional<typename Comm::request> req;
-  void wait() {
-    if (req) {
-      auto r = std::move(*req);
-      req.reset();
-      r.wait();
-    }
-  }
-  bool test() {
-    if (!req) return true;
-    if (!req->test()) return false;
-    wait();
-    return true;
-  }
-};
 
 // The fp32 check every rank makes of the norms all ranks sent: the round is
 // refused when any is not finite or their sum overflows.
