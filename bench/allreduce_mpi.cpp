@@ -26,11 +26,16 @@ namespace cp = diloco::compress;
 
 
 int main(int argc, char** argv) {
+  // Parsed before MPI starts: a bad option ends every rank alike.
+  long lo = 10, hi = 24;
+  int reps = 9;
+  bench::cli cli("All-reduce throughput of comm::mpi against raw MPI_Allreduce");
+  cli.option("--min-log2", lo, "smallest size, log2 of the element count", 0L, 30L);
+  cli.option("--max-log2", hi, "largest size, log2 of the element count", 0L, 30L);
+  cli.option("--reps", reps, "timed repetitions per size (the median is reported)", 1, 1000);
+  cli.parse(argc, argv);
   MPI_Init(&argc, &argv);
   {
-    const bench::args a{argc, argv};
-    const long lo = a.get("--min-log2", 10), hi = a.get("--max-log2", 24);
-    const int reps = static_cast<int>(a.get("--reps", 9));
     int rank = 0, m = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &m);

@@ -57,9 +57,13 @@ double round_seconds(dc::comm::threads::world& world, std::size_t n, int reps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bench::args a{argc, argv};
-  const long lo = a.get("--min-log2", 10), hi = a.get("--max-log2", 24);
-  const int reps = static_cast<int>(a.get("--reps", 9));
+  long lo = 10, hi = 24;
+  int reps = 9;
+  bench::cli cli("All-reduce and outer-round throughput of the threads communicator");
+  cli.option("--min-log2", lo, "smallest size, log2 of the element count", 0L, 30L);
+  cli.option("--max-log2", hi, "largest size, log2 of the element count", 0L, 30L);
+  cli.option("--reps", reps, "timed repetitions per size (the median is reported)", 1, 1000);
+  cli.parse(argc, argv);
   for (int m : {2, 4}) {
     dc::comm::threads::world world(m);
     const std::string w = "threads" + std::to_string(m);

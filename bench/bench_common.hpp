@@ -1,14 +1,16 @@
 #pragma once
 
-// Shared by the host benchmarks: timing (median of repetitions), argument
-// parsing, and `name: value` output.
+// Shared by the host benchmarks: timing (median of repetitions), the
+// command line, and `name: value` output.
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #if defined(_OPENMP)
@@ -67,15 +69,30 @@ std::vector<double> interleaved_medians(int reps, F&&... fs) {
 inline void print(const std::string& name, double value) { std::printf("%s: %.6g\n", name.c_str(), value); }
 inline void print(const std::string& name, const std::string& value) { std::printf("%s: %s\n", name.c_str(), value.c_str()); }
 
-// --name value flags with integer values.
-struct args {
-  int argc;
-  char** argv;
-  long get(const char* name, long fallback) const {
-    for (int i = 1; i + 1 < argc; ++i)
-      if (std::strcmp(argv[i], name) == 0) return std::strtol(argv[i + 1], nullptr, 10);
-    return fallback;
+// The command line: CLI11 (as the demo), so a malformed or out-of-range
+// value, or an unknown option, exits non-zero with a message naming it.
+//   bench::cli cli("what it measures");
+//   long reps = 7;
+//   cli.option("--reps", reps, "repetitions (median)", 1, 1000);
+//   cli.parse(argc, argv);
+class cli {
+ public:
+  explicit cli(std::string description) : app_(std::move(description)) {}
+  template <class T>
+  void option(const char* name, T& value, const char* help, T lo, T hi) {
+    app_.add_option(name, value, help)->capture_default_str()->check(CLI::Range(lo, hi));
   }
+  CLI::App& app() { return app_; }
+  void parse(int argc, char** argv) {
+    try {
+      app_.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      std::exit(app_.exit(e));
+    }
+  }
+
+ private:
+  CLI::App app_;
 };
 
 // Parallel first touch, the way the passes will use the pages.

@@ -10,6 +10,7 @@
 //   bench_cuda_kernels [--elements N] [--iterations K]
 //
 // Without a GPU it prints a "no GPU" line and exits 0.
+#include <CLI/CLI.hpp>
 #include <diloco/cuda.hpp>
 
 #include <algorithm>
@@ -81,14 +82,15 @@ struct timer {
 int main(int argc, char** argv) {
   std::size_t n = std::size_t{1} << 26;  // 256 MiB per fp32 array
   int iterations = 20;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (std::strcmp(argv[i], "--elements") == 0) n = std::strtoull(argv[i + 1], nullptr, 10);
-    if (std::strcmp(argv[i], "--iterations") == 0) iterations = std::atoi(argv[i + 1]);
-  }
-  if (n < 8 || iterations < 1) {
-    std::fprintf(stderr, "bench_cuda_kernels: need --elements >= 8 and --iterations >= 1\n");
-    return 2;
-  }
+  // CLI11, as the host benchmarks: a malformed or out-of-range value exits
+  // non-zero with a message naming the option.
+  CLI::App app("The fused CUDA kernels' bandwidth against a device-to-device copy");
+  app.add_option("--elements", n, "fp32 elements per array")->capture_default_str()->check(
+      CLI::Range(std::size_t{8}, std::size_t{1} << 31));
+  app.add_option("--iterations", iterations, "timed runs per kernel (the median is reported)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000));
+  CLI11_PARSE(app, argc, argv);
   if (dc::cuda_device_count() == 0) {
     std::printf("no GPU: skipping the CUDA kernel benchmark\n");
     return 0;

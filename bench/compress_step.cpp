@@ -161,10 +161,15 @@ void run_gathered(const char* name, std::size_t n, int world, int reps, Triad&& 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bench::args a{argc, argv};
-  const std::size_t n = std::size_t{1} << a.get("--log2", 24);
-  const int reps = static_cast<int>(a.get("--reps", 7));
-  const int world = static_cast<int>(a.get("--workers", 4));
+  long log2 = 24, reps_option = 7, workers = 4;
+  bench::cli cli("The compressed round's fused host passes against STREAM triad");
+  cli.option("--log2", log2, "log2 of the parameter count", 4L, 30L);
+  cli.option("--reps", reps_option, "timed repetitions (the median is reported)", 1L, 1000L);
+  cli.option("--workers", workers, "workers M of the simulated round", 1L, 64L);
+  cli.parse(argc, argv);
+  const std::size_t n = std::size_t{1} << log2;
+  const int reps = static_cast<int>(reps_option);
+  const int world = static_cast<int>(workers);
   bench::print("threads", bench::threads());
   bench::print("parameters", static_cast<double>(n));
 

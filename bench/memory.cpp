@@ -131,9 +131,13 @@ void measure(const char* name, std::size_t n, int world) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bench::args a{argc, argv};
-  const std::size_t n = std::size_t{1} << a.get("--log2", 22);
-  const int world = static_cast<int>(a.get("--workers", 4));
+  long log2 = 22, workers = 4;
+  bench::cli cli("The library's own memory per parameter, measured by counting allocations");
+  cli.option("--log2", log2, "log2 of the parameter count", 4L, 30L);
+  cli.option("--workers", workers, "workers M", 1L, 64L);
+  cli.parse(argc, argv);
+  const std::size_t n = std::size_t{1} << log2;
+  const int world = static_cast<int>(workers);
   bench::print("parameters", static_cast<double>(n));
   bench::print("parameters_second_size", static_cast<double>(2 * n));
   bench::print("workers", world);

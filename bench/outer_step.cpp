@@ -18,9 +18,13 @@
 namespace dc = diloco;
 
 int main(int argc, char** argv) {
-  const bench::args a{argc, argv};
-  const long lo = a.get("--min-log2", 16), hi = a.get("--max-log2", 26);
-  const int reps = static_cast<int>(a.get("--reps", 7));
+  long lo = 16, hi = 26;
+  int reps = 7;
+  bench::cli cli("The fused DiLoCo outer step against one pass per operation and STREAM triad");
+  cli.option("--min-log2", lo, "smallest size, log2 of the element count", 0L, 30L);
+  cli.option("--max-log2", hi, "largest size, log2 of the element count", 0L, 30L);
+  cli.option("--reps", reps, "timed repetitions per size (the median is reported)", 1, 1000);
+  cli.parse(argc, argv);
   constexpr int world = 4;  // the mean's 1/M; any M > 1 runs the same passes
   bench::print("threads", bench::threads());
 
