@@ -7,18 +7,21 @@
 // Bytes per element are the counts written beside each kernel in
 // include/diloco/kernels/. Prints `name: value` lines.
 //
-//   bench_cuda_kernels [--elements N] [--iterations K]
+//   bench_cuda_kernels [--elements N] [--iterations K] [--tensors 1,64,1024,4096,mixed]
 //
 // Without a GPU it prints a "no GPU" line and exits 0.
 #include <CLI/CLI.hpp>
 #include <diloco/cuda.hpp>
+#include <diloco/kernels/tensor_passes.hpp>
+#include <diloco/tensor/tensor_list.hpp>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
+
+#include "layouts.hpp"
 
 namespace dc = diloco;
 namespace k = dc::kernels;
@@ -90,6 +93,10 @@ int main(int argc, char** argv) {
   app.add_option("--iterations", iterations, "timed runs per kernel (the median is reported)")
       ->capture_default_str()
       ->check(CLI::Range(1, 100000));
+  std::string layouts = "1,64,1024,4096,mixed";
+  app.add_option("--tensors", layouts, "layouts of the same parameters for the multi-tensor rows")
+      ->capture_default_str()
+      ->check(bench::check_layouts);
   CLI11_PARSE(app, argc, argv);
   if (dc::cuda_device_count() == 0) {
     std::printf("no GPU: skipping the CUDA kernel benchmark\n");
@@ -121,7 +128,7 @@ int main(int argc, char** argv) {
   std::printf("memcpy_d2d_gbps: %.1f\n", memcpy_gbps);
 
   struct row {
-    const char* name;
+    std::string name;
     double bytes_per_element;
     double seconds;
   };
@@ -254,14 +261,46 @@ int main(int argc, char** argv) {
                     })});
   }
 
+  // The multi-tensor passes (exec/chunks.hpp): the same n parameters as T
+  // tensors (or a transformer-like mix), one launch per pass over all of
+  // them. Rows `<pass>_tensors_<T>`; on a GPU each should stream at the
+  // single tensor's rate.
+  for (const std::string& layout : bench::layout_names(layouts)) {
+    const auto sizes = bench::layout_sizes(layout, n);
+    std::vector<dc::device_view<float>> params;
+    std::vector<std::size_t> offsets;
+    std::size_t off = 0;
+    for (std::size_t size : sizes) {
+      params.emplace_back(y + off, size);
+      offsets.push_back(off);
+      off += size;
+    }
+    const dc::parameter_set<float, dc::device_space> set(params);
+    const dc::tensor_list<dc::device_space> list(set, ex, offsets);
+    dc::gradient_list<dc::device_space> grad_list(sizes.size());
+    const float* const* grads = grad_list.update(ex, [&](std::size_t i) { return g + offsets[i]; });
+    const std::string tag = "_tensors_" + layout;
+    rows.push_back({"pseudo_gradient" + tag, 12, t.median_seconds(iterations, [&] {
+                      (void)ex.transform_reduce_chunked(list.chunks(), k::pseudo_gradients{x, list.ptrs(), m});
+                    })});
+    rows.push_back({"outer_nesterov" + tag, 24, t.median_seconds(iterations, [&] {
+                      ex.for_each_chunked(list.chunks(), k::outer_applies<k::sgd_update, k::merge::overwrite>{
+                                                             nesterov, m, 0.25f, x, v, n, list.ptrs(), {}});
+                    })});
+    rows.push_back({"inner_adamw" + tag, 28, t.median_seconds(iterations, [&] {
+                      ex.for_each_chunked(list.chunks(), k::inner_steps<k::adamw_update>{adamw, list.ptrs(), grads, 1.0f,
+                                                                                         state.data(), n});
+                    })});
+  }
+
   double vector_gbps = 0.0, scalar_gbps = 0.0;
   for (const auto& r : rows) {
-    const std::size_t elements = std::string(r.name).ends_with("_scalar") ? n - 1 : n;
+    const std::size_t elements = r.name.ends_with("_scalar") ? n - 1 : n;
     const double gbps = r.bytes_per_element * static_cast<double>(elements) / r.seconds * 1e-9;
-    std::printf("%s_gbps: %.1f\n", r.name, gbps);
-    std::printf("%s_vs_memcpy: %.3f\n", r.name, gbps / memcpy_gbps);
-    if (std::strcmp(r.name, "outer_nesterov") == 0) vector_gbps = gbps;
-    if (std::strcmp(r.name, "outer_nesterov_scalar") == 0) scalar_gbps = gbps;
+    std::printf("%s_gbps: %.1f\n", r.name.c_str(), gbps);
+    std::printf("%s_vs_memcpy: %.3f\n", r.name.c_str(), gbps / memcpy_gbps);
+    if (r.name == "outer_nesterov") vector_gbps = gbps;
+    if (r.name == "outer_nesterov_scalar") scalar_gbps = gbps;
   }
   std::printf("outer_nesterov_vector_over_scalar: %.3f\n", vector_gbps / scalar_gbps);
   return 0;

@@ -4,18 +4,112 @@
 // the same size, all in one run. Communication is excluded.
 //
 //   bench_outer_step [--min-log2 16] [--max-log2 26] [--reps 7]
+//                    [--tensors 1,64,1024,4096,mixed] [--layout-log2 24]
 //
 // Per size 2^k it prints `name[2^k]: value` lines: minimal bytes moved per
 // parameter, seconds (median), effective GB/s, fused_vs_unfused (time
 // ratio) and fused_vs_triad (bandwidth ratio).
+//
+// Then the same 2^layout-log2 parameters laid out as T equal tensors, or
+// "mixed" (a transformer-like list: per layer large matrices and many small
+// vectors), through the library's own passes: the outer round of a world of
+// 4 (reduce::fp32_mean: pseudo-gradient pass, outer Nesterov + copy-back;
+// the all-reduce left out) and an AdamW inner step (diloco::optimizer).
+// `outer_round.layout_vs_flat[T]` and `inner_adamw.layout_vs_flat[T]` are
+// the time ratios to one flat tensor, measured in alternation in the same
+// run.
 
 #include <diloco/diloco.hpp>
 #include <string>
 #include <vector>
 
 #include "bench_common.hpp"
+#include "layouts.hpp"
 
 namespace dc = diloco;
+
+namespace {
+
+// A communicator whose collectives move nothing: the layout benchmark times
+// the passes, not the link.
+struct no_link {
+  int rank() const { return 0; }
+  int size() const { return 4; }
+  dc::traffic_counters traffic() const { return {}; }
+  void all_reduce(std::span<float>, dc::reduce_op) {}
+  void broadcast(std::span<float>, int) {}
+  void all_to_all(std::span<const std::byte>, std::span<std::byte>) {}
+  void all_gather(std::span<const std::byte>, std::span<std::byte>) {}
+};
+
+// The model: tensors over one allocation (each tensor's own range), its
+// gradients, and the library's state for both passes.
+struct model {
+  std::vector<float> storage, grad_storage;
+  std::vector<std::span<float>> params, grads;
+  model(const std::vector<std::size_t>& sizes, std::size_t n) : storage(n), grad_storage(n) {
+    bench::fill(storage, 0.5f);
+    bench::fill(grad_storage, 0.01f);
+    std::size_t off = 0;
+    for (std::size_t s : sizes) {
+      params.emplace_back(storage.data() + off, s);
+      grads.emplace_back(grad_storage.data() + off, s);
+      off += s;
+    }
+  }
+};
+
+void layouts(const std::string& list, long log2, int reps) {
+  const std::size_t n = std::size_t{1} << log2;
+  const std::string size_tag = "2^" + std::to_string(log2);
+  dc::exec::host ex(bench::threads());
+  const auto nesterov = dc::outer::nesterov::make_update({}, 2);
+
+  // One layout's passes, ready to time.
+  struct timed_layout {
+    model m;
+    dc::parameter_set<float, dc::host_space> set;
+    dc::tensor_list<dc::host_space> tensors;
+    dc::reduce::fp32_mean<no_link, dc::host_space, dc::exec::host> mean;
+    dc::optimizer<dc::inner::adamw> adamw;
+    std::vector<float> global, momentum;
+    timed_layout(const std::vector<std::size_t>& sizes, std::size_t n, dc::exec::host& ex)
+        : m(sizes, n),
+          set(m.params),
+          tensors(set, ex),
+          mean(set, tensors, 4, 0, false),
+          adamw(m.params, {.lr = 1e-4f}),
+          global(set.total(), 0.5f),
+          momentum(set.total(), 0.0f) {}
+  };
+  auto outer_round = [&](timed_layout& l) {
+    no_link link;
+    dc::detail::wire_transport<no_link, dc::host_space, dc::exec::host> transport(0);
+    return [&l, &ex, &nesterov, link, transport]() mutable {
+      l.mean.begin(ex, link, transport, l.global.data(), false);
+      l.mean.wait(ex);
+      l.mean.apply(ex, nesterov, l.global.data(), l.momentum.data(), l.global.size(), dc::kernels::merge::overwrite{});
+    };
+  };
+  auto inner_step = [](timed_layout& l) { return [&l] { l.adamw.step(l.m.grads); }; };
+
+  timed_layout flat(bench::layout_sizes("1", n), n, ex);
+  for (const std::string& layout : bench::layout_names(list)) {
+    const auto sizes = bench::layout_sizes(layout, n);
+    timed_layout other(sizes, n, ex);
+    const std::string tag = "[" + layout + "]";
+    bench::print("layout_tensors" + tag, static_cast<double>(sizes.size()));
+    const auto outer = bench::interleaved_medians(reps, outer_round(flat), outer_round(other));
+    const auto inner = bench::interleaved_medians(reps, inner_step(flat), inner_step(other));
+    bench::print("outer_round_seconds" + tag, outer[1]);
+    bench::print("inner_adamw_seconds" + tag, inner[1]);
+    bench::print("outer_round.layout_vs_flat" + tag, outer[1] / outer[0]);
+    bench::print("inner_adamw.layout_vs_flat" + tag, inner[1] / inner[0]);
+  }
+  bench::print("layout_parameters", size_tag);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   long lo = 16, hi = 26;
@@ -24,6 +118,13 @@ int main(int argc, char** argv) {
   cli.option("--min-log2", lo, "smallest size, log2 of the element count", 0L, 30L);
   cli.option("--max-log2", hi, "largest size, log2 of the element count", 0L, 30L);
   cli.option("--reps", reps, "timed repetitions per size (the median is reported)", 1, 1000);
+  std::string tensors = "1,64,1024,4096,mixed";
+  long layout_log2 = 24;
+  cli.app()
+      .add_option("--tensors", tensors, "layouts of the same parameters: tensor counts, or mixed (transformer-like)")
+      ->capture_default_str()
+      ->check(bench::check_layouts);
+  cli.option("--layout-log2", layout_log2, "parameters of the layout comparison, log2", 10L, 30L);
   cli.parse(argc, argv);
   constexpr int world = 4;  // the mean's 1/M; any M > 1 runs the same passes
   bench::print("threads", bench::threads());
@@ -108,5 +209,6 @@ int main(int argc, char** argv) {
     bench::print("fused_vs_unfused" + tag, t_unfused / t_fused);
     bench::print("fused_vs_triad" + tag, fused_gbps / triad_gbps);
   }
+  if (!tensors.empty()) layouts(tensors, layout_log2, reps);
   return 0;
 }

@@ -26,9 +26,11 @@ namespace grid = diloco::exec::grid;
 struct launch_counters {
   std::atomic<long> vector{0};
   std::atomic<long> scalar{0};
+  std::atomic<long> chunked{0};  // multi-tensor launches (exec/chunks.hpp)
   void reset() {
     vector = 0;
     scalar = 0;
+    chunked = 0;
   }
 };
 inline launch_counters launches;
@@ -53,6 +55,30 @@ double run_reduce(const grid::plan& p, const F& f) {
     partials[b] = shared[0];
   }
   return grid::sum_partials(partials.data(), p.blocks);
+}
+
+// exec/cuda/chunk_kernels.cuh's launches: every chunk's block, lane by
+// lane; the reduction's lanes meet through the same tree steps and the
+// chunks' partials are added in chunk order.
+template <class M>
+void run_for_each_chunked(const diloco::exec::chunk_view& t, const M& m) {
+  for (std::size_t c = 0; c < t.chunks; ++c)
+    for (unsigned lane = 0; lane < diloco::exec::chunk_lanes; ++lane) diloco::exec::chunk_for_each_lane(m, t, c, lane);
+}
+template <class M>
+diloco::exec::chunk_sum_t<M> run_reduce_chunked(const diloco::exec::chunk_view& t, const M& m) {
+  using R = diloco::exec::chunk_sum_t<M>;
+  constexpr unsigned lanes = diloco::exec::chunk_lanes;
+  std::vector<R> partials(t.chunks), shared(lanes);
+  for (std::size_t c = 0; c < t.chunks; ++c) {
+    for (unsigned lane = 0; lane < lanes; ++lane) shared[lane] = diloco::exec::chunk_reduce_lane(m, t, c, lane);
+    for (unsigned width = lanes / 2; width > 0; width /= 2)
+      for (unsigned lane = 0; lane < lanes; ++lane) diloco::exec::chunk_tree_step(shared.data(), lane, width);
+    partials[c] = shared[0];
+  }
+  R total{};
+  for (const R& p : partials) total += p;
+  return total;
 }
 
 // exec/cuda/team_kernels.cuh's run_teams, block by block and phase by
@@ -125,6 +151,28 @@ class cuda_executor {
     const auto p = grid::make_plan(n, grid::use_vector_path(f), grid::block_size, grid::max_reduce_blocks);
     count(p);
     return run_reduce(p, f);
+  }
+  // A multi-tensor launch counts as vector when every piece took the 4-wide
+  // path (its functor has one and its pointers allow it).
+  template <class M>
+  void for_each_chunked(const diloco::exec::chunk_view& t, const M& m) const {
+    if (t.chunks == 0) return;
+    launches.chunked += 1;
+    bool vector = true;
+    for (std::size_t p = 0; p < t.first[t.chunks]; ++p) {
+      const auto f = m.bind(t.pieces[p].tensor);
+      if constexpr (requires { f.vec4(std::size_t{0}); f.vec4_aligned(); })
+        vector = vector && f.vec4_aligned();
+      else
+        vector = false;
+    }
+    (vector ? launches.vector : launches.scalar) += 1;
+    run_for_each_chunked(t, m);
+  }
+  template <class M>
+  auto transform_reduce_chunked(const diloco::exec::chunk_view& t, const M& m) const {
+    if (t.chunks) launches.chunked += 1;
+    return run_reduce_chunked(t, m);
   }
   template <class P>
   void run_teams(std::size_t n, const P& p) const {

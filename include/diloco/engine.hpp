@@ -42,6 +42,7 @@
 #include "diloco/exec/host.hpp"
 #include "diloco/kernels/merge.hpp"
 #include "diloco/kernels/pseudo_gradient.hpp"
+#include "diloco/kernels/tensor_passes.hpp"
 #include "diloco/optimizer.hpp"
 #include "diloco/reduce/select.hpp"
 #include "diloco/sync/blocking.hpp"
@@ -51,6 +52,7 @@
 #include "diloco/sync/streaming.hpp"
 #include "diloco/tensor/buffer.hpp"
 #include "diloco/tensor/parameter_set.hpp"
+#include "diloco/tensor/tensor_list.hpp"
 
 namespace diloco {
 
@@ -199,6 +201,7 @@ class engine final : public engine_base {
       for (std::size_t k : f->tensors)
         views.emplace_back(params_[k].data(), params_.shape(k).rows, params_.shape(k).cols);
       f->params = parameter_set<float, Space>(views);
+      f->list = tensor_list<Space>(f->params, exec_);
       f->base = base;
       for (std::size_t j = 0; j < f->tensors.size(); ++j) {
         offsets_[f->tensors[j]] = base + f->params.offset(j);
@@ -208,6 +211,7 @@ class engine final : public engine_base {
       frags_.push_back(std::move(f));
     }
     flat_ = base;
+    model_list_ = tensor_list<Space>(params_, exec_, offsets_);
     global_ = buffer<float, Space>(flat_);
     inner_ = optimizer_core<Inner, Space>(params_.total(), opts_.inner);
     outer_state_ = buffer<float, Space>(flat_ * outer_slots_);
@@ -407,6 +411,7 @@ class engine final : public engine_base {
  private:
   struct fragment {
     parameter_set<float, Space> params;  // views of its tensors; offsets from `base`
+    tensor_list<Space> list;             // the same, for the multi-tensor passes
     std::vector<std::size_t> tensors;    // model indices
     std::size_t base = 0;                // start in the flat buffers
     std::unique_ptr<reducer_type> reducer;
@@ -430,7 +435,7 @@ class engine final : public engine_base {
       fragment& f = *frags_[p];
       std::unique_ptr<reducer_type> fresh;
       if constexpr (Compressor::lossless) {
-        fresh = std::make_unique<reducer_type>(f.params, world_, rank_, overlap_);
+        fresh = std::make_unique<reducer_type>(f.params, f.list, world_, rank_, overlap_);
       } else {
         fresh = std::make_unique<reducer_type>(f.params, world_, rank_, opts_.compress,
                                                static_cast<std::uint32_t>(p), exec_);
@@ -642,8 +647,7 @@ class engine final : public engine_base {
   // The replica (and the schedule's buffers) restart from theta_global;
   // the worker's outer state under sync::eager becomes the shared one.
   void reset_replica() {
-    for (std::size_t k = 0; k < params_.count(); ++k)
-      exec_.for_each(params_[k].size(), kernels::copy{global_.data() + offsets_[k], params_[k].data()});
+    exec_.for_each_chunked(model_list_.chunks(), kernels::scatter_tensors{global_.data(), model_list_.ptrs()});
     reset_schedule_buffers();
   }
   void reset_schedule_buffers() {
@@ -744,10 +748,7 @@ class engine final : public engine_base {
   }
 
   // sync::one_step_delay: the phase starts from the replica as it is now.
-  void anchor_from_replica() {
-    for (std::size_t k = 0; k < params_.count(); ++k)
-      exec_.for_each(params_[k].size(), kernels::copy{params_[k].data(), anchor_.data() + offsets_[k]});
-  }
+  void anchor_from_replica() { copy_local_to(anchor_.data()); }
 
   // The point the fragment's pseudo-gradient is taken from: theta_global,
   // or eager's anchor.
@@ -912,9 +913,8 @@ class engine final : public engine_base {
       // worker still takes its eager step, along fresh/M alone.
       if constexpr (eager) {
         const auto m = eager_merge();
-        for (std::size_t k = 0; k < params_.count(); ++k)
-          exec_.for_each(params_[k].size(), kernels::merge::eager_advance<decltype(m.step)>{
-                                                m.shifted(offsets_[k]), params_[k].data()});
+        exec_.for_each_chunked(model_list_.chunks(),
+                               kernels::eager_advances<decltype(m.step)>{m, model_list_.ptrs()});
         ++eager_steps_;
       } else {
         anchor_from_replica();
@@ -992,8 +992,7 @@ class engine final : public engine_base {
   // bytes).
   [[noreturn]] void reject(std::size_t p, const reduce::verdict& v) {
     const fragment& f = *frags_[p];
-    for (std::size_t k : f.tensors)
-      exec_.for_each(params_[k].size(), kernels::copy{global_.data() + offsets_[k], params_[k].data()});
+    exec_.for_each_chunked(f.list.chunks(), kernels::scatter_tensors{global_.data() + f.base, f.list.ptrs()});
     reset_schedule_buffers();
     steps_in_round_ = 0;
     round_open_ = false;
@@ -1008,9 +1007,11 @@ class engine final : public engine_base {
   }
 
   // Where the first non-finite parameter is ("tensor k index i is nan"), or
-  // empty. One counting pass per tensor; a tensor is copied to the host
-  // only to name the index.
+  // empty. One counting pass over all tensors; when it finds any, the
+  // tensors are searched one by one (copied to the host to name the index).
   std::string non_finite_initial() {
+    if (exec_.transform_reduce_chunked(model_list_.chunks(), kernels::non_finite_in{model_list_.ptrs()}) == 0.0)
+      return {};
     for (std::size_t k = 0; k < params_.count(); ++k) {
       const auto& t = params_[k];
       if (exec_.transform_reduce(t.size(), kernels::count_non_finite{t.data()}) == 0.0) continue;
@@ -1080,8 +1081,7 @@ class engine final : public engine_base {
   }
 
   void copy_local_to(float* flat) {
-    for (std::size_t k = 0; k < params_.count(); ++k)
-      exec_.for_each(params_[k].size(), kernels::copy{params_[k].data(), flat + offsets_[k]});
+    exec_.for_each_chunked(model_list_.chunks(), kernels::gather_tensors{model_list_.ptrs(), flat});
   }
 
   static double seconds_between(clock::time_point a, clock::time_point b) {
@@ -1099,6 +1099,7 @@ class engine final : public engine_base {
   sync::fragment_plan plan_;
   std::vector<std::unique_ptr<fragment>> frags_;
   std::vector<std::size_t> offsets_;      // tensor k's start in the flat buffers
+  tensor_list<Space> model_list_;         // every tensor at offsets_, for the multi-tensor passes
   std::vector<std::size_t> fragment_of_;  // tensor k's fragment
   std::size_t flat_ = 0;
   std::size_t outer_slots_ = 0;

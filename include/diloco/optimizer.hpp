@@ -20,10 +20,10 @@
 #include "diloco/core/concepts.hpp"
 #include "diloco/core/error.hpp"
 #include "diloco/exec/host.hpp"
-#include "diloco/kernels/inner_step.hpp"
-#include "diloco/kernels/pseudo_gradient.hpp"
+#include "diloco/kernels/tensor_passes.hpp"
 #include "diloco/tensor/buffer.hpp"
 #include "diloco/tensor/parameter_set.hpp"
+#include "diloco/tensor/tensor_list.hpp"
 
 namespace diloco {
 
@@ -44,7 +44,8 @@ float max_grad_norm_of(const Options& o) {
 }
 
 // The state of one optimizer over one parameter set, and its step: clip
-// (one reduction over all gradients), then one fused pass per tensor.
+// (one reduction over all gradients), then one fused pass over all tensors
+// (exec/chunks.hpp: one parallel region on the host, one launch on the GPU).
 template <class Opt, class Space>
 class optimizer_core {
  public:
@@ -52,6 +53,8 @@ class optimizer_core {
   optimizer_core(std::size_t total, const typename Opt::options& opts)
       : opts_(opts), slots_(Opt::state_slots(opts)), total_(total), state_(total * slots_) {}
 
+  // `params` must be the same set at every call (its tensor list is made,
+  // and on the device uploaded, at the first).
   template <class Exec>
   void step(Exec& exec, const parameter_set<float, Space>& params, std::span<const raw_tensor> grads) {
     if (grads.size() != params.count())
@@ -61,22 +64,22 @@ class optimizer_core {
       if (grads[k].size != params[k].size())
         raise<config_error>(Opt::name, " step: gradient ", k, " has ", grads[k].size, " elements, parameter ", k,
                             " has ", params[k].size());
+    if (list_.count() != params.count()) {
+      list_ = tensor_list<Space>(params, exec);
+      grads_ = gradient_list<Space>(params.count());
+    }
+    const float* const* g = grads_.update(exec, [&](std::size_t k) { return grads[k].data; });
 
     float scale = 1.0f;
     if (const float max_norm = max_grad_norm_of(opts_); max_norm > 0.0f) {
-      double sq = 0.0;
-      for (const auto& g : grads) sq += exec.transform_reduce(g.size, kernels::squares{g.data});
+      const double sq = exec.transform_reduce_chunked(list_.chunks(), kernels::squares_of{g});
       // torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), clamped to 1.
       const double coef = static_cast<double>(max_norm) / (std::sqrt(sq) + 1e-6);
       scale = static_cast<float>(std::min(coef, 1.0));
     }
     const auto update = Opt::make_update(opts_, ++steps_);
-    for (std::size_t k = 0; k < grads.size(); ++k) {
-      const std::size_t off = params.offset(k);
-      exec.for_each(grads[k].size,
-                    kernels::inner_step<typename Opt::update>{update, params[k].data(), grads[k].data, scale,
-                                                              slots_ ? state_.data() + off : nullptr, total_});
-    }
+    exec.for_each_chunked(list_.chunks(), kernels::inner_steps<typename Opt::update>{
+                                              update, list_.ptrs(), g, scale, slots_ ? state_.data() : nullptr, total_});
   }
 
   void reset() {
@@ -106,6 +109,8 @@ class optimizer_core {
   std::size_t total_ = 0;
   buffer<float, Space> state_;
   std::uint64_t steps_ = 0;
+  tensor_list<Space> list_;
+  gradient_list<Space> grads_;
 };
 
 // The memory space an executor runs in: its `memory_space`, host if it

@@ -14,6 +14,8 @@
 
 #include "diloco/engine.hpp"
 #include "diloco/core/memory_space.hpp"
+#include "diloco/exec/chunks.hpp"
+#include "diloco/exec/cuda/chunk_kernels.cuh"
 #include "diloco/exec/cuda/kernels.cuh"
 #include "diloco/exec/cuda/launch_plan.hpp"
 #include "diloco/exec/cuda/runtime.hpp"
@@ -54,6 +56,25 @@ class cuda {
     return launch_transform_reduce(n, f, device_partials_.data(), host_partials_.data(), stream_);
   }
 
+  // Multi-tensor passes (exec/chunks.hpp): one launch over every tensor of
+  // a chunk table in device memory (tensor/tensor_list.hpp).
+  template <class M>
+  void for_each_chunked(const chunk_view& t, const M& m) const {
+    launch_for_each_chunked(t, m, stream_);
+  }
+  template <class M>
+  chunk_sum_t<M> transform_reduce_chunked(const chunk_view& t, const M& m) {
+    using R = chunk_sum_t<M>;
+    const std::size_t bytes = t.chunks * sizeof(R);
+    // Grown to the largest table seen: the steady state allocates nothing.
+    if (chunk_partials_device_.size() < bytes) {
+      chunk_partials_device_ = device_buffer<std::byte>(bytes);
+      chunk_partials_host_ = pinned_buffer<std::byte>(bytes);
+    }
+    return launch_transform_reduce_chunked(t, m, reinterpret_cast<R*>(chunk_partials_device_.data()),
+                                           reinterpret_cast<R*>(chunk_partials_host_.data()), stream_);
+  }
+
   // The compression passes (compress/compressed_mean_device.hpp): a team
   // program over n codec blocks, and the checksum sums of `count` payloads.
   // Both are queued and return at once.
@@ -92,6 +113,8 @@ class cuda {
   cudaStream_t stream_ = nullptr;
   device_buffer<double> device_partials_;
   pinned_buffer<double> host_partials_;
+  device_buffer<std::byte> chunk_partials_device_;
+  pinned_buffer<std::byte> chunk_partials_host_;
 };
 
 }  // namespace diloco::exec

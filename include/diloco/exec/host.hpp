@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
 #include <vector>
+
+#include "diloco/exec/chunks.hpp"
 
 #if defined(_OPENMP)
 #include <omp.h>
@@ -23,6 +26,11 @@ namespace diloco::exec {
 //   to_host(dst, src, n)      from the executor's space into host memory
 //   from_host(dst, src, n)    from host memory into the executor's space
 //   synchronize()             wait for everything issued so far
+//   for_each_chunked(t, m)    m.bind(k)(i) for every element of every tensor
+//                             of chunk table t (exec/chunks.hpp): one
+//                             parallel region for a whole tensor list
+//   transform_reduce_chunked(t, m)   the same, returning the sum in the
+//                             fixed chunk/lane order exec/chunks.hpp defines
 //
 // Reductions are deterministic: the index range is cut into fixed chunks
 // whose partial sums are combined in chunk order, so the result is the same
@@ -119,6 +127,57 @@ class host {
     return total;
   }
 
+  // m.bind(k)(i) for every element i of every piece of t, chunk by chunk:
+  // one parallel region whatever the number of tensors (the chunks are
+  // equal, so a static schedule balances them).
+  template <class M>
+  void for_each_chunked(const chunk_view& t, const M& multi) const {
+    const M m = multi;  // see for_each
+#if defined(_OPENMP)
+    const int team = threads();
+    if (t.elements >= parallel_threshold && team > 1) {
+      const auto chunks = static_cast<std::ptrdiff_t>(t.chunks);
+#pragma omp parallel for schedule(static) num_threads(team)
+      for (std::ptrdiff_t c = 0; c < chunks; ++c) run_chunk(m, t, static_cast<std::size_t>(c));
+      return;
+    }
+#endif
+    for (std::size_t c = 0; c < t.chunks; ++c) run_chunk(m, t, c);
+  }
+
+  // The sum of m.bind(k)(i) over every element, in exec/chunks.hpp's order
+  // (lanes within a chunk, added pairwise; chunks in order): the same bits
+  // as the GPU's, for any layout of the same elements.
+  template <class M>
+  auto transform_reduce_chunked(const chunk_view& t, const M& multi) {
+    using R = chunk_sum_t<M>;
+    const M m = multi;
+    std::vector<R> local;
+    R* partials;
+    if constexpr (std::is_same_v<R, double>) {
+      if (partials_.size() < t.chunks) partials_.resize(t.chunks);
+      partials = partials_.data();
+    } else {
+      local.resize(t.chunks);
+      partials = local.data();
+    }
+#if defined(_OPENMP)
+    const int team = threads();
+    if (t.elements >= parallel_threshold && team > 1) {
+      const auto chunks = static_cast<std::ptrdiff_t>(t.chunks);
+#pragma omp parallel for schedule(static) num_threads(team)
+      for (std::ptrdiff_t c = 0; c < chunks; ++c)
+        partials[c] = sum_chunk(m, t, static_cast<std::size_t>(c));
+    } else
+#endif
+    {
+      for (std::size_t c = 0; c < t.chunks; ++c) partials[c] = sum_chunk(m, t, c);
+    }
+    R total{};
+    for (std::size_t c = 0; c < t.chunks; ++c) total += partials[c];
+    return total;
+  }
+
   template <class T>
   static void copy(T* dst, const T* src, std::size_t n) {
     if (n) std::memcpy(dst, src, n * sizeof(T));
@@ -155,6 +214,37 @@ class host {
   }
 
  private:
+  template <class M>
+  static void run_chunk(const M& m, const chunk_view& t, std::size_t c) {
+    for (std::uint32_t p = t.first[c]; p < t.first[c + 1]; ++p) {
+      const piece pc = t.pieces[p];
+      const auto f = m.bind(pc.tensor);  // a local copy, as in for_each
+      const std::size_t end = pc.begin + pc.count;
+      for (std::size_t i = pc.begin; i < end; ++i) f(i);
+    }
+  }
+
+  // Chunk c's sum: lane l adds the elements at positions congruent to l in
+  // position order, then the lanes are added pairwise (exec/chunks.hpp).
+  template <class M>
+  static chunk_sum_t<M> sum_chunk(const M& m, const chunk_view& t, std::size_t c) {
+    using R = chunk_sum_t<M>;
+    R lane[chunk_lanes] = {};
+    for (std::uint32_t p = t.first[c]; p < t.first[c + 1]; ++p) {
+      const piece pc = t.pieces[p];
+      const auto f = m.bind(pc.tensor);
+      std::size_t j = 0;
+      for (; j < pc.count && (pc.position + j) % chunk_lanes != 0; ++j)  // up to the next lane 0
+        lane[(pc.position + j) % chunk_lanes] += static_cast<R>(f(pc.begin + j));
+      for (; j + chunk_lanes <= pc.count; j += chunk_lanes)
+        for (unsigned l = 0; l < chunk_lanes; ++l) lane[l] += static_cast<R>(f(pc.begin + j + l));
+      for (; j < pc.count; ++j) lane[(pc.position + j) % chunk_lanes] += static_cast<R>(f(pc.begin + j));
+    }
+    for (unsigned width = chunk_lanes / 2; width > 0; width /= 2)
+      for (unsigned l = 0; l < width; ++l) chunk_tree_step(lane, l, width);
+    return lane[0];
+  }
+
   int threads_ = 0;
   std::vector<double> partials_;
 };

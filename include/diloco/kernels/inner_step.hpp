@@ -37,7 +37,7 @@ struct inner_step {
     update4(update, p, g, state == nullptr ? nullptr : state + i, stride);
     store4(param + i, p);
   }
-  bool vec4_aligned() const
+  DILOCO_HD bool vec4_aligned() const
     requires vectorizable_update<Update>
   {
     return aligned16(param, grad, state) && stride_keeps_alignment(state, stride);

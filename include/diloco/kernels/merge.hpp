@@ -26,7 +26,7 @@ struct base {
 // theta_local <- theta_global (DiLoCo; the blocking schedule).
 struct overwrite : base {
   static constexpr bool is_overwrite = true;
-  overwrite shifted(std::size_t) const { return *this; }
+  DILOCO_HD overwrite shifted(std::size_t) const { return *this; }
   DILOCO_HD DILOCO_FORCEINLINE float operator()(std::size_t, float g, float) const { return g; }
 };
 
@@ -35,7 +35,7 @@ struct overwrite : base {
 struct mix : base {
   static constexpr bool is_overwrite = false;
   float alpha;
-  mix shifted(std::size_t) const { return *this; }
+  DILOCO_HD mix shifted(std::size_t) const { return *this; }
   DILOCO_HD DILOCO_FORCEINLINE float operator()(std::size_t, float g, float l) const {
     return alpha * l + (1.0f - alpha) * g;
   }
@@ -47,7 +47,7 @@ struct mix : base {
 struct rebase : base {
   static constexpr bool is_overwrite = false;
   float* DILOCO_RESTRICT start;
-  rebase shifted(std::size_t off) const { return {{}, start + off}; }
+  DILOCO_HD rebase shifted(std::size_t off) const { return {{}, start + off}; }
   DILOCO_HD DILOCO_FORCEINLINE float operator()(std::size_t i, float g, float l) const {
     const float v = g - (start[i] - l);
     start[i] = v;
@@ -78,7 +78,7 @@ struct eager : base {
   float* DILOCO_RESTRICT slots;  // null when the outer optimizer keeps none
   std::size_t stride;            // between an element's slots
   float inv_workers;
-  eager shifted(std::size_t off) const {
+  DILOCO_HD eager shifted(std::size_t off) const {
     return {{}, step, anchor + off, own + off, slots ? slots + off : nullptr, stride, inv_workers};
   }
 
@@ -118,7 +118,7 @@ struct eager_rejoin : base {
   static constexpr bool is_overwrite = false;
   float* DILOCO_RESTRICT anchor;
   float* DILOCO_RESTRICT own;
-  eager_rejoin shifted(std::size_t off) const { return {{}, anchor + off, own + off}; }
+  DILOCO_HD eager_rejoin shifted(std::size_t off) const { return {{}, anchor + off, own + off}; }
   DILOCO_HD DILOCO_FORCEINLINE float operator()(std::size_t i, float g, float l) const {
     const float v = g - ((anchor[i] - own[i]) - l);
     anchor[i] = g;

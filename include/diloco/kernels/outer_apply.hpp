@@ -44,7 +44,7 @@ struct outer_apply {
     store4(global + i, g);
     store4(local + i, g);
   }
-  bool vec4_aligned() const
+  DILOCO_HD bool vec4_aligned() const
     requires(vectorizable_update<Update> && Merge::is_overwrite)
   {
     return aligned16(reduced, global, state, local) && stride_keeps_alignment(state, stride);
@@ -82,7 +82,7 @@ struct outer_apply_local {
     store4(global + i, g);
     store4(local + i, g);
   }
-  bool vec4_aligned() const
+  DILOCO_HD bool vec4_aligned() const
     requires(vectorizable_update<Update> && Merge::is_overwrite)
   {
     return aligned16(global, state, local) && stride_keeps_alignment(state, stride);

@@ -37,7 +37,7 @@ struct pseudo_gradient {
     store4(out + i, d);
     return sq;
   }
-  bool vec4_aligned() const { return aligned16(global, local, out); }
+  DILOCO_HD bool vec4_aligned() const { return aligned16(global, local, out); }
 };
 
 // The norm alone, for a world of one where nothing travels: read 8 bytes.
@@ -60,7 +60,7 @@ struct pseudo_gradient_sq {
     }
     return sq;
   }
-  bool vec4_aligned() const { return aligned16(global, local); }
+  DILOCO_HD bool vec4_aligned() const { return aligned16(global, local); }
 };
 
 // Sum of squares of a tensor (gradient clipping): read 4 bytes.
@@ -74,7 +74,7 @@ struct squares {
     for (std::size_t l = 0; l < vec_width; ++l) sq[l] = v[l] * v[l];
     return sq;
   }
-  bool vec4_aligned() const { return aligned16(x); }
+  DILOCO_HD bool vec4_aligned() const { return aligned16(x); }
 };
 
 // dst_i = value (resetting a schedule's buffers): write 4.
@@ -98,7 +98,7 @@ struct count_non_finite {
     for (std::size_t l = 0; l < vec_width; ++l) bad[l] = v[l] - v[l] == 0.0f ? 0.0f : 1.0f;
     return bad;
   }
-  bool vec4_aligned() const { return aligned16(x); }
+  DILOCO_HD bool vec4_aligned() const { return aligned16(x); }
 };
 
 // dst_i += src_i, src_i = 0 (adaptive compression hands a residual to the
@@ -119,7 +119,7 @@ struct copy {
   DILOCO_HD DILOCO_FORCEINLINE void operator()(std::size_t i) const { dst[i] = src[i]; }
 
   DILOCO_HD DILOCO_FORCEINLINE void vec4(std::size_t i) const { store4(dst + i, load4_readonly(src + i)); }
-  bool vec4_aligned() const { return aligned16(src, dst); }
+  DILOCO_HD bool vec4_aligned() const { return aligned16(src, dst); }
 };
 
 }  // namespace diloco::kernels

@@ -60,7 +60,7 @@ DILOCO_HD DILOCO_FORCEINLINE void store4(float* p, const vec4f& v) {
 // True when every pointer may be used for 16-byte accesses (a null pointer
 // is never dereferenced, so it does not stand in the way).
 template <class... T>
-bool aligned16(const T*... p) {
+DILOCO_HD DILOCO_FORCEINLINE bool aligned16(const T*... p) {
   return ((reinterpret_cast<std::uintptr_t>(p) % 16 == 0) && ...);
 }
 

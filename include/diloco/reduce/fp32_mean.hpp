@@ -7,7 +7,10 @@
 //          learns every norm, so all refuse a bad round together), then the
 //          all-reduce starts (non-blocking when the schedule overlaps);
 //   wait:  completes it and checks the norms;
-//   apply: one pass of outer step + merge per tensor.
+//   apply: one pass of outer step + merge over all the fragment's tensors.
+// Both passes run over the fragment's tensor list (exec/chunks.hpp): one
+// parallel region on the host, one launch on the GPU, whatever the number of
+// tensors.
 // A world of one with nothing to overlap keeps no wire: the norm is taken
 // at begin and the apply pass computes Δ itself (outer_apply_local).
 
@@ -21,11 +24,11 @@
 #include "diloco/comm/detail/transport.hpp"
 #include "diloco/core/concepts.hpp"
 #include "diloco/core/error.hpp"
-#include "diloco/kernels/outer_apply.hpp"
-#include "diloco/kernels/pseudo_gradient.hpp"
+#include "diloco/kernels/tensor_passes.hpp"
 #include "diloco/reduce/verdict.hpp"
 #include "diloco/tensor/buffer.hpp"
 #include "diloco/tensor/parameter_set.hpp"
+#include "diloco/tensor/tensor_list.hpp"
 
 namespace diloco::reduce {
 
@@ -34,11 +37,13 @@ class fp32_mean {
  public:
   using transport = detail::wire_transport<Comm, Space, Exec>;
 
-  // `params`: the fragment's tensors, offsets from the fragment's start.
+  // `params`: the fragment's tensors, offsets from the fragment's start;
+  // `list`: the same as a tensor list of the engine's executor.
   // `snapshot`: the pseudo-gradient must be kept from begin to apply
   // (inner steps run in between), so even a world of one needs a wire.
-  fp32_mean(const parameter_set<float, Space>& params, int world, int rank, bool snapshot)
-      : params_(&params), world_(world), rank_(rank), local_only_(world == 1 && !snapshot) {
+  fp32_mean(const parameter_set<float, Space>& params, const tensor_list<Space>& list, int world, int rank,
+            bool snapshot)
+      : params_(&params), list_(&list), world_(world), rank_(rank), local_only_(world == 1 && !snapshot) {
     if (!local_only_) wire_ = buffer<float, Space>(params.total() + static_cast<std::size_t>(world));
     norms_.assign(static_cast<std::size_t>(world), 0.0f);
   }
@@ -47,24 +52,17 @@ class fp32_mean {
   std::size_t wire_floats() const { return wire_.size(); }
 
   void begin(Exec& exec, Comm& comm, transport& link, const float* ref, bool overlap) {
-    const parameter_set<float, Space>& ps = *params_;
-    double sq = 0.0;
     out_ = {};
     if (local_only_) {
-      for (std::size_t k = 0; k < ps.count(); ++k)
-        sq += exec.transform_reduce(ps[k].size(), kernels::pseudo_gradient_sq{ref + ps.offset(k), ps[k].data()});
-      out_.delta_norm = std::sqrt(sq);
+      out_.delta_norm =
+          std::sqrt(exec.transform_reduce_chunked(list_->chunks(), kernels::pseudo_gradients_sq{ref, list_->ptrs()}));
       return;
     }
-    for (std::size_t k = 0; k < ps.count(); ++k) {
-      const std::size_t off = ps.offset(k);
-      sq += exec.transform_reduce(ps[k].size(),
-                                  kernels::pseudo_gradient{ref + off, ps[k].data(), wire_.data() + off});
-    }
-    out_.delta_norm = std::sqrt(sq);
+    out_.delta_norm = std::sqrt(
+        exec.transform_reduce_chunked(list_->chunks(), kernels::pseudo_gradients{ref, list_->ptrs(), wire_.data()}));
     std::fill(norms_.begin(), norms_.end(), 0.0f);
     norms_[static_cast<std::size_t>(rank_)] = static_cast<float>(out_.delta_norm);
-    exec.from_host(wire_.data() + ps.total(), norms_.data(), norms_.size());
+    exec.from_host(wire_.data() + params_->total(), norms_.data(), norms_.size());
     if (world_ == 1) return;
     if constexpr (transport::async) {
       if (overlap) {
@@ -102,22 +100,18 @@ class fp32_mean {
   // then the merge into the replica.
   template <class Update, class Merge>
   void apply(Exec& exec, const Update& update, float* global, float* state, std::size_t stride, const Merge& merge) {
-    const parameter_set<float, Space>& ps = *params_;
-    const float scale = 1.0f / static_cast<float>(world_);
-    for (std::size_t k = 0; k < ps.count(); ++k) {
-      const std::size_t off = ps.offset(k);
-      float* st = state ? state + off : nullptr;
-      if (local_only_)
-        exec.for_each(ps[k].size(), kernels::outer_apply_local<Update, Merge>{update, global + off, st, stride,
-                                                                              ps[k].data(), merge.shifted(off)});
-      else
-        exec.for_each(ps[k].size(), kernels::outer_apply<Update, Merge>{update, wire_.data() + off, scale, global + off,
-                                                                        st, stride, ps[k].data(), merge.shifted(off)});
-    }
+    if (local_only_)
+      exec.for_each_chunked(list_->chunks(), kernels::outer_applies_local<Update, Merge>{update, global, state, stride,
+                                                                                         list_->ptrs(), merge});
+    else
+      exec.for_each_chunked(list_->chunks(),
+                            kernels::outer_applies<Update, Merge>{update, wire_.data(), 1.0f / static_cast<float>(world_),
+                                                                  global, state, stride, list_->ptrs(), merge});
   }
 
  private:
   const parameter_set<float, Space>* params_;
+  const tensor_list<Space>* list_;
   int world_;
   int rank_;
   bool local_only_;
