@@ -56,6 +56,10 @@ TEST_CASE("bad options are config errors naming the option") {
                          doctest::Contains("Nesterov momentum requires momentum > 0"), dc::config_error);
     std::vector<float> empty;
     CHECK_THROWS_WITH_AS(trainer(empty, comm), doctest::Contains("parameter list is empty"), dc::config_error);
+    int not_a_stream = 0;
+    CHECK_THROWS_WITH_AS(trainer(w, comm, {.device_stream = &not_a_stream}),
+                         doctest::Contains("device_stream is set but the parameters are host tensors"),
+                         dc::config_error);
   });
 }
 

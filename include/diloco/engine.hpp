@@ -72,6 +72,15 @@ struct algorithm_options {
   // Host threads per worker for the fused passes; 0 = the cores divided
   // among the workers that share this process.
   int host_threads = 0;
+  // Device tensors: the CUDA stream (a cudaStream_t) every pass and copy of
+  // the algorithm runs on; nullptr is the legacy default stream. Work you
+  // queue on that stream before step() (the backward pass that writes the
+  // gradients) runs before the step's, and the step's runs before what you
+  // queue after it; step() returns once its work is queued (it waits only
+  // where the host needs a result: norms, verdicts, staged transfers). With
+  // host tensors it must stay nullptr. Not an option of the algorithm's
+  // math: not agreed across ranks, not in checkpoints.
+  void* device_stream = nullptr;
 };
 
 // Every option by name (core/options.hpp), with whether ranks must agree on
@@ -105,6 +114,16 @@ template <>
 struct executor_for<host_space> {
   using type = exec::host;
 };
+
+// The executor of an engine: on the caller's device stream when it takes
+// one (exec::cuda::on_stream), else default-constructed.
+template <class Exec>
+Exec make_executor(void* stream) {
+  if constexpr (requires { Exec::on_stream(stream); })
+    return Exec::on_stream(stream);
+  else
+    return (void)stream, Exec{};
+}
 
 template <class Comm>
 int workers_on_host(const Comm& c) {
@@ -182,7 +201,11 @@ class engine final : public engine_base {
         params_(std::move(params)),
         world_(comm.size()),
         rank_(comm.rank()),
+        exec_(make_executor<executor>(opts.device_stream)),
         transport_(world_ > 1 ? params_.total() + static_cast<std::size_t>(world_) : 0) {
+    if (!device && opts_.device_stream != nullptr)
+      raise<config_error>("device_stream is set but the parameters are host tensors; it is the CUDA stream of an "
+                          "algorithm over device tensors (leave it nullptr)");
     std::vector<std::size_t> sizes;
     for (const auto& t : params_) sizes.push_back(t.size());
     Sync::validate(opts_.sync, opts_.inner_steps, sizes.size());

@@ -115,6 +115,39 @@ TEST_CASE("no gpu: an algorithm over device tensors fails with cuda_error at con
   CHECK_THROWS_WITH_AS(trainer(w, comm), doctest::Contains("cudaMalloc failed"), dc::cuda_error);
 }
 
+TEST_CASE("no gpu: algorithm_options::device_stream becomes the executor's stream") {
+  int tag = 0;
+  void* stream = &tag;  // never used as a stream here: no CUDA call is made
+  CHECK(dc::exec::cuda::on_stream(stream).stream() == static_cast<cudaStream_t>(stream));
+  CHECK(dc::detail::make_executor<dc::exec::cuda>(nullptr).stream() == nullptr);
+}
+
+// The algorithm on the caller's stream: the gradients are written on that
+// stream and the library's passes are ordered after them with no
+// synchronization in between; the results are those of the default stream.
+TEST_CASE("gpu: an algorithm on the caller's non-blocking stream gives the default stream's bits") {
+  cudaStream_t stream = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+  auto run = [&](cudaStream_t s) {
+    dc::comm::local comm;
+    model<thrust::device_vector<float>, dc::exec::cuda> m(0);
+    m.exec = dc::exec::cuda(s);
+    auto o = opts;
+    o.device_stream = s;
+    dc::algorithm<dc::inner::adamw, dc::outer::nesterov, dc::compress::none, dc::comm::local> t(m.params, comm, o);
+    for (int step = 0; step < 12; ++step) {
+      m.backward();  // queued on s
+      t.step(m.grads);
+    }
+    REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+    return m.flat();
+  };
+  const auto on_stream = run(stream);
+  const auto on_default = run(nullptr);
+  CHECK(std::memcmp(on_stream.data(), on_default.data(), on_default.size() * sizeof(float)) == 0);
+  REQUIRE(cudaStreamDestroy(stream) == cudaSuccess);
+}
+
 TEST_CASE("gpu: DiLoCo over thrust::device_vector with comm::threads (staged) matches host tensors") {
   const auto host = train_threads<host_model>(4);
   const auto device = train_threads<device_model>(4);

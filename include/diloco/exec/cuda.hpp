@@ -37,6 +37,8 @@ class cuda {
   using staging_buffer = pinned_buffer<T>;
 
   explicit cuda(cudaStream_t stream = nullptr) : stream_(stream) {}
+  // From algorithm_options::device_stream (a cudaStream_t held as void*).
+  static cuda on_stream(void* stream) { return cuda(static_cast<cudaStream_t>(stream)); }
 
   cudaStream_t stream() const { return stream_; }
 
