@@ -26,7 +26,7 @@
 // sums and the norms' partials come to the host (device_segments.hpp's
 // device_headers), which writes and validates the same headers. So host and
 // device workers put the same bytes on the wire and can share a round.
-// Device memory beyond the replica-sized buffers (M, two residuals): the
+// Memory beyond the three replica-sized buffers (M, two residuals): the
 // segments (M + 1 slots per exchange), the mean P and Q, Q, 8 r rows per
 // matrix (the columns in double) and 1.5 KB per matrix (the lane sums).
 
@@ -34,8 +34,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
-#include <limits>
 #include <span>
 #include <string>
 #include <string_view>
@@ -52,11 +50,11 @@
 #include "diloco/core/memory_space.hpp"
 #include "diloco/exec/cuda/team_plan.hpp"
 #include "diloco/exec/host.hpp"
-#include "diloco/kernels/wire_passes.hpp"
 #include "diloco/kernels/low_rank_passes.hpp"
 #include "diloco/kernels/merge.hpp"
 #include "diloco/kernels/pseudo_gradient.hpp"
 #include "diloco/kernels/random.hpp"
+#include "diloco/kernels/wire_passes.hpp"
 #include "diloco/tensor/buffer.hpp"
 #include "diloco/tensor/parameter_set.hpp"
 
