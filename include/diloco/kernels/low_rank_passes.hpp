@@ -183,6 +183,18 @@ struct gram_schmidt {
   double* sums;    // 2 x matrices x lanes
   std::size_t matrices, r;
 
+  // A pass's item: lane l of matrix k.
+  struct lane {
+    std::size_t k, l;
+    factor_matrix m;
+  };
+  DILOCO_HD DILOCO_FORCEINLINE lane lane_of(std::size_t item) const {
+    return {item / gram_schmidt_lanes, item % gram_schmidt_lanes, mats[item / gram_schmidt_lanes]};
+  }
+  DILOCO_HD DILOCO_FORCEINLINE double* column(const factor_matrix& m, std::size_t c) const {
+    return basis + m.basis_at + c * m.rows;
+  }
+  // Running-sum buffer `buf` (0 or 1) of matrix k.
   DILOCO_HD DILOCO_FORCEINLINE double* lanes_of(std::size_t buf, std::size_t k) const {
     return sums + (buf * matrices + k) * gram_schmidt_lanes;
   }
@@ -203,37 +215,35 @@ struct load_column {
   gram_schmidt g;
   std::size_t c;
   DILOCO_HD void operator()(std::size_t item) const {
-    const std::size_t k = item / gram_schmidt_lanes, l = item % gram_schmidt_lanes;
-    const factor_matrix m = g.mats[k];
-    double* x = g.basis + m.basis_at + c * m.rows;
+    const auto [k, l, m] = g.lane_of(item);
+    double* x = g.column(m, c);
     double acc = 0.0;
     for (std::size_t i = l; i < m.rows; i += gram_schmidt_lanes) {
       const double v = static_cast<double>(g.p[m.p_at + i * g.r + c]);
       x[i] = v;
       acc = add_rn(acc, mul_rn(v, v));
     }
-    g.before[item] = acc;
+    g.before[k * gram_schmidt_lanes + l] = acc;
   }
 };
 
 // Step j of column c: subtract the projection onto q_{j-1} (its dot product
 // is the previous step's lanes, in buffer (j - 1) % 2), then this lane of
 // q_j . x (j < c) or of |x|^2 (j == c) into buffer j % 2. Read 16 and
-// write 8 per row to subtract, read 16 (8) per row to sum; read 8 lanes x 8
+// write 8 per row to subtract, read 16 (8) per row to sum; read 64 lanes x 8
 // and write 8 per item.
 struct gram_schmidt_step {
   gram_schmidt g;
   std::size_t c, j;
   DILOCO_HD void operator()(std::size_t item) const {
-    const std::size_t k = item / gram_schmidt_lanes, l = item % gram_schmidt_lanes;
-    const factor_matrix m = g.mats[k];
-    double* x = g.basis + m.basis_at + c * m.rows;
+    const auto [k, l, m] = g.lane_of(item);
+    double* x = g.column(m, c);
     if (j > 0) {
       const double dot = lane_total(g.lanes_of((j - 1) % 2, k));
-      const double* q = g.basis + m.basis_at + (j - 1) * m.rows;
+      const double* q = g.column(m, j - 1);
       for (std::size_t i = l; i < m.rows; i += gram_schmidt_lanes) x[i] = sub_rn(x[i], mul_rn(dot, q[i]));
     }
-    const double* y = j < c ? g.basis + m.basis_at + j * m.rows : x;
+    const double* y = j < c ? g.column(m, j) : x;
     double acc = 0.0;
     for (std::size_t i = l; i < m.rows; i += gram_schmidt_lanes) acc = add_rn(acc, mul_rn(y[i], x[i]));
     g.lanes_of(j % 2, k)[l] = acc;
@@ -242,17 +252,16 @@ struct gram_schmidt_step {
 
 // q_c = x / |x| into the basis and P (as float), or zeros when x is
 // (numerically) in the span of the columns before it. Read 8, write 12 per
-// row; read 2 x 8 lanes x 8 per item.
+// row; read 2 x 64 lanes x 8 per item.
 struct scale_column {
   gram_schmidt g;
   std::size_t c;
   DILOCO_HD void operator()(std::size_t item) const {
-    const std::size_t k = item / gram_schmidt_lanes, l = item % gram_schmidt_lanes;
-    const factor_matrix m = g.mats[k];
+    const auto [k, l, m] = g.lane_of(item);
     const double norm = sqrt_rn(lane_total(g.lanes_of(c % 2, k)));
     const double before = lane_total(g.before + k * gram_schmidt_lanes);
     const bool keep = norm > mul_rn(1e-6, sqrt_rn(before)) && norm > 0.0;
-    double* x = g.basis + m.basis_at + c * m.rows;
+    double* x = g.column(m, c);
     for (std::size_t i = l; i < m.rows; i += gram_schmidt_lanes) {
       const double v = keep ? div_rn(x[i], norm) : 0.0;
       x[i] = v;
