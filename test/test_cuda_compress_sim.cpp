@@ -831,15 +831,16 @@ namespace {
 const std::vector<std::size_t> low_rank_sizes = {150 * 40, 16, 24 * 16, 5, 3 * 2};
 const std::vector<std::size_t> low_rank_cols = {40, 1, 16, 1, 2};
 
-template <class Sync = dc::sync::blocking, link_kind Link = link_kind::host>
-void compare_low_rank(int m, int rounds, int applied, const run_shape<Sync>& shape_in = {}) {
+// Returns the device run.
+template <class Sync = dc::sync::blocking, link_kind Link = link_kind::host, class C = cp::low_rank>
+run_result compare_low_rank(int m, int rounds, int applied, const run_shape<Sync>& shape_in = {},
+                      typename C::options co = cp::low_rank::options{.rank = 3, .seed = 11}) {
   CAPTURE(m);
   run_shape<Sync> shape = shape_in;
   shape.cols = low_rank_cols;
-  const cp::low_rank::options co{.rank = 3, .seed = 11};
-  const auto host = train<dc::host_space, cp::low_rank, link_kind::host, Sync>(m, rounds, low_rank_sizes, co, 0, shape);
+  const auto host = train<dc::host_space, C, link_kind::host, Sync>(m, rounds, low_rank_sizes, co, 0, shape);
   sim::launches.reset();
-  const auto device = train<dc::device_space, cp::low_rank, Link, Sync>(m, rounds, low_rank_sizes, co, 0, shape);
+  const auto device = train<dc::device_space, C, Link, Sync>(m, rounds, low_rank_sizes, co, 0, shape);
   CHECK(sim::launches.scalar > 0);
   constexpr bool fragments = std::is_same_v<Sync, dc::sync::streaming>;
   check_same_run(host, device, m, applied, !fragments);
@@ -853,6 +854,7 @@ void compare_low_rank(int m, int rounds, int applied, const run_shape<Sync>& sha
   double residual = 0.0;
   for (float e : device.residuals[0]) residual += static_cast<double>(e) * e;
   CHECK((fragments || residual > 0.0));
+  return device;
 }
 
 }  // namespace
@@ -865,14 +867,31 @@ TEST_CASE("device low_rank under overlapping schedules: the host engine's bits")
   // one_step_delay: 3 rounds begin, the first two are applied at the next
   // round's end and finish() applies the third.
   SUBCASE("one_step_delay") {
-    for (int m : {2, 3}) compare_low_rank<dc::sync::one_step_delay>(m, 3, 3);
+    for (int m : {1, 2, 3}) compare_low_rank<dc::sync::one_step_delay>(m, 3, 3);
   }
   // streaming, P = 2 fragments of whole tensors (each its own factors and
   // Q), H = 4, tau = 1: 12 steps apply a fragment after steps 2, 4, 6, 8,
   // 10, 12.
   SUBCASE("streaming") {
-    for (int m : {1, 3})
+    for (int m : {1, 2, 3})
       compare_low_rank<dc::sync::streaming>(m, 3, 6, {.sync = {.fragments = 2, .delay = 1}, .inner_steps = 4});
+  }
+}
+
+TEST_CASE("device low_rank as an adaptive rung: rank 3 in the first round, int8 after it, the host engine's bits") {
+  // A budget every rung fits: the rule moves to the most accurate rung
+  // after round 1, and the residual moves from low_rank's to int8's.
+  using ladder = cp::adaptive<cp::error_feedback<cp::blockwise<dc::int8, 16>>, cp::low_rank>;
+  const ladder::options co{.codecs = {{}, {.rank = 3, .seed = 2}}, .rule = {.budget_seconds = 1e9, .start = 1}};
+  for (int m : {2, 3}) {
+    const auto device = compare_low_rank<dc::sync::blocking, link_kind::host, ladder>(m, 3, 3, {}, co);
+    // Round 1's P and Q segments say low_rank (header byte 6), the later
+    // rounds' int8 segments say blockwise int8.
+    const auto codec = [&](std::size_t c) { return static_cast<cp::codec_id>(device.wire[0][c][6]); };
+    REQUIRE(device.wire[0].size() == 6);
+    CHECK(codec(0) == cp::codec_id::low_rank);
+    CHECK(codec(1) == cp::codec_id::low_rank);
+    for (std::size_t c = 2; c < 6; ++c) CHECK(codec(c) == cp::codec_id::int8);
   }
 }
 
@@ -990,6 +1009,25 @@ rejection reject_second_round(flaky_link::damage damage, std::size_t cols = 1, i
   return out;
 }
 
+// The second round was refused on every rank of both runs, the device's
+// with the host's words down to the stored checksum a corrupt segment is
+// reported with; rank 2 names `victim`, and with `damaged` bytes the others
+// name rank 2's report. The state stayed as the rules say and the third
+// round was applied.
+void refused_alike(const rejection& host, const rejection& device, const char* victim, bool damaged) {
+  CHECK(device.state_kept);
+  CHECK(device.third_round_applied);
+  CHECK(host.state_kept);
+  for (int r = 0; r < 3; ++r) {
+    CAPTURE(r);
+    const auto i = static_cast<std::size_t>(r);
+    CHECK(device.what[i] == host.what[i]);
+    CHECK(device.what[i].find("outer round 2 rejected") != std::string::npos);
+  }
+  CHECK(device.what[2].find(victim) != std::string::npos);
+  if (damaged) CHECK(device.what[0].find("rank(s) 2 received corrupt compressed data") != std::string::npos);
+}
+
 }  // namespace
 
 TEST_CASE("device compressed mean: a NaN, a corrupt byte, a forged code reject the round as on the host") {
@@ -1002,21 +1040,8 @@ TEST_CASE("device compressed mean: a NaN, a corrupt byte, a forged code reject t
                            scenario{"flipped bit", flip_a_bit, "checksum mismatch"},
                            scenario{"forged code", forge_a_code, "block 0: quantized value out of range"}}) {
     CAPTURE(s.name);
-    const auto host = reject_second_round<dc::host_space>(s.damage);
-    const auto device = reject_second_round<dc::device_space>(s.damage);
-    CHECK(device.state_kept);
-    CHECK(device.third_round_applied);
-    CHECK(host.state_kept);
-    for (int r = 0; r < 3; ++r) {
-      CAPTURE(r);
-      const auto i = static_cast<std::size_t>(r);
-      // The same words on every rank as the host engine, down to the
-      // stored checksum a corrupt segment is reported with.
-      CHECK(device.what[i] == host.what[i]);
-      CHECK(device.what[i].find("outer round 2 rejected") != std::string::npos);
-    }
-    CHECK(device.what[2].find(s.victim) != std::string::npos);
-    if (s.damage) CHECK(device.what[0].find("rank(s) 2 received corrupt compressed data") != std::string::npos);
+    refused_alike(reject_second_round<dc::host_space>(s.damage), reject_second_round<dc::device_space>(s.damage),
+                  s.victim, s.damage != nullptr);
   }
 }
 
@@ -1032,19 +1057,8 @@ TEST_CASE("device gathered mean: a NaN, a corrupt byte, a forged position reject
         scenario{"flipped bit", flip_a_bit, "checksum mismatch"},
         scenario{"forged position", forge_a_position<C::codec>, "chunk_topk position beyond its chunk"}}) {
     CAPTURE(s.name);
-    const auto host = reject_second_round<dc::host_space, C>(s.damage);
-    const auto device = reject_second_round<dc::device_space, C>(s.damage);
-    CHECK(device.state_kept);
-    CHECK(device.third_round_applied);
-    CHECK(host.state_kept);
-    for (int r = 0; r < 3; ++r) {
-      CAPTURE(r);
-      const auto i = static_cast<std::size_t>(r);
-      CHECK(device.what[i] == host.what[i]);
-      CHECK(device.what[i].find("outer round 2 rejected") != std::string::npos);
-    }
-    CHECK(device.what[2].find(s.victim) != std::string::npos);
-    if (s.damage) CHECK(device.what[0].find("rank(s) 2 received corrupt compressed data") != std::string::npos);
+    refused_alike(reject_second_round<dc::host_space, C>(s.damage), reject_second_round<dc::device_space, C>(s.damage),
+                  s.victim, s.damage != nullptr);
   }
 }
 
@@ -1062,19 +1076,9 @@ TEST_CASE("device low_rank: a NaN, a corrupt P or Q segment reject the round on 
         scenario{"flipped bit in P", flip_a_bit, 3, "low-rank round 2, P segment from rank 1 on rank 2: checksum mismatch"},
         scenario{"flipped bit in Q", flip_a_bit, 4, "low-rank round 2, Q segment from rank 1 on rank 2: checksum mismatch"}}) {
     CAPTURE(s.name);
-    const auto host = reject_second_round<dc::host_space, cp::low_rank>(s.damage, 20, s.call);
-    const auto device = reject_second_round<dc::device_space, cp::low_rank>(s.damage, 20, s.call);
-    CHECK(device.state_kept);
-    CHECK(device.third_round_applied);
-    CHECK(host.state_kept);
-    for (int r = 0; r < 3; ++r) {
-      CAPTURE(r);
-      const auto i = static_cast<std::size_t>(r);
-      CHECK(device.what[i] == host.what[i]);
-      CHECK(device.what[i].find("outer round 2 rejected") != std::string::npos);
-    }
-    CHECK(device.what[2].find(s.victim) != std::string::npos);
-    if (s.damage) CHECK(device.what[0].find("rank(s) 2 received corrupt compressed data") != std::string::npos);
+    refused_alike(reject_second_round<dc::host_space, cp::low_rank>(s.damage, 20, s.call),
+                  reject_second_round<dc::device_space, cp::low_rank>(s.damage, 20, s.call), s.victim,
+                  s.damage != nullptr);
   }
 }
 
