@@ -1,6 +1,7 @@
 // Achieved memory bandwidth of each fused kernel (the optimizer passes and
 // the compression passes: encode with and without error feedback, the
-// reduce of 4 workers' encodings, decode-apply, the payload checksum), next
+// reduce of 4 workers' encodings, decode-apply, the payload checksum,
+// low_rank's products and residual), next
 // to a device-to-device copy (cudaMemcpyAsync) measured in the same run, and
 // their ratio: a fused pass that streams its bytes as fast as the copy
 // engine reaches ~1.0.
@@ -250,6 +251,40 @@ int main(int argc, char** argv) {
                                                     sources, x, v, n});
                     })});
   }
+  // low_rank (kernels/low_rank_passes.hpp) at rank 4 on one square-ish
+  // matrix held in x (2^k columns, 2^(2k) <= n, and n / 2^k rows): the
+  // products read M once (the factors are cached), the residual reads M and
+  // writes e'. Bytes per element are scaled to the n elements the rows
+  // report against. The orthonormalisation (r (r + 5) / 2 launches of 64
+  // lanes per matrix) is reported in milliseconds.
+  double orthonormalise_ms = 0.0;
+  if (n >= 64) {
+    constexpr std::size_t r = 4;
+    std::size_t cols = 8;
+    while (4 * cols * cols <= n) cols *= 2;
+    const std::size_t matrix_rows = n / cols;
+    const double share = static_cast<double>(matrix_rows * cols) / static_cast<double>(n);
+    dc::device_buffer<float> q(cols * r), factor_p(matrix_rows * r), factor_q(cols * r);
+    ex.for_each(cols * r, fill_pattern{q.data(), 1.0f});
+    ex.for_each(matrix_rows * cols, fill_pattern{x, 1.0f});
+    rows.push_back({"low_rank_times_q_r4", 4 * share, t.median_seconds(iterations, [&] {
+                      ex.for_each(matrix_rows * r, k::low_rank::times_q{x, q.data(), factor_p.data(), cols, r});
+                    })});
+    rows.push_back({"low_rank_times_p_r4", 4 * share, t.median_seconds(iterations, [&] {
+                      ex.for_each(cols * r, k::low_rank::times_p{x, factor_p.data(), factor_q.data(), matrix_rows, cols, r});
+                    })});
+    rows.push_back({"low_rank_residual_r4", 8 * share, t.median_seconds(iterations, [&] {
+                      ex.for_each(matrix_rows * cols,
+                                  k::low_rank::residual_of{x, factor_p.data(), factor_q.data(), y, cols, r});
+                    })});
+    const k::low_rank::factor_matrix matrix{matrix_rows, 0, 0};
+    dc::device_buffer<k::low_rank::factor_matrix> matrices(1);
+    ex.from_host(matrices.data(), &matrix, 1);
+    dc::device_buffer<double> basis(matrix_rows * r), before(k::low_rank::gram_schmidt_lanes),
+        sums(2 * k::low_rank::gram_schmidt_lanes);
+    const k::low_rank::gram_schmidt gs{matrices.data(), factor_p.data(), basis.data(), before.data(), sums.data(), 1, r};
+    orthonormalise_ms = 1e3 * t.median_seconds(iterations, [&] { k::low_rank::orthonormalise(ex, gs); });
+  }
   {
     const k::segment_ref segment{int8_payloads[0].data(), l128.count * int8_e::stride, 0, l128.count, 0};
     dc::device_buffer<k::segment_ref> segments(1);
@@ -303,5 +338,6 @@ int main(int argc, char** argv) {
     if (r.name == "outer_nesterov_scalar") scalar_gbps = gbps;
   }
   std::printf("outer_nesterov_vector_over_scalar: %.3f\n", vector_gbps / scalar_gbps);
+  if (orthonormalise_ms > 0.0) std::printf("low_rank_orthonormalise_r4_ms: %.3f\n", orthonormalise_ms);
   return 0;
 }

@@ -157,6 +157,69 @@ TEST_CASE("low_rank: replicas agree bit for bit, M = 1, 2, 3, 4, 7, and the resi
   }
 }
 
+TEST_CASE("low_rank orthonormalisation passes: Gram-Schmidt's orthonormal columns, a dependent column dropped") {
+  namespace lr = diloco::kernels::low_rank;
+  // Two matrices' P at r = 3: 150 rows (more than the 64 lanes) of normals,
+  // and 5 rows whose third column is the sum of the first two (exactly, in
+  // small integers): it lies in their span and must come out as zeros.
+  constexpr std::size_t r = 3, rows_a = 150, rows_b = 5;
+  std::vector<float> p = random_normals(rows_a * r, 41);
+  const float b[rows_b][r] = {{1, 1, 2}, {2, 0, 2}, {3, 1, 4}, {4, 0, 4}, {5, 1, 6}};
+  for (const auto& row : b) p.insert(p.end(), row, row + r);
+  const std::vector<float> original = p;
+  const std::vector<lr::factor_matrix> mats = {{rows_a, 0, 0}, {rows_b, rows_a * r, rows_a * r}};
+  std::vector<double> basis((rows_a + rows_b) * r), before(2 * lr::gram_schmidt_lanes), sums(4 * lr::gram_schmidt_lanes);
+  dc::exec::host exec(1);
+  lr::orthonormalise(exec, lr::gram_schmidt{mats.data(), p.data(), basis.data(), before.data(), sums.data(), 2, r});
+
+  // The definition (Golub & Van Loan, modified Gram-Schmidt), in long
+  // double, one matrix at a time, with the same rule for a dropped column.
+  auto reference = [&](std::size_t at, std::size_t rows) {
+    std::vector<std::vector<long double>> q;
+    std::vector<long double> out(rows * r, 0.0L);
+    for (std::size_t c = 0; c < r; ++c) {
+      std::vector<long double> x(rows);
+      long double before_norm = 0.0L;
+      for (std::size_t i = 0; i < rows; ++i) x[i] = original[at + i * r + c], before_norm += x[i] * x[i];
+      for (const auto& u : q) {
+        long double dot = 0.0L;
+        for (std::size_t i = 0; i < rows; ++i) dot += u[i] * x[i];
+        for (std::size_t i = 0; i < rows; ++i) x[i] -= dot * u[i];
+      }
+      long double norm = 0.0L;
+      for (std::size_t i = 0; i < rows; ++i) norm += x[i] * x[i];
+      norm = std::sqrt(norm);
+      if (norm <= 1e-6L * std::sqrt(before_norm)) continue;
+      for (std::size_t i = 0; i < rows; ++i) x[i] /= norm, out[i * r + c] = x[i];
+      q.push_back(x);
+    }
+    return out;
+  };
+  const auto want_a = reference(0, rows_a), want_b = reference(rows_a * r, rows_b);
+  for (std::size_t i = 0; i < rows_a * r; ++i) CHECK(p[i] == doctest::Approx(static_cast<double>(want_a[i])).epsilon(1e-6));
+  for (std::size_t i = 0; i < rows_b * r; ++i)
+    CHECK(p[rows_a * r + i] == doctest::Approx(static_cast<double>(want_b[i])).epsilon(1e-6));
+  for (std::size_t i = 0; i < rows_b; ++i) CHECK(p[rows_a * r + i * r + 2] == 0.0f);
+  // Invariants: orthonormal columns (to float rounding), and projecting P
+  // onto them gives P back (the same span).
+  for (std::size_t c = 0; c < r; ++c)
+    for (std::size_t d = 0; d < r; ++d) {
+      double dot = 0.0;
+      for (std::size_t i = 0; i < rows_a; ++i) dot += static_cast<double>(p[i * r + c]) * p[i * r + d];
+      CHECK(dot == doctest::Approx(c == d ? 1.0 : 0.0).epsilon(1e-6).scale(1.0));
+    }
+  for (std::size_t c = 0; c < r; ++c)
+    for (std::size_t i = 0; i < rows_b; ++i) {
+      double projected = 0.0;
+      for (std::size_t d = 0; d < r; ++d) {
+        double coef = 0.0;
+        for (std::size_t k = 0; k < rows_b; ++k) coef += static_cast<double>(p[rows_a * r + k * r + d]) * original[rows_a * r + k * r + c];
+        projected += coef * p[rows_a * r + i * r + d];
+      }
+      CHECK(projected == doctest::Approx(original[rows_a * r + i * r + c]).epsilon(1e-5));
+    }
+}
+
 TEST_CASE("low_rank options: rank 0 is a config_error") {
   CHECK_THROWS_WITH_AS(cp::low_rank::validate({.rank = 0}), doctest::Contains("rank must lie in [1, 4096]"),
                        dc::config_error);

@@ -1,8 +1,7 @@
 // Must NOT compile: a compressor with no device form over device tensors.
 // HOST_ONLY names it (test/CMakeLists.txt: compress::topk<>, which selects
-// on the host; compress::low_rank, no device form yet; and
-// compress::chunk_topk<8192>, whose chunks do not fit the device selection's
-// shared memory).
+// on the host, and compress::chunk_topk<8192>, whose chunks do not fit the
+// device selection's shared memory).
 // The device executor and buffers are stand-ins here, so that the
 // compressor is the only thing wrong.
 #include <diloco/diloco.hpp>

@@ -53,6 +53,14 @@ struct model {
       grads.emplace_back(n, 0.0f);
     }
   }
+  // The parameters as row-major matrices of cols[k] columns (1: a vector),
+  // for compressors that use shapes (low_rank).
+  std::vector<dc::matrix_view<float, dc::tensor_space_t<Vec>>> matrices(const std::vector<std::size_t>& cols) {
+    std::vector<dc::matrix_view<float, dc::tensor_space_t<Vec>>> out;
+    for (std::size_t k = 0; k < sizes.size(); ++k)
+      out.emplace_back(dc::tensor_data(params[k]), sizes[k] / cols[k], cols[k]);
+    return out;
+  }
   void backward() {
     for (std::size_t k = 0; k < sizes.size(); ++k)
       exec.for_each(sizes[k], quadratic_gradient{dc::tensor_data(params[k]), dc::tensor_data(targets[k]),
@@ -239,9 +247,11 @@ template <class C, class Sync = dc::sync::blocking>
 const typename sgd_trainer<C, Sync>::options sgd_opts{.inner_steps = 3, .inner = {.lr = 0.5f}, .outer = {.lr = 1.0f}};
 
 // `rounds` phases of H = 3 steps, then finish() (a delayed schedule applies
-// its last round there).
+// its last round there). `cols`: the tensors' shapes for low_rank (empty:
+// the tensors as they are).
 template <class C, class Model, class Sync = dc::sync::blocking>
 std::vector<std::vector<float>> train_compressed(int rounds, int m, typename C::options co = {},
+                                                 const std::vector<std::size_t>& cols = {},
                                                  typename Sync::options so = {}) {
   std::vector<std::vector<float>> out(static_cast<std::size_t>(m));
   dc::comm::threads::world world(m);
@@ -250,26 +260,34 @@ std::vector<std::vector<float>> train_compressed(int rounds, int m, typename C::
     auto opts = sgd_opts<C, Sync>;
     opts.compress = co;
     opts.sync = so;
-    sgd_trainer<C, Sync> t(model.params, comm, opts);
-    for (int s = 0; s < rounds * 3; ++s) {
-      model.backward();
-      t.step(model.grads);
+    auto train = [&](auto& params) {
+      sgd_trainer<C, Sync> t(params, comm, opts);
+      for (int s = 0; s < rounds * 3; ++s) {
+        model.backward();
+        t.step(model.grads);
+      }
+      t.finish();
+      CHECK(t.stats().rounds == static_cast<std::uint64_t>(rounds));
+      CHECK(t.stats().rejected_rounds == 0);
+    };
+    if (cols.empty()) {
+      train(model.params);
+    } else {
+      auto shaped = model.matrices(cols);
+      train(shaped);
     }
-    t.finish();
-    CHECK(t.stats().rounds == static_cast<std::uint64_t>(rounds));
-    CHECK(t.stats().rejected_rounds == 0);
     out[static_cast<std::size_t>(comm.rank())] = model.flat();
   });
   return out;
 }
 
 template <class C>
-void check_same_bits(int m, typename C::options co = {}) {
+void check_same_bits(int m, typename C::options co = {}, const std::vector<std::size_t>& cols = {}) {
   CAPTURE(C::name);
   CAPTURE(C::has_error_feedback);
   CAPTURE(m);
-  const auto host = train_compressed<C, host_model>(4, m, co);
-  const auto device = train_compressed<C, device_model>(4, m, co);
+  const auto host = train_compressed<C, host_model>(4, m, co, cols);
+  const auto device = train_compressed<C, device_model>(4, m, co, cols);
   for (std::size_t r = 0; r < host.size(); ++r) {
     CAPTURE(r);
     REQUIRE(device[r].size() == host[r].size());
@@ -304,6 +322,11 @@ TEST_CASE("gpu: compressed DiLoCo over thrust::device_vector gives the host tens
     using sparse_ladder = cp::adaptive<cp::error_feedback<cp::blockwise<dc::int8>>,
                                        cp::error_feedback<cp::chunk_topk<256, 16, dc::int8>>>;
     check_same_bits<sparse_ladder>(m, {.rule = {.budget_seconds = 1e9, .start = 1}});
+    // low_rank (PowerSGD): 64 as 8 x 8 and 1025 as 41 x 25 at rank 2, the
+    // rest vectors; its products, orthonormalisation and norms as grid
+    // launches with one fixed summation order per output.
+    const std::vector<std::size_t> shapes = {1, 1, 1, 8, 25, 1};
+    check_same_bits<cp::low_rank>(m, {.rank = 2, .seed = 3}, shapes);
   }
 }
 

@@ -71,8 +71,9 @@ class compressed_mean<Compressor, Space> : public device_detail::device_ballot<S
   using elements = kernels::codec_elements<codec_type>;
   static_assert(elements::supported,
                 "diloco: compress::topk runs on host tensors only; for device tensors use "
-                "compress::blockwise<int8|int4, B> or compress::cast<bf16|fp16>, optionally inside "
-                "compress::error_feedback");
+                "compress::blockwise<format, B>, compress::cast<bf16|fp16> or "
+                "compress::chunk_topk<Chunk <= 4096, K, V>, optionally inside compress::error_feedback, "
+                "or compress::low_rank");
 
   // Uploads the layout's tables with `exec`; every buffer is sized here.
   template <class Exec>

@@ -1,11 +1,11 @@
 #pragma once
 
-// What the device engines (compressed_mean_device.hpp, gathered_mean_device.hpp)
-// share around their team programs: the norms of a pass summed in the host
-// executor's order, and the segments' headers, payload checksums and
-// structure checks, computed on the device with only headers and a few
-// numbers coming to the host, where headers are written and validated as
-// the host engines do (wire_format.hpp, segment.hpp).
+// What the device engines (compressed_mean_device.hpp, gathered_mean_device.hpp,
+// low_rank.hpp over device memory) share around their passes: the norms of
+// a pass summed in the host executor's order, and the segments' headers,
+// payload checksums and structure checks, computed on the device with only
+// headers and a few numbers coming to the host, where headers are written
+// and validated as the host engines do (wire_format.hpp, segment.hpp).
 
 #include <algorithm>
 #include <cstddef>
@@ -88,26 +88,26 @@ class device_norms {
 };
 
 // Up to `count` segments at a time in slots of `slot_bytes` of device
-// memory: their payload checksums, their headers (written on the host and
-// copied in, or copied out and validated there) and the first malformed
-// block of each (found on the device with an atomic min; only that block
-// comes to the host, to name its problem).
-template <class Codec, class Space>
-class device_segments {
+// memory: their payload checksums and their headers (written on the host
+// and copied in, or copied out and validated there). Codec-free: low_rank's
+// segments of floats use it as it is (compress/low_rank.hpp),
+// device_segments adds the codec's block checks.
+template <class Space>
+class device_headers {
  public:
   static constexpr std::size_t header_words = wire::header_bytes / 4;
 
-  device_segments() = default;
-  device_segments(const Codec& codec, std::size_t count, std::size_t slot_bytes, std::size_t max_payload)
-      : codec_(codec),
-        count_(count),
+  device_headers() = default;
+  // `results_per_segment`: 64-bit words the device writes per segment (the
+  // checksum sum first).
+  device_headers(std::size_t count, std::size_t slot_bytes, std::size_t max_payload, std::size_t results_per_segment = 1)
+      : count_(count),
         slot_(slot_bytes),
         max_payload_(max_payload),
         headers_(count * wire::header_bytes),
         host_headers_(count * wire::header_bytes),
-        results_(2 * count),
-        host_results_(2 * count),
-        bad_block_bytes_(Codec::stride()) {}
+        results_(results_per_segment * count),
+        host_results_(results_per_segment * count) {}
 
   // The payload checksum sums of the first n segments of `table`, on the
   // host: checksum(k).
@@ -127,18 +127,67 @@ class device_segments {
     exec.for_each(n * header_words, kernels::copy_headers{headers_.data(), wire::header_bytes, slots, slot_});
   }
 
-  // Brings the headers of the `count` segments in the slots at `slots` to
-  // the host, with their payload checksum sums and first malformed blocks
-  // (`items`: the blocks of all of them together, as `table` numbers them).
+  // Brings the headers of the `count` segments in the slots at `slots` (as
+  // `table` describes their payloads) to the host, with their payload
+  // checksum sums.
+  template <class Exec>
+  void inspect(Exec& exec, std::byte* slots, const kernels::segment_ref* table) {
+    start_inspect(exec, slots, table);
+    finish_inspect(exec, 1);
+  }
+
+  // validate_plain_segment for segment k (no codec blocks, no status:
+  // low_rank's), from what inspect() brought to the host.
+  wire::header check(std::size_t k, const wire::expectation& want, const char* where) const {
+    return validate_plain_segment(host_headers_.data() + k * wire::header_bytes, slot_, want, where,
+                                  [&](std::uint64_t bytes) { return bytes == 0 ? std::uint64_t{0} : host_results_[k]; });
+  }
+
+ protected:
+  // inspect() in two parts, the codec's checks between them: the headers to
+  // a contiguous device area and the checksum sums into results_[0, count);
+  // then everything to the host (`results_per_segment` words per segment).
+  template <class Exec>
+  void start_inspect(Exec& exec, std::byte* slots, const kernels::segment_ref* table) {
+    exec.for_each(count_ * header_words, kernels::copy_headers{slots, slot_, headers_.data(), wire::header_bytes});
+    exec.checksum_segments(table, count_, max_payload_, results_.data());
+  }
+  template <class Exec>
+  void finish_inspect(Exec& exec, std::size_t results_per_segment) {
+    exec.to_host(host_headers_.data(), headers_.data(), count_ * wire::header_bytes);
+    exec.to_host(host_results_.data(), results_.data(), results_per_segment * count_);
+  }
+
+  std::size_t count_ = 0, slot_ = 0, max_payload_ = 0;
+  buffer<std::byte, Space> headers_;
+  host_buffer<std::byte> host_headers_;
+  buffer<std::uint64_t, Space> results_;  // checksum sums, then what a derived class adds
+  host_buffer<std::uint64_t> host_results_;
+};
+
+// device_headers for segments of codec blocks: inspect() also finds the
+// first malformed block of each segment (on the device with an atomic min;
+// only that block comes to the host, to name its problem).
+template <class Codec, class Space>
+class device_segments : public device_headers<Space> {
+  using base = device_headers<Space>;
+
+ public:
+  device_segments() = default;
+  device_segments(const Codec& codec, std::size_t count, std::size_t slot_bytes, std::size_t max_payload)
+      : base(count, slot_bytes, max_payload, 2), codec_(codec), bad_block_bytes_(Codec::stride()) {}
+
+  // The headers, checksum sums and first malformed blocks of the `count`
+  // segments in the slots at `slots` to the host (`items`: the blocks of
+  // all of them together, as `table` numbers them).
   template <class Exec>
   void inspect(Exec& exec, std::byte* slots, const kernels::segment_ref* table, std::size_t items,
                const compress::block_ref* blocks) {
-    exec.for_each(count_ * header_words, kernels::copy_headers{slots, slot_, headers_.data(), wire::header_bytes});
-    exec.checksum_segments(table, count_, max_payload_, results_.data());
-    exec.for_each(count_, kernels::fill_words{results_.data() + count_, ~std::uint64_t{0}});
-    exec.for_each(items, kernels::check_blocks<Codec>{codec_, table, count_, blocks, results_.data() + count_});
-    exec.to_host(host_headers_.data(), headers_.data(), count_ * wire::header_bytes);
-    exec.to_host(host_results_.data(), results_.data(), 2 * count_);
+    this->start_inspect(exec, slots, table);
+    exec.for_each(this->count_, kernels::fill_words{this->results_.data() + this->count_, ~std::uint64_t{0}});
+    exec.for_each(items, kernels::check_blocks<Codec>{codec_, table, this->count_, blocks,
+                                                      this->results_.data() + this->count_});
+    this->finish_inspect(exec, 2);
   }
 
   // validate_segment for segment k (in slots at `slots`), from what
@@ -150,12 +199,12 @@ class device_segments {
                      const compress::block_ref* blocks, std::size_t nblocks, const char* where, bool allow_status,
                      int world) {
     return validate_segment_parts(
-        host_headers_.data() + k * wire::header_bytes, slot_, want, nblocks, where, allow_status, world,
-        [&](std::uint64_t bytes) { return bytes == 0 ? std::uint64_t{0} : host_results_[k]; },
+        this->host_headers_.data() + k * wire::header_bytes, this->slot_, want, nblocks, where, allow_status, world,
+        [&](std::uint64_t bytes) { return bytes == 0 ? std::uint64_t{0} : this->host_results_[k]; },
         [&]() -> bad_block {
-          const std::uint64_t b = host_results_[count_ + k];
+          const std::uint64_t b = this->host_results_[this->count_ + k];
           if (b >= nblocks) return {nblocks, nullptr};
-          exec.to_host(bad_block_bytes_.data(), slots + k * slot_ + wire::header_bytes + b * Codec::stride(),
+          exec.to_host(bad_block_bytes_.data(), slots + k * this->slot_ + wire::header_bytes + b * Codec::stride(),
                        Codec::stride());
           const char* why = codec_.check(bad_block_bytes_.data(), blocks[b].len);
           return {static_cast<std::size_t>(b), why != nullptr ? why : "malformed (found by the device check)"};
@@ -164,11 +213,6 @@ class device_segments {
 
  private:
   Codec codec_{};
-  std::size_t count_ = 0, slot_ = 0, max_payload_ = 0;
-  buffer<std::byte, Space> headers_;
-  host_buffer<std::byte> host_headers_;
-  buffer<std::uint64_t, Space> results_;  // checksum sums, then first bad blocks
-  host_buffer<std::uint64_t> host_results_;
   host_buffer<std::byte> bad_block_bytes_;
 };
 

@@ -50,6 +50,15 @@ wire::header validate_segment_parts(const std::byte* head, std::size_t slot_byte
   return h;
 }
 
+// validate_segment_parts for a segment of plain values (no codec blocks)
+// that never carries a status: low_rank's factors. payload_sum as above.
+template <class PayloadSum>
+wire::header validate_plain_segment(const std::byte* head, std::size_t slot_bytes, const wire::expectation& want,
+                                    const char* where, PayloadSum&& payload_sum) {
+  return validate_segment_parts(head, slot_bytes, want, 0, where, false, 1, payload_sum,
+                                []() { return bad_block{0, nullptr}; });
+}
+
 // Validates `slot` as a segment of `nblocks` codec blocks (their lengths in
 // `blocks`) and returns its header; format_error otherwise. With
 // `allow_status`, a segment may carry a non-zero status and then no payload.

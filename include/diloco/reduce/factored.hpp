@@ -2,8 +2,9 @@
 
 // The reducer for low-rank compression (compress/low_rank.hpp) on
 // reduce::staged's state machine: encode P, all-gather, orthonormalise and
-// compute Q, all-gather, validate and vote. Host memory only for now (the
-// passes are DILOCO_HD functors, kernels/low_rank_passes.hpp).
+// compute Q, all-gather, validate and vote, over compress::low_rank_mean<Space>
+// (host or device memory: the passes are DILOCO_HD functors,
+// kernels/low_rank_passes.hpp, run by the executor).
 
 #include <cstddef>
 #include <cstdint>
@@ -23,8 +24,8 @@ class factored : public staged<factored<Compressor, Comm, Space, Exec>, compress
 
  public:
   factored(const parameter_set<float, Space>& params, int world, int rank, const typename Compressor::options& opts,
-           std::uint32_t fragment, Exec& /*exec*/)
-      : base(std::make_unique<engine_type>(params, world, rank, opts, fragment), world) {}
+           std::uint32_t fragment, Exec& exec)
+      : base(base::make_engine(params, world, rank, opts, fragment, exec), world) {}
 
  private:
   // The P segments, then the Q segments.
