@@ -1,7 +1,9 @@
 #pragma once
 // The codecs the wire-decoder fuzzer drives, by index (the input's first
 // byte modulo codec_count), shared with the seed writer so that every
-// codec has seeds.
+// codec has seeds. low_rank's segments are plain floats (no codec blocks):
+// the fuzzer's plain mode (input[1] bit 1) drives their validation, with
+// the expectation below.
 #include <cstddef>
 #include <diloco/diloco.hpp>
 
@@ -9,7 +11,7 @@ namespace fuzz {
 
 namespace cp = diloco::compress;
 
-inline constexpr unsigned codec_count = 9;
+inline constexpr unsigned codec_count = 10;
 
 template <class F>
 void with_codec(unsigned index, F&& f) {
@@ -22,6 +24,7 @@ void with_codec(unsigned index, F&& f) {
     case 5: f(cp::blockwise_codec<diloco::fp8_e4m3, 16, cp::round_nearest>{}); break;
     case 6: f(cp::blockwise_codec<diloco::fp8_e5m2, 16, cp::round_nearest>{}); break;
     case 7: f(cp::blockwise_codec<diloco::fp4_e3m0, 16, cp::stochastic_rounding>{}); break;
+    case 8: f(cp::chunk_topk_codec<64, 8, diloco::int2, cp::round_nearest>{}); break;
     default: f(cp::blockwise_codec<diloco::int2, 16, cp::round_nearest>{}); break;
   }
 }
@@ -33,5 +36,12 @@ struct segment_shape {
                              {0, static_cast<std::uint32_t>(Codec::block / 2 + 1), Codec::block}};
   std::size_t elements() const { return blocks[0].len + blocks[1].len; }
 };
+
+// A low_rank factor segment: rank 2, a 5 x 3 matrix's P (5 x 2 floats),
+// sent by rank 1 in round 3 (exchange 1).
+inline constexpr std::size_t plain_floats = 10;
+inline diloco::wire::expectation plain_expectation() {
+  return {cp::codec_id::low_rank, diloco::wire::flag_error_feedback, 2, 1, 15, 4 * plain_floats, 3};
+}
 
 }  // namespace fuzz

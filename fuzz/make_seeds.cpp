@@ -76,5 +76,36 @@ int main(int argc, char** argv) {
       write(dir + "/codec" + std::to_string(c) + "-payload", fixed);
     });
   }
+  // low_rank's plain segment (input[1] bit 1): header + floats, and the
+  // floats alone.
+  const wire::expectation want = fuzz::plain_expectation();
+  std::vector<std::byte> slot(wire::header_bytes + want.payload_bytes);
+  for (std::size_t i = 0; i < fuzz::plain_floats; ++i) {
+    const float v = std::cos(0.3f * static_cast<float>(i));
+    std::memcpy(slot.data() + wire::header_bytes + i * sizeof(float), &v, sizeof v);
+  }
+  wire::header h;
+  h.codec = want.codec;
+  h.flags = want.flags;
+  h.block_size = want.block_size;
+  h.sender = want.sender;
+  h.elements = want.elements;
+  h.payload_bytes = want.payload_bytes;
+  h.round = want.round;
+  wire::write_header(slot.data(), h);
+  try {
+    fuzz::cp::validate_plain_segment(slot.data(), slot.size(), want, "seed", [&](std::uint64_t bytes) {
+      return wire::detail::payload_words_sum(slot.data() + wire::header_bytes, bytes);
+    });
+  } catch (const diloco::format_error& e) {
+    std::fprintf(stderr, "make_seeds: the low_rank seed is rejected: %s\n", e.what());
+    std::exit(1);
+  }
+  std::vector<std::byte> raw{std::byte{0}, std::byte{2}};
+  raw.insert(raw.end(), slot.begin(), slot.end());
+  write(dir + "/low_rank-segment", raw);
+  std::vector<std::byte> fixed{std::byte{0}, std::byte{3}};
+  fixed.insert(fixed.end(), slot.begin() + static_cast<std::ptrdiff_t>(wire::header_bytes), slot.end());
+  write(dir + "/low_rank-payload", fixed);
   return 0;
 }

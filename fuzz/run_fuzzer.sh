@@ -30,7 +30,7 @@ wait $!
 if [ "$target" = wire_decode ]; then
   "$out/make_seeds" "$seeds"
   n=$(find "$seeds" -type f | wc -l)
-  [ "$n" -ge 10 ] || { echo "run_fuzzer.sh: expected 2 seeds for each of 5 codecs, found $n"; exit 1; }
+  [ "$n" -ge 22 ] || { echo "run_fuzzer.sh: expected 2 seeds for each of the 10 codecs and low_rank, found $n"; exit 1; }
 else
   "$out/${target}_seeds" "$seeds"
   n=$(find "$seeds" -type f | wc -l)
