@@ -1132,3 +1132,21 @@ TEST_CASE("host and device workers share compressed rounds: the same segments, t
   mixed_workers<cp::error_feedback<cp::chunk_topk<64, 8, dc::int2>>>();
   mixed_workers<cp::low_rank>(low_rank_sizes, low_rank_cols, {.rank = 3, .seed = 4});
 }
+
+// Issue 17 item 7: the block passes load the library's flat buffers 16 bytes
+// at a time; where those are handed to a device round a misaligned one is a
+// state_error naming it, not a fault inside a kernel.
+TEST_CASE("device compressed round: a flat buffer that is not 16-byte aligned is refused by name") {
+  alignas(16) float flat[8] = {};
+  namespace dd = dc::compress::device_detail;
+  CHECK_NOTHROW(dd::require_aligned16(flat, "theta_global"));
+  CHECK_NOTHROW(dd::require_aligned16(nullptr, "the outer state"));
+  CHECK_THROWS_WITH_AS(dd::require_aligned16(flat + 1, "theta_global"),
+                       doctest::Contains("theta_global (address"), dc::state_error);
+  std::vector<std::vector<float>> tensors = {std::vector<float>(5), std::vector<float>(3)};
+  const dc::parameter_set<float, dc::device_space> padded(tensors);  // offsets padded to 16 floats
+  CHECK_NOTHROW(dd::require_aligned_offsets(padded));
+  const dc::parameter_set<float, dc::host_space> packed(tensors);  // tensor 1 at offset 5
+  CHECK_THROWS_WITH_AS(dd::require_aligned_offsets(packed), doctest::Contains("tensor 1 starts at flat offset 5"),
+                       dc::state_error);
+}

@@ -94,6 +94,7 @@ class compressed_mean<Compressor, Space> : public device_detail::device_ballot<S
       packed += params[k].size();
       vector_ = vector_ && kernels::aligned16(params[k].data());
     }
+    device_detail::require_aligned_offsets(params);
     layout_ = block_layout(sizes, codec_type::block, world);
     stride_ = codec_.stride();
     std::size_t largest = 0;
@@ -162,6 +163,7 @@ class compressed_mean<Compressor, Space> : public device_detail::device_ballot<S
   // point the pseudo-gradient is taken from, in the flat device layout.
   template <class Exec>
   void encode(Exec& exec, const float* global, std::uint64_t round) {
+    device_detail::require_aligned16(global, "the point the pseudo-gradient is taken from");
     this->open_round();
     round_ = round;
     const auto m = static_cast<std::size_t>(world_);
@@ -274,6 +276,8 @@ class compressed_mean<Compressor, Space> : public device_detail::device_ballot<S
   template <class Exec, class Update, class Merge = kernels::merge::overwrite>
   void apply(Exec& exec, const Update& update, float* global, float* state, std::size_t state_stride,
              const Merge& merge = {}) {
+    device_detail::require_aligned16(global, "theta_global");
+    device_detail::require_aligned16(state, "the outer state");
     const bool vector = vector_ && kernels::stride_keeps_alignment(state, state_stride);
     for (int s = 0; s < world_; ++s)
       exec.run_teams(layout_.blocks_in(s),

@@ -22,8 +22,30 @@
 #include "diloco/kernels/compressed_passes.hpp"
 #include "diloco/kernels/wire_passes.hpp"
 #include "diloco/tensor/buffer.hpp"
+#include "diloco/tensor/parameter_set.hpp"
 
 namespace diloco::compress::device_detail {
+
+// The device passes read and write the library's flat buffers (theta_global
+// or the anchor, the residual, the outer state) 16 bytes at a time at every
+// block start (kernels/compressed_blocks.hpp's load_group(..., true)): the
+// flat layout pads every tensor to 64 bytes and cudaMalloc aligns the
+// bases, so this always holds; a violation is a library bug, named here
+// instead of a misaligned-address fault inside a kernel.
+inline void require_aligned16(const float* p, const char* what) {
+  if (p != nullptr && !kernels::aligned16(p))
+    diloco::detail::raise<state_error>("device compressed round: ", what, " (address ",
+                                       reinterpret_cast<std::uintptr_t>(p), ") is not 16-byte aligned; the block "
+                                       "passes load it 16 bytes at a time");
+}
+template <class Space>
+void require_aligned_offsets(const parameter_set<float, Space>& params) {
+  for (std::size_t k = 0; k < params.count(); ++k)
+    if (params.offset(k) % kernels::vec_width != 0)
+      diloco::detail::raise<state_error>("device compressed round: tensor ", k, " starts at flat offset ",
+                                         params.offset(k), ", not a multiple of ", kernels::vec_width,
+                                         " floats; the block passes need 16-byte aligned blocks");
+}
 
 template <class Space, class Exec, class T>
 buffer<T, Space> upload(Exec& exec, const T* host, std::size_t n) {

@@ -75,6 +75,7 @@ class gathered_mean<Compressor, Space> : public device_detail::device_ballot<Spa
       packed += params[k].size();
       vector_ = vector_ && kernels::aligned16(params[k].data());
     }
+    device_detail::require_aligned_offsets(params);
     layout_ = block_layout(sizes, codec_type::block, 1);
     payload_ = layout_.block_count() * codec_type::stride();
     slot_ = (wire::header_bytes + payload_ + 63) / 64 * 64;
@@ -115,6 +116,7 @@ class gathered_mean<Compressor, Space> : public device_detail::device_ballot<Spa
   // header.
   template <class Exec>
   void encode(Exec& exec, const float* global, std::uint64_t round) {
+    device_detail::require_aligned16(global, "the point the pseudo-gradient is taken from");
     this->open_round();
     round_ = round;
     const std::uint64_t stream = kernels::make_stream(seed_, round, static_cast<std::uint64_t>(rank_), 1);
@@ -173,6 +175,8 @@ class gathered_mean<Compressor, Space> : public device_detail::device_ballot<Spa
   template <class Exec, class Update, class Merge = kernels::merge::overwrite>
   void apply(Exec& exec, const Update& update, float* global, float* state, std::size_t state_stride,
              const Merge& merge = {}) {
+    device_detail::require_aligned16(global, "theta_global");
+    device_detail::require_aligned16(state, "the outer state");
     exec.run_teams(layout_.block_count(),
                    kernels::topk_decode_apply_blocks<codec_type, Update, Merge>{
                        update, blocks_.data(), tensors_.data(), payloads_.data(), world_, global, state, state_stride,

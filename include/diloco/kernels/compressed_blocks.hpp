@@ -142,6 +142,8 @@ struct encode_blocks {
   static constexpr bool team_max = E::scaled;
   static constexpr std::size_t norms = 2;
   static constexpr std::size_t W = E::group;
+  // load_group(global/residual, ..., true): blocks start at multiples of B.
+  static_assert(W != vec_width || E::block % vec_width == 0, "16-byte groups need blocks of a multiple of 4");
   struct registers {
     compress::block_ref blk;
     std::uint64_t offset;  // of the block in the flat buffers
@@ -238,6 +240,8 @@ struct reduce_blocks {
   static constexpr bool team_max = E::scaled;
   static constexpr std::size_t norms = 1;
   static constexpr std::size_t W = E::group;
+  // load_group(global/residual, ..., true): blocks start at multiples of B.
+  static_assert(W != vec_width || E::block % vec_width == 0, "16-byte groups need blocks of a multiple of 4");
   struct registers {
     compress::block_ref blk;
     std::uint64_t index;
@@ -328,6 +332,8 @@ struct decode_apply_blocks {
   static constexpr bool team_max = false;
   static constexpr std::size_t norms = 0;
   static constexpr std::size_t W = E::group;
+  // load_group(global/residual, ..., true): blocks start at multiples of B.
+  static_assert(W != vec_width || E::block % vec_width == 0, "16-byte groups need blocks of a multiple of 4");
   struct registers {};
   using shared = norm_scratch<E::block, norms>;
 
