@@ -4,6 +4,8 @@
 // optimizer, a compressor and a communicator. Each worker owns one instance
 // over its own replica (the user's tensors).
 
+#include "diloco/core/require_cxx20.hpp"
+
 #include <chrono>
 #include <cmath>
 #include <cstddef>

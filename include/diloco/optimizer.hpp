@@ -5,6 +5,8 @@
 // without DiLoCo (a synchronous data-parallel baseline, a single worker).
 // diloco::algorithm runs its inner steps through the same core.
 
+#include "diloco/core/require_cxx20.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>

@@ -16,6 +16,8 @@
 // collective is issued non-blocking and polled against it, so a dead peer
 // (in a job mpirun keeps alive) is a comm_error instead of a hang.
 
+#include "diloco/core/require_cxx20.hpp"
+
 #include <mpi.h>
 
 #include <chrono>

@@ -7,6 +7,10 @@
 
 namespace dc = diloco;
 
+#if defined(DILOCO_PACKAGE_VERSION)
+static_assert(DILOCO_VERSION == (DILOCO_PACKAGE_VERSION), "find_package's version differs from diloco/version.hpp");
+#endif
+
 int main() {
   using trainer = dc::algorithm<dc::inner::sgd, dc::outer::nesterov, dc::compress::none, dc::comm::threads>;
   dc::comm::threads::world world(2);
