@@ -1,0 +1,44 @@
+# cmake -DDILOCO_SOURCE_DIR=.. -DWORK_DIR=.. -DVENV=.. -DPYTHON=.. -DPIP_REQUIREMENTS=conan,...
+#       [-DWITH_OPENMP=ON] -P run_conan_create.cmake
+# `conan create` of the recipe in the source tree, with Conan from pip in a
+# private virtual environment and a private, remote-less Conan home (the
+# header-only recipe has no requirements: nothing is downloaded). Prints
+# "SKIPPED: ..." (the test's skip expression) when PyPI is out of reach.
+include(${CMAKE_CURRENT_LIST_DIR}/run_common.cmake)
+include(${CMAKE_CURRENT_LIST_DIR}/pip_venv.cmake)
+string(REPLACE "," ";" PIP_REQUIREMENTS "${PIP_REQUIREMENTS}")
+diloco_pip_venv(${VENV} ${PYTHON} unreachable ${PIP_REQUIREMENTS})
+if(unreachable)
+  message("SKIPPED: ${unreachable}")
+  return()
+endif()
+
+file(REMOVE_RECURSE ${WORK_DIR})
+file(MAKE_DIRECTORY ${WORK_DIR})
+set(ENV{CONAN_HOME} ${WORK_DIR}/conan_home)
+set(conan ${VENV}/bin/conan)
+run(${conan} --version)
+run(${conan} profile detect)
+run(${conan} remote remove conancenter)
+
+# A C++17 profile is refused before anything is built, naming the rule.
+execute_process(COMMAND ${conan} create ${DILOCO_SOURCE_DIR} -s compiler.cppstd=17
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(rc EQUAL 0 OR NOT "${out}${err}" MATCHES "diloco needs C\\+\\+20[^\n]*compiler.cppstd=20")
+  message(FATAL_ERROR "conan create with compiler.cppstd=17 must fail naming C++20 (rc ${rc}):\n${out}\n${err}")
+endif()
+
+# The package and its test_package (README's example, which must converge).
+set(create ${conan} create ${DILOCO_SOURCE_DIR} -s compiler.cppstd=20 -s build_type=Release)
+if(WITH_OPENMP)
+  list(APPEND create -o "diloco/*:openmp=True")
+endif()
+execute_process(COMMAND ${create} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+message(STATUS "${out}\n${err}")
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "conan create failed (${rc})")
+endif()
+# test_package exits non-zero unless the line was fitted: check it ran.
+if(NOT "${out}${err}" MATCHES "diloco [0-9]+\\.[0-9]+\\.[0-9]+ from Conan: w = ")
+  message(FATAL_ERROR "conan create did not run test_package")
+endif()
