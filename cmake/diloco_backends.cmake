@@ -88,32 +88,27 @@ endfunction()
 # diloco::cuda. Each is an INTERFACE target on top of diloco::diloco that
 # brings its dependency; the communicator headers are usable only through
 # them.
+function(_diloco_add_component name)
+  add_library(diloco_${name} INTERFACE)
+  add_library(diloco::${name} ALIAS diloco_${name})
+  set_target_properties(diloco_${name} PROPERTIES EXPORT_NAME ${name})
+  target_link_libraries(diloco_${name} INTERFACE ${ARGN})
+endfunction()
+
 macro(diloco_add_backend_targets)
   if(DILOCO_HAVE_OPENMP)
     # The host executor runs its passes on OpenMP threads in translation
     # units compiled with OpenMP (it checks _OPENMP), serially otherwise.
-    add_library(diloco_openmp INTERFACE)
-    add_library(diloco::openmp ALIAS diloco_openmp)
-    set_target_properties(diloco_openmp PROPERTIES EXPORT_NAME openmp)
-    target_link_libraries(diloco_openmp INTERFACE diloco OpenMP::OpenMP_CXX)
+    _diloco_add_component(openmp diloco OpenMP::OpenMP_CXX)
   endif()
   if(DILOCO_HAVE_MPI)
-    add_library(diloco_mpi INTERFACE)
-    add_library(diloco::mpi ALIAS diloco_mpi)
-    set_target_properties(diloco_mpi PROPERTIES EXPORT_NAME mpi)
-    target_link_libraries(diloco_mpi INTERFACE diloco MPI::MPI_CXX)
+    _diloco_add_component(mpi diloco MPI::MPI_CXX)
   endif()
   if(DILOCO_HAVE_GLOO)
-    add_library(diloco_gloo INTERFACE)
-    add_library(diloco::gloo ALIAS diloco_gloo)
-    set_target_properties(diloco_gloo PROPERTIES EXPORT_NAME gloo)
-    target_link_libraries(diloco_gloo INTERFACE diloco gloo)
+    _diloco_add_component(gloo diloco gloo)
   endif()
   if(DILOCO_HAVE_CUDA)
-    add_library(diloco_cuda INTERFACE)
-    add_library(diloco::cuda ALIAS diloco_cuda)
-    set_target_properties(diloco_cuda PROPERTIES EXPORT_NAME cuda)
-    target_link_libraries(diloco_cuda INTERFACE diloco CUDA::cudart)
+    _diloco_add_component(cuda diloco CUDA::cudart)
     # Host code (g++) may use the CUDA runtime too: device-buffer staging in
     # the communicators is compiled where this is defined.
     target_compile_definitions(diloco_cuda INTERFACE DILOCO_WITH_CUDA=1)
@@ -122,13 +117,10 @@ macro(diloco_add_backend_targets)
     diloco_require_cuda_cxx20(diloco_cuda INTERFACE BUILD_ONLY)
   endif()
   if(DILOCO_HAVE_NCCL)
-    add_library(diloco_nccl INTERFACE)
-    add_library(diloco::nccl ALIAS diloco_nccl)
-    set_target_properties(diloco_nccl PROPERTIES EXPORT_NAME nccl)
     # In the build tree the library found above; installed, the imported
     # target diloco::nccl_library that dilocoConfig.cmake finds anew.
-    target_link_libraries(diloco_nccl INTERFACE diloco_cuda "$<BUILD_INTERFACE:${DILOCO_NCCL_LIBRARY}>"
-                                                 "$<INSTALL_INTERFACE:diloco::nccl_library>")
+    _diloco_add_component(nccl diloco_cuda "$<BUILD_INTERFACE:${DILOCO_NCCL_LIBRARY}>"
+                          "$<INSTALL_INTERFACE:diloco::nccl_library>")
     target_include_directories(diloco_nccl SYSTEM INTERFACE "$<BUILD_INTERFACE:${DILOCO_NCCL_INCLUDE_DIR}>")
   endif()
 endmacro()

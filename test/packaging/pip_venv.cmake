@@ -37,3 +37,15 @@ function(diloco_pip_venv venv python out)
   endif()
   file(WRITE ${stamp} "${ARGN}")
 endfunction()
+
+# diloco_pip_venv_or_skip(): for a script given -DVENV, -DPYTHON and
+# -DPIP_REQUIREMENTS=a,b,...: makes the environment, or prints "SKIPPED: ..."
+# (the test's skip expression) and ends the script when PyPI is out of reach.
+macro(diloco_pip_venv_or_skip)
+  string(REPLACE "," ";" PIP_REQUIREMENTS "${PIP_REQUIREMENTS}")
+  diloco_pip_venv(${VENV} ${PYTHON} _diloco_unreachable ${PIP_REQUIREMENTS})
+  if(_diloco_unreachable)
+    message("SKIPPED: ${_diloco_unreachable}")
+    return()
+  endif()
+endmacro()

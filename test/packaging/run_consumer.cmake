@@ -36,16 +36,8 @@ elseif(MODE STREQUAL "find_package")
   if(DEFINED FRESH_CONFIGURE)
     # What an installer does: configure and install, no build step.
     set(installed_tree ${WORK_DIR}/diloco-build)
-    execute_process(COMMAND ${CMAKE_COMMAND} -S ${DILOCO_SOURCE_DIR} -B ${installed_tree} -G ${GENERATOR}
-                            -DCMAKE_CXX_COMPILER=${CXX} ${FRESH_CONFIGURE}
-                    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-    if(NOT rc EQUAL 0)
-      message(FATAL_ERROR "configuring diloco with ${FRESH_CONFIGURE} failed (${rc}):\n${out}\n${err}")
-    endif()
-    if(DEFINED FRESH_EXPECT AND NOT "${out}${err}" MATCHES "${FRESH_EXPECT}")
-      message(FATAL_ERROR "configuring diloco did not say '${FRESH_EXPECT}':\n${out}\n${err}")
-    endif()
-    message(STATUS "${out}${err}")
+    run_matching("${FRESH_EXPECT}" ${CMAKE_COMMAND} -S ${DILOCO_SOURCE_DIR} -B ${installed_tree} -G ${GENERATOR}
+                 -DCMAKE_CXX_COMPILER=${CXX} ${FRESH_CONFIGURE})
   endif()
   # Install exactly what that build tree would install, into a private prefix.
   run(${CMAKE_COMMAND} --install ${installed_tree} --prefix ${WORK_DIR}/prefix)
@@ -83,11 +75,4 @@ if(DEFINED ONE_STD)
   endforeach()
 endif()
 
-execute_process(COMMAND ${WORK_DIR}/build/consumer RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "the consumer failed (${rc}):\n${out}\n${err}")
-endif()
-if(DEFINED EXPECT_OUTPUT AND NOT "${out}" MATCHES "${EXPECT_OUTPUT}")
-  message(FATAL_ERROR "the consumer's output does not match '${EXPECT_OUTPUT}':\n${out}\n${err}")
-endif()
-message(STATUS "${out}")
+run_matching("${EXPECT_OUTPUT}" ${WORK_DIR}/build/consumer)

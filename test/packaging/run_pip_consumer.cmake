@@ -3,12 +3,7 @@
 # -DPIP_REQUIREMENTS=cmake,... plus run_consumer.cmake's arguments. Prints
 # "SKIPPED: ..." (the test's skip expression) when PyPI is out of reach.
 include(${CMAKE_CURRENT_LIST_DIR}/pip_venv.cmake)
-string(REPLACE "," ";" PIP_REQUIREMENTS "${PIP_REQUIREMENTS}")
-diloco_pip_venv(${VENV} ${PYTHON} unreachable ${PIP_REQUIREMENTS})
-if(unreachable)
-  message("SKIPPED: ${unreachable}")
-  return()
-endif()
+diloco_pip_venv_or_skip()
 set(CONSUMER_CMAKE ${VENV}/bin/cmake)
 execute_process(COMMAND ${CONSUMER_CMAKE} --version OUTPUT_VARIABLE version)
 message(STATUS "the consumer is built with ${version}")
