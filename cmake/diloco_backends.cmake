@@ -16,7 +16,9 @@ function(_diloco_resolve name found)
   endif()
 endfunction()
 
-# OpenMP: the host executor's threads.
+# OpenMP: the host executor's threads, for diloco's own targets and the
+# diloco::openmp component (a consumer's choice; diloco::diloco does not
+# carry it).
 set(_found OFF)
 if(NOT DILOCO_ENABLE_OPENMP STREQUAL "OFF")
   find_package(OpenMP COMPONENTS CXX QUIET)
@@ -74,52 +76,51 @@ endif()
 _diloco_resolve(NCCL _found)
 unset(_found)
 
-# nvcc 13 with CMake < 3.28 cannot take C++20 through CUDA_STANDARD; pass the
-# flag ourselves and stop CMake adding its default -std=c++17 after it.
+# C++20 for nvcc, through the same function the installed package applies
+# to diloco::cuda (cmake/dilocoCudaStandard.cmake). diloco_cuda_cxx20 is for
+# diloco's own CUDA targets that do not link diloco::cuda.
+include(dilocoCudaStandard)
 function(diloco_cuda_cxx20 target)
-  if(CMAKE_VERSION VERSION_LESS 3.28)
-    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20>)
-  else()
-    set_target_properties(${target} PROPERTIES CUDA_STANDARD 20 CUDA_STANDARD_REQUIRED ON)
-  endif()
+  diloco_require_cuda_cxx20(${target} PRIVATE)
 endfunction()
-if(DILOCO_HAVE_CUDA AND CMAKE_VERSION VERSION_LESS 3.28)
-  set(CMAKE_CUDA_STANDARD_DEFAULT "")
-endif()
 
-# Component targets: diloco::mpi, diloco::gloo, diloco::nccl, diloco::cuda.
-# Each is an INTERFACE target on top of diloco::diloco that brings its
-# dependency; the communicator headers are usable only through them.
+# Component targets: diloco::openmp, diloco::mpi, diloco::gloo, diloco::nccl,
+# diloco::cuda. Each is an INTERFACE target on top of diloco::diloco that
+# brings its dependency; the communicator headers are usable only through
+# them.
+function(_diloco_add_component name)
+  add_library(diloco_${name} INTERFACE)
+  add_library(diloco::${name} ALIAS diloco_${name})
+  set_target_properties(diloco_${name} PROPERTIES EXPORT_NAME ${name})
+  target_link_libraries(diloco_${name} INTERFACE ${ARGN})
+endfunction()
+
 macro(diloco_add_backend_targets)
+  if(DILOCO_HAVE_OPENMP)
+    # The host executor runs its passes on OpenMP threads in translation
+    # units compiled with OpenMP (it checks _OPENMP), serially otherwise.
+    _diloco_add_component(openmp diloco OpenMP::OpenMP_CXX)
+  endif()
   if(DILOCO_HAVE_MPI)
-    add_library(diloco_mpi INTERFACE)
-    add_library(diloco::mpi ALIAS diloco_mpi)
-    set_target_properties(diloco_mpi PROPERTIES EXPORT_NAME mpi)
-    target_link_libraries(diloco_mpi INTERFACE diloco MPI::MPI_CXX)
+    _diloco_add_component(mpi diloco MPI::MPI_CXX)
   endif()
   if(DILOCO_HAVE_GLOO)
-    add_library(diloco_gloo INTERFACE)
-    add_library(diloco::gloo ALIAS diloco_gloo)
-    set_target_properties(diloco_gloo PROPERTIES EXPORT_NAME gloo)
-    target_link_libraries(diloco_gloo INTERFACE diloco gloo)
+    _diloco_add_component(gloo diloco gloo)
   endif()
   if(DILOCO_HAVE_CUDA)
-    add_library(diloco_cuda INTERFACE)
-    add_library(diloco::cuda ALIAS diloco_cuda)
-    set_target_properties(diloco_cuda PROPERTIES EXPORT_NAME cuda)
-    target_link_libraries(diloco_cuda INTERFACE diloco CUDA::cudart)
+    _diloco_add_component(cuda diloco CUDA::cudart)
     # Host code (g++) may use the CUDA runtime too: device-buffer staging in
     # the communicators is compiled where this is defined.
     target_compile_definitions(diloco_cuda INTERFACE DILOCO_WITH_CUDA=1)
+    # nvcc compiles the consumer's .cu files as C++20 (the installed config
+    # applies the same function anew, in the consumer's CMake).
+    diloco_require_cuda_cxx20(diloco_cuda INTERFACE BUILD_ONLY)
   endif()
   if(DILOCO_HAVE_NCCL)
-    add_library(diloco_nccl INTERFACE)
-    add_library(diloco::nccl ALIAS diloco_nccl)
-    set_target_properties(diloco_nccl PROPERTIES EXPORT_NAME nccl)
     # In the build tree the library found above; installed, the imported
     # target diloco::nccl_library that dilocoConfig.cmake finds anew.
-    target_link_libraries(diloco_nccl INTERFACE diloco_cuda "$<BUILD_INTERFACE:${DILOCO_NCCL_LIBRARY}>"
-                                                 "$<INSTALL_INTERFACE:diloco::nccl_library>")
+    _diloco_add_component(nccl diloco_cuda "$<BUILD_INTERFACE:${DILOCO_NCCL_LIBRARY}>"
+                          "$<INSTALL_INTERFACE:diloco::nccl_library>")
     target_include_directories(diloco_nccl SYSTEM INTERFACE "$<BUILD_INTERFACE:${DILOCO_NCCL_INCLUDE_DIR}>")
   endif()
 endmacro()

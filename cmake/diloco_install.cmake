@@ -1,9 +1,9 @@
 # Install the headers and an exported CMake package:
-#   find_package(diloco CONFIG REQUIRED [COMPONENTS mpi gloo cuda nccl])
+#   find_package(diloco CONFIG REQUIRED [COMPONENTS openmp mpi gloo cuda nccl])
 include(CMakePackageConfigHelpers)
 
 set(_targets diloco)
-foreach(comp mpi gloo cuda nccl)
+foreach(comp openmp mpi gloo cuda nccl)
   if(TARGET diloco_${comp})
     list(APPEND _targets diloco_${comp})
     list(APPEND DILOCO_INSTALLED_COMPONENTS ${comp})
@@ -13,7 +13,10 @@ endforeach()
 install(TARGETS ${_targets} EXPORT dilocoTargets)
 install(DIRECTORY include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 
-set(DILOCO_CMAKE_DIR ${CMAKE_INSTALL_DATADIR}/cmake/diloco)
+# Where the CMake package goes (vcpkg's port puts it in share/diloco).
+set(DILOCO_INSTALL_CMAKEDIR ${CMAKE_INSTALL_DATADIR}/cmake/diloco CACHE STRING
+    "Where to install diloco's CMake package files, relative to the prefix")
+set(DILOCO_CMAKE_DIR ${DILOCO_INSTALL_CMAKEDIR})
 install(EXPORT dilocoTargets NAMESPACE diloco:: DESTINATION ${DILOCO_CMAKE_DIR})
 configure_package_config_file(cmake/dilocoConfig.cmake.in
   ${CMAKE_CURRENT_BINARY_DIR}/dilocoConfig.cmake
@@ -23,5 +26,6 @@ write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/dilocoConfigVersion
 install(FILES
   ${CMAKE_CURRENT_BINARY_DIR}/dilocoConfig.cmake
   ${CMAKE_CURRENT_BINARY_DIR}/dilocoConfigVersion.cmake
+  cmake/dilocoCudaStandard.cmake
   DESTINATION ${DILOCO_CMAKE_DIR})
 unset(_targets)

@@ -12,3 +12,9 @@ if(DILOCO_SANITIZE)
     $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=${DILOCO_SANITIZE} -fno-omit-frame-pointer -fno-sanitize-recover=all>)
   target_link_options(diloco_project_options INTERFACE -fsanitize=${DILOCO_SANITIZE})
 endif()
+
+# diloco's own tests, examples and benchmarks run the host executor on
+# OpenMP threads when the build has OpenMP (diloco::diloco does not carry it).
+if(TARGET diloco_openmp)
+  target_link_libraries(diloco_project_options INTERFACE diloco_openmp)
+endif()

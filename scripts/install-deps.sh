@@ -3,7 +3,7 @@
 # are missing. Safe to run again: it installs nothing when all are present.
 set -euo pipefail
 
-packages=(cmake g++ make python3 doctest-dev libcli11-dev fortunes libopenmpi-dev openmpi-bin libgloo-dev libhiredis-dev redis-server clang libclang-rt-dev)
+packages=(cmake g++ make python3 python3-venv doctest-dev libcli11-dev fortunes libopenmpi-dev openmpi-bin libgloo-dev libhiredis-dev redis-server clang libclang-rt-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

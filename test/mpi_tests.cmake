@@ -40,6 +40,19 @@ if(DILOCO_HAVE_CUDA)
   diloco_cuda_cxx20(compile_mpi_nvcc)
 endif()
 
+# One layout of comm::mpi whatever the translation unit (an ODR hazard
+# otherwise): sizes compared across a host-only, a DILOCO_WITH_CUDA and an
+# nvcc translation unit of one program, and a request crossing them.
+if(DILOCO_HAVE_CUDA)
+  add_library(test_mpi_layout_host_only OBJECT mpi_layout/host_only.cpp)
+  target_link_libraries(test_mpi_layout_host_only PRIVATE diloco::mpi diloco_project_options)
+  add_executable(test_mpi_layout mpi_layout/main.cpp mpi_layout/nvcc.cu)
+  target_link_libraries(test_mpi_layout PRIVATE test_mpi_layout_host_only diloco::mpi diloco::cuda
+                                                diloco_project_options)
+  diloco_add_mpi_test(test_mpi_layout_np2 RANKS 2 COMMAND test_mpi_layout LABELS unit)
+  set_tests_properties(test_mpi_layout_np2 PROPERTIES PASS_REGULAR_EXPRESSION "one layout; the request crossed")
+endif()
+
 # Packaging: a consumer of the installed package, find_package(diloco
 # COMPONENTS mpi), linking diloco::mpi and run under mpirun -np 2.
 set(_launch ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${DILOCO_MPIEXEC_EXTRA_FLAGS} ${MPIEXEC_PREFLAGS})

@@ -4,6 +4,8 @@
 // optimizer, a compressor and a communicator. Each worker owns one instance
 // over its own replica (the user's tensors).
 
+#include "diloco/core/require_cxx20.hpp"
+
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -33,6 +35,7 @@
 #include "diloco/engine.hpp"
 #include "diloco/exec/host.hpp"
 #include "diloco/optimizer.hpp"
+#include "diloco/tensor/argument_checks.hpp"
 #include "diloco/tensor/buffer.hpp"
 #include "diloco/sync/blocking.hpp"
 #include "diloco/sync/concepts.hpp"
@@ -59,6 +62,17 @@ namespace diloco {
 template <inner_optimizer Inner, outer_optimizer Outer, compressor Compressor, any_communicator Comm,
           sync::sync_policy Sync = sync::blocking>
 class algorithm {
+  static_assert(optimizer_role_of<Inner>() != optimizer_role::outer,
+                "diloco::algorithm<Inner, Outer, ...>: the first argument is the inner optimizer, and this one is an "
+                "outer optimizer (role optimizer_role::outer, as outer::nesterov and outer::sgd): are the two "
+                "swapped? The order is algorithm<inner::adamw, outer::nesterov, Compressor, Comm>; "
+                "diloco::as_inner<O> runs an outer policy as the inner optimizer on purpose");
+  static_assert(optimizer_role_of<Outer>() != optimizer_role::inner,
+                "diloco::algorithm<Inner, Outer, ...>: the second argument is the outer optimizer, and this one is "
+                "an inner optimizer (role optimizer_role::inner, as inner::adamw and inner::sgd, whose defaults are "
+                "inner learning rates): are the two swapped? Outer optimizers are outer::nesterov and outer::sgd "
+                "(lr 1 by default: model averaging); diloco::as_outer<O> runs an inner policy as the outer "
+                "optimizer on purpose");
   static_assert(!Sync::overlaps || async_communicator<Comm>,
                 "diloco::algorithm: this schedule keeps reductions in flight while inner steps run, so the "
                 "communicator must model async_communicator (non-blocking iall_reduce, iall_to_all and "
@@ -73,15 +87,17 @@ class algorithm {
   using sync_type = Sync;
   using options = algorithm_options<Inner, Outer, Compressor, Sync>;
 
-  // `params`: a range of fp32 tensors, or one fp32 tensor.
-  template <class Params>
-    requires(tensor_range<Params> || float_tensor<Params>)
+  // `params`: a range of writable fp32 tensors, or one (other element
+  // types and const tensors fail to compile, naming the rule).
+  template <tensor_argument Params>
   algorithm(Params&& params, Comm& comm, options opts = {}) : opts_(opts) {
-    validate(comm);
-    if constexpr (float_tensor<Params>) {
-      init(std::span<std::remove_reference_t<Params>>(&params, 1), comm);
-    } else {
-      init(params, comm);
+    if constexpr (detail::parameter_tensors_ok<Params>()) {
+      validate(comm);
+      if constexpr (float_tensor<Params>) {
+        init(std::span<std::remove_reference_t<Params>>(&params, 1), comm);
+      } else {
+        init(params, comm);
+      }
     }
   }
 
@@ -94,19 +110,18 @@ class algorithm {
   // the parameters), then what the schedule asks for after it: beginning
   // reductions, letting those in flight progress, applying those due.
   // Returns true when an outer step was applied.
-  template <class Grads>
-    requires(tensor_range<Grads> || float_tensor<Grads>)
+  template <tensor_argument Grads>
   bool step(Grads&& grads) {
-    take_inner_step(std::forward<Grads>(grads));
+    if constexpr (detail::gradient_tensors_ok<Grads>()) take_inner_step(std::forward<Grads>(grads));
     return engine_->after_step();
   }
 
   // One inner step only; no outer round, whatever the step count
   // (sync::blocking: other schedules keep their clock in step()).
-  template <class Grads>
-    requires((tensor_range<Grads> || float_tensor<Grads>) && std::same_as<Sync, sync::blocking>)
+  template <tensor_argument Grads>
+    requires std::same_as<Sync, sync::blocking>
   void inner_step(Grads&& grads) {
-    take_inner_step(std::forward<Grads>(grads));
+    if constexpr (detail::gradient_tensors_ok<Grads>()) take_inner_step(std::forward<Grads>(grads));
   }
 
   // An outer round now, whatever the step count (collective;
@@ -357,8 +372,6 @@ class algorithm {
   template <class R>
   void init(R&& params, Comm& comm) {
     using Space = tensor_space_t<std::ranges::range_reference_t<R>>;
-    static_assert(mutable_float_tensor<std::ranges::range_reference_t<R>>,
-                  "diloco::algorithm: parameters must be writable fp32 tensors (the algorithm updates them in place)");
     static_assert(requires { typename detail::executor_for<Space>::type; },
                   "diloco::algorithm: these tensors live in device memory; include <diloco/cuda.hpp> and compile "
                   "with nvcc to use the CUDA backend");

@@ -6,6 +6,8 @@
 // With it, diloco::algorithm and diloco::optimizer<Opt, exec::cuda> run over
 // device tensors (tensor_view<float, device_space>, thrust::device_vector).
 
+#include "diloco/core/require_cxx20.hpp"
+
 #include "diloco/diloco.hpp"
 #include "diloco/exec/cuda.hpp"
 #include "diloco/exec/cuda/launch_plan.hpp"

@@ -3,6 +3,7 @@
 // Umbrella header: everything that needs no optional dependency. The MPI,
 // Gloo and NCCL communicators and the CUDA backend have headers of their own.
 
+#include "diloco/core/require_cxx20.hpp"
 #include "diloco/version.hpp"
 #include "diloco/core/comm_types.hpp"
 #include "diloco/core/concepts.hpp"

@@ -5,6 +5,8 @@
 // without DiLoCo (a synchronous data-parallel baseline, a single worker).
 // diloco::algorithm runs its inner steps through the same core.
 
+#include "diloco/core/require_cxx20.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -21,6 +23,7 @@
 #include "diloco/core/error.hpp"
 #include "diloco/exec/host.hpp"
 #include "diloco/kernels/tensor_passes.hpp"
+#include "diloco/tensor/argument_checks.hpp"
 #include "diloco/tensor/buffer.hpp"
 #include "diloco/tensor/parameter_set.hpp"
 #include "diloco/tensor/tensor_list.hpp"
@@ -159,32 +162,31 @@ class optimizer {
  public:
   using memory_space = typename detail::executor_space<Exec>::type;
 
-  template <class Params>
-    requires(tensor_range<Params> || float_tensor<Params>)
+  template <tensor_argument Params>
   explicit optimizer(Params&& params, typename Opt::options opts = {}, Exec exec = Exec{}) : exec_(std::move(exec)) {
-    static_assert(std::is_same_v<typename detail::tensors_space<Params>::type, memory_space>,
-                  "diloco::optimizer: the parameters and the executor are in different memory spaces (host tensors "
-                  "run on exec::host, device tensors on exec::cuda from <diloco/cuda.hpp>)");
-    Opt::validate(opts);
-    if constexpr (float_tensor<Params>) {
-      static_assert(mutable_float_tensor<Params>, "diloco::optimizer: parameters must be writable fp32 tensors");
-      params_ = parameter_set<float, memory_space>(std::span<std::remove_reference_t<Params>>(&params, 1));
-    } else {
-      static_assert(mutable_float_tensor<std::ranges::range_reference_t<Params>>,
-                    "diloco::optimizer: parameters must be writable fp32 tensors");
-      params_ = parameter_set<float, memory_space>(params);
+    if constexpr (detail::parameter_tensors_ok<Params>()) {
+      static_assert(std::is_same_v<typename detail::tensors_space<Params>::type, memory_space>,
+                    "diloco::optimizer: the parameters and the executor are in different memory spaces (host "
+                    "tensors run on exec::host, device tensors on exec::cuda from <diloco/cuda.hpp>)");
+      Opt::validate(opts);
+      if constexpr (float_tensor<Params>) {
+        params_ = parameter_set<float, memory_space>(std::span<std::remove_reference_t<Params>>(&params, 1));
+      } else {
+        params_ = parameter_set<float, memory_space>(params);
+      }
+      core_ = detail::optimizer_core<Opt, memory_space>(params_.total(), opts);
     }
-    core_ = detail::optimizer_core<Opt, memory_space>(params_.total(), opts);
   }
 
-  template <class Grads>
-    requires(tensor_range<Grads> || float_tensor<Grads>)
+  template <tensor_argument Grads>
   void step(Grads&& grads) {
-    static_assert(std::is_same_v<typename detail::tensors_space<Grads>::type, memory_space>,
-                  "diloco::optimizer::step: the gradients are not in the parameters' memory space (host and device "
-                  "tensors cannot be mixed in one call)");
-    detail::collect(std::forward<Grads>(grads), raw_);
-    core_.step(exec_, params_, raw_);
+    if constexpr (detail::gradient_tensors_ok<Grads>()) {
+      static_assert(std::is_same_v<typename detail::tensors_space<Grads>::type, memory_space>,
+                    "diloco::optimizer::step: the gradients are not in the parameters' memory space (host and "
+                    "device tensors cannot be mixed in one call)");
+      detail::collect(std::forward<Grads>(grads), raw_);
+      core_.step(exec_, params_, raw_);
+    }
   }
 
   std::uint64_t steps() const { return core_.steps(); }

@@ -10,6 +10,8 @@
 //                            .rendezvous = diloco::comm::gloo::file_store{"/shared/rdv"}});
 //   auto comm = diloco::comm::gloo::from_env();   // DILOCO_RANK, ... (scripts/launch_gloo.sh)
 
+#include "diloco/core/require_cxx20.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstddef>

@@ -16,6 +16,8 @@
 // collective is issued non-blocking and polled against it, so a dead peer
 // (in a job mpirun keeps alive) is a comm_error instead of a hang.
 
+#include "diloco/core/require_cxx20.hpp"
+
 #include <mpi.h>
 
 #include <chrono>
@@ -39,12 +41,18 @@
 #include "diloco/core/timeout.hpp"
 #include "diloco/tensor/tensor_traits.hpp"
 
-#if defined(DILOCO_WITH_CUDA) || defined(__CUDACC__)
-#define DILOCO_MPI_DEVICE_BUFFERS 1
-#include "diloco/comm/detail/pinned_staging.hpp"
 #if defined(OPEN_MPI) && OPEN_MPI && __has_include(<mpi-ext.h>)
 #include <mpi-ext.h>  // MPIX_CUDA_AWARE_SUPPORT, MPIX_Query_cuda_support
 #endif
+
+// Device buffers need the CUDA runtime: the device operations exist where it
+// is (DILOCO_WITH_CUDA from diloco::cuda, or nvcc). Everything else, the
+// layout of the communicator, its requests and their completions included,
+// is the same in every translation unit: a program may mix translation
+// units compiled with and without CUDA (one definition of each class).
+#if defined(DILOCO_WITH_CUDA) || defined(__CUDACC__)
+#define DILOCO_MPI_DEVICE_BUFFERS 1
+#include "diloco/comm/detail/pinned_staging.hpp"
 #else
 #define DILOCO_MPI_DEVICE_BUFFERS 0
 #endif
@@ -92,8 +100,32 @@ struct mpi_options {
 
 namespace detail_mpi {
 
+// The same float division the threads communicator applies to its sums.
+inline void divide_by_size(float* x, std::size_t n, int size) {
+  const auto m = static_cast<float>(size);
+  for (std::size_t i = 0; i < n; ++i) x[i] = x[i] / m;
+}
+
+struct completion;
+
+// The device half of the communicator: pinned staging slots and the device
+// work left after MPI finishes. Only a translation unit with the CUDA runtime
+// makes one (the first device operation does); the context holds it through
+// this interface, so the context, the requests and the completions have one
+// layout and the functions shared by every translation unit one body.
+class device_support {
+ public:
+  virtual ~device_support() = default;
+  // Gives a staging slot back.
+  virtual void release(int slot) = 0;
+  // Finishes `done` (its slot already taken from it: `slot`, or -1): the
+  // host division, the device division, the copy out of the slot; the slot
+  // is given back even on error.
+  virtual void finish(const completion& done, int slot, int size, const char* operation, int rank) = 0;
+};
+
 // What the communicator and its outstanding requests share: the duplicated
-// communicator and the staging buffers. A request keeps it alive, so a
+// communicator and the device staging. A request keeps it alive, so a
 // request may outlive the communicator object that issued it.
 struct context {
   MPI_Comm comm = MPI_COMM_NULL;
@@ -103,9 +135,8 @@ struct context {
   // Why the communicator is unusable (a timeout left an operation running);
   // empty while it is usable.
   std::string failed;
-#if DILOCO_MPI_DEVICE_BUFFERS
-  pinned_staging staging;
-#endif
+  // Made by the first device operation; null in a host-only program.
+  std::unique_ptr<device_support> device;
 
   context() = default;
   context(const context&) = delete;
@@ -176,66 +207,32 @@ class request_set {
 struct completion {
   float* divide = nullptr;  // host floats to divide by the world size
   std::size_t divide_count = 0;
-#if DILOCO_MPI_DEVICE_BUFFERS
   float* device_divide = nullptr;  // device floats to divide (direct path)
   std::size_t device_divide_count = 0;
   void* copy_to = nullptr;  // device destination of a staged result
   std::size_t copy_offset = 0;
   std::size_t copy_bytes = 0;
   int slot = -1;
-#endif
 
   // Runs the remaining work; the staging slot is returned even on error.
+  // Device work exists only in completions made by device operations,
+  // which made ctx.device first.
   void run(context& ctx, const char* operation) {
-#if DILOCO_MPI_DEVICE_BUFFERS
-    struct slot_guard {
-      context& c;
-      int s;
-      ~slot_guard() {
-        if (s >= 0) c.staging.release(s);
-      }
-    } guard{ctx, slot};
-    slot = -1;
-#endif
-    divide_by_size(divide, divide_count, ctx.size);
-#if DILOCO_MPI_DEVICE_BUFFERS
-    if (device_divide) {
-      // Rare (the algorithm reduces with sum): a round trip through host
-      // memory keeps this header free of device code.
-      const std::size_t bytes = device_divide_count * sizeof(float);
-      slot_guard tmp{ctx, ctx.staging.acquire(bytes, operation, ctx.rank)};
-      auto* host = reinterpret_cast<float*>(ctx.staging.data(tmp.s));
-      check_cuda(cudaMemcpy(host, device_divide, bytes, cudaMemcpyDefault), "cudaMemcpy (device to host)", operation,
-                 ctx.rank);
-      divide_by_size(host, device_divide_count, ctx.size);
-      check_cuda(cudaMemcpy(device_divide, host, bytes, cudaMemcpyDefault), "cudaMemcpy (host to device)", operation,
-                 ctx.rank);
+    const int taken = std::exchange(slot, -1);
+    if (taken < 0 && !device_divide) {
+      divide_by_size(divide, divide_count, ctx.size);
+      return;
     }
-    if (copy_to && copy_bytes)
-      check_cuda(cudaMemcpy(copy_to, ctx.staging.data(guard.s) + copy_offset, copy_bytes, cudaMemcpyDefault),
-                 "cudaMemcpy (host to device)", operation, ctx.rank);
-#else
-    (void)operation;
-#endif
+    ctx.device->finish(*this, taken, ctx.size, operation, ctx.rank);
   }
 
   // Gives the staging slot back without finishing (the operation failed).
-  void abandon([[maybe_unused]] context& ctx) {
-#if DILOCO_MPI_DEVICE_BUFFERS
-    if (slot >= 0) ctx.staging.release(slot);
+  void abandon(context& ctx) {
+    if (slot >= 0 && ctx.device) ctx.device->release(slot);
     slot = -1;
-#endif
-  }
-
- private:
-  // The same float division the threads communicator applies to its sums.
-  static void divide_by_size(float* x, std::size_t n, int size) {
-    const auto m = static_cast<float>(size);
-    for (std::size_t i = 0; i < n; ++i) x[i] = x[i] / m;
   }
 };
 
-#if DILOCO_MPI_DEVICE_BUFFERS
 inline bool library_is_cuda_aware() {
 #if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
   return MPIX_Query_cuda_support() == 1;
@@ -243,6 +240,41 @@ inline bool library_is_cuda_aware() {
   return false;
 #endif
 }
+
+#if DILOCO_MPI_DEVICE_BUFFERS
+// device_support over pinned host buffers and cudaMemcpy.
+class pinned_device_support final : public device_support {
+ public:
+  void release(int slot) override { staging.release(slot); }
+
+  void finish(const completion& done, int slot, int size, const char* operation, int rank) override {
+    struct slot_guard {
+      pinned_staging& st;
+      int s;
+      ~slot_guard() {
+        if (s >= 0) st.release(s);
+      }
+    } guard{staging, slot};
+    divide_by_size(done.divide, done.divide_count, size);
+    if (done.device_divide) {
+      // Rare (the algorithm reduces with sum): a round trip through host
+      // memory keeps this header free of device code.
+      const std::size_t bytes = done.device_divide_count * sizeof(float);
+      slot_guard tmp{staging, staging.acquire(bytes, operation, rank)};
+      auto* host = reinterpret_cast<float*>(staging.data(tmp.s));
+      check_cuda(cudaMemcpy(host, done.device_divide, bytes, cudaMemcpyDefault), "cudaMemcpy (device to host)",
+                 operation, rank);
+      divide_by_size(host, done.device_divide_count, size);
+      check_cuda(cudaMemcpy(done.device_divide, host, bytes, cudaMemcpyDefault), "cudaMemcpy (host to device)",
+                 operation, rank);
+    }
+    if (done.copy_to && done.copy_bytes)
+      check_cuda(cudaMemcpy(done.copy_to, staging.data(slot) + done.copy_offset, done.copy_bytes, cudaMemcpyDefault),
+                 "cudaMemcpy (host to device)", operation, rank);
+  }
+
+  pinned_staging staging;
+};
 #endif
 
 }  // namespace detail_mpi
@@ -385,10 +417,8 @@ class mpi {
     detail_mpi::check(MPI_Comm_size(host, &workers_on_host_), "MPI_Comm_size", "constructor", rank);
     MPI_Comm_free(&host);
     ctx_ = std::move(ctx);
-#if DILOCO_MPI_DEVICE_BUFFERS
     direct_device_ = opts_.device_path == mpi_device_path::direct ||
                      (opts_.device_path == mpi_device_path::detect && detail_mpi::library_is_cuda_aware());
-#endif
   }
 
   // `base` with its timeout taken from DILOCO_TIMEOUT_MS when that is set
@@ -795,19 +825,26 @@ class mpi {
 
 #if DILOCO_MPI_DEVICE_BUFFERS
   // ---------------------------------------------- device operations
+  // The pinned staging, made on first use.
+  detail_mpi::pinned_staging& staging() {
+    if (!ctx_->device) ctx_->device = std::make_unique<detail_mpi::pinned_device_support>();
+    return static_cast<detail_mpi::pinned_device_support&>(*ctx_->device).staging;
+  }
+
   // A staging slot owned until handed to a completion.
   struct staged_slot {
-    detail_mpi::context& ctx;
+    detail_mpi::pinned_staging& staging;
     int slot;
     ~staged_slot() {
-      if (slot >= 0) ctx.staging.release(slot);
+      if (slot >= 0) staging.release(slot);
     }
-    std::byte* data() const { return ctx.staging.data(slot); }
+    std::byte* data() const { return staging.data(slot); }
     int hand_over() { return std::exchange(slot, -1); }
   };
 
   staged_slot stage(std::size_t bytes, const char* operation) {
-    return {*ctx_, ctx_->staging.acquire(bytes, operation, rank())};
+    auto& st = staging();
+    return {st, st.acquire(bytes, operation, rank())};
   }
 
   void copy_to_host(void* host, const void* device, std::size_t bytes, const char* operation) const {

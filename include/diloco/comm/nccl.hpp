@@ -12,6 +12,8 @@
 // moves (options.check_agreement). Like every diloco communicator, one
 // thread at a time uses a communicator and its requests.
 
+#include "diloco/core/require_cxx20.hpp"
+
 #include <cuda_runtime.h>
 #include <nccl.h>
 

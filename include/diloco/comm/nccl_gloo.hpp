@@ -13,6 +13,8 @@
 // record is well formed, so the ranks would time out joining it).
 // Needs the diloco::nccl and diloco::gloo targets.
 
+#include "diloco/core/require_cxx20.hpp"
+
 #include <gloo/rendezvous/store.h>
 
 #include "diloco/comm/nccl.hpp"

@@ -5,6 +5,8 @@
 // validated record, so its failure reaches every rank as a comm_error).
 // Needs the diloco::nccl and diloco::mpi targets.
 
+#include "diloco/core/require_cxx20.hpp"
+
 #include <mpi.h>
 
 #include <algorithm>

@@ -35,15 +35,62 @@ concept block_codec = std::is_trivially_copyable_v<C> &&
                         { c.check(in, n) } -> std::convertible_to<const char*>;
                       };
 
-// A lossy compressor policy: options, validation, and the codec built from
-// them. error_feedback<C> sets `has_error_feedback`.
+// A lossy compressor policy: options, validation, its block codec type
+// `codec` and the codec built from the options, whether its rounding is
+// stochastic (the wire header says so), and whether it keeps an error-feedback
+// residual (error_feedback<C> sets `has_error_feedback`). This is everything
+// the compressed and gathered means use of a compressor.
 template <class C>
 concept lossy_compressor = requires(const typename C::options& o) {
   requires !C::lossless;
+  typename C::codec;
+  requires block_codec<typename C::codec>;
   { C::has_error_feedback } -> std::convertible_to<bool>;
+  { C::stochastic } -> std::convertible_to<bool>;
   { C::validate(o) };
-  { C::make_codec(o) } -> block_codec;
+  { C::make_codec(o) } -> std::convertible_to<typename C::codec>;
 };
+
+// Whether a compressor declares a reducer of its own (factored or
+// switching) rather than travelling as block codec segments.
+template <class C>
+constexpr bool own_reducer_v = [] {
+  if constexpr (requires { C::factored; })
+    if (C::factored) return true;
+  if constexpr (requires { C::switching; })
+    if (C::switching) return true;
+  return false;
+}();
+
+namespace stand_in {
+// Types that satisfy block_codec and lossy_compressor (declared only, for
+// the concepts' unevaluated checks).
+struct any_block_codec {
+  static constexpr std::size_t block = 1;
+  static constexpr codec_id id = codec_id::none;
+  std::size_t stride() const;
+  void encode(const float*, std::size_t, std::byte*, float*, std::uint64_t, std::uint64_t) const;
+  void decode(const std::byte*, std::size_t, float*) const;
+  const char* check(const std::byte*, std::size_t) const;
+};
+struct any_lossy_compressor {
+  struct options {};
+  using codec = any_block_codec;
+  static constexpr bool lossless = false;
+  static constexpr bool has_error_feedback = false;
+  static constexpr bool stochastic = false;
+  static void validate(const options&);
+  static codec make_codec(const options&);
+};
+}  // namespace stand_in
+
+// What the compressor concept checks against lossy_compressor: C itself when
+// it travels as block codec segments, the stand-in otherwise (lossless, or a
+// reducer of its own). So the concept is a conjunction, and a compiler names
+// the requirement a lossy compressor misses instead of reporting that "no
+// operand of the disjunction is satisfied".
+template <class C>
+using block_codec_policy_t = std::conditional_t<!C::lossless && !own_reducer_v<C>, C, stand_in::any_lossy_compressor>;
 
 // A compressor with a reducer of its own instead of a block codec
 // (low_rank: factors exchanged over several collectives).

@@ -14,6 +14,7 @@
 #include "diloco/compress/codec.hpp"
 #include "diloco/core/comm_types.hpp"
 #include "diloco/core/memory_space.hpp"
+#include "diloco/core/optimizer_role.hpp"
 #include "diloco/tensor/tensor_traits.hpp"
 
 namespace diloco {
@@ -34,15 +35,26 @@ concept tensor = requires(std::remove_cvref_t<T>& t) {
 template <class T>
 concept float_tensor = tensor<T> && std::same_as<tensor_value_t<T>, float>;
 
-// A tensor whose elements can be written (parameters are updated in place).
+// A tensor whose elements can be written (parameters are updated in place):
+// a const std::vector<float> is not one; a tensor_view<float> is, const or
+// not (a view does not own its elements).
 template <class T>
-concept mutable_float_tensor = float_tensor<T> && requires(std::remove_cvref_t<T>& t) {
+concept mutable_float_tensor = float_tensor<T> && requires(std::remove_reference_t<T>& t) {
   { tensor_traits_of<T>::data(t) } -> std::convertible_to<float*>;
 };
 
 // A list of tensors (a model's parameters or gradients).
 template <class R>
 concept tensor_range = std::ranges::forward_range<R> && float_tensor<std::ranges::range_reference_t<R>>;
+
+// A tensor or a list of tensors of any element type: what the parameter and
+// gradient arguments accept, so that the element type and constness are
+// checked by static_asserts that name the rule (tensor/argument_checks.hpp)
+// rather than by a constraint the compiler reports as "not satisfied".
+template <class R>
+concept any_tensor_range = std::ranges::forward_range<R> && tensor<std::ranges::range_reference_t<R>>;
+template <class T>
+concept tensor_argument = tensor<T> || any_tensor_range<T>;
 
 // ------------------------------------------------------------ optimizers
 // The per-element update of an optimizer: p is the parameter, g its gradient
@@ -55,17 +67,34 @@ concept update_functor =
       { u(p, g, s, stride) };
     };
 
-// An optimizer policy: an options struct of hyper-parameters, validation that
+// An optimizer policy: an options struct of hyper-parameters with a learning
+// rate `lr` (set_inner_lr / optimizer::set_lr write it), validation that
 // throws config_error, the number of fp32 state slots per parameter, and a
-// factory for the step's update functor (step counts from 1).
+// factory for the step's update functor of type `update` (step counts from
+// 1). This is everything the library uses of an optimizer: a type that has
+// these compiles.
 template <class O>
-concept optimizer_policy = requires(const typename O::options& o, std::uint64_t step) {
-  typename O::options;
-  { O::name } -> std::convertible_to<const char*>;
-  { O::validate(o) };
-  { O::state_slots(o) } -> std::convertible_to<std::size_t>;
-  { O::make_update(o, step) } -> update_functor;
-};
+concept optimizer_policy =
+    requires(const typename O::options& o, typename O::options& writable, std::uint64_t step, float lr) {
+      typename O::options;
+      typename O::update;
+      requires update_functor<typename O::update>;
+      { O::name } -> std::convertible_to<const char*>;
+      { O::validate(o) };
+      { O::state_slots(o) } -> std::convertible_to<std::size_t>;
+      { O::make_update(o, step) } -> std::convertible_to<typename O::update>;
+      { o.lr } -> std::convertible_to<float>;
+      writable.lr = lr;
+    };
+
+// An optimizer policy's role (core/optimizer_role.hpp): its `role`, or any.
+template <class O>
+consteval optimizer_role optimizer_role_of() {
+  if constexpr (requires { { O::role } -> std::convertible_to<optimizer_role>; })
+    return O::role;
+  else
+    return optimizer_role::any;
+}
 
 // The optimizer each worker runs on its replica between rounds.
 template <class O>
@@ -75,6 +104,18 @@ concept inner_optimizer = optimizer_policy<O>;
 // pseudo-gradient as its gradient.
 template <class O>
 concept outer_optimizer = optimizer_policy<O>;
+
+// O in the inner (as_inner) or outer (as_outer) slot, whatever its role:
+// algorithm<inner::adamw, as_outer<inner::adamw>, ...> runs AdamW as the
+// outer optimizer (with AdamW's defaults: set the outer options).
+template <optimizer_policy O>
+struct as_inner : O {
+  static constexpr optimizer_role role = optimizer_role::inner;
+};
+template <optimizer_policy O>
+struct as_outer : O {
+  static constexpr optimizer_role role = optimizer_role::outer;
+};
 
 // ----------------------------------------------------------- compressors
 // What a pseudo-gradient becomes before it travels. `lossless` codecs are
@@ -87,8 +128,9 @@ concept compressor = requires {
   typename C::options;
   { C::name } -> std::convertible_to<const char*>;
   { C::lossless } -> std::convertible_to<bool>;
-} && (C::lossless || compress::lossy_compressor<C> || compress::factored_compressor<C> ||
-     compress::switching_compressor<C>);
+} && compress::lossy_compressor<compress::block_codec_policy_t<C>> &&
+                     (C::lossless || compress::lossy_compressor<C> || compress::factored_compressor<C> ||
+                      compress::switching_compressor<C>);
 
 // ---------------------------------------------------------- communicators
 // The handle of a non-blocking collective. wait() blocks until it has

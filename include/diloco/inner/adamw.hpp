@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "diloco/core/optimizer_role.hpp"
 #include "diloco/core/validate.hpp"
 #include "diloco/kernels/adamw_update.hpp"
 
@@ -35,6 +36,7 @@ struct adamw {
   };
 
   static constexpr const char* name = "adamw";
+  static constexpr optimizer_role role = optimizer_role::inner;
   using update = kernels::adamw_update;
 
   static void validate(const options& o) {

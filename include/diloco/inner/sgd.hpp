@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "diloco/core/optimizer_role.hpp"
 #include "diloco/kernels/sgd_policy.hpp"
 
 namespace diloco::inner {
@@ -31,6 +32,7 @@ struct sgd {
   };
 
   static constexpr const char* name = "sgd";
+  static constexpr optimizer_role role = optimizer_role::inner;
   using update = kernels::sgd_update;
 
   static void validate(const options& o) {

@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "diloco/core/optimizer_role.hpp"
 #include "diloco/kernels/sgd_policy.hpp"
 
 namespace diloco::outer {
@@ -26,6 +27,7 @@ struct nesterov {
   };
 
   static constexpr const char* name = "outer nesterov";
+  static constexpr optimizer_role role = optimizer_role::outer;
   using update = kernels::sgd_update;
 
   struct sgd_view {

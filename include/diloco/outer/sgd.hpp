@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "diloco/core/optimizer_role.hpp"
 #include "diloco/kernels/sgd_policy.hpp"
 
 namespace diloco::outer {
@@ -30,6 +31,7 @@ struct sgd {
   };
 
   static constexpr const char* name = "outer sgd";
+  static constexpr optimizer_role role = optimizer_role::outer;
   using update = kernels::sgd_update;
 
   static void validate(const options& o) { kernels::validate_sgd(o, "outer sgd"); }

@@ -7,7 +7,26 @@
 
 namespace dc = diloco;
 
+// OpenMP is what the consumer chose, not what diloco was installed with.
+#if EXPECT_OPENMP && !defined(_OPENMP)
+#error "the consumer linked diloco::openmp but is not compiled with OpenMP"
+#elif !EXPECT_OPENMP && defined(_OPENMP)
+#error "diloco::diloco forced OpenMP on a consumer that did not ask for it"
+#endif
+
+#if defined(DILOCO_PACKAGE_VERSION)
+static_assert(DILOCO_VERSION == (DILOCO_PACKAGE_VERSION), "find_package's version differs from diloco/version.hpp");
+#endif
+
 int main() {
+  // With OpenMP the host executor takes the team size it is given; without,
+  // it runs every pass on the calling thread.
+  const int threads = dc::exec::host(3).threads();
+  if (threads != (EXPECT_OPENMP ? 3 : 1)) {
+    std::printf("host executor: %d threads, expected %d\n", threads, EXPECT_OPENMP ? 3 : 1);
+    return 1;
+  }
+  std::printf("host executor: %d threads (OpenMP %s)\n", threads, EXPECT_OPENMP ? "on" : "off");
   using trainer = dc::algorithm<dc::inner::sgd, dc::outer::nesterov, dc::compress::none, dc::comm::threads>;
   dc::comm::threads::world world(2);
   std::vector<float> result(2);
