@@ -128,11 +128,7 @@ class regrouped {
   // The bytes of every data communicator this member has had.
   traffic_counters traffic() const {
     traffic_counters t = retired_;
-    if (data_) {
-      const traffic_counters now = data_->traffic();
-      t.bytes_sent += now.bytes_sent;
-      t.bytes_received += now.bytes_received;
-    }
+    if (data_) add(t, data_->traffic());
     return t;
   }
   const gloo& membership() const { return membership_; }
@@ -198,6 +194,11 @@ class regrouped {
                       " has no data communicator (", failure_.empty() ? "the group failed to re-form" : failure_, ")");
   }
 
+  static void add(traffic_counters& to, const traffic_counters& from) {
+    to.bytes_sent += from.bytes_sent;
+    to.bytes_received += from.bytes_received;
+  }
+
   data_group group() const {
     return {membership_.generation(), membership_.rank(), membership_.size(), membership_.member_id(),
             membership_.settings().timeout};
@@ -207,9 +208,7 @@ class regrouped {
   // dead), keeping its traffic in the totals.
   void retire(const std::string& reason) noexcept {
     if (!data_) return;
-    const traffic_counters t = data_->traffic();
-    retired_.bytes_sent += t.bytes_sent;
-    retired_.bytes_received += t.bytes_received;
+    add(retired_, data_->traffic());
     if constexpr (requires { data_->abort(reason); }) data_->abort(reason);
     data_.reset();
   }
