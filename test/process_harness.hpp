@@ -179,6 +179,31 @@ class processes {
   std::vector<proc> procs_;
 };
 
+// The state letter of /proc/<pid>/stat (R, S, T for stopped, Z for a
+// zombie); 'Z' when the process is gone. processes::wait_all reaps.
+inline char proc_state(pid_t pid) {
+  const std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+  const auto close = stat.rfind(')');
+  return close == std::string::npos || stat.size() < close + 3 ? 'Z' : stat[close + 2];
+}
+
+// Waits until `pred` holds or `limit` passes; whether it held.
+template <class Pred>
+bool wait_for(Pred pred, std::chrono::milliseconds limit) {
+  const auto until = clock::now() + limit;
+  while (!pred()) {
+    if (clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+// An environment variable of a rank program, or `fallback` when unset.
+inline std::string env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v ? v : fallback;
+}
+
 inline std::string describe(const exit_status& s) {
   if (s.timed_out) return "still running at the deadline (killed)";
   if (s.exited) return "exited with code " + std::to_string(s.code);

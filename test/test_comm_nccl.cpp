@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <diloco/comm/elastic_nccl.hpp>
 #include <diloco/comm/nccl_gloo.hpp>
 #include <diloco/core/concepts.hpp>
 #include <exception>
@@ -15,6 +16,9 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "process_harness.hpp"
+#include "rank_threads.hpp"
 
 namespace dc = diloco;
 using dc::comm::nccl;
@@ -26,6 +30,14 @@ static_assert(dc::device_communicator<nccl>);
 static_assert(!dc::communicator<nccl>);
 static_assert(dc::comm_request<nccl::request>);
 static_assert(dc::comm::unique_id_store<gloo::rendezvous::Store>);
+
+// The elastic NCCL communicator (comm::regrouped over the NCCL factory):
+// every member compiles in every build with NCCL; its logic runs without a
+// GPU in test_elastic_regrouped (a Gloo data communicator stands in for
+// NCCL), and on GPUs in test_comm_nccl_gpu.
+template class dc::comm::regrouped<dc::comm::nccl_factory>;
+static_assert(dc::device_communicator<dc::comm::elastic_nccl> && dc::async_device_communicator<dc::comm::elastic_nccl>);
+static_assert(dc::elastic_communicator<dc::comm::elastic_nccl> && !dc::communicator<dc::comm::elastic_nccl>);
 
 namespace {
 
@@ -45,42 +57,6 @@ bool have_gpu() {
   const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
   (void)cudaGetLastError();
   return ok;
-}
-
-// Runs fn(rank) on `size` threads and returns what each threw (or null).
-template <class F>
-std::vector<std::exception_ptr> run_ranks(int size, F fn) {
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(size));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (...) {
-        errors[static_cast<std::size_t>(r)] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  return errors;
-}
-
-std::string message_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    return x.what();
-  }
-}
-
-template <class E>
-bool is(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const E&) {
-    return true;
-  } catch (...) {
-    return false;
-  }
 }
 
 }  // namespace
@@ -230,4 +206,48 @@ TEST_CASE("without a GPU, creation fails with an error naming the CUDA call, on 
     CHECK(message_of(errors[static_cast<std::size_t>(r)]).find("nccl rank " + std::to_string(r) + ": no usable CUDA device") !=
           std::string::npos);
   }
+}
+
+TEST_CASE("elastic_nccl without a GPU: rank 0 publishes generation 0's NCCL id under its key, and every member's "
+          "creation fails with the CUDA error, without hanging") {
+  if (have_gpu()) {
+    MESSAGE("a CUDA device is present: test_comm_nccl_gpu covers elastic_nccl");
+    return;
+  }
+  harness::temp_dir d;
+  dc::comm::gloo::options base;
+  base.rendezvous = dc::comm::gloo::file_store{d.file("store")};
+  base.run_id = "elastic-nccl";
+  base.timeout = std::chrono::seconds(10);
+  base.elastic = true;
+  const auto start = std::chrono::steady_clock::now();
+  const auto errors = run_ranks(3, [&](int r) {
+    auto o = base;
+    o.rank = r;
+    o.size = 3;
+    dc::comm::elastic_nccl comm(o);
+  });
+  for (int r = 0; r < 3; ++r) {
+    CAPTURE(r);
+    REQUIRE(errors[static_cast<std::size_t>(r)]);
+    CHECK(is<dc::error>(errors[static_cast<std::size_t>(r)]));
+    CHECK(message_of(errors[static_cast<std::size_t>(r)]).find("nccl rank " + std::to_string(r) +
+                                                              ": no usable CUDA device") != std::string::npos);
+  }
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
+  // The id every member read: generation 0's key holds a real ncclUniqueId.
+  dc::comm::detail_gloo::rendezvous_store store(base, "elastic", "test");
+  const dc::comm::data_group g0{0, 1, 3, "r1", base.timeout};
+  const auto record = store.store().get(dc::comm::detail_regroup::id_key(0, "nccl"));
+  CHECK(dc::comm::detail_regroup::decode_group_id(record, g0, "nccl").size() == sizeof(ncclUniqueId));
+  CHECK_FALSE(store.has({dc::comm::detail_regroup::id_key(1, "nccl")}));
+}
+
+TEST_CASE("the NCCL factory refuses an id that is not an ncclUniqueId, naming the generation's key") {
+  const dc::comm::data_group g{3, 1, 2, "r1", std::chrono::seconds(5)};
+  const std::vector<char> short_id(10, 'x');
+  CHECK_THROWS_WITH_AS(dc::comm::nccl_factory{}.create(short_id, g),
+                       doctest::Contains("nccl unique id from store key 'g3/data/nccl': payload of 10 bytes, an "
+                                         "ncclUniqueId has 128"),
+                       dc::format_error);
 }

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <diloco/comm/elastic_nccl.hpp>
 #include <diloco/comm/nccl_gloo.hpp>
 #include <exception>
 #include <string>
@@ -17,6 +18,8 @@
 #include <vector>
 
 #include "device_comm_conformance.hpp"
+#include "process_harness.hpp"
+#include "rank_threads.hpp"
 #include "test_probes.hpp"
 
 namespace dc = diloco;
@@ -187,6 +190,95 @@ TEST_CASE("a collective a peer never joins times out with comm_error and aborts 
       },
       {.timeout = std::chrono::seconds(3)});
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(45));
+}
+
+// ----------------------------------------------------------- elastic_nccl
+namespace {
+
+dc::comm::gloo::options elastic_member(const harness::temp_dir& d, int rank, int size,
+                                       std::chrono::milliseconds timeout = test_timeout) {
+  dc::comm::gloo::options o;
+  o.rank = rank;
+  o.size = size;
+  o.rendezvous = dc::comm::gloo::file_store{d.file("store")};
+  o.run_id = "elastic-nccl";
+  o.timeout = timeout;
+  o.elastic = true;
+  return o;
+}
+
+// The id rank 0 of generation g published (a real ncclUniqueId's bytes).
+std::vector<char> published_id(const harness::temp_dir& d, std::uint64_t g) {
+  const auto o = elastic_member(d, 0, 1);
+  dc::comm::detail_gloo::rendezvous_store store(o, "elastic", "test");
+  const auto record = store.store().get(dc::comm::detail_regroup::id_key(g, "nccl"));
+  return dc::comm::detail_regroup::decode_group_id(record, {g, 0, 1, "r0", o.timeout}, "nccl");
+}
+
+// Each member's sum of ones over its group, on its device.
+float sum_of_ones(dc::comm::elastic_nccl& comm) {
+  device_array<float> x(std::vector<float>(8, 1.0f));
+  comm.all_reduce(x.view(), dc::reduce_op::sum);
+  const auto v = x.download();
+  for (float e : v) CHECK(e == v[0]);
+  return v[0];
+}
+
+}  // namespace
+
+TEST_CASE("elastic_nccl on one device: recover() aborts the NCCL communicator and makes generation 1's from a "
+          "new id") {
+  harness::temp_dir d;
+  dc::comm::elastic_nccl comm(elastic_member(d, 0, 1), {.options = {.device = 0}});
+  REQUIRE(comm.data() != nullptr);
+  CHECK(sum_of_ones(comm) == 1.0f);
+  comm.recover();
+  CHECK(comm.generation() == 1);
+  REQUIRE(comm.data() != nullptr);
+  CHECK_FALSE(comm.data()->aborted());
+  CHECK(sum_of_ones(comm) == 1.0f);
+  CHECK(published_id(d, 0) != published_id(d, 1));
+}
+
+TEST_CASE("elastic_nccl, one device per thread: a member that leaves, then one that stops answering; the others "
+          "re-make NCCL for each smaller group") {
+  const int m = multi_gpu_world();
+  if (m < 2) {
+    MESSAGE("fewer than 2 CUDA devices: skipped");
+    return;
+  }
+  harness::temp_dir d;
+  std::atomic<bool> done{false};
+  const auto errors = run_ranks(m, [&](int r) {
+    try {
+      device_conformance::cuda_ok(cudaSetDevice(r), "cudaSetDevice");
+      dc::comm::elastic_nccl comm(elastic_member(d, r, m, std::chrono::seconds(3)), {.options = {.device = r}});
+      CHECK(sum_of_ones(comm) == static_cast<float>(m));
+      const bool leaver = r == m - 1;
+      CHECK(comm.at_boundary(leaver, dc::boundary_kind::round_end));
+      if (leaver) return;
+      CHECK(comm.generation() == 1);
+      CHECK(sum_of_ones(comm) == static_cast<float>(m - 1));
+      if (m - 1 < 2) return;
+      // The last member stops answering: the others' NCCL all-reduce times
+      // out, they recover without it and the group goes on.
+      if (comm.rank() == comm.size() - 1) {
+        while (!done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        return;
+      }
+      device_array<float> x(std::vector<float>(8, 1.0f));
+      CHECK_THROWS_AS(comm.all_reduce(x.view(), dc::reduce_op::sum), dc::comm_error);
+      comm.recover();
+      CHECK(comm.size() == m - 2);
+      CHECK(sum_of_ones(comm) == static_cast<float>(m - 2));
+      if (comm.rank() == 0) done.store(true);
+    } catch (...) {
+      done.store(true);  // the member waiting for the others must not wait forever
+      throw;
+    }
+  });
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
 }
 
 int main(int argc, char** argv) {

@@ -32,10 +32,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::string env_or(const char* name, const char* fallback) {
-  const char* v = std::getenv(name);
-  return v ? v : fallback;
-}
+using harness::env_or;
 
 constexpr std::size_t n = 256;
 constexpr std::size_t H = 4;
@@ -201,24 +198,8 @@ std::vector<std::string> env_for(const std::string& dir, int rank, int size, int
   return env;
 }
 
-// The state letter of /proc/<pid>/stat (R, S, T for stopped, Z for a
-// zombie); 'Z' when the process is gone. wait_all reaps the children.
-char proc_state(pid_t pid) {
-  const std::string stat = harness::read_file("/proc/" + std::to_string(pid) + "/stat");
-  const auto close = stat.rfind(')');
-  return close == std::string::npos || stat.size() < close + 3 ? 'Z' : stat[close + 2];
-}
-
-// Waits until `pred` holds or `limit` passes; whether it held.
-template <class Pred>
-bool wait_for(Pred pred, std::chrono::milliseconds limit) {
-  const auto until = harness::clock::now() + limit;
-  while (!pred()) {
-    if (harness::clock::now() >= until) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
+using harness::proc_state;
+using harness::wait_for;
 
 // Every process started but `skip` (-1: none) exited normally with `code`.
 void check_exits(const harness::processes& ps, int code, int skip = -1) {

@@ -538,8 +538,16 @@ class nccl {
   int device() const { return state().device; }
   cudaStream_t stream() const { return state().stream; }
   ncclComm_t native_handle() const { return state().comm; }
-  // True once a failure or timeout has aborted the communicator.
+  // True once a failure, a timeout or abort() has aborted the communicator.
   bool aborted() const { return state().aborted(); }
+  // Frees the NCCL communicator now (ncclCommAbort), without waiting for
+  // its peers or for the work enqueued on it; later operations, and
+  // requests still pending, throw comm_error naming `reason`. A group that
+  // re-forms without a dead peer (comm::regrouped) drops its communicator
+  // this way: finalizing would wait for the dead peer. Never throws.
+  void abort(const std::string& reason) noexcept {
+    if (state_) state_->abort(reason);
+  }
   traffic_counters traffic() const { return traffic_; }
 
   // ------------------------------------------------------------ blocking
