@@ -37,6 +37,11 @@ def rate_bits(rate):
     return float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
 
 
+def pretty_rate(rate):
+    bits = rate_bits(rate)
+    return f"{bits / 1e9:g} Gbit/s" if bits >= 1e9 else f"{bits / 1e6:g} Mbit/s"
+
+
 def tbf_burst_bytes(rate):
     # bench/wan/run.sh's bucket: 2 ms at the rate, at least 16 KiB.
     return max(16384, int(rate_bits(rate) / 8 * 0.002))
@@ -120,7 +125,7 @@ def table(runs):
             ratio = ""
             if not math.isnan(t) and not math.isnan(ddp_t) and t > 0:
                 ratio = f"{ddp_t / t:.1f}" + (" (est.)" if ddp_est else "")
-            out.append(f"| {rate} | {METHOD_NAMES[key]} | {wall} | {100 * r['compute_utilisation']:.1f} % "
+            out.append(f"| {pretty_rate(rate)} | {METHOD_NAMES[key]} | {wall} | {100 * r['compute_utilisation']:.1f} % "
                        f"| {100 * r['compute_utilisation_quiet']:.1f} % | {r['bytes_per_worker'] / 1e6:.2f} "
                        f"| {r['final_loss']:.4f}{' (at the cap)' if capped else ''} | {t_text} | {ratio} |")
     return "\n".join(out)
@@ -162,7 +167,11 @@ def check(runs):
 
 
 def plot(runs, outdir):
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        sys.exit("report.py: --plot needs matplotlib (Debian: python3-matplotlib; or pip install matplotlib in a "
+                 "virtual environment, as bench/reproduce.sh does)")
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -199,7 +208,7 @@ def plot(runs, outdir):
     ax.set_xscale("log")
     ax.set_xlabel("training wall time (s)")
     ax.set_ylabel("held-out loss (nats/char)")
-    ax.set_title(f"Held-out loss against wall time at {rate}")
+    ax.set_title(f"Held-out loss against training wall time at {pretty_rate(rate)}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
