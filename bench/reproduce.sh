@@ -5,6 +5,8 @@
 # reports is measured within one run.
 #   bench/reproduce.sh            (full sizes, a few minutes)
 #   QUICK=1 bench/reproduce.sh    (small sizes, seconds)
+#   WAN=1 bench/reproduce.sh      (also the slow-link benchmark, bench/wan/run.sh:
+#                                  as root, about 25 minutes; docs/perf/wan/ and its plots)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -41,4 +43,10 @@ if ! python3 -c "import matplotlib" 2>/dev/null; then
   py=build-bench/venv/bin/python
 fi
 "$py" bench/plot.py "$out/outer_step.txt" "$out/outer_step.png"
+if [ "${WAN:-0}" = 1 ]; then
+  rm -rf "$out/wan"
+  { echo "# $(date -u +%F) $(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"; uptime; } >"$out/wan.txt"
+  bench/wan/run.sh --worker build-bench/bench/wan/wan_worker --out "$out/wan" | tee -a "$out/wan.txt"
+  "$py" bench/wan/report.py "$out/wan" --plot "$out" | tee -a "$out/wan.txt"
+fi
 echo "wrote $out/"

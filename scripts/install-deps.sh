@@ -3,7 +3,8 @@
 # are missing. Safe to run again: it installs nothing when all are present.
 set -euo pipefail
 
-packages=(cmake g++ make python3 python3-venv doctest-dev libcli11-dev fortunes libopenmpi-dev openmpi-bin libgloo-dev libhiredis-dev redis-server clang libclang-rt-dev)
+# iproute2: ip and tc, with which bench/wan/run.sh makes its namespaces and shaped links.
+packages=(cmake g++ make python3 python3-venv doctest-dev libcli11-dev fortunes libopenmpi-dev openmpi-bin libgloo-dev libhiredis-dev redis-server clang libclang-rt-dev iproute2)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
