@@ -72,6 +72,36 @@ if(NOT DILOCO_ENABLE_NCCL STREQUAL "OFF" AND DILOCO_HAVE_CUDA)
   endif()
 endif()
 _diloco_resolve(NCCL _found)
+
+# libtorch: the diloco::torch adapter (tensor/torch.hpp), its tests and the
+# GPT example. Debian's libtorch-dev ships TorchConfig.cmake. AUTO leaves it
+# out of sanitizer builds (libtorch and its OpenMP runtime are not
+# instrumented: TSan reports their synchronization, ASan their allocations);
+# ON there is honoured.
+set(_found OFF)
+if(DILOCO_ENABLE_TORCH STREQUAL "AUTO" AND DILOCO_SANITIZE)
+  set(DILOCO_ENABLE_TORCH_EFFECTIVE OFF)
+  message(STATUS "diloco: Torch skipped in a sanitizer build (DILOCO_SANITIZE=${DILOCO_SANITIZE})")
+else()
+  set(DILOCO_ENABLE_TORCH_EFFECTIVE ${DILOCO_ENABLE_TORCH})
+endif()
+if(NOT DILOCO_ENABLE_TORCH_EFFECTIVE STREQUAL "OFF")
+  find_package(Torch QUIET)
+  set(_found ${Torch_FOUND})
+endif()
+if(DILOCO_ENABLE_TORCH_EFFECTIVE STREQUAL "OFF")
+  set(DILOCO_HAVE_TORCH OFF)
+else()
+  _diloco_resolve(TORCH _found)
+endif()
+
+# nlohmann-json: diloco::json (core/json.hpp) and diloco::experiment.
+set(_found OFF)
+if(NOT DILOCO_ENABLE_JSON STREQUAL "OFF")
+  find_package(nlohmann_json 3 CONFIG QUIET)
+  set(_found ${nlohmann_json_FOUND})
+endif()
+_diloco_resolve(JSON _found)
 unset(_found)
 
 # nvcc 13 with CMake < 3.28 cannot take C++20 through CUDA_STANDARD; pass the
@@ -87,7 +117,8 @@ if(DILOCO_HAVE_CUDA AND CMAKE_VERSION VERSION_LESS 3.28)
   set(CMAKE_CUDA_STANDARD_DEFAULT "")
 endif()
 
-# Component targets: diloco::mpi, diloco::gloo, diloco::nccl, diloco::cuda.
+# Component targets: diloco::mpi, diloco::gloo, diloco::nccl, diloco::cuda,
+# diloco::torch, diloco::json.
 # Each is an INTERFACE target on top of diloco::diloco that brings its
 # dependency; the communicator headers are usable only through them.
 macro(diloco_add_backend_targets)
@@ -121,5 +152,20 @@ macro(diloco_add_backend_targets)
     target_link_libraries(diloco_nccl INTERFACE diloco_cuda "$<BUILD_INTERFACE:${DILOCO_NCCL_LIBRARY}>"
                                                  "$<INSTALL_INTERFACE:diloco::nccl_library>")
     target_include_directories(diloco_nccl SYSTEM INTERFACE "$<BUILD_INTERFACE:${DILOCO_NCCL_INCLUDE_DIR}>")
+  endif()
+  if(DILOCO_HAVE_TORCH)
+    # `torch` is the imported target of TorchConfig.cmake (it brings
+    # libtorch_cpu, c10 and the ABI flag); installed, dilocoConfig.cmake
+    # finds Torch again.
+    add_library(diloco_torch INTERFACE)
+    add_library(diloco::torch ALIAS diloco_torch)
+    set_target_properties(diloco_torch PROPERTIES EXPORT_NAME torch)
+    target_link_libraries(diloco_torch INTERFACE diloco torch)
+  endif()
+  if(DILOCO_HAVE_JSON)
+    add_library(diloco_json INTERFACE)
+    add_library(diloco::json ALIAS diloco_json)
+    set_target_properties(diloco_json PROPERTIES EXPORT_NAME json)
+    target_link_libraries(diloco_json INTERFACE diloco nlohmann_json::nlohmann_json)
   endif()
 endmacro()
