@@ -69,6 +69,24 @@ struct variant {
   static std::string sync_name() { return Sync::name; }
 };
 
+// The policies of a DiLoCo variant's options type, for configure callables
+// that set per-compressor or per-schedule options:
+//   if constexpr (std::is_same_v<compressor_of_t<O>, my_compressor>) o.compress = ...;
+template <class Options>
+struct policies_of {
+  using compressor = void;
+  using sync = void;
+};
+template <class Inner, class Outer, class Compressor, class Sync>
+struct policies_of<algorithm_options<Inner, Outer, Compressor, Sync>> {
+  using compressor = Compressor;
+  using sync = Sync;
+};
+template <class Options>
+using compressor_of_t = typename policies_of<std::remove_cvref_t<Options>>::compressor;
+template <class Options>
+using sync_of_t = typename policies_of<std::remove_cvref_t<Options>>::sync;
+
 // Options of a baseline: its optimizer's.
 template <class Inner>
 struct baseline_options {
