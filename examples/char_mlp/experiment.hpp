@@ -162,13 +162,17 @@ inline diloco::inner::adamw::options inner_options(const config& c) {
   return {.lr = c.lr, .weight_decay = c.weight_decay};
 }
 
-// Linear warmup, then cosine decay to final_lr_fraction * lr: the same
-// schedule for every method.
+// Linear warmup over `warmup` steps to `peak`, then cosine decay to
+// peak * final_fraction at step `steps`.
+inline float warmup_cosine_lr(float peak, int warmup, double final_fraction, int steps, int step) {
+  if (step < warmup) return peak * static_cast<float>(step + 1) / static_cast<float>(warmup);
+  const double t = static_cast<double>(step - warmup) / std::max(1, steps - warmup);
+  return static_cast<float>(peak * (final_fraction + (1.0 - final_fraction) * 0.5 * (1.0 + std::cos(3.141592653589793 * t))));
+}
+
+// The same schedule for every method.
 inline float lr_at(const config& c, int step) {
-  if (step < c.warmup_steps) return c.lr * static_cast<float>(step + 1) / static_cast<float>(c.warmup_steps);
-  const double t = static_cast<double>(step - c.warmup_steps) / std::max(1, c.steps - c.warmup_steps);
-  const double lo = c.final_lr_fraction;
-  return static_cast<float>(c.lr * (lo + (1.0 - lo) * 0.5 * (1.0 + std::cos(3.141592653589793 * t))));
+  return warmup_cosine_lr(c.lr, c.warmup_steps, c.final_lr_fraction, c.steps, step);
 }
 
 // Progress every log_every steps: mean training loss since the last line.
