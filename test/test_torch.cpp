@@ -13,6 +13,7 @@
 #include <diloco/diloco.hpp>
 #include <diloco/tensor/torch.hpp>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -188,7 +189,7 @@ TEST_CASE("tensors that are not fp32, dense, contiguous CPU tensors are refused"
   refused({torch::empty({3}, torch::TensorOptions().device(torch::kMeta))}, "is on meta, expected a CPU tensor");
   if (torch::cuda::is_available()) {
     refused({torch::zeros({3}, torch::TensorOptions().device(torch::kCUDA))},
-            "is on cuda:0, expected a CPU tensor (wrap CUDA tensors in diloco::torch_device_tensor");
+            "is on cuda:0, expected a CPU tensor (CUDA tensors go through diloco::torch_device_tensor");
   } else {
     MESSAGE("no CUDA device for libtorch here: a CUDA tensor cannot be made; the meta tensor takes its path");
   }
@@ -203,4 +204,27 @@ TEST_CASE("tensors that are not fp32, dense, contiguous CPU tensors are refused"
   // torch_parameters names the parameter.
   CHECK_THROWS_WITH_AS(diloco::torch_parameters(list{torch::zeros({2}), torch::zeros({2}, torch::kDouble)}),
                        doctest::Contains("parameter 'parameter 1' has dtype Double"), diloco::config_error);
+}
+
+TEST_CASE("the device side refuses tensors that are not on a CUDA device") {
+  static_assert(std::is_same_v<diloco::tensor_space_t<diloco::torch_device_tensor>, diloco::device_space>);
+  static_assert(diloco::mutable_float_tensor<diloco::torch_device_tensor>);
+  const std::vector<torch::Tensor> cpu{torch::zeros({2, 3}), torch::zeros({4})};
+  const auto wrapped = diloco::torch_device_tensors(cpu);
+  REQUIRE(wrapped.size() == 2);
+  CHECK(diloco::tensor_traits<diloco::torch_device_tensor>::rows(wrapped[0]) == 2);
+  CHECK_THROWS_WITH_AS(diloco::tensor_data(wrapped[0]),
+                       doctest::Contains("diloco::torch_device_tensor: the tensor is on cpu, expected a CUDA tensor"),
+                       diloco::config_error);
+  CHECK_THROWS_WITH_AS(diloco::torch_device_views(cpu),
+                       doctest::Contains("diloco::torch_device_views: tensor 0 is on cpu, expected a CUDA tensor"),
+                       diloco::config_error);
+  CHECK_THROWS_WITH_AS(diloco::torch_device_views({torch::zeros({3}, torch::kDouble)}), doctest::Contains("dtype Double"),
+                       diloco::config_error);
+  if (torch::cuda::is_available()) {
+    const std::vector<torch::Tensor> gpu{torch::arange(6, torch::TensorOptions().dtype(torch::kFloat).device(torch::kCUDA))};
+    const auto views = diloco::torch_device_views(gpu);
+    CHECK(views[0].data() == gpu[0].data_ptr<float>());
+    CHECK(views[0].size() == 6);
+  }
 }

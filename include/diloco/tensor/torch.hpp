@@ -5,8 +5,9 @@
 //
 //   torch::Tensor          a CPU tensor: host_space. fp32, strided and
 //                          contiguous, checked at run time (config_error).
-//   torch_device_tensor    a CUDA tensor wrapped to say "device memory"
-//                          (builds with diloco::cuda only, see below).
+//   torch_device_tensor    a CUDA tensor wrapped to say "device memory",
+//   torch_device_views()   or CUDA tensors as plain device views (for the
+//                          CUDA engine; see below for what builds it).
 //   torch_parameters       a module's trainable parameters and, after each
 //                          backward pass, their gradients.
 //
@@ -26,8 +27,8 @@
 // optimizer or algorithm refers to them. Updates are written through those
 // pointers, outside autograd (as torch.optim's are, under no_grad).
 //
-// Only ATen's tensor header is included (not torch/torch.h), so that this
-// header also compiles under nvcc in CUDA builds.
+// Only ATen's tensor header is included (not torch/torch.h): the less of
+// libtorch a translation unit sees, the fewer compilers it has to satisfy.
 
 #include <ATen/core/Tensor.h>
 
@@ -68,8 +69,8 @@ inline void check_torch_tensor(const at::Tensor& t, torch_place place, const cha
                         ", expected a CUDA tensor (pass CPU tensors to diloco unwrapped)");
   if (place == torch_place::cpu && !t.device().is_cpu())
     raise<config_error>(type, ": ", what, " is on ", torch_device_name(t),
-                        ", expected a CPU tensor (wrap CUDA tensors in diloco::torch_device_tensor, in builds "
-                        "with diloco::cuda)");
+                        ", expected a CPU tensor (CUDA tensors go through diloco::torch_device_tensor or "
+                        "torch_device_views, for the CUDA engine)");
   if (!t.is_contiguous())
     raise<config_error>(type, ": ", what, " is not contiguous (a transposed or strided view?), expected a "
                         "contiguous tensor: call .contiguous() on a copy, or keep the parameter itself");
@@ -105,12 +106,17 @@ struct tensor_traits<at::Tensor> {
   static std::size_t cols(const at::Tensor& t) { return detail::torch_cols(t); }
 };
 
-#if defined(DILOCO_WITH_CUDA)
-// A CUDA tensor as device memory, for algorithms and optimizers over device
-// tensors (diloco/cuda.hpp, compiled by nvcc). Available only in builds
-// with diloco::cuda; training with it needs a CUDA build of libtorch too
-// (Debian's libtorch is CPU only: there it compiles, and every tensor is
-// refused at run time as not on a CUDA device).
+// A CUDA tensor as device memory. Training over device tensors runs the
+// CUDA engine, which is instantiated only in nvcc-compiled code that
+// includes diloco/cuda.hpp (diloco::cuda). Two ways there:
+//   - torch_device_tensor in the nvcc translation unit itself: needs a
+//     libtorch whose headers nvcc accepts at C++20 (libtorch 2.x; Debian's
+//     1.13 headers do not compile under nvcc 13 at C++20);
+//   - torch_device_views() in host code (g++), handing plain
+//     device_view<float>s to an nvcc translation unit that never includes
+//     libtorch: works with any CUDA build of libtorch.
+// Either way the tensors must be on a CUDA device at run time; Debian's
+// libtorch is CPU only, so here both are exercised only by their refusals.
 struct torch_device_tensor {
   at::Tensor tensor;
 };
@@ -139,7 +145,20 @@ inline std::vector<torch_device_tensor> torch_device_tensors(const std::vector<a
   for (const auto& t : tensors) out.push_back({t});
   return out;
 }
-#endif
+
+// The tensors as plain device views (pointer and size), each checked to be
+// a CUDA fp32 contiguous tensor: for an nvcc translation unit that does not
+// include libtorch. The views alias the tensors' storage.
+inline std::vector<device_view<float>> torch_device_views(const std::vector<at::Tensor>& tensors) {
+  std::vector<device_view<float>> out;
+  out.reserve(tensors.size());
+  for (std::size_t k = 0; k < tensors.size(); ++k) {
+    detail::check_torch_tensor(tensors[k], detail::torch_place::cuda, "diloco::torch_device_views",
+                               "tensor " + std::to_string(k));
+    out.emplace_back(tensors[k].data_ptr<float>(), static_cast<std::size_t>(tensors[k].numel()));
+  }
+  return out;
+}
 
 // A module's trainable parameters (those with requires_grad, in
 // named_parameters() order) and their gradients. Every parameter is checked
