@@ -27,8 +27,6 @@
 #include <diloco/diloco.hpp>
 #include <diloco/experiment.hpp>
 #include <exception>
-#include <filesystem>
-#include <fstream>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -106,7 +104,6 @@ class sweep {
     multiple_ = 1;
     for (const int m : o.workers) multiple_ = std::lcm(multiple_, m);
     multiple_ = std::lcm(multiple_, o.compare_workers);
-    std::filesystem::create_directories(o.out);
   }
 
   // Runs `Variants` at M workers, H, with the given shards; appends and
@@ -158,13 +155,7 @@ class sweep {
   const std::vector<dx::row>& rows() const { return rows_; }
 
  private:
-  void write() const {
-    const std::filesystem::path dir = o_.out;
-    std::ofstream csv(dir / "sweep.csv"), curves(dir / "sweep_curves.csv"), json(dir / "sweep.json");
-    dx::write_csv(csv, rows_);
-    dx::write_curves_csv(curves, rows_);
-    dx::write_json(json, rows_);
-  }
+  void write() const { dx::write_files(o_.out, "sweep", rows_); }
 
   const sweep_options& o_;
   const char_mlp::dataset& d_;

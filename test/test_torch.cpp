@@ -66,10 +66,11 @@ diloco::inner::adamw::options diloco_adamw(float max_grad_norm = 0.0f) {
           .max_grad_norm = max_grad_norm};
 }
 
-// `step_theirs` steps the reference copy, `make_ours(params)` returns a
-// callable stepping ours with the gradients; both see the same batches.
-template <class StepTheirs, class MakeOurs>
-void compare_with_torch(StepTheirs&& step_theirs, MakeOurs&& make_ours, double bound) {
+// The reference copy steps with torch::optim::AdamW (after
+// clip_grad_norm_ when max_norm > 0); `make_ours(params)` returns a
+// callable stepping ours with the gradients. Both see the same batches.
+template <class MakeOurs>
+void compare_with_torch(MakeOurs&& make_ours, double max_norm = 0.0) {
   auto theirs = make_model();
   auto ours = make_model();
   const batches data(steps);
@@ -77,75 +78,54 @@ void compare_with_torch(StepTheirs&& step_theirs, MakeOurs&& make_ours, double b
   auto start = ours->parameters();
   for (auto& t : start) t = t.detach().clone();
   REQUIRE(max_relative_difference(ours->parameters(), theirs->parameters()) == 0.0);
+  torch::optim::AdamW reference(theirs->parameters(), torch_adamw());
   auto step_ours = make_ours(params);
   for (int s = 0; s < steps; ++s) {
     forward_backward(theirs, data, s);
-    step_theirs(theirs);
+    if (max_norm > 0.0) CHECK(torch::nn::utils::clip_grad_norm_(theirs->parameters(), max_norm) > max_norm);
+    reference.step();
     forward_backward(ours, data, s);
     step_ours(params.gradients());
   }
   const double rel = max_relative_difference(ours->parameters(), theirs->parameters());
   // The parameters moved (the comparison is not of two unchanged copies).
-  std::vector<torch::Tensor> moved;
-  for (std::size_t k = 0; k < start.size(); ++k) moved.push_back(theirs->parameters()[k] - start[k]);
   double displacement = 0.0;
-  for (const auto& d : moved) displacement = std::max(displacement, d.abs().max().item<double>());
+  for (std::size_t k = 0; k < start.size(); ++k)
+    displacement = std::max(displacement, (theirs->parameters()[k] - start[k]).abs().max().item<double>());
   MESSAGE("max relative difference over " << steps << " steps: " << rel << " (largest move " << displacement << ")");
   CHECK(displacement > 0.05);
-  CHECK(rel <= bound);
+  CHECK(rel <= 1e-6);
+}
+
+// diloco::optimizer<adamw> over the module's tensors.
+auto diloco_optimizer(double max_norm = 0.0) {
+  return [max_norm](diloco::torch_parameters& params) {
+    auto d = std::make_shared<diloco::optimizer<diloco::inner::adamw>>(params.tensors(),
+                                                                       diloco_adamw(static_cast<float>(max_norm)));
+    return [d](const std::vector<torch::Tensor>& g) { d->step(g); };
+  };
 }
 
 }  // namespace
 
 TEST_CASE("diloco::optimizer<adamw> on a libtorch model follows torch::optim::AdamW") {
-  std::unique_ptr<torch::optim::AdamW> opt;
-  compare_with_torch(
-      [&](torch::nn::Sequential& m) {
-        if (!opt) opt = std::make_unique<torch::optim::AdamW>(m->parameters(), torch_adamw());
-        opt->step();
-      },
-      [](diloco::torch_parameters& params) {
-        auto d = std::make_shared<diloco::optimizer<diloco::inner::adamw>>(params.tensors(), diloco_adamw());
-        return [d](const std::vector<torch::Tensor>& g) { d->step(g); };
-      },
-      1e-6);
+  compare_with_torch(diloco_optimizer());
 }
 
 TEST_CASE("diloco::algorithm (one worker, inner steps only) on a libtorch model follows torch::optim::AdamW") {
-  std::unique_ptr<torch::optim::AdamW> opt;
-  compare_with_torch(
-      [&](torch::nn::Sequential& m) {
-        if (!opt) opt = std::make_unique<torch::optim::AdamW>(m->parameters(), torch_adamw());
-        opt->step();
-      },
-      [](diloco::torch_parameters& params) {
-        using trainer = diloco::algorithm<diloco::inner::adamw, diloco::outer::nesterov, diloco::compress::none,
-                                          diloco::comm::local>;
-        auto comm = std::make_shared<diloco::comm::local>();
-        // H beyond the 20 steps: no outer round, the replica is the inner trajectory.
-        auto t = std::make_shared<trainer>(params.tensors(), *comm,
-                                           trainer::options{.inner_steps = 1000, .inner = diloco_adamw()});
-        return [t, comm](const std::vector<torch::Tensor>& g) { CHECK_FALSE(t->step(g)); };
-      },
-      1e-6);
+  compare_with_torch([](diloco::torch_parameters& params) {
+    using trainer =
+        diloco::algorithm<diloco::inner::adamw, diloco::outer::nesterov, diloco::compress::none, diloco::comm::local>;
+    auto comm = std::make_shared<diloco::comm::local>();
+    // H beyond the 20 steps: no outer round, the replica is the inner trajectory.
+    auto t = std::make_shared<trainer>(params.tensors(), *comm,
+                                       trainer::options{.inner_steps = 1000, .inner = diloco_adamw()});
+    return [t, comm](const std::vector<torch::Tensor>& g) { CHECK_FALSE(t->step(g)); };
+  });
 }
 
 TEST_CASE("adamw's max_grad_norm follows torch::nn::utils::clip_grad_norm_ then AdamW") {
-  constexpr double max_norm = 0.05;  // below the gradients' norms here, so every step clips
-  std::unique_ptr<torch::optim::AdamW> opt;
-  compare_with_torch(
-      [&](torch::nn::Sequential& m) {
-        if (!opt) opt = std::make_unique<torch::optim::AdamW>(m->parameters(), torch_adamw());
-        const double norm = torch::nn::utils::clip_grad_norm_(m->parameters(), max_norm);
-        CHECK(norm > max_norm);
-        opt->step();
-      },
-      [](diloco::torch_parameters& params) {
-        auto d = std::make_shared<diloco::optimizer<diloco::inner::adamw>>(
-            params.tensors(), diloco_adamw(static_cast<float>(max_norm)));
-        return [d](const std::vector<torch::Tensor>& g) { d->step(g); };
-      },
-      1e-6);
+  compare_with_torch(diloco_optimizer(0.05), 0.05);  // below the gradients' norms here: every step clips
 }
 
 TEST_CASE("torch_parameters: trainable parameters by name, gradients after backward") {

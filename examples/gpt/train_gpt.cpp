@@ -25,7 +25,6 @@
 #include <diloco/tensor/torch.hpp>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -298,12 +297,7 @@ void report(const options& o, const std::vector<dx::row>& rows) {
                   100.0 * (r->final_loss / dl->final_loss - 1.0),
                   r->bytes_sent ? static_cast<double>(dl->bytes_sent) / static_cast<double>(r->bytes_sent) : 0.0);
   if (!o.out.empty()) {
-    std::filesystem::create_directories(o.out);
-    const std::filesystem::path dir = o.out;
-    std::ofstream csv(dir / "gpt.csv"), curves(dir / "gpt_curves.csv"), json(dir / "gpt.json");
-    dx::write_csv(csv, rows);
-    dx::write_curves_csv(curves, rows);
-    dx::write_json(json, rows);
+    dx::write_files(o.out, "gpt", rows);
     std::printf("wrote %s/gpt.csv, gpt_curves.csv, gpt.json\n", o.out.c_str());
   }
   std::fflush(stdout);

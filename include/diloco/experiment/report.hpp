@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -174,6 +176,24 @@ inline void from_json(const nlohmann::json& j, row& r) {
 // {"rows": [...]}, indented.
 inline void write_json(std::ostream& out, const std::vector<row>& rows) {
   out << nlohmann::json{{"rows", rows}}.dump(2) << '\n';
+}
+
+// DIR/STEM.csv, DIR/STEM_curves.csv and DIR/STEM.json (DIR created if
+// missing); throws diloco::error if a file cannot be written.
+inline void write_files(const std::filesystem::path& dir, const std::string& stem, const std::vector<row>& rows) {
+  std::filesystem::create_directories(dir);
+  auto open = [&](const std::string& name) {
+    std::ofstream f(dir / name);
+    if (!f) diloco::detail::raise<error>("diloco::experiment: cannot write ", (dir / name).string());
+    return f;
+  };
+  auto csv = open(stem + ".csv");
+  write_csv(csv, rows);
+  auto curves = open(stem + "_curves.csv");
+  write_curves_csv(curves, rows);
+  auto json = open(stem + ".json");
+  write_json(json, rows);
+  if (!csv || !curves || !json) diloco::detail::raise<error>("diloco::experiment: writing ", stem, " files in ", dir.string(), " failed");
 }
 
 }  // namespace diloco::experiment
