@@ -14,7 +14,7 @@ ctest --test-dir build --output-on-failure -j"$jobs"
 
 echo "== ASan + UBSan"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DDILOCO_WARNINGS_AS_ERRORS=ON \
-  -DDILOCO_SANITIZE=address,undefined -DDILOCO_ENABLE_CUDA=OFF -DDILOCO_BUILD_BENCHMARKS=OFF
+  -DDILOCO_SANITIZE=address,undefined -DDILOCO_ENABLE_CUDA=OFF -DDILOCO_ENABLE_TORCH=OFF -DDILOCO_BUILD_BENCHMARKS=OFF
 cmake --build build-asan -j"$jobs"
 ctest --test-dir build-asan --output-on-failure -j"$jobs" -L unit -LE "slow|packaging|compile"
 
@@ -22,7 +22,8 @@ echo "== TSan (threads communicator, Gloo, threaded engine tests)"
 # OpenMP is off here: libgomp is not instrumented and would report its own
 # synchronization as races.
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DDILOCO_WARNINGS_AS_ERRORS=ON \
-  -DDILOCO_SANITIZE=thread -DDILOCO_ENABLE_CUDA=OFF -DDILOCO_ENABLE_OPENMP=OFF -DDILOCO_BUILD_BENCHMARKS=OFF
+  -DDILOCO_SANITIZE=thread -DDILOCO_ENABLE_CUDA=OFF -DDILOCO_ENABLE_OPENMP=OFF -DDILOCO_ENABLE_TORCH=OFF \
+  -DDILOCO_BUILD_BENCHMARKS=OFF
 cmake --build build-tsan -j"$jobs"
 ctest --test-dir build-tsan --output-on-failure -j"$jobs" -L "threads|tsan" -LE slow
 

@@ -74,6 +74,36 @@ if(NOT DILOCO_ENABLE_NCCL STREQUAL "OFF" AND DILOCO_HAVE_CUDA)
   endif()
 endif()
 _diloco_resolve(NCCL _found)
+
+# libtorch: the diloco::torch adapter (tensor/torch.hpp), its tests and the
+# GPT example. Debian's libtorch-dev ships TorchConfig.cmake. AUTO leaves it
+# out of sanitizer builds (libtorch and its OpenMP runtime are not
+# instrumented: TSan reports their synchronization, ASan their allocations);
+# ON there is honoured.
+set(_found OFF)
+if(DILOCO_ENABLE_TORCH STREQUAL "AUTO" AND DILOCO_SANITIZE)
+  set(DILOCO_ENABLE_TORCH_EFFECTIVE OFF)
+  message(STATUS "diloco: Torch skipped in a sanitizer build (DILOCO_SANITIZE=${DILOCO_SANITIZE})")
+else()
+  set(DILOCO_ENABLE_TORCH_EFFECTIVE ${DILOCO_ENABLE_TORCH})
+endif()
+if(NOT DILOCO_ENABLE_TORCH_EFFECTIVE STREQUAL "OFF")
+  find_package(Torch QUIET)
+  set(_found ${Torch_FOUND})
+endif()
+if(DILOCO_ENABLE_TORCH_EFFECTIVE STREQUAL "OFF")
+  set(DILOCO_HAVE_TORCH OFF)
+else()
+  _diloco_resolve(TORCH _found)
+endif()
+
+# nlohmann-json: diloco::json (core/json.hpp) and diloco::experiment.
+set(_found OFF)
+if(NOT DILOCO_ENABLE_JSON STREQUAL "OFF")
+  find_package(nlohmann_json 3 CONFIG QUIET)
+  set(_found ${nlohmann_json_FOUND})
+endif()
+_diloco_resolve(JSON _found)
 unset(_found)
 
 # C++20 for nvcc, through the same function the installed package applies
@@ -85,7 +115,7 @@ function(diloco_cuda_cxx20 target)
 endfunction()
 
 # Component targets: diloco::openmp, diloco::mpi, diloco::gloo, diloco::nccl,
-# diloco::cuda. Each is an INTERFACE target on top of diloco::diloco that
+# diloco::cuda, diloco::torch, diloco::json. Each is an INTERFACE target on top of diloco::diloco that
 # brings its dependency; the communicator headers are usable only through
 # them.
 function(_diloco_add_component name)
@@ -122,5 +152,14 @@ macro(diloco_add_backend_targets)
     _diloco_add_component(nccl diloco_cuda "$<BUILD_INTERFACE:${DILOCO_NCCL_LIBRARY}>"
                           "$<INSTALL_INTERFACE:diloco::nccl_library>")
     target_include_directories(diloco_nccl SYSTEM INTERFACE "$<BUILD_INTERFACE:${DILOCO_NCCL_INCLUDE_DIR}>")
+  endif()
+  if(DILOCO_HAVE_TORCH)
+    # `torch` is the imported target of TorchConfig.cmake (it brings
+    # libtorch_cpu, c10 and the ABI flag); installed, dilocoConfig.cmake
+    # finds Torch again.
+    _diloco_add_component(torch diloco torch)
+  endif()
+  if(DILOCO_HAVE_JSON)
+    _diloco_add_component(json diloco nlohmann_json::nlohmann_json)
   endif()
 endmacro()

@@ -1,9 +1,9 @@
 # Install the headers and an exported CMake package:
-#   find_package(diloco CONFIG REQUIRED [COMPONENTS openmp mpi gloo cuda nccl])
+#   find_package(diloco CONFIG REQUIRED [COMPONENTS openmp mpi gloo cuda nccl torch json])
 include(CMakePackageConfigHelpers)
 
 set(_targets diloco)
-foreach(comp openmp mpi gloo cuda nccl)
+foreach(comp openmp mpi gloo cuda nccl torch json)
   if(TARGET diloco_${comp})
     list(APPEND _targets diloco_${comp})
     list(APPEND DILOCO_INSTALLED_COMPONENTS ${comp})

@@ -3,8 +3,16 @@
 # are missing. Safe to run again: it installs nothing when all are present.
 set -euo pipefail
 
+# libtorch-dev: the diloco::torch component and the GPT example (libtorch
+# 1.13, CPU). libopenblas0-openmp: Debian's libtorch calls the system BLAS
+# (libblas.so.3); with only the reference BLAS installed its matrix products
+# run ~17x slower (6 vs 100 GFLOP/s on one core here); OpenBLAS, the OpenMP
+# build to match libtorch's OpenMP threads, takes over that alternative.
+# nlohmann-json3-dev: diloco::json and the experiment harness's JSON files.
+# python3-matplotlib: docs/plot_results.py draws docs/results.md's figures.
 # iproute2: ip and tc, with which bench/wan/run.sh makes its namespaces and shaped links.
-packages=(cmake g++ make python3 python3-venv doctest-dev libcli11-dev fortunes libopenmpi-dev openmpi-bin libgloo-dev libhiredis-dev redis-server clang libclang-rt-dev iproute2)
+packages=(cmake g++ make python3 python3-venv doctest-dev libcli11-dev fortunes libopenmpi-dev openmpi-bin libgloo-dev libhiredis-dev
+          redis-server clang libclang-rt-dev libtorch-dev libopenblas0-openmp nlohmann-json3-dev python3-matplotlib iproute2)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

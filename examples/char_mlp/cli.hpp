@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "cli_checks.hpp"
+#include "compressors.hpp"
 #include "experiment.hpp"
 
 namespace char_mlp {
@@ -73,88 +75,30 @@ inline std::vector<diloco_variant> diloco_variants(const cli& opts) {
 // thread of an in-process world).
 template <class Comm>
 result run_diloco_variant(const diloco_variant& v, const config& c, const dataset& data, Comm& comm) {
-  namespace cp = diloco::compress;
+  namespace cs = compressors;
   namespace sy = diloco::sync;
   if (v.sync == "streaming")
-    return run_diloco<cp::none, Comm, sy::streaming>(
+    return run_diloco<cs::none, Comm, sy::streaming>(
         c, data, comm, "diloco streaming P=" + std::to_string(c.fragments) + " tau=" + std::to_string(c.delay));
-  if (v.sync == "delay") return run_diloco<cp::none, Comm, sy::one_step_delay>(c, data, comm, "diloco one-step delay");
-  if (v.sync == "eager") return run_diloco<cp::none, Comm, sy::eager>(c, data, comm, "diloco eager");
+  if (v.sync == "delay") return run_diloco<cs::none, Comm, sy::one_step_delay>(c, data, comm, "diloco one-step delay");
+  if (v.sync == "eager") return run_diloco<cs::none, Comm, sy::eager>(c, data, comm, "diloco eager");
   if (v.sync != "blocking") throw diloco::config_error("demo: unknown schedule '" + v.sync + "'");
-  if (v.compress == "none")
-    return run_diloco<cp::none>(c, data, comm, "diloco (H=" + std::to_string(c.inner_steps) + ")");
-  if (v.compress == "bf16") return run_diloco<cp::cast<diloco::bf16>>(c, data, comm, "diloco+bf16");
-  if (v.compress == "int8")
-    return run_diloco<cp::error_feedback<cp::blockwise<diloco::int8>>>(c, data, comm, "diloco+int8+ef");
-  if (v.compress == "int4")
-    return run_diloco<cp::error_feedback<cp::blockwise<diloco::int4>>>(c, data, comm, "diloco+int4+ef");
-  if (v.compress == "fp8")
-    return run_diloco<cp::error_feedback<cp::blockwise<diloco::fp8_e4m3>>>(c, data, comm, "diloco+fp8_e4m3+ef");
-  if (v.compress == "fp8e5m2")
-    return run_diloco<cp::error_feedback<cp::blockwise<diloco::fp8_e5m2>>>(c, data, comm, "diloco+fp8_e5m2+ef");
-  if (v.compress == "fp4")
-    return run_diloco<cp::error_feedback<cp::blockwise<diloco::fp4_e3m0>>>(c, data, comm, "diloco+fp4_e3m0+ef");
-  if (v.compress == "int2")
-    return run_diloco<cp::error_feedback<cp::blockwise<diloco::int2>>>(c, data, comm, "diloco+int2+ef");
-  if (v.compress == "sparseloco")
-    return run_diloco<cp::error_feedback<cp::chunk_topk<4096, 64, diloco::int2>>>(
-        c, data, comm, "diloco+sparseloco 64/4096 int2+ef", {.decay = c.feedback_decay});
-  if (v.compress == "adaptive")
-    return run_diloco<cp::adaptive<cp::error_feedback<cp::blockwise<diloco::int8>>,
-                                   cp::error_feedback<cp::blockwise<diloco::int4>>,
-                                   cp::error_feedback<cp::blockwise<diloco::int2>>>>(c, data, comm,
-                                                                                     "diloco+adaptive int8/4/2+ef");
-  if (v.compress == "topk")
-    return run_diloco<cp::error_feedback<cp::topk<>>>(c, data, comm, "diloco+top10%+ef", {.fraction = 0.1f});
+  auto run = [&]<class C>(const std::string& label) {
+    return run_diloco<C>(c, data, comm, label, cs::compressor_options<C>(c.feedback_decay));
+  };
+  if (v.compress == "none") return run.template operator()<cs::none>("diloco (H=" + std::to_string(c.inner_steps) + ")");
+  if (v.compress == "bf16") return run.template operator()<cs::bf16>("diloco+bf16");
+  if (v.compress == "int8") return run.template operator()<cs::int8>("diloco+int8+ef");
+  if (v.compress == "int4") return run.template operator()<cs::int4>("diloco+int4+ef");
+  if (v.compress == "fp8") return run.template operator()<cs::fp8>("diloco+fp8_e4m3+ef");
+  if (v.compress == "fp8e5m2") return run.template operator()<cs::fp8e5m2>("diloco+fp8_e5m2+ef");
+  if (v.compress == "fp4") return run.template operator()<cs::fp4>("diloco+fp4_e3m0+ef");
+  if (v.compress == "int2") return run.template operator()<cs::int2>("diloco+int2+ef");
+  if (v.compress == "sparseloco") return run.template operator()<cs::sparseloco>("diloco+sparseloco 64/4096 int2+ef");
+  if (v.compress == "adaptive") return run.template operator()<cs::adaptive>("diloco+adaptive int8/4/2+ef");
+  if (v.compress == "topk") return run.template operator()<cs::topk>("diloco+top10%+ef");
   throw diloco::config_error("demo: unknown compressor '" + v.compress + "'");
 }
-
-namespace detail {
-
-// A number in [lo, hi] (or (lo, hi] with `open_low`), finite: CLI11's Range
-// lets NaN through.
-inline CLI::Validator finite_in(double lo, double hi, bool open_low = false) {
-  const std::string desc = std::string(open_low ? "(" : "[") + CLI::detail::to_string(lo) + ", " +
-                           CLI::detail::to_string(hi) + "]";
-  return CLI::Validator(
-      [lo, hi, open_low, desc](std::string& in) -> std::string {
-        double x = 0.0;
-        if (!CLI::detail::lexical_cast(in, x) || !std::isfinite(x) || x < lo || x > hi || (open_low && x == lo))
-          return "value " + in + " is not a number in " + desc;
-        return {};
-      },
-      "in " + desc);
-}
-
-// An integer in [lo, hi] (hi = INT_MAX reads ">= lo" in the usage).
-inline CLI::Validator int_in(long long lo, long long hi = std::numeric_limits<int>::max()) {
-  const std::string desc = hi == std::numeric_limits<int>::max()
-                               ? ">= " + std::to_string(lo)
-                               : "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
-  const std::string range = "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
-  return CLI::Validator(
-      [lo, hi, range](std::string& in) -> std::string {
-        long long x = 0;
-        if (!CLI::detail::lexical_cast(in, x) || x < lo || x > hi)
-          return "value " + in + " is not an integer in " + range;
-        return {};
-      },
-      desc);
-}
-
-// A comma-separated list whose every value is one of `allowed`; given
-// twice, it gathers both.
-inline void add_list(CLI::App& app, const std::string& name, std::vector<std::string>& target,
-                     const std::string& help,
-                     const std::vector<std::string>& allowed) {
-  app.add_option(name, target, help)
-      ->delimiter(',')
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
-      ->capture_default_str()
-      ->check(CLI::IsMember(allowed));
-}
-
-}  // namespace detail
 
 // Parses argv on top of `defaults`. Malformed or out-of-range values,
 // unknown options and extra arguments throw config_errors that name the
@@ -249,6 +193,12 @@ inline cli parse_cli(int argc, char** argv, const cli& defaults, const char* wor
   app.add_option("--alpha", c.alpha, "streaming: weight of the local value when a fragment is merged")
       ->capture_default_str()
       ->check(detail::finite_in(0.0, 1.0));
+  app.add_option_function<std::string>(
+         "--shards", [&c](const std::string& v) { c.shards = parse_shard_mode(v); },
+         "how the training text is split over the workers: iid (each samples all of it) or by-file (each its own "
+         "topic files of the fortunes, balanced by size; other corpora: contiguous chunks)")
+      ->check(CLI::IsMember(shard_mode_names))
+      ->default_str("iid");
   auto* synthetic = app.add_flag("--synthetic", c.synthetic,
                                  "train on the built-in synthetic corpus instead of the fortunes");
   app.add_option("--fortunes-dir", c.fortunes_dir,
@@ -293,10 +243,13 @@ inline void print_header(const config& c, const dataset& data, const char* worke
               data.train.size(), data.held_out.size(), data.vocab());
   const double samples = static_cast<double>(c.steps) * static_cast<double>(c.batch);
   std::printf("model: %zu parameters; %d steps x %d samples (%.2f passes over the training text); %d workers%s; "
-              "DiLoCo H = %d (%d rounds)\n\n",
+              "DiLoCo H = %d (%d rounds)\n",
               model(c.dims, c.seed).parameter_count(), c.steps, c.batch,
               samples / static_cast<double>(data.train.size()), c.workers, workers_note, c.inner_steps,
               (c.steps + c.inner_steps - 1) / c.inner_steps);
+  std::fputs(shard_plan(data, c.shards, c.workers, static_cast<std::size_t>(c.dims.context) + 1).describe().c_str(),
+             stdout);
+  std::printf("\n");
 }
 
 // The DiLoCo rows asked for, each run through `on`, which runs a per-worker

@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <string>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 namespace char_mlp {
@@ -72,10 +73,17 @@ inline std::string synthetic_corpus(std::size_t chars, std::uint64_t seed) {
   return out;
 }
 
+// A part of the training text that came from one source file.
+struct text_file {
+  std::string name;
+  std::size_t begin = 0, end = 0;  // [begin, end) of dataset::train
+};
+
 // Character ids over a vocabulary built from the text.
 struct dataset {
   std::vector<char> alphabet;
   std::vector<std::uint8_t> train, held_out;
+  std::vector<text_file> files;  // the fortunes' topic files in `train`; empty for other corpora
   std::string source;    // what the text is, for the demo's header
   std::string fallback;  // why the synthetic corpus stands in for the fortunes; empty when it does not
 
@@ -178,11 +186,13 @@ inline dataset fortunes_dataset(const std::string& dir, double held_out_fraction
   }
   const auto files = fortune_files(dir);
   std::string train, held_out;
+  std::vector<text_file> parts;
   for (const auto& f : files) {
     const std::string text = clean_fortune_text(read_file(f));
     const auto tail = static_cast<std::size_t>(static_cast<double>(text.size()) * held_out_fraction);
     const std::size_t eol = text.find('\n', text.size() - tail);
     const std::size_t cut = eol == std::string::npos ? text.size() : eol + 1;
+    parts.push_back({f.filename().string(), train.size(), train.size() + cut});
     train.append(text, 0, cut);
     held_out.append(text, cut);
   }
@@ -192,6 +202,7 @@ inline dataset fortunes_dataset(const std::string& dir, double held_out_fraction
     return empty;
   }
   auto d = make_dataset(train, held_out);
+  d.files = std::move(parts);
   d.source = "Debian fortunes, " + std::to_string(files.size()) + " topic files in " + dir +
              " (last " + std::to_string(static_cast<int>(held_out_fraction * 100 + 0.5)) + "% of each held out)";
   return d;

@@ -21,6 +21,7 @@
 
 #include "corpus.hpp"
 #include "model.hpp"
+#include "shards.hpp"
 
 namespace char_mlp {
 
@@ -56,6 +57,7 @@ struct config {
   int delay = 2;
   float alpha = 0.5f;
   shape dims{};            // vocab is filled in from the corpus
+  shard_mode shards = shard_mode::iid;  // how the training text is split over the workers (shards.hpp)
   std::uint64_t seed = 1;
   std::size_t corpus_chars = 2304000;  // of the synthetic corpus: one pass at the default steps x batch
   std::string corpus_path;             // a text file to train on; empty: the fortunes (or the synthetic corpus)
@@ -94,25 +96,44 @@ inline dataset load_dataset(const config& c) {
   return d;
 }
 
-// Samples [first, first + count) of global step `step`: a pure function of
-// the seed, so the split over workers does not change the data.
+// Samples [first, first + count) of global step `step`, drawn for worker
+// `worker` (its shard under --shards by-file): a pure function of the seed,
+// so with iid shards the split over workers does not change the data.
 struct batch_buffer {
   std::vector<std::uint8_t> contexts, targets;
-  void fill(const dataset& d, const config& c, int step, int first, int count) {
-    const auto k = static_cast<std::size_t>(c.dims.context);
-    contexts.resize(static_cast<std::size_t>(count) * k);
+  void fill(const dataset& d, const config& c, const shard_plan& plan, int step, int worker, int first, int count) {
+    contexts.resize(static_cast<std::size_t>(count) * static_cast<std::size_t>(c.dims.context));
     targets.resize(static_cast<std::size_t>(count));
-    const std::size_t span = d.train.size() - k;
+    write(d, c, plan, step, worker, first, count, 0);
+  }
+  // The whole batch of a step: every worker's share in rank order.
+  void fill_all(const dataset& d, const config& c, const shard_plan& plan, int step) {
+    contexts.resize(static_cast<std::size_t>(c.batch) * static_cast<std::size_t>(c.dims.context));
+    targets.resize(static_cast<std::size_t>(c.batch));
+    const int share = c.batch / c.workers;
+    for (int w = 0; w < c.workers; ++w) write(d, c, plan, step, w, w * share, share, w * share);
+  }
+
+ private:
+  void write(const dataset& d, const config& c, const shard_plan& plan, int step, int worker, int first, int count,
+             int at) {
+    const auto k = static_cast<std::size_t>(c.dims.context);
     for (int j = 0; j < count; ++j) {
       const std::uint64_t id = static_cast<std::uint64_t>(step) * static_cast<std::uint64_t>(c.batch) +
                                static_cast<std::uint64_t>(first + j);
-      const std::size_t pos = mix(c.seed ^ mix(id)) % span;
+      const std::size_t pos = plan.position(worker, id, c.seed);
+      const auto slot = static_cast<std::size_t>(at + j);
       std::copy_n(d.train.begin() + static_cast<std::ptrdiff_t>(pos), k,
-                  contexts.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(j) * k));
-      targets[static_cast<std::size_t>(j)] = d.train[pos + k];
+                  contexts.begin() + static_cast<std::ptrdiff_t>(slot * k));
+      targets[slot] = d.train[pos + k];
     }
   }
 };
+
+// The split of the training text over c.workers (--shards).
+inline shard_plan make_shards(const dataset& d, const config& c) {
+  return shard_plan(d, c.shards, c.workers, static_cast<std::size_t>(c.dims.context) + 1);
+}
 
 // Mean cross-entropy (nats per character) on evenly spaced held-out windows.
 inline double held_out_loss(model& m, const dataset& d, const config& c) {
@@ -141,13 +162,17 @@ inline diloco::inner::adamw::options inner_options(const config& c) {
   return {.lr = c.lr, .weight_decay = c.weight_decay};
 }
 
-// Linear warmup, then cosine decay to final_lr_fraction * lr: the same
-// schedule for every method.
+// Linear warmup over `warmup` steps to `peak`, then cosine decay to
+// peak * final_fraction at step `steps`.
+inline float warmup_cosine_lr(float peak, int warmup, double final_fraction, int steps, int step) {
+  if (step < warmup) return peak * static_cast<float>(step + 1) / static_cast<float>(warmup);
+  const double t = static_cast<double>(step - warmup) / std::max(1, steps - warmup);
+  return static_cast<float>(peak * (final_fraction + (1.0 - final_fraction) * 0.5 * (1.0 + std::cos(3.141592653589793 * t))));
+}
+
+// The same schedule for every method.
 inline float lr_at(const config& c, int step) {
-  if (step < c.warmup_steps) return c.lr * static_cast<float>(step + 1) / static_cast<float>(c.warmup_steps);
-  const double t = static_cast<double>(step - c.warmup_steps) / std::max(1, c.steps - c.warmup_steps);
-  const double lo = c.final_lr_fraction;
-  return static_cast<float>(c.lr * (lo + (1.0 - lo) * 0.5 * (1.0 + std::cos(3.141592653589793 * t))));
+  return warmup_cosine_lr(c.lr, c.warmup_steps, c.final_lr_fraction, c.steps, step);
 }
 
 // Progress every log_every steps: mean training loss since the last line.
@@ -184,9 +209,10 @@ inline result run_single(const config& c, const dataset& d) {
   model m(c.dims, c.seed);
   diloco::optimizer<diloco::inner::adamw> opt(m.parameters(), inner_options(c));
   batch_buffer b;
+  const auto plan = make_shards(d, c);
   progress log{c, "single"};
   for (int step = 0; step < c.steps; ++step) {
-    b.fill(d, c, step, 0, c.batch);
+    b.fill_all(d, c, plan, step);
     log.add(step, m.forward(b.contexts.data(), b.targets.data(), c.batch, true), true);
     opt.set_lr(lr_at(c, step));
     opt.step(m.gradients());
@@ -203,10 +229,11 @@ result run_data_parallel(const config& c, const dataset& d, Comm& comm) {
   diloco::optimizer<diloco::inner::adamw> opt(m.parameters(), inner_options(c));
   const int share = c.batch / comm.size();
   batch_buffer b;
+  const auto plan = make_shards(d, c);
   progress log{c, "data parallel"};
   const auto traffic0 = comm.traffic();
   for (int step = 0; step < c.steps; ++step) {
-    b.fill(d, c, step, comm.rank() * share, share);
+    b.fill(d, c, plan, step, comm.rank(), comm.rank() * share, share);
     log.add(step, m.forward(b.contexts.data(), b.targets.data(), share, true), comm.rank() == 0);
     comm.all_reduce(m.flat_gradients(), diloco::reduce_op::mean);
     opt.set_lr(lr_at(c, step));
@@ -243,6 +270,7 @@ result run_diloco(const config& c, const dataset& d, Comm& comm, const std::stri
              .compress = compress,
              .sync = sync_options<Sync>(c)});
   batch_buffer b;
+  const auto plan = make_shards(d, c);
   progress log{c, label.c_str()};
   // In an elastic group (Gloo with DILOCO_ELASTIC=1) workers may die, leave
   // and join while this runs: each step takes this worker's share of the
@@ -266,7 +294,7 @@ result run_diloco(const config& c, const dataset& d, Comm& comm, const std::stri
       ::kill(::getpid(), SIGKILL);
     }
     const int share = c.batch / t.world_size();
-    b.fill(d, c, step, t.rank() * share, share);
+    b.fill(d, c, plan, step, t.rank(), t.rank() * share, share);
     log.add(step, m.forward(b.contexts.data(), b.targets.data(), share, true), t.rank() == 0);
     t.set_inner_lr(lr_at(c, step));
     t.step(m.gradients());
