@@ -6,6 +6,9 @@
 
 #include "diloco/core/validate.hpp"
 #include "diloco/kernels/adamw_update.hpp"
+#include "diloco/core/macros.hpp"
+
+DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::inner {
 
@@ -67,3 +70,5 @@ struct adamw {
 };
 
 }  // namespace diloco::inner
+
+DILOCO_EXACT_FP_END

@@ -4,6 +4,9 @@
 #include <cstdint>
 
 #include "diloco/kernels/sgd_policy.hpp"
+#include "diloco/core/macros.hpp"
+
+DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::inner {
 
@@ -42,3 +45,5 @@ struct sgd {
 };
 
 }  // namespace diloco::inner
+
+DILOCO_EXACT_FP_END

@@ -4,6 +4,9 @@
 #include <cstdint>
 
 #include "diloco/kernels/sgd_policy.hpp"
+#include "diloco/core/macros.hpp"
+
+DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::outer {
 
@@ -40,3 +43,5 @@ struct nesterov {
 };
 
 }  // namespace diloco::outer
+
+DILOCO_EXACT_FP_END
