@@ -37,6 +37,9 @@
 #include "diloco/compress/codec.hpp"
 #include "diloco/core/error.hpp"
 #include "diloco/core/options.hpp"
+#include "diloco/core/macros.hpp"
+
+DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress {
 
@@ -241,3 +244,5 @@ struct adaptive {
 };
 
 }  // namespace diloco::compress
+
+DILOCO_EXACT_FP_END

@@ -5,6 +5,9 @@
 #include <vector>
 
 #include "diloco/core/error.hpp"
+#include "diloco/core/macros.hpp"
+
+DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress {
 
@@ -65,3 +68,5 @@ class block_layout {
 };
 
 }  // namespace diloco::compress
+
+DILOCO_EXACT_FP_END

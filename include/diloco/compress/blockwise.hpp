@@ -11,6 +11,8 @@
 #include "diloco/kernels/quantize.hpp"
 #include "diloco/kernels/random.hpp"
 
+DILOCO_EXACT_FP_BEGIN
+
 namespace diloco::compress {
 
 // Block-wise quantization: per block of B elements one fp32 factor (the
@@ -150,3 +152,5 @@ struct blockwise : stateless_codec_policy<blockwise_codec<Format, B, Rounding>, 
 };
 
 }  // namespace diloco::compress
+
+DILOCO_EXACT_FP_END

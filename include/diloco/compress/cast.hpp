@@ -10,6 +10,9 @@
 #include "diloco/compress/formats.hpp"
 #include "diloco/kernels/float_formats.hpp"
 #include "diloco/kernels/random.hpp"
+#include "diloco/core/macros.hpp"
+
+DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress {
 
@@ -69,3 +72,5 @@ struct cast : stateless_codec_policy<cast_codec<Format, Rounding>, Rounding> {
 };
 
 }  // namespace diloco::compress
+
+DILOCO_EXACT_FP_END

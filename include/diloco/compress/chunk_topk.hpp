@@ -41,6 +41,8 @@
 #include "diloco/kernels/quantize.hpp"
 #include "diloco/kernels/random.hpp"
 
+DILOCO_EXACT_FP_BEGIN
+
 namespace diloco::compress {
 
 namespace detail_bits {
@@ -243,3 +245,5 @@ struct chunk_topk {
 };
 
 }  // namespace diloco::compress
+
+DILOCO_EXACT_FP_END

@@ -20,6 +20,9 @@
 #include <type_traits>
 
 #include "diloco/compress/formats.hpp"
+#include "diloco/core/macros.hpp"
+
+DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress {
 
@@ -130,3 +133,5 @@ float feedback_decay(const Options& o) {
 }
 
 }  // namespace diloco::compress
+
+DILOCO_EXACT_FP_END

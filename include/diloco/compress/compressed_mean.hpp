@@ -35,6 +35,9 @@
 #include "diloco/kernels/random.hpp"
 #include "diloco/tensor/buffer.hpp"
 #include "diloco/tensor/parameter_set.hpp"
+#include "diloco/core/macros.hpp"
+
+DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress {
 
@@ -398,6 +401,8 @@ class compressed_mean : public diloco::detail::host_ballot, public diloco::detai
 };
 
 }  // namespace diloco::compress
+
+DILOCO_EXACT_FP_END
 
 // The device-space specialization (buffers in device memory, GPU passes).
 #include "diloco/compress/compressed_mean_device.hpp"

@@ -54,6 +54,9 @@
 #include "diloco/tensor/buffer.hpp"
 #include "diloco/tensor/parameter_set.hpp"
 #include "diloco/tensor/tensor_traits.hpp"
+#include "diloco/core/macros.hpp"
+
+DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress {
 
@@ -342,3 +345,5 @@ class compressed_mean<Compressor, Space> : public device_detail::device_ballot<S
 };
 
 }  // namespace diloco::compress
+
+DILOCO_EXACT_FP_END

@@ -23,6 +23,9 @@
 #include "diloco/kernels/wire_passes.hpp"
 #include "diloco/tensor/buffer.hpp"
 #include "diloco/tensor/parameter_set.hpp"
+#include "diloco/core/macros.hpp"
+
+DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress::device_detail {
 
@@ -278,3 +281,5 @@ class device_ballot {
 };
 
 }  // namespace diloco::compress::device_detail
+
+DILOCO_EXACT_FP_END

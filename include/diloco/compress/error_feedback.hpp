@@ -1,6 +1,9 @@
 #pragma once
 
 #include "diloco/compress/codec.hpp"
+#include "diloco/core/macros.hpp"
+
+DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress {
 
@@ -31,3 +34,5 @@ struct error_feedback {
 };
 
 }  // namespace diloco::compress
+
+DILOCO_EXACT_FP_END

@@ -10,6 +10,9 @@
 #include "diloco/compress/adaptive.hpp"
 #include "diloco/compress/codec.hpp"
 #include "diloco/core/error.hpp"
+#include "diloco/core/macros.hpp"
+
+DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress {
 
@@ -37,3 +40,5 @@ std::string fingerprint() {
 }
 
 }  // namespace diloco::compress
+
+DILOCO_EXACT_FP_END

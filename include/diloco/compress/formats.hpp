@@ -1,6 +1,9 @@
 #pragma once
 
 #include <cstdint>
+#include "diloco/core/macros.hpp"
+
+DILOCO_EXACT_FP_BEGIN
 
 namespace diloco {
 
@@ -129,3 +132,5 @@ constexpr codec_id format_id() {
 
 }  // namespace compress
 }  // namespace diloco
+
+DILOCO_EXACT_FP_END

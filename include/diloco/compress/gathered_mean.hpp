@@ -37,6 +37,9 @@
 #include "diloco/kernels/random.hpp"
 #include "diloco/tensor/buffer.hpp"
 #include "diloco/tensor/parameter_set.hpp"
+#include "diloco/core/macros.hpp"
+
+DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress {
 
@@ -170,5 +173,7 @@ class gathered_mean : public diloco::detail::host_ballot, public diloco::detail:
 };
 
 }  // namespace diloco::compress
+
+DILOCO_EXACT_FP_END
 
 #include "diloco/compress/gathered_mean_device.hpp"

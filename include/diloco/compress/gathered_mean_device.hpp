@@ -37,6 +37,9 @@
 #include "diloco/kernels/topk_blocks.hpp"
 #include "diloco/tensor/buffer.hpp"
 #include "diloco/tensor/parameter_set.hpp"
+#include "diloco/core/macros.hpp"
+
+DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress {
 
@@ -213,3 +216,5 @@ class gathered_mean<Compressor, Space> : public device_detail::device_ballot<Spa
 };
 
 }  // namespace diloco::compress
+
+DILOCO_EXACT_FP_END

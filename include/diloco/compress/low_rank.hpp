@@ -57,6 +57,9 @@
 #include "diloco/kernels/wire_passes.hpp"
 #include "diloco/tensor/buffer.hpp"
 #include "diloco/tensor/parameter_set.hpp"
+#include "diloco/core/macros.hpp"
+
+DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress {
 
@@ -419,3 +422,5 @@ class low_rank_mean : public detail_low_rank::ballot<Space> {
 };
 
 }  // namespace diloco::compress
+
+DILOCO_EXACT_FP_END

@@ -1,5 +1,9 @@
 #pragma once
 
+#include "diloco/core/macros.hpp"
+
+DILOCO_EXACT_FP_BEGIN
+
 namespace diloco::compress {
 
 // The pseudo-gradient travels as fp32, reduced by the communicator's own
@@ -12,3 +16,5 @@ struct none {
 };
 
 }  // namespace diloco::compress
+
+DILOCO_EXACT_FP_END

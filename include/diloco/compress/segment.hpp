@@ -13,6 +13,9 @@
 #include <cstring>
 
 #include "diloco/core/error.hpp"
+#include "diloco/core/macros.hpp"
+
+DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress {
 
@@ -80,3 +83,5 @@ wire::header validate_segment(const Codec& codec, std::span<const std::byte> slo
 }
 
 }  // namespace diloco::compress
+
+DILOCO_EXACT_FP_END

@@ -9,6 +9,9 @@
 #include "diloco/compress/blockwise.hpp"
 #include "diloco/compress/codec.hpp"
 #include "diloco/core/validate.hpp"
+#include "diloco/core/macros.hpp"
+
+DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress {
 
@@ -121,3 +124,5 @@ struct topk {
 };
 
 }  // namespace diloco::compress
+
+DILOCO_EXACT_FP_END

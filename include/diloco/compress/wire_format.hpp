@@ -35,6 +35,9 @@
 #include "diloco/compress/formats.hpp"
 #include "diloco/core/checksum.hpp"
 #include "diloco/core/error.hpp"
+#include "diloco/core/macros.hpp"
+
+DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::wire {
 
@@ -196,3 +199,5 @@ inline header read_header(std::span<const std::byte> bytes, const expectation& w
 }
 
 }  // namespace diloco::wire
+
+DILOCO_EXACT_FP_END

@@ -31,6 +31,8 @@
 #include "diloco/core/macros.hpp"
 #include "diloco/kernels/vec4.hpp"
 
+DILOCO_EXACT_FP_BEGIN
+
 namespace diloco::exec {
 
 // Elements per chunk, and lanes per chunk: part of every multi-tensor
@@ -158,3 +160,5 @@ DILOCO_HD DILOCO_FORCEINLINE void chunk_tree_step(R* s, unsigned lane, unsigned 
 }
 
 }  // namespace diloco::exec
+
+DILOCO_EXACT_FP_END

@@ -13,6 +13,10 @@
 #include <omp.h>
 #endif
 
+#include "diloco/core/macros.hpp"
+
+DILOCO_EXACT_FP_BEGIN
+
 namespace diloco::exec {
 
 // Runs DILOCO_HD element functors on the CPU: serially, or with OpenMP when
@@ -250,3 +254,5 @@ class host {
 };
 
 }  // namespace diloco::exec
+
+DILOCO_EXACT_FP_END

@@ -7,6 +7,9 @@
 #include "diloco/core/optimizer_role.hpp"
 #include "diloco/core/validate.hpp"
 #include "diloco/kernels/adamw_update.hpp"
+#include "diloco/core/macros.hpp"
+
+DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::inner {
 
@@ -69,3 +72,5 @@ struct adamw {
 };
 
 }  // namespace diloco::inner
+
+DILOCO_EXACT_FP_END

@@ -3,7 +3,9 @@
 #include <cstddef>
 
 #include "diloco/core/macros.hpp"
-#include "diloco/kernels/math.hpp"
+#include "diloco/kernels/exact_float.hpp"
+
+DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::kernels {
 
@@ -29,14 +31,18 @@ struct adamw_update {
   float eps = 1e-8f;
 
   DILOCO_HD DILOCO_FORCEINLINE void operator()(float& p, float g, float* s, std::size_t stride) const {
-    p = p * decay;
-    const float m = s[0] + one_minus_beta1 * (g - s[0]);
-    const float v = beta2 * s[stride] + one_minus_beta2 * (g * g);
+    // Each operation rounded on its own (kernels/exact_float.hpp), so the
+    // GPU gives the host's bits.
+    p = mul_rn(p, decay);
+    const float m = add_rn(s[0], mul_rn(one_minus_beta1, sub_rn(g, s[0])));
+    const float v = add_rn(mul_rn(beta2, s[stride]), mul_rn(one_minus_beta2, mul_rn(g, g)));
     s[0] = m;
     s[stride] = v;
-    const float denom = sqrt_f(v) / bias_correction2_sqrt + eps;
-    p = p - step_size * (m / denom);
+    const float denom = add_rn(div_rn(sqrt_rn(v), bias_correction2_sqrt), eps);
+    p = sub_rn(p, mul_rn(step_size, div_rn(m, denom)));
   }
 };
 
 }  // namespace diloco::kernels
+
+DILOCO_EXACT_FP_END

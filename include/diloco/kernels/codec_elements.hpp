@@ -23,6 +23,8 @@
 #include "diloco/kernels/float_formats.hpp"
 #include "diloco/kernels/quantize.hpp"
 
+DILOCO_EXACT_FP_BEGIN
+
 namespace diloco::kernels {
 
 namespace detail {
@@ -202,3 +204,5 @@ struct codec_elements<compress::cast_codec<Format, Rounding, B>> {
 };
 
 }  // namespace diloco::kernels
+
+DILOCO_EXACT_FP_END

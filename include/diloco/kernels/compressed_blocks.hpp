@@ -37,6 +37,8 @@
 #include "diloco/kernels/random.hpp"
 #include "diloco/kernels/vec4.hpp"
 
+DILOCO_EXACT_FP_BEGIN
+
 namespace diloco::kernels {
 
 // Tensor t as the device passes see it.
@@ -389,3 +391,5 @@ struct decode_apply_blocks {
 };
 
 }  // namespace diloco::kernels
+
+DILOCO_EXACT_FP_END

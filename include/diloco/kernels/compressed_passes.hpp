@@ -12,6 +12,8 @@
 #include "diloco/core/macros.hpp"
 #include "diloco/kernels/merge.hpp"
 
+DILOCO_EXACT_FP_BEGIN
+
 namespace diloco::kernels {
 
 // The sum of squares of f(j) over j in [0, len), in 8 fixed fp32 lanes
@@ -219,3 +221,5 @@ struct decode_apply {
 };
 
 }  // namespace diloco::kernels
+
+DILOCO_EXACT_FP_END

@@ -17,6 +17,8 @@
 
 #include "diloco/core/macros.hpp"
 
+DILOCO_EXACT_FP_BEGIN
+
 namespace diloco::kernels {
 
 // float or double: the types these operations are spelt for.
@@ -84,3 +86,5 @@ DILOCO_HD DILOCO_FORCEINLINE T sqrt_rn(T a) {
 }
 
 }  // namespace diloco::kernels
+
+DILOCO_EXACT_FP_END

@@ -11,6 +11,8 @@
 
 #include "diloco/core/macros.hpp"
 
+DILOCO_EXACT_FP_BEGIN
+
 namespace diloco::kernels {
 
 DILOCO_HD DILOCO_FORCEINLINE std::uint32_t float_bits(float x) {
@@ -106,3 +108,5 @@ DILOCO_HD DILOCO_FORCEINLINE std::uint16_t encode_float16(float x, float u) {
 }
 
 }  // namespace diloco::kernels
+
+DILOCO_EXACT_FP_END

@@ -24,6 +24,8 @@
 #include "diloco/kernels/exact_float.hpp"
 #include "diloco/kernels/float_formats.hpp"
 
+DILOCO_EXACT_FP_BEGIN
+
 namespace diloco::kernels {
 
 // Round to nearest even by the 1.5 * 2^23 trick: exact for |y| < 2^22, and
@@ -191,3 +193,5 @@ DILOCO_HD constexpr grid_t<Format> grid() {
 }
 
 }  // namespace diloco::kernels
+
+DILOCO_EXACT_FP_END

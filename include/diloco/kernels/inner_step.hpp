@@ -3,7 +3,10 @@
 #include <cstddef>
 
 #include "diloco/core/macros.hpp"
+#include "diloco/kernels/exact_float.hpp"
 #include "diloco/kernels/vec4.hpp"
+
+DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::kernels {
 
@@ -23,7 +26,7 @@ struct inner_step {
 
   DILOCO_HD DILOCO_FORCEINLINE void operator()(std::size_t i) const {
     float p = param[i];
-    update(p, grad[i] * grad_scale, state == nullptr ? nullptr : state + i, stride);
+    update(p, mul_rn(grad[i], grad_scale), state == nullptr ? nullptr : state + i, stride);
     param[i] = p;
   }
 
@@ -33,7 +36,7 @@ struct inner_step {
   {
     vec4f p = load4(param + i);
     vec4f g = load4_readonly(grad + i);
-    for (std::size_t l = 0; l < vec_width; ++l) g[l] = g[l] * grad_scale;
+    for (std::size_t l = 0; l < vec_width; ++l) g[l] = mul_rn(g[l], grad_scale);
     update4(update, p, g, state == nullptr ? nullptr : state + i, stride);
     store4(param + i, p);
   }
@@ -45,3 +48,5 @@ struct inner_step {
 };
 
 }  // namespace diloco::kernels
+
+DILOCO_EXACT_FP_END

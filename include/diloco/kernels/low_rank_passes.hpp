@@ -16,6 +16,8 @@
 #include "diloco/kernels/exact_float.hpp"
 #include "diloco/kernels/merge.hpp"
 
+DILOCO_EXACT_FP_BEGIN
+
 namespace diloco::kernels::low_rank {
 
 // Elements per partial sum of a norm: partial c covers [c * chunk, ...) of a
@@ -283,3 +285,5 @@ void orthonormalise(Exec& exec, const gram_schmidt& g) {
 }
 
 }  // namespace diloco::kernels::low_rank
+
+DILOCO_EXACT_FP_END

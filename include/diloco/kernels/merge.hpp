@@ -11,6 +11,9 @@
 #include <cstddef>
 
 #include "diloco/core/macros.hpp"
+#include "diloco/kernels/exact_float.hpp"
+
+DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::kernels::merge {
 
@@ -37,7 +40,7 @@ struct mix : base {
   float alpha;
   DILOCO_HD mix shifted(std::size_t) const { return *this; }
   DILOCO_HD DILOCO_FORCEINLINE float operator()(std::size_t, float g, float l) const {
-    return alpha * l + (1.0f - alpha) * g;
+    return add_rn(mul_rn(alpha, l), mul_rn(sub_rn(1.0f, alpha), g));
   }
 };
 
@@ -49,7 +52,7 @@ struct rebase : base {
   float* DILOCO_RESTRICT start;
   DILOCO_HD rebase shifted(std::size_t off) const { return {{}, start + off}; }
   DILOCO_HD DILOCO_FORCEINLINE float operator()(std::size_t i, float g, float l) const {
-    const float v = g - (start[i] - l);
+    const float v = sub_rn(g, sub_rn(start[i], l));
     start[i] = v;
     return v;
   }
@@ -84,12 +87,12 @@ struct eager : base {
 
   DILOCO_HD DILOCO_FORCEINLINE float advance(std::size_t i, float mean, float l) const {
     const float stale = own[i];
-    const float start = anchor[i] - stale;
-    const float fresh = start - l;
+    const float start = sub_rn(anchor[i], stale);
+    const float fresh = sub_rn(start, l);
     float x = start;
-    step(x, mean + (fresh - stale) * inv_workers, slots ? slots + i : nullptr, stride);
+    step(x, add_rn(mean, mul_rn(sub_rn(fresh, stale), inv_workers)), slots ? slots + i : nullptr, stride);
     own[i] = fresh;
-    anchor[i] = x + fresh;
+    anchor[i] = add_rn(x, fresh);
     return x;
   }
   template <class Update>
@@ -120,7 +123,7 @@ struct eager_rejoin : base {
   float* DILOCO_RESTRICT own;
   DILOCO_HD eager_rejoin shifted(std::size_t off) const { return {{}, anchor + off, own + off}; }
   DILOCO_HD DILOCO_FORCEINLINE float operator()(std::size_t i, float g, float l) const {
-    const float v = g - ((anchor[i] - own[i]) - l);
+    const float v = sub_rn(g, sub_rn(sub_rn(anchor[i], own[i]), l));
     anchor[i] = g;
     own[i] = 0.0f;
     return v;
@@ -148,3 +151,5 @@ DILOCO_HD DILOCO_FORCEINLINE void apply_element(const Update& update, const Merg
 }
 
 }  // namespace diloco::kernels::merge
+
+DILOCO_EXACT_FP_END

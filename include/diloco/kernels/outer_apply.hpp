@@ -3,8 +3,11 @@
 #include <cstddef>
 
 #include "diloco/core/macros.hpp"
+#include "diloco/kernels/exact_float.hpp"
 #include "diloco/kernels/merge.hpp"
 #include "diloco/kernels/vec4.hpp"
+
+DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::kernels {
 
@@ -28,7 +31,8 @@ struct outer_apply {
   DILOCO_HD DILOCO_FORCEINLINE void operator()(std::size_t i) const {
     float g = global[i];
     float l = local[i];
-    merge::apply_element(update, merge, i, g, reduced[i] * scale, state == nullptr ? nullptr : state + i, stride, l);
+    merge::apply_element(update, merge, i, g, mul_rn(reduced[i], scale), state == nullptr ? nullptr : state + i, stride,
+                         l);
     global[i] = g;
     local[i] = l;
   }
@@ -39,7 +43,7 @@ struct outer_apply {
   {
     vec4f g = load4(global + i);
     vec4f d = load4_readonly(reduced + i);
-    for (std::size_t l = 0; l < vec_width; ++l) d[l] = d[l] * scale;
+    for (std::size_t l = 0; l < vec_width; ++l) d[l] = mul_rn(d[l], scale);
     update4(update, g, d, state == nullptr ? nullptr : state + i, stride);
     store4(global + i, g);
     store4(local + i, g);
@@ -66,7 +70,7 @@ struct outer_apply_local {
   DILOCO_HD DILOCO_FORCEINLINE void operator()(std::size_t i) const {
     float g = global[i];
     float l = local[i];
-    merge::apply_element(update, merge, i, g, g - l, state == nullptr ? nullptr : state + i, stride, l);
+    merge::apply_element(update, merge, i, g, sub_rn(g, l), state == nullptr ? nullptr : state + i, stride, l);
     global[i] = g;
     local[i] = l;
   }
@@ -77,7 +81,7 @@ struct outer_apply_local {
     vec4f g = load4(global + i);
     const vec4f x = load4(local + i);
     vec4f d;
-    for (std::size_t l = 0; l < vec_width; ++l) d[l] = g[l] - x[l];
+    for (std::size_t l = 0; l < vec_width; ++l) d[l] = sub_rn(g[l], x[l]);
     update4(update, g, d, state == nullptr ? nullptr : state + i, stride);
     store4(global + i, g);
     store4(local + i, g);
@@ -90,3 +94,5 @@ struct outer_apply_local {
 };
 
 }  // namespace diloco::kernels
+
+DILOCO_EXACT_FP_END

@@ -3,7 +3,10 @@
 #include <cstddef>
 
 #include "diloco/core/macros.hpp"
+#include "diloco/kernels/exact_float.hpp"
 #include "diloco/kernels/vec4.hpp"
+
+DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::kernels {
 
@@ -21,9 +24,9 @@ struct pseudo_gradient {
   float* DILOCO_RESTRICT out;
 
   DILOCO_HD DILOCO_FORCEINLINE float operator()(std::size_t i) const {
-    const float d = global[i] - local[i];
+    const float d = sub_rn(global[i], local[i]);
     out[i] = d;
-    return d * d;
+    return mul_rn(d, d);
   }
 
   DILOCO_HD DILOCO_FORCEINLINE vec4f vec4(std::size_t i) const {
@@ -31,8 +34,8 @@ struct pseudo_gradient {
     const vec4f x = load4_readonly(local + i);
     vec4f d, sq;
     for (std::size_t l = 0; l < vec_width; ++l) {
-      d[l] = g[l] - x[l];
-      sq[l] = d[l] * d[l];
+      d[l] = sub_rn(g[l], x[l]);
+      sq[l] = mul_rn(d[l], d[l]);
     }
     store4(out + i, d);
     return sq;
@@ -46,8 +49,8 @@ struct pseudo_gradient_sq {
   const float* DILOCO_RESTRICT local;
 
   DILOCO_HD DILOCO_FORCEINLINE float operator()(std::size_t i) const {
-    const float d = global[i] - local[i];
-    return d * d;
+    const float d = sub_rn(global[i], local[i]);
+    return mul_rn(d, d);
   }
 
   DILOCO_HD DILOCO_FORCEINLINE vec4f vec4(std::size_t i) const {
@@ -55,8 +58,8 @@ struct pseudo_gradient_sq {
     const vec4f x = load4_readonly(local + i);
     vec4f sq;
     for (std::size_t l = 0; l < vec_width; ++l) {
-      const float d = g[l] - x[l];
-      sq[l] = d * d;
+      const float d = sub_rn(g[l], x[l]);
+      sq[l] = mul_rn(d, d);
     }
     return sq;
   }
@@ -66,12 +69,12 @@ struct pseudo_gradient_sq {
 // Sum of squares of a tensor (gradient clipping): read 4 bytes.
 struct squares {
   const float* DILOCO_RESTRICT x;
-  DILOCO_HD DILOCO_FORCEINLINE float operator()(std::size_t i) const { return x[i] * x[i]; }
+  DILOCO_HD DILOCO_FORCEINLINE float operator()(std::size_t i) const { return mul_rn(x[i], x[i]); }
 
   DILOCO_HD DILOCO_FORCEINLINE vec4f vec4(std::size_t i) const {
     const vec4f v = load4_readonly(x + i);
     vec4f sq;
-    for (std::size_t l = 0; l < vec_width; ++l) sq[l] = v[l] * v[l];
+    for (std::size_t l = 0; l < vec_width; ++l) sq[l] = mul_rn(v[l], v[l]);
     return sq;
   }
   DILOCO_HD bool vec4_aligned() const { return aligned16(x); }
@@ -107,7 +110,7 @@ struct absorb {
   float* DILOCO_RESTRICT src;
   float* DILOCO_RESTRICT dst;
   DILOCO_HD DILOCO_FORCEINLINE void operator()(std::size_t i) const {
-    dst[i] += src[i];
+    dst[i] = add_rn(dst[i], src[i]);
     src[i] = 0.0f;
   }
 };
@@ -123,3 +126,5 @@ struct copy {
 };
 
 }  // namespace diloco::kernels
+
+DILOCO_EXACT_FP_END

@@ -16,6 +16,8 @@
 #include "diloco/kernels/exact_float.hpp"
 #include "diloco/kernels/grids.hpp"
 
+DILOCO_EXACT_FP_BEGIN
+
 namespace diloco::kernels {
 
 // The largest magnitude of v[0, len), NaN if any element is NaN. Taken on
@@ -105,3 +107,5 @@ struct quant_scale {
 };
 
 }  // namespace diloco::kernels
+
+DILOCO_EXACT_FP_END

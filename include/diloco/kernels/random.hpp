@@ -4,6 +4,8 @@
 
 #include "diloco/core/macros.hpp"
 
+DILOCO_EXACT_FP_BEGIN
+
 namespace diloco::kernels {
 
 // SplitMix64's finalizer: a bijective mix of 64 bits. Counter-based
@@ -34,3 +36,5 @@ inline std::uint64_t make_stream(std::uint64_t seed, std::uint64_t round, std::u
 }
 
 }  // namespace diloco::kernels
+
+DILOCO_EXACT_FP_END

@@ -4,6 +4,9 @@
 
 #include "diloco/core/validate.hpp"
 #include "diloco/kernels/sgd_update.hpp"
+#include "diloco/core/macros.hpp"
+
+DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::kernels {
 
@@ -37,3 +40,5 @@ sgd_update make_sgd_update(const Options& o, std::uint64_t step) {
 }
 
 }  // namespace diloco::kernels
+
+DILOCO_EXACT_FP_END

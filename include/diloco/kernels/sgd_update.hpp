@@ -3,6 +3,9 @@
 #include <cstddef>
 
 #include "diloco/core/macros.hpp"
+#include "diloco/kernels/exact_float.hpp"
+
+DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::kernels {
 
@@ -33,14 +36,18 @@ struct sgd_update {
   float through = 1.0f;
 
   DILOCO_HD DILOCO_FORCEINLINE void operator()(float& p, float g, float* s, std::size_t /*stride*/) const {
-    if (weight_decay != 0.0f) g = g + weight_decay * p;
+    // Each operation rounded on its own (kernels/exact_float.hpp), so the
+    // GPU gives the host's bits.
+    if (weight_decay != 0.0f) g = add_rn(g, mul_rn(weight_decay, p));
     if (momentum != 0.0f) {
-      const float b = carry * s[0] + gain * g;
+      const float b = add_rn(mul_rn(carry, s[0]), mul_rn(gain, g));
       s[0] = b;
-      g = keep * g + through * b;
+      g = add_rn(mul_rn(keep, g), mul_rn(through, b));
     }
-    p = p - lr * g;
+    p = sub_rn(p, mul_rn(lr, g));
   }
 };
 
 }  // namespace diloco::kernels
+
+DILOCO_EXACT_FP_END

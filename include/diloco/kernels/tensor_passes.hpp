@@ -14,6 +14,8 @@
 #include "diloco/kernels/outer_apply.hpp"
 #include "diloco/kernels/pseudo_gradient.hpp"
 
+DILOCO_EXACT_FP_BEGIN
+
 namespace diloco::kernels {
 
 // Every tensor's data pointer and its start in the flat buffers (theta
@@ -129,3 +131,5 @@ struct eager_advances {
 };
 
 }  // namespace diloco::kernels
+
+DILOCO_EXACT_FP_END

@@ -47,6 +47,8 @@
 #include "diloco/kernels/merge.hpp"
 #include "diloco/kernels/random.hpp"
 
+DILOCO_EXACT_FP_BEGIN
+
 namespace diloco::kernels {
 
 // An add to a shared counter: an atomic on the device, a plain add in the
@@ -364,3 +366,5 @@ struct topk_decode_apply_blocks {
 };
 
 }  // namespace diloco::kernels
+
+DILOCO_EXACT_FP_END

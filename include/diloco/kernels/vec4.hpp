@@ -14,6 +14,8 @@
 
 #include "diloco/core/macros.hpp"
 
+DILOCO_EXACT_FP_BEGIN
+
 namespace diloco::kernels {
 
 // Width of the vector path in elements.
@@ -120,3 +122,5 @@ DILOCO_HD DILOCO_FORCEINLINE bool stride_keeps_alignment(const float* state, std
 }
 
 }  // namespace diloco::kernels
+
+DILOCO_EXACT_FP_END

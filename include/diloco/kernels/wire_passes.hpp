@@ -18,6 +18,8 @@
 #include "diloco/kernels/compressed_passes.hpp"
 #include "diloco/kernels/random.hpp"
 
+DILOCO_EXACT_FP_BEGIN
+
 namespace diloco::kernels {
 
 // One segment's payload in device memory, and its codec blocks.
@@ -161,3 +163,5 @@ struct chunk_lane_sums {
 };
 
 }  // namespace diloco::kernels
+
+DILOCO_EXACT_FP_END

@@ -5,6 +5,9 @@
 
 #include "diloco/core/optimizer_role.hpp"
 #include "diloco/kernels/sgd_policy.hpp"
+#include "diloco/core/macros.hpp"
+
+DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::outer {
 
@@ -42,3 +45,5 @@ struct nesterov {
 };
 
 }  // namespace diloco::outer
+
+DILOCO_EXACT_FP_END

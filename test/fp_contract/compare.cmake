@@ -1,0 +1,22 @@
+# cmake -DPLAIN=exe -DFMA=exe -P compare.cmake
+# Runs the probe built with the default flags and the one built with
+# -O3 -mfma -ffp-contract=fast; their outputs (a hash per training run)
+# must be equal line for line. "SKIPPED" when the CPU lacks FMA.
+execute_process(COMMAND ${PLAIN} RESULT_VARIABLE rc_plain OUTPUT_VARIABLE plain ERROR_VARIABLE err_plain)
+execute_process(COMMAND ${FMA} RESULT_VARIABLE rc_fma OUTPUT_VARIABLE fma ERROR_VARIABLE err_fma)
+if(NOT rc_plain EQUAL 0 OR NOT rc_fma EQUAL 0)
+  message(FATAL_ERROR "probe failed: plain exit ${rc_plain} (${err_plain}), fma exit ${rc_fma} (${err_fma})")
+endif()
+if(fma MATCHES "SKIPPED")
+  message(STATUS "${fma}")
+  return()
+endif()
+message(STATUS "default flags:\n${plain}-O3 -mfma -ffp-contract=fast:\n${fma}")
+if(NOT plain STREQUAL fma)
+  message(FATAL_ERROR "the bits depend on the contraction flags:\ndefault flags:\n${plain}\n-mfma -ffp-contract=fast:\n${fma}")
+endif()
+string(REGEX MATCHALL "\n" lines "${plain}")
+list(LENGTH lines n)
+if(n LESS 7)
+  message(FATAL_ERROR "expected 7 runs, got ${n} lines:\n${plain}")
+endif()
