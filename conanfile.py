@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Conan 2 recipe for diloco, a header-only library. The optional components
 # (CMake targets diloco::openmp, diloco::mpi, diloco::gloo, diloco::cuda,
 # diloco::nccl, diloco::torch) are options; their dependencies come from the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One command on a fresh machine: installs what is missing, builds, and runs
 # the main demo (extra arguments go to the demo; try --help).
 set -euo pipefail

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The whole test suite: a warnings-as-errors release build with every
 # backend that is installed, then the host tests again under ASan+UBSan and
 # the threaded tests under TSan. Exits non-zero on the first failure.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // All-reduce throughput of diloco::comm::gloo (TCP over loopback) against a
 // raw MPI_Allreduce on the same buffers in the same run: the processes are
 // started by mpirun, which also hands out ranks; rank 0 makes a file store

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // All-reduce throughput across MPI processes: diloco::comm::mpi (with and
 // without its cross-rank argument check) against a raw MPI_Allreduce on the
 // same buffers in the same run, and the compressed mean's effective

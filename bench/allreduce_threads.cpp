@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // All-reduce throughput of the in-process threads communicator for M = 2
 // and 4 workers, and a whole DiLoCo outer round (fp32 and compressed) in
 // uncompressed-equivalent bytes.

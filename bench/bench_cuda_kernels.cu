@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Achieved memory bandwidth of each fused kernel (the optimizer passes and
 // the compression passes: encode with and without error feedback, the
 // reduce of 4 workers' encodings, decode-apply, the payload checksum,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The compressed round's fused passes on the host against STREAM triad on
 // the same sizes, in one run: stage-1 encode (pseudo-gradient + residual ->
 // encoded shard + new residual), the shard reduction (decode M encodings,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // Layouts of the same parameters as many tensors, for the benchmarks that

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The library's own memory per parameter, measured: every allocation goes
 // through counting operator new/delete, and the live bytes an algorithm
 // instance adds (its construction, then one round) are recorded for n and 2n

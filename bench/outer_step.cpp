@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The DiLoCo outer step on the host: the library's two fused passes against
 // the same math done one operation per pass (as a PyTorch foreach
 // implementation runs it) and against STREAM copy and triad on buffers of

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Plots effective bandwidth against parameter count for the fused outer
 step, the unfused passes and STREAM triad (and copy) from the output of
 bench_outer_step.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Rebuilds the benchmarks in Release and regenerates the figures of
 # docs/performance.md: raw `name: value` outputs in docs/perf/*.txt and the
 # plot docs/perf/outer_step.png. Run it on a quiet machine; every ratio it

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # diloco_require_cuda_cxx20(<target> <INTERFACE|PUBLIC|PRIVATE> [BUILD_ONLY]):
 # nvcc compiles <target>'s CUDA sources (or its consumers', for INTERFACE) as
 # C++20, with exactly one -std flag whatever CMake version runs. BUILD_ONLY

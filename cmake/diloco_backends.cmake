@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Finds the optional backends according to DILOCO_ENABLE_<X> (ON/OFF/AUTO)
 # and sets DILOCO_HAVE_<X>. A backend asked for with ON that is not found is
 # a configure error; AUTO skips it with a status line.

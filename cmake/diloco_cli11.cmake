@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # The demo's and the benchmarks' command lines are parsed with CLI11
 # (header-only; Debian's libcli11-dev, installed by scripts/install-deps.sh),
 # so a malformed or out-of-range value exits non-zero with a message naming

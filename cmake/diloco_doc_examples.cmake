@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # The programs the documentation shows are compiled and run by the test
 # suite straight from the Markdown pages, so they cannot drift from the
 # library. A page marks a program with

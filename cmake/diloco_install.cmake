@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Install the headers and an exported CMake package:
 #   find_package(diloco CONFIG REQUIRED [COMPONENTS openmp mpi gloo cuda nccl torch json])
 include(CMakePackageConfigHelpers)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # How diloco's own tests and examples start MPI programs: through the
 # launcher FindMPI found, as CMake documents it
 #   ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} N ${MPIEXEC_PREFLAGS} exe ${MPIEXEC_POSTFLAGS} args

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Warning and sanitizer settings for diloco's own targets (tests, examples,
 # benchmarks). Never applied to the library target users link.
 

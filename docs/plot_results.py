@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Draws docs/results.md's figures from the CSV files the sweep
 (examples/sweep.cpp) and the GPT example (examples/gpt/train_gpt.cpp) write.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # cmake "-DTHREADS_COMMAND=exe;args" "-DOTHER_COMMAND=mpirun;...;exe;args" -P compare_demo_tables.cmake
 # (OTHER_COMMAND: the demo over MPI, or over Gloo through launch_gloo.sh)
 # Runs the demo both ways and requires the same rows (method, held-out loss,

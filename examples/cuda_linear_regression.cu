@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // DiLoCo on one GPU with device tensors: 4 workers (threads of this
 // process) each fit a linear model to their own shard of data that lives in
 // device memory. Parameters, gradients, optimizer state and the outer

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # cmake "-DCOMMAND=exe;args" -DEXPECT=fail|pass "-DMATCH=regex;regex..." -P expect_demo_output.cmake
 # Runs the demo once and requires its exit status to be non-zero (fail) or
 # zero (pass), and its output (stdout and stderr together) to match every

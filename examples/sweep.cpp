@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The DiLoCo claims at small scale, on the character MLP and the fortunes:
 // diloco::experiment runs variants chosen at compile time (the lists
 // below) over grids chosen at run time, and writes every row to CSV and

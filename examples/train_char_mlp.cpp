@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The main demo: a character-level MLP trained three ways on the same data
 // (one worker, synchronous data parallel, DiLoCo) with simulated workers on
 // the in-process threads communicator; prints held-out loss and bytes sent.

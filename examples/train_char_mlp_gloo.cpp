@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The main demo with one worker per process, joined by Gloo over TCP:
 // synchronous data parallel and DiLoCo over the same data, as
 // train_char_mlp does with threads. Start it through the launcher, which

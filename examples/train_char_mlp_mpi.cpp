@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The main demo across processes: the same experiment as train_char_mlp,
 // with every MPI rank a worker. Rank 0 prints the table.
 //

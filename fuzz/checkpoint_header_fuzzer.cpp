@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target for the checkpoint reader: arbitrary bytes must give a
 // format_error or a verified image, never a crash, a sanitizer report or an
 // out-of-bounds read.

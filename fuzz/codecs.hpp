@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The codecs the wire-decoder fuzzer drives, by index (the input's first
 // byte modulo codec_count), shared with the seed writer so that every

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Writes the wire-decoder fuzzer's seeds into a directory: for every codec
 // of fuzz/codecs.hpp, a well-formed segment (header and payload, raw mode)
 // and its payload alone (fixed-header mode), encoded from ordinary values,

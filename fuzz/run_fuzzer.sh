@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Builds a fuzzer with clang (libFuzzer + ASan + UBSan) and runs it for a
 # bounded number of inputs (default 10^6, a few seconds), starting from
 # seeds:

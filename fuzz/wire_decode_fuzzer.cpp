@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target for the decoder of compressed segments: arbitrary bytes
 // must give a format_error or a successful decode, never a crash, a
 // sanitizer report or an out-of-bounds read.

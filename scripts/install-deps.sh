@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Installs the Debian packages diloco's build, tests and demo need, if any
 # are missing. Safe to run again: it installs nothing when all are present.
 set -euo pipefail

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Starts N local processes of a program as the ranks of a comm::gloo world,
 # like torchrun does for PyTorch: each gets DILOCO_RANK, DILOCO_WORLD_SIZE,
 # DILOCO_STORE, DILOCO_RUN_ID (and DILOCO_HOSTNAME / DILOCO_IFACE /

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A codec block encoded and decoded, shared by the codec tests: encode's
 // own decoded values must equal decode's bit for bit, and the block's bytes
 // must pass the codec's structure check.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A communicator that forwards every operation to another one (comm::threads,
 // comm::gloo), taking host spans (Device = false: a communicator) or device
 // views only (Device = true: a device_communicator, as NCCL is) for the

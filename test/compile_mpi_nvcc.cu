@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // comm::mpi compiled by nvcc (where __CUDACC__ turns the device overloads
 // on): every operation instantiated, host and device. Built, never run; the
 // behaviour is tested by test_comm_mpi_cuda.

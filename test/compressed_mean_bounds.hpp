@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // The compressed mean's error bounds, derived from each codec's definition,

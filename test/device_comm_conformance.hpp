@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // The checks of comm_conformance.hpp for communicators over device memory

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # scripts/launch_gloo.sh --max-restarts with real elastic Gloo workers: rank
 # 1 SIGKILLs itself in the inner steps of round 2 (the test-only fault hook
 # of test_elastic_gloo, which is also the rank program), the launcher starts

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # scripts/launch_gloo.sh: every rank gets its variables and a prefixed
 # output; the launcher's temporary store goes away; a failing rank stops
 # the others and its status is the launcher's; a death by a signal is

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The doctest main of the MPI tests: every rank runs the same test cases
 // (their collectives pair up across ranks), and a failure on any rank fails
 // the job.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # comm::mpi tests. Each executable runs under mpirun with 2 and 4 ranks
 # (4 > the cores of a small CI machine: --oversubscribe), every rank running
 # the same doctest cases; a failure on any rank aborts the job.

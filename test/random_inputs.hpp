@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Reproducible test inputs shared by the host tests and the CUDA tests.
 #pragma once
 

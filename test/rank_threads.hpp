@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Ranks of a world as threads of one process, for the communicator tests
 // whose ranks need no process of their own, and what each threw.
 #pragma once

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # cmake "-DLAUNCH=mpiexec;-n;3;..." -DEXE=test_comm_mpi_peer_death -DMODE=error|abort
 #       [-DPOSTFLAGS=..] -P run_mpi_peer_death.cmake
 # Runs test_comm_mpi_peer_death, in which the last of 3 ranks kills itself,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // For a program that replays device code on the host: its "device" is host
 // memory behind device_space types. device_space buffers are host buffers
 // and device_space work runs on sim::cuda_executor (the CUDA grid and team

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // adaptive<C...> (DiLoCoX-style adaptive compression): the rule on crafted
 // link times and errors picks each rung for the reason docs/algorithms.md
 // gives; through the engine over the threads communicator every rank picks

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // At construction the ranks agree on the policies, the parameter layout and
 // every option that must match, and on finite initial parameters; a
 // mismatch raises on every rank naming the field and both values. Per-rank

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Full DiLoCo runs with 4 worker threads on linear regression, against a
 // reference simulation of the algorithm's definition in double precision
 // with plain loops (linear_regression.hpp).

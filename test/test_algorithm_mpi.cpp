@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // DiLoCo over MPI (CTest runs it with -np 2 and -np 4) on the linear
 // regression problem of test_algorithm.cpp, with M = the number of ranks.
 // Each process also runs the same M workers on the threads communicator and

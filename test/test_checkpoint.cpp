@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Checkpoints: visit_options lists every option by name with its value and
 // agreement; save/load resumes bit for bit (the reference is the same run
 // continued without the interruption) for every schedule and for fp32,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // chunk_topk (SparseLoCo): the selection against a sort, the packed layout
 // and its checks, error feedback with decay against its formula, mass
 // conservation over 50 rounds, the sparse (gathered) mean against the dense

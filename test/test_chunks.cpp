@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Multi-tensor passes (exec/chunks.hpp, kernels/tensor_passes.hpp): one
 // pass over a whole tensor list, on the host executor and on the replay of
 // the CUDA launch (cuda_grid_sim.hpp). References: the per-tensor passes

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // comm::gloo over real processes and loopback TCP. The test binary is also
 // its own rank program: run with DILOCO_TEST_ROLE set (and the DILOCO_*
 // variables of comm::gloo::from_env) it plays one rank of a world its

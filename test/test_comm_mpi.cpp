@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // comm::mpi under mpirun (CTest starts it with -np 2 and -np 4): every
 // operation against values each rank computes itself, traffic against the
 // closed-form models, determinism, and bad input on one or all ranks.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // comm::mpi over device buffers (CTest label `cuda`, under mpirun -np 2):
 // every operation, blocking and non-blocking, through pinned staging and,
 // when the MPI library is CUDA-aware, with device pointers handed to MPI,

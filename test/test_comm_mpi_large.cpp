@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A count above INT_MAX for real (opt-in: DILOCO_TEST_LARGE_COUNTS=ON; it
 // needs about 2.2 GB per rank): a byte broadcast of INT_MAX + 17 bytes,
 // which MPI's int count cannot describe in one call. Every byte is checked

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // comm::mpi and the MPI lifetime, which belongs to the user: before MPI_Init
 // and after MPI_Finalize constructing one is a config_error (diloco never
 // initializes MPI behind the user's back), and an object destroyed after

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // comm::mpi with a timeout when a rank dies and mpirun keeps the job alive
 // (--mca orte_abort_on_non_zero_status 0). Run by
 // test/run_mpi_peer_death.cmake under mpirun -np 3: every rank builds its

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // comm::nccl without a GPU: the unique-id record and its exchange through a
 // real Gloo store, option validation, and clean failure where no device
 // exists. Runs in every build with NCCL; the device tests are in

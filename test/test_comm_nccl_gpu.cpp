@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // comm::nccl on real GPUs, in one process: a world of one on one device,
 // and with two or more devices a world of one thread per device,
 // bootstrapped through a Gloo store. Exits with 77 (CTest: skipped) when no

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // comm::nccl under mpirun. Two suites, picked on the command line:
 //   bootstrap  the ncclUniqueId over MPI_Bcast, node-local ranks, and clean
 //              failure without a GPU; needs no GPU, runs everywhere.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The lossy codecs on their own: round-trip error bounds from each format's
 // definition, unbiased stochastic rounding, and the error-feedback identity.
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The compressed mean over the threads communicator: within each codec's
 // error bound of the exact mean for M = 1, 2, 3, 4, 7; non-finite values and
 // corrupt bytes reject the round on every rank and change no state.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The compressed mean across MPI processes (CTest runs it with -np 4): each
 // codec's decoded mean within its error bound of the exact mean (the bounds
 // of test_compressed_mean.cpp, derived from the codecs' definitions), every

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The device path of the compressed mean, on the host: in this program
 // "device memory" is host memory and the device executor replays every
 // thread of the grids exec::cuda would launch (cuda_grid_sim.hpp), so the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // diloco::algorithm and diloco::optimizer over device-space tensors, on the
 // host: in this test program "device memory" is host memory and the device
 // executor is the CUDA launcher replayed thread by thread

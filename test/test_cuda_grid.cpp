@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CUDA launcher's index math and the fused kernels' 4-wide paths, run on
 // the host: every thread of the grid the launcher would start executes the
 // kernels' per-thread code (see cuda_grid_sim.hpp). References are what the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The main demo on its default settings and corpus (Debian's fortunes),
 // running the same code as examples/train_char_mlp: DiLoCo learns far more
 // than a context-free model, stays within 2.5% of synchronous data parallel's

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Elastic membership over comm::gloo with real processes on loopback TCP:
 // a worker SIGKILLs itself (the DILOCO_FAULT hook, compiled in here with
 // DILOCO_FAULT_INJECTION) at each stage of start-up and of a round; the

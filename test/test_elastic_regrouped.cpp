@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // comm::regrouped (the elastic device communicator behind comm::elastic_nccl)
 // without a GPU: its membership is a real elastic comm::gloo, and its data
 // communicator, which NCCL is in production, is substituted by one that

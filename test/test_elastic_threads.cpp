@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Elastic membership over comm::threads: workers leave (algorithm::leave)
 // and join (world::spawn) between rounds; the group re-forms and the
 // algorithm re-plans for the new M. Checked against rounds run by hand

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Bad input gives a clear exception; a non-finite pseudo-gradient rejects
 // the round and leaves theta_global as it was.
 #include <doctest/doctest.h>

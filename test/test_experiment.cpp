@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // diloco::experiment: variants chosen at compile time run on one problem
 // with the same data and seeds. Two variants that must give the same bits
 // (the blocking schedule and streaming with P = 1, tau = 0, alpha = 0) give

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Inner optimizers against sequences computed independently, in double
 // precision, from the update rules PyTorch documents for torch.optim.AdamW
 // and torch.optim.SGD (and torch.nn.utils.clip_grad_norm_).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // low_rank (PowerSGD-style) over the threads communicator: a rank-R matrix
 // held by every worker is reproduced, error feedback stays bounded, vectors
 // travel exactly, replicas agree bit for bit for M = 1, 2, 3, 4, 7, and a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Outer optimizers against closed forms. Pseudo-gradients are made exact by
 // construction: one inner SGD step with lr 1 from theta moves the replica to
 // theta - g, so Delta_m = g_m (all values dyadic, no rounding in round 1).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Small probes the multi-process and GPU tests share: this process's place
 // in MPI_COMM_WORLD, and how many CUDA devices it can use. Include
 // <mpi.h> or <cuda_runtime_api.h> before this header to get the matching

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The block-wise small formats (fp8_e4m3, fp8_e5m2, fp4_e3m0, int2): their
 // values against tables written from the formats' definitions, round trips
 // within half the format's gap at the block's scale (round to nearest) and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The sync schedules (the fifth policy): blocking equals streaming with one
 // fragment bit for bit; every fragment begins and is applied at exactly the
 // steps the definition gives; streaming, one-step delay and eager follow a

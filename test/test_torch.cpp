@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The libtorch adapter (diloco/tensor/torch.hpp): diloco's AdamW stepping a
 // libtorch model's own tensors follows torch::optim::AdamW (PyTorch's
 // reference implementation, run side by side on an identical copy of the

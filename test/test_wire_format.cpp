@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Every corruption of a compressed segment is a format_error: each header
 // field, the checksum, the payload, truncation at every length.
 #include <doctest/doctest.h>

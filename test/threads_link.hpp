@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Communicators over comm::threads that forward every operation (comm_link),
 // for tests that count, record or damage what passes through: derive, and
 // redefine every overload of the names you change. threads_host_link takes

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Conan's test of the package: a consumer built with CMake against what
 # `conan create` packaged, found through diloco's own CMake package.
 import os

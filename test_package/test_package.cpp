@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The package's test: one round of model averaging (FedAvg: outer SGD with
 // lr 1 and no momentum, outer::sgd's defaults) with two workers, checked
 // against its closed form. Worker m sees the constant gradient -(m + 1);

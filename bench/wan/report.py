@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The slow-link benchmark's results (one file per run, written by
 bench/wan/run.sh) as a table, plots and checks.
 

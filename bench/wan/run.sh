@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The slow-link benchmark: DiLoCo against data parallel when the workers are
 # joined by a slow network. Needs root (it makes network namespaces), `ip`
 # and `tc` (Debian's iproute2) and a build of bench/wan/wan_worker.

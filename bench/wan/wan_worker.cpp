@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One worker of the slow-link benchmark (bench/wan/run.sh starts two, each in
 // its own network namespace behind a shaped link). It trains the demo's
 // character model (examples/char_mlp) one way, chosen on the command line:

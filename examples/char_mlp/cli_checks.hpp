@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // CLI11 checks shared by the examples' command lines (the char-MLP demo,

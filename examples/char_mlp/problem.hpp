@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // The character MLP as a diloco::experiment problem (examples/sweep.cpp):

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // A small decoder-only transformer over characters, in libtorch (GPT-2's

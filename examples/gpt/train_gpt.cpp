@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A small character-level GPT (examples/gpt/model.hpp, libtorch) trained on
 // Debian's fortunes by synchronous data parallel, by one worker with the
 // same per-worker compute, and by DiLoCo variants: the same data and seeds

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // diloco::algorithm: DiLoCo assembled from an inner optimizer, an outer

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // Umbrella header of the CUDA backend: everything in <diloco/diloco.hpp>,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // detail::engine: one worker's DiLoCo, assembled from its parts.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // diloco::optimizer: an optimizer policy applied on its own to a list of

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # diloco as a vcpkg overlay port, built from the checkout this file lives in
 # (ports/diloco/ of the diloco source tree):
 #   vcpkg install "diloco[mpi,cuda]" --overlay-ports=<diloco checkout>/ports

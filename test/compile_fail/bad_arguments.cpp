@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Mistakes a user makes in naming the algorithm or passing its arguments;
 // -DCASE_<name> picks one. Each must fail to compile with a message naming
 // the rule (compile_fail_<name> in test/CMakeLists.txt), except

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Must NOT compile: `mute` cannot all-reduce, so it is not a
 // diloco::communicator.
 #include <diloco/diloco.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Must NOT compile: `not_an_optimizer` lacks options/validate/make_update, so
 // naming it as the inner optimizer violates diloco::inner_optimizer.
 #include <diloco/diloco.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Must NOT compile: a communicator of device memory only, given host
 // tensors.
 #include <diloco/diloco.hpp>

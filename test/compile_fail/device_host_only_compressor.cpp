@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Must NOT compile: a compressor with no device form over device tensors.
 // HOST_ONLY names it (test/CMakeLists.txt: compress::topk<>, which selects
 // on the host, and compress::chunk_topk<8192>, whose chunks do not fit the

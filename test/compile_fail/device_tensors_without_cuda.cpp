@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Must NOT compile: device tensors in a translation unit without the CUDA
 // backend (<diloco/cuda.hpp>, nvcc).
 #include <diloco/diloco.hpp>

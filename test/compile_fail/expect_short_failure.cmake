@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # cmake "-DCOMMAND=<compiler;args...>" "-DHEADERS=<h1;h2...>" -DEXPECT=<regex>
 #       -DMAX_ERRORS=<n> -P expect_short_failure.cmake
 # For each header h: runs COMMAND -DHEADER=<h>, which must fail, print

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Must NOT compile: host parameters stepped with device gradients.
 #include <diloco/diloco.hpp>
 

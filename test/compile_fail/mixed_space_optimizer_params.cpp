@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Must NOT compile: a host optimizer (exec::host) over device tensors.
 #include <diloco/diloco.hpp>
 

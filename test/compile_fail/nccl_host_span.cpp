@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Must NOT compile: comm::nccl reads and writes device memory only, so a
 // host buffer passed to all_reduce is rejected at compile time. With
 // DILOCO_PASS_DEVICE_VIEW the same call over a device view must compile.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Must NOT compile: `blocking_only` has every blocking collective the
 // library calls but no non-blocking ones, so it runs sync::blocking (checked
 // below) and not an overlapping schedule, which keeps reductions in flight.

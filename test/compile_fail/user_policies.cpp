@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A user's own optimizer and compressor written to the concepts
 // (core/concepts.hpp, compress/codec.hpp): with nothing dropped this
 // compiles and instantiates every path the algorithm takes through them

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # cmake -DNVCC=... -DSOURCE=... -DINCLUDE=... -DOUT=... -DARCH=sm_90 [-DLOAD_ONLY=regex] -P check_ptx.cmake
 # Compiles SOURCE to PTX and checks that every kernel entry in it uses
 # 128-bit global loads and stores (st.global.v4, or its streaming form

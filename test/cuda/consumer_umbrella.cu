@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A CUDA translation unit that includes only <diloco/diloco.hpp>: the host
 // library must compile under nvcc at C++20 (DILOCO_HD functors become
 // __host__ __device__) and work unchanged. Trains y = 2x + 1 with 4

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Main of the CUDA test programs. Test cases named "gpu: ..." need a device
 // and are skipped, with a line saying so, when there is none (any runtime
 // error counts as none); cases named "no gpu: ..." check how the library

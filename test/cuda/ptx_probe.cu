@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Instantiates the generic element-wise kernel for each fused functor, and
 // the team kernel for the compression passes that move fp32 arrays (encode
 // with error feedback: global, replica, residual in, residual out;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // diloco::algorithm and diloco::optimizer over device tensors on a real GPU,
 // against the same programs over host tensors: only the tensor type differs
 // between the two. Without a GPU only the failure path runs.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // exec::cuda on a real GPU: every fused kernel against the host executor on
 // random inputs of awkward sizes and misaligned offsets, reductions against
 // double sums and against themselves (same bits every run), copies, streams,

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Randomized kill trials over comm::gloo (issue 11's acceptance check):
 #
 #   test/fault/kill_trials.sh N [path/to/test_elastic_gloo] [--seed S] [--sync NAME] [--kill fault|external]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # cmake -DPLAIN=exe -DFMA=exe -P compare.cmake
 # Runs the probe built with the default flags and the one built with
 # -O3 -mfma -ffp-contract=fast; their outputs (a hash per training run)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The same training runs, compiled once with the default flags and once
 // with -O3 -mfma -ffp-contract=fast (CMake builds both): each prints one
 // line per run, `name: hash` of the bits of theta_global, the replicas and

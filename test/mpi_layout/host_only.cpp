@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Compiled by the host compiler without CUDA (no DILOCO_WITH_CUDA): comm::mpi
 // without its device operations.
 #include "layout.hpp"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // The sizes and alignments of comm::mpi's classes as one translation unit

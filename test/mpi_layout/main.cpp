@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // comm::mpi has one layout whatever the translation unit: compiled without
 // CUDA, by the host compiler with DILOCO_WITH_CUDA (this file), and by nvcc.
 // A program may mix them, so a request made in one is waited on in

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Compiled by nvcc: comm::mpi with its device operations.
 #include "layout.hpp"
 

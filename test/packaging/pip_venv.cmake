@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # diloco_pip_venv(<venv dir> <python> <out-var> <requirement>...): a private
 # virtual environment (python -m venv) with the requirements installed by
 # pip from PyPI. Made once and reused by later tests. <out-var> is empty on

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Shared by the packaging scripts.
 # run_matching(<regex> <command>...): executes the command and stops the
 # script with its output when it fails or when its output (stdout and

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # cmake -DDILOCO_SOURCE_DIR=.. -DWORK_DIR=.. -DVENV=.. -DPYTHON=.. -DPIP_REQUIREMENTS=conan,...
 #       [-DWITH_OPENMP=ON] -P run_conan_create.cmake
 # `conan create` of the recipe in the source tree, with Conan from pip in a

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # cmake -DMODE=find_package|add_subdirectory -DDILOCO_SOURCE_DIR=.. -DDILOCO_BINARY_DIR=..
 #       -DWORK_DIR=.. -DCXX=.. -DGENERATOR=.. -P run_consumer.cmake
 # Lists given on the command line are comma-separated (a ';' does not survive

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # cmake -DDILOCO_BINARY_DIR=.. -DWORK_DIR=.. -DCXX=.. -DGENERATOR=.. "-DLAUNCH=mpiexec;-n;2;..."
 #       [-DPOSTFLAGS=..] -P run_mpi_consumer.cmake
 # Installs this build tree into a private prefix, builds mpi_consumer against

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # run_consumer.cmake with the consumer built by a CMake that pip installs
 # into a private virtual environment: -DVENV=<dir> -DPYTHON=<python3>
 # -DPIP_REQUIREMENTS=cmake,... plus run_consumer.cmake's arguments. Prints

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # cmake -DDILOCO_SOURCE_DIR=.. -DWORK_DIR=.. -DCXX=.. -DGENERATOR=.. -DFEATURES=core,mpi,...
 #       [-DNVCC=..] -P run_vcpkg_port.cmake
 # ports/diloco checked as far as it can be without the vcpkg tool: its

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // Checkpoint files on disk. A write never leaves `path` half written: the

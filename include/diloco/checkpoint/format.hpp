@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // The checkpoint file format: bytes <-> header fields and named sections,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // An engine's visited state <-> checkpoint bytes. Generic over whatever

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // comm::elastic_nccl: NCCL for the data, comm::gloo (options.elastic) for

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // Communicator over Gloo's TCP transport: one rank per process, on one

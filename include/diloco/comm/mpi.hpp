@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // diloco::comm::mpi: the workers are the ranks of an MPI communicator the

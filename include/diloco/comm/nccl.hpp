@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // NCCL communicator: one rank per CUDA device, every operation over device

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // nccl::from_store with Gloo's rendezvous stores (FileStore, HashStore,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // nccl::from_mpi: an NCCL communicator over the processes of an MPI

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // An elastic device communicator made of two: comm::gloo (options.elastic)

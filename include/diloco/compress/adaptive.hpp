@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // Adaptive compression (DiLoCoX, Qi et al. 2025, arXiv 2506.21263, adapts

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // SparseLoCo's compressor (arXiv 2508.15706): per chunk of `Chunk`

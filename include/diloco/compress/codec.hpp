@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // The shape every lossy codec has. A codec works on blocks: a block of up to

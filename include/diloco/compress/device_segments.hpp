@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // What the device engines (compressed_mean_device.hpp, gathered_mean_device.hpp,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // A compressor as checkpoint headers and the agreement across ranks name

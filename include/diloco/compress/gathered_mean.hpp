@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // The mean of the workers' pseudo-gradients under a sparse codec

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // PowerSGD-style low-rank compression (Vogels et al. 2019; hivemind and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // The wire format of a compressed segment: a 64-byte header, then the

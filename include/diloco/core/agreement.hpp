@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // What the ranks compare at construction (engine.hpp runs the exchange):

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // A test-only fault hook: with DILOCO_FAULT_INJECTION defined when the

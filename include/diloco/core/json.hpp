@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // JSON for diloco's reports, with nlohmann-json (CMake component `json`,

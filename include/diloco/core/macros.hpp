@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // DILOCO_HD marks the per-element math that both the host executor and the

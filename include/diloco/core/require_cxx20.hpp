@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // diloco is C++20 (concepts, designated initializers, std::span): stop a

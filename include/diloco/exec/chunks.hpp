@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // Multi-tensor passes: one pass over every tensor of a list, as one parallel

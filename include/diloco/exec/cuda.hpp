@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // exec::cuda: the device executor. Runs the library's DILOCO_HD functors on

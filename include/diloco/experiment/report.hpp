@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // An experiment's rows as a table (for people), CSV (one line per row, and

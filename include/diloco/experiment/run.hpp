@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // Runs a list of variants (experiment/variants.hpp) on one problem, each on

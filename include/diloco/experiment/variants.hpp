@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // The variants an experiment compares, as types: a DiLoCo variant is one

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // Float operations rounded one at a time, never fused into a multiply-add.

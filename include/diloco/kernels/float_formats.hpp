@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // fp32 -> bf16 / fp16 conversion with round-to-nearest-even or stochastic

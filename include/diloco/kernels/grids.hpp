@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // The value grids of the block-wise formats (compress/formats.hpp): where a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // The passes of the low-rank round (compress/low_rank.hpp) as DILOCO_HD

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // The fused passes over a whole list of tensors (exec/chunks.hpp): each is a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // Four consecutive floats moved as one 16-byte access. A fused functor may

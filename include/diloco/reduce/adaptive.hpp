@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // The reducer of compress::adaptive<C...>: one reducer per rung (each its

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // The reducer for lossy codecs: the compressed mean's protocol (encode,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // The reducer for sparse codecs (chunk_topk): the gathered mean's protocol

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // sync::blocking: DiLoCo's round (Douillard et al. 2023, Algorithm 1). After

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // sync::eager: eager updates (Kale, Douillard, Donchev 2025, arXiv

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // sync::one_step_delay (DiLoCoX, arXiv 2506.21263; torchft's semi-async

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // What the whole-model schedules (blocking, one_step_delay, eager) share:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // Owning device memory and pinned host memory. Plain host code over the CUDA

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // A list of tensors as the multi-tensor passes read it (exec/chunks.hpp,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // libtorch tensors as diloco tensors (CMake component `torch`, target

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Trains y = 3x - 1 with two simulated workers; exits non-zero unless the
 // fit is close, so the test checks that the package works, not just links.
 #include <cmath>

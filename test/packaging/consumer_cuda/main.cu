@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // README's GPU section as a user writes it: <diloco/cuda.hpp>, device
 // tensors (thrust::device_vector), the same algorithm and calls as on the
 // host: AdamW uncompressed, and (SGD inner) int4 with error feedback. Four

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Two ranks (threads of this process, each with its own Gloo communicator
 // over loopback TCP) fit y = 3x - 1 with DiLoCo; exits non-zero unless the
 // fit is close, so the test checks that the component works, not just links.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Built against an installed diloco with COMPONENTS nccl: the header and the
 // linked library must be the same NCCL, a real unique id must come out of it
 // (no GPU needed), and where a GPU exists a world of one must sum.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Two workers (threads of this process) fit y = 3x - 1 with a libtorch
 // Linear(1, 1) and DiLoCo over the module's own tensors; exits non-zero
 // unless the fit is close, so the test checks that the component works,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Trains y = 3x - 1 with one worker per MPI rank; every rank exits non-zero
 // unless its replica fits the line, so the test checks that the package
 // works across processes, not just that it links.

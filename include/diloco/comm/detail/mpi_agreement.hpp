@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // Before each collective the ranks of comm::mpi compare what they are about

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // Turning MPI return codes into exceptions, and splitting counts that do not

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // Completing MPI requests against comm::mpi's timeout. Without a timeout a

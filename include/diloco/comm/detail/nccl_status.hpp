@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // CUDA and NCCL status codes turned into diloco exceptions, and a guard that

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // The ncclUniqueId on its way from rank 0 to the others, as an id record

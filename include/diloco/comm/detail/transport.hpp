@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // How the engine hands its flat fp32 buffers (the wire, the initial

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // Options of comm::gloo and the launch story's environment variables. Kept

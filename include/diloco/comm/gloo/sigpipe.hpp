@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // Gloo's TCP transport sends with writev(2), without MSG_NOSIGNAL. Writing

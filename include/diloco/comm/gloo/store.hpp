@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // The rendezvous stores of comm::gloo, all of them Gloo's own:

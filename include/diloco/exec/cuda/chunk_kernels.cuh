@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // The multi-tensor launches (exec/chunks.hpp): one block of chunk_lanes

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // The generic kernels: one grid-stride launch for element-wise functors and

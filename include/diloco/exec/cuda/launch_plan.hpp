@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // The index math of the CUDA launcher, as plain C++: how many blocks, which

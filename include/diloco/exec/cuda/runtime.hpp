@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // CUDA runtime status codes as diloco errors. Plain host code: it needs the
