@@ -197,7 +197,7 @@ def main(d):
     for path in sorted(glob.glob(os.path.join(d, "gpt-*", "gpt_curves.csv"))):
         gpt_rows += read(path)
     if gpt_rows:
-        curves_figure(gpt_rows, d, "gpt_curves.png", "GPT (0.83 M parameters), fortunes, one pass: held-out loss")
+        curves_figure(gpt_rows, d, "gpt_curves.png", "GPT example, fortunes, one pass: held-out loss")
 
 
 if __name__ == "__main__":

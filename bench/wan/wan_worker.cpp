@@ -156,9 +156,10 @@ void load_params(char_mlp::model& m, const std::vector<float>& flat) {
 void time_quiet_steps(const char_mlp::config& c, const char_mlp::dataset& d, int rank, int share,
                       char_mlp::model& m, run_record& rec) {
   char_mlp::batch_buffer b;
+  const auto plan = char_mlp::make_shards(d, c);  // c.shards: iid, every worker samples the whole text
   for (int step = 0; step < 30; ++step) {
     const auto t0 = clock_type::now();
-    b.fill(d, c, step, rank * share, share);
+    b.fill(d, c, plan, step, rank, rank * share, share);
     m.forward(b.contexts.data(), b.targets.data(), share, true);
     rec.add_quiet(seconds_between(t0, clock_type::now()));
   }
@@ -177,6 +178,7 @@ run_result run_data_parallel(const bench_options& o, const char_mlp::dataset& d,
   diloco::optimizer<diloco::inner::adamw> opt(m.parameters(), char_mlp::inner_options(c));
   const int share = c.batch / comm.size();
   char_mlp::batch_buffer b;
+  const auto plan = char_mlp::make_shards(d, c);  // c.shards: iid, every worker samples the whole text
   const auto n = m.parameter_count();
   time_quiet_steps(c, d, comm.rank(), share, m, rec);
   comm.barrier();
@@ -185,7 +187,7 @@ run_result run_data_parallel(const bench_options& o, const char_mlp::dataset& d,
   rec.take_snapshot(0, n, [&](float* out) { copy_model_params(m, out); });
   for (int step = 0; step < c.steps; ++step) {
     const auto t0 = clock_type::now();
-    b.fill(d, c, step, comm.rank() * share, share);
+    b.fill(d, c, plan, step, comm.rank(), comm.rank() * share, share);
     m.forward(b.contexts.data(), b.targets.data(), share, true);
     const auto t1 = clock_type::now();
     comm.all_reduce(m.flat_gradients(), diloco::reduce_op::mean);
@@ -237,6 +239,7 @@ run_result run_diloco(const bench_options& o, const char_mlp::dataset& d, diloco
   };
   const int share = c.batch / comm.size();
   char_mlp::batch_buffer b;
+  const auto plan = char_mlp::make_shards(d, c);  // c.shards: iid, every worker samples the whole text
   time_quiet_steps(c, d, comm.rank(), share, m, rec);
   comm.barrier();
   const auto stats0 = t.stats();
@@ -244,7 +247,7 @@ run_result run_diloco(const bench_options& o, const char_mlp::dataset& d, diloco
   rec.take_snapshot(0, n, copy_global);
   for (int step = 0; step < c.steps; ++step) {
     const auto t0 = clock_type::now();
-    b.fill(d, c, step, comm.rank() * share, share);
+    b.fill(d, c, plan, step, comm.rank(), comm.rank() * share, share);
     m.forward(b.contexts.data(), b.targets.data(), share, true);
     const auto t1 = clock_type::now();
     t.set_inner_lr(char_mlp::lr_at(c, step));

@@ -43,7 +43,10 @@ struct topk_codec {
 
   void encode(const float* v, std::size_t len, std::byte* out, float* dq, std::uint64_t, std::uint64_t) const {
     const std::size_t k = entries(len);
-    std::uint16_t idx[B];
+    // At least 16 entries: GCC 12 warns (-Warray-bounds, falsely) that
+    // std::sort's insertion-sort stage, whose threshold is 16, reads past a
+    // smaller array once the optimizer specialises it for B < 16.
+    std::uint16_t idx[B < 16 ? 16 : B];
     for (std::size_t j = 0; j < len; ++j) idx[j] = static_cast<std::uint16_t>(j);
     auto mag = [&](std::uint16_t j) { return std::isnan(v[j]) ? INFINITY : std::fabs(v[j]); };
     std::nth_element(idx, idx + k, idx + len, [&](std::uint16_t a, std::uint16_t b) {
