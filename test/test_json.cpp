@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <limits>
 #include <set>
 #include <string>
 #include <vector>
@@ -104,14 +105,15 @@ TEST_CASE("options as JSON: every option of algorithm_options, nested by policy,
                  .on_event = [](const dc::event&) {}};
   // The structs' fields, by hand (inner/adamw.hpp, outer/nesterov.hpp,
   // compress/blockwise.hpp, sync/streaming.hpp, engine.hpp); the defaults
-  // of those not set above are the floats 0.9f, 1e-8f, 0.1f.
+  // of those not set above are the floats 0.9f, 1e-8f, 0.1f, written as
+  // their shortest decimals.
   const json want = {{"inner_steps", 12},
                      {"inner",
                       {{"lr", 0.25},
-                       {"beta1", static_cast<double>(0.9f)},
+                       {"beta1", 0.9},
                        {"beta2", 0.5},
-                       {"eps", static_cast<double>(1e-8f)},
-                       {"weight_decay", static_cast<double>(0.1f)},
+                       {"eps", 1e-8},
+                       {"weight_decay", 0.1},
                        {"max_grad_norm", 2.0}}},
                      {"outer", {{"lr", 0.5}, {"momentum", 0.75}}},
                      {"compress", {{"seed", 77}}},
@@ -129,6 +131,14 @@ TEST_CASE("options as JSON: every option of algorithm_options, nested by policy,
   CHECK(back["inner"]["weight_decay"].get<float>() == o.inner.weight_decay);
   CHECK(back["host_threads"].get<int>() == o.host_threads);
   CHECK(back["inner_steps"].get<std::size_t>() == o.inner_steps);
+  // The text a user reads names the float as written.
+  CHECK(got.dump().find("\"weight_decay\":0.1}") != std::string::npos);
+  // A double option that is no float keeps its digits (adaptive's rule).
+  dc::compress::adaptive_settings rule{};
+  rule.budget_share = 0.1;
+  CHECK(dc::options_json(rule)["budget_share"].get<double>() == 0.1);
+  rule.error_bound = std::numeric_limits<double>::quiet_NaN();
+  CHECK(dc::options_json(rule)["error_bound"].is_null());
   // A policy's own options, alone.
   CHECK(dc::options_json(dc::compress::topk_options{.fraction = 0.5f}) == json{{"fraction", 0.5}});
 }

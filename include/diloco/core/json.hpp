@@ -21,8 +21,10 @@
 #include <nlohmann/json.hpp>
 
 #include <bit>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <string_view>
@@ -78,14 +80,28 @@ inline void to_json(nlohmann::json& j, const stats& s) {
        {"compression_choices", s.compression_choices}};
 }
 
-// One option's value as its JSON type: booleans, integers, numbers (an
-// option stored from a float reads back as the same float), text.
+// One option's value as its JSON type: booleans, integers, numbers, text.
+// Most options are floats, held as doubles: a value that is exactly a float
+// is written as the float's shortest decimal (lr 0.1f as 0.1, not
+// 0.10000000149011612), which reads back as the same float; other doubles
+// as nlohmann writes them (the shortest decimal that reads back exactly).
 inline void to_json(nlohmann::json& j, const option_value& v) {
   switch (v.type) {
     case option_value::kind::boolean: j = v.bits != 0; return;
     case option_value::kind::signed_integer: j = static_cast<std::int64_t>(v.bits); return;
     case option_value::kind::unsigned_integer: j = v.bits; return;
-    case option_value::kind::floating: j = json_number(std::bit_cast<double>(v.bits)); return;
+    case option_value::kind::floating: {
+      const double d = std::bit_cast<double>(v.bits);
+      const auto f = static_cast<float>(d);
+      if (std::isfinite(d) && static_cast<double>(f) == d) {
+        char text[32];
+        const auto end = std::to_chars(text, text + sizeof text, f).ptr;
+        j = std::strtod(std::string(text, end).c_str(), nullptr);
+      } else {
+        j = json_number(d);
+      }
+      return;
+    }
     case option_value::kind::text: j = v.str; return;
   }
   j = nullptr;
