@@ -46,6 +46,22 @@ double norm(const std::vector<float>& v) {
 
 using blocking_trainer = dc::algorithm<dc::inner::sgd, dc::outer::nesterov, dc::compress::none, threads>;
 
+// The events each worker's hook received, by worker id: a worker appends
+// to its own list while it trains and stores it once at the end.
+struct event_log {
+  std::mutex mu;
+  std::map<int, std::vector<dc::event>> by_worker;
+  void store(int id, std::vector<dc::event> mine) {
+    std::lock_guard lock(mu);
+    by_worker[id] = std::move(mine);
+  }
+};
+
+// Blocking DiLoCo with plain inner SGD whose hook appends to `mine`.
+blocking_trainer::options recording(std::size_t H, float lr, std::vector<dc::event>& mine) {
+  return {.inner_steps = H, .inner = {.lr = lr}, .on_event = [&mine](const dc::event& e) { mine.push_back(e); }};
+}
+
 }  // namespace
 
 TEST_CASE("no hook by default") {
@@ -57,22 +73,17 @@ TEST_CASE("round events: indices 1..R, bytes from the ring all-reduce's closed f
   constexpr int M = 4;
   constexpr std::size_t n = 12, H = 4, R = 5;
   constexpr float lr = 0.125f;
-  std::mutex mu;
-  std::map<int, std::vector<dc::event>> seen;
+  event_log recorded;
   threads::world world(M);
   world.run([&](threads& comm) {
     const int m = comm.rank();
     std::vector<float> x(n, 1.0f);
     std::vector<dc::event> mine;
-    blocking_trainer t(x, comm,
-                       {.inner_steps = H,
-                        .inner = {.lr = lr},
-                        .on_event = [&mine](const dc::event& e) { mine.push_back(e); }});
+    blocking_trainer t(x, comm, recording(H, lr, mine));
     const auto g = constant_gradient(n, m);
     for (std::size_t s = 0; s < H * R; ++s) t.step(g);
     const auto s = t.stats();
-    std::lock_guard lock(mu);
-    seen[m] = mine;
+    recorded.store(m, mine);
     // The last event repeats what stats() says of the last round.
     REQUIRE(!mine.empty());
     CHECK(mine.back().bytes_sent == s.last_round_bytes_sent);
@@ -82,7 +93,7 @@ TEST_CASE("round events: indices 1..R, bytes from the ring all-reduce's closed f
   const std::uint64_t wire = (n + M) * sizeof(float);
   for (int m = 0; m < M; ++m) {
     CAPTURE(m);
-    const auto& ev = seen[m];
+    const auto& ev = recorded.by_worker[m];
     REQUIRE(ev.size() == R);
     const double want_norm = static_cast<double>(H) * lr * norm(constant_gradient(n, m));
     for (std::size_t r = 0; r < R; ++r) {
@@ -111,25 +122,21 @@ TEST_CASE("round events under sync::streaming: one per fragment application, eac
   constexpr std::size_t H = 4, cycles = 3;
   const std::vector<std::size_t> sizes{5, 7};  // contiguous, P = 2: tensor p is fragment p
   using trainer = dc::algorithm<dc::inner::sgd, dc::outer::nesterov, dc::compress::none, threads, dc::sync::streaming>;
-  std::mutex mu;
-  std::map<int, std::vector<dc::event>> seen;
+  event_log recorded;
   threads::world world(M);
   world.run([&](threads& comm) {
     std::vector<std::vector<float>> p{std::vector<float>(sizes[0], 1.0f), std::vector<float>(sizes[1], -1.0f)};
     std::vector<std::vector<float>> g{std::vector<float>(sizes[0], 0.5f), std::vector<float>(sizes[1], 0.25f)};
     std::vector<dc::event> mine;
-    trainer t(p, comm,
-              {.inner_steps = H,
-               .inner = {.lr = 0.1f},
-               .sync = {.fragments = 2},
-               .on_event = [&mine](const dc::event& e) { mine.push_back(e); }});
+    trainer::options o{.inner_steps = H, .inner = {.lr = 0.1f}, .sync = {.fragments = 2}};
+    o.on_event = recording(H, 0.1f, mine).on_event;
+    trainer t(p, comm, o);
     for (std::size_t s = 0; s < H * cycles; ++s) t.step(g);
-    std::lock_guard lock(mu);
-    seen[comm.rank()] = mine;
+    recorded.store(comm.rank(), mine);
   });
   // Fragment p is applied after steps t = floor((p+1)H/P) (mod H): 2 and 4.
   for (int m = 0; m < M; ++m) {
-    const auto& ev = seen[m];
+    const auto& ev = recorded.by_worker[m];
     REQUIRE(ev.size() == 2 * cycles);
     for (std::size_t k = 0; k < ev.size(); ++k) {
       CAPTURE(k);
@@ -147,30 +154,25 @@ TEST_CASE("round events under sync::streaming: one per fragment application, eac
 TEST_CASE("a non-finite pseudo-gradient fires a rejected event on every rank, then the call raises") {
   constexpr int M = 2;
   constexpr std::size_t n = 6, H = 2;
-  std::mutex mu;
-  std::map<int, std::vector<dc::event>> seen;
+  event_log recorded;
   threads::world world(M);
   world.run([&](threads& comm) {
     const int m = comm.rank();
     std::vector<float> x(n, 1.0f);
     std::vector<dc::event> mine;
-    blocking_trainer t(x, comm,
-                       {.inner_steps = H,
-                        .inner = {.lr = 0.1f},
-                        .on_event = [&mine](const dc::event& e) { mine.push_back(e); }});
+    blocking_trainer t(x, comm, recording(H, 0.1f, mine));
     auto g = constant_gradient(n, m);
     t.step(g);
     if (m == 1) g[3] = std::nanf("");
     CHECK_THROWS_AS(t.step(g), dc::numeric_error);
     g = constant_gradient(n, m);
     for (std::size_t s = 0; s < H; ++s) t.step(g);  // the next round is accepted
-    std::lock_guard lock(mu);
-    seen[m] = mine;
+    recorded.store(m, mine);
     CHECK(t.stats().rejected_rounds == 1);
   });
   for (int m = 0; m < M; ++m) {
     CAPTURE(m);
-    const auto& ev = seen[m];
+    const auto& ev = recorded.by_worker[m];
     REQUIRE(ev.size() == 2);
     CHECK(ev[0].kind == dc::event_kind::rejected);
     CHECK(ev[0].round == 1);
@@ -188,8 +190,8 @@ TEST_CASE("a non-finite pseudo-gradient fires a rejected event on every rank, th
 TEST_CASE("membership events: a worker leaves 3 -> 2, one joins 2 -> 3, each named by rank") {
   constexpr std::size_t n = 4, H = 2;
   threads::world world(3, std::chrono::seconds(60), threads::membership::elastic);
+  event_log recorded;  // the joiner is worker 3
   std::mutex mu;
-  std::map<int, std::vector<dc::event>> seen;  // by worker id (the joiner is 3)
   std::map<int, std::uint64_t> generation;
   auto run_rounds = [](blocking_trainer& t, int id, int rounds) {
     const auto g = constant_gradient(n, id);
@@ -200,15 +202,12 @@ TEST_CASE("membership events: a worker leaves 3 -> 2, one joins 2 -> 3, each nam
     const int id = comm.rank();
     std::vector<float> x(n, 1.0f);
     std::vector<dc::event> mine;
-    blocking_trainer t(x, comm,
-                       {.inner_steps = H,
-                        .inner = {.lr = 0.1f},
-                        .on_event = [&mine](const dc::event& e) { mine.push_back(e); }});
+    blocking_trainer t(x, comm, recording(H, 0.1f, mine));
     run_rounds(t, id, 1);  // round 1 with 0, 1, 2
     if (id == 1) {
       t.leave();
+      recorded.store(id, mine);
       std::lock_guard lock(mu);
-      seen[id] = mine;
       generation[id] = comm.generation();
       return;
     }
@@ -217,13 +216,10 @@ TEST_CASE("membership events: a worker leaves 3 -> 2, one joins 2 -> 3, each nam
       world.spawn([&](threads& joiner) {
         std::vector<float> y(n, 9.0f);
         std::vector<dc::event> its;
-        blocking_trainer u(y, joiner,
-                           {.inner_steps = H,
-                            .inner = {.lr = 0.1f},
-                            .on_event = [&its](const dc::event& e) { its.push_back(e); }});
+        blocking_trainer u(y, joiner, recording(H, 0.1f, its));
         run_rounds(u, 3, 1);  // round 4
+        recorded.store(3, its);
         std::lock_guard lock(mu);
-        seen[3] = its;
         generation[3] = joiner.generation();
       });
       const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -233,15 +229,15 @@ TEST_CASE("membership events: a worker leaves 3 -> 2, one joins 2 -> 3, each nam
     }
     run_rounds(t, id, 1);  // round 3; the joiner is admitted at its end
     run_rounds(t, id, 1);  // round 4 with 0, 2, 3
+    recorded.store(id, mine);
     std::lock_guard lock(mu);
-    seen[id] = mine;
     generation[id] = comm.generation();
   });
 
   using K = dc::event_kind;
   // The leaver: one round, then its own leaving.
   {
-    const auto& ev = seen[1];
+    const auto& ev = recorded.by_worker[1];
     REQUIRE(ev.size() == 2);
     CHECK(ev[0].kind == K::round);
     CHECK(ev[1].kind == K::membership);
@@ -256,7 +252,7 @@ TEST_CASE("membership events: a worker leaves 3 -> 2, one joins 2 -> 3, each nam
   // 2 and 3, the join (at round 3's end), round 4.
   for (int id : {0, 2}) {
     CAPTURE(id);
-    const auto& ev = seen[id];
+    const auto& ev = recorded.by_worker[id];
     REQUIRE(ev.size() == 6);
     const std::vector<K> kinds{K::round, K::membership, K::round, K::round, K::membership, K::round};
     for (std::size_t k = 0; k < kinds.size(); ++k) CHECK(ev[k].kind == kinds[k]);
@@ -286,7 +282,7 @@ TEST_CASE("membership events: a worker leaves 3 -> 2, one joins 2 -> 3, each nam
   }
   // The joiner: its admission, then round 4.
   {
-    const auto& ev = seen[3];
+    const auto& ev = recorded.by_worker[3];
     REQUIRE(ev.size() == 2);
     CHECK(ev[0].kind == K::membership);
     CHECK(ev[0].previous_rank == -1);
@@ -294,7 +290,7 @@ TEST_CASE("membership events: a worker leaves 3 -> 2, one joins 2 -> 3, each nam
     CHECK(ev[0].rank == 2);
     CHECK(ev[0].world == 3);
     CHECK(ev[0].joined == std::vector<int>{2});
-    CHECK(ev[0].generation == seen[0][4].generation);
+    CHECK(ev[0].generation == recorded.by_worker[0][4].generation);
     CHECK(ev[1].kind == K::round);
     CHECK(ev[1].round == 4);
   }
