@@ -151,6 +151,41 @@ TEST_CASE("round events under sync::streaming: one per fragment application, eac
   }
 }
 
+TEST_CASE("round events under compress::adaptive carry the choice: the rung used is the one chosen the round before") {
+  using ef8 = dc::compress::error_feedback<dc::compress::blockwise<dc::int8, 64>>;
+  using ef4 = dc::compress::error_feedback<dc::compress::blockwise<dc::int4, 64>>;
+  using trainer = dc::algorithm<dc::inner::sgd, dc::outer::sgd, dc::compress::adaptive<ef8, ef4>, threads>;
+  constexpr int M = 2;
+  constexpr std::size_t n = 256, H = 2, R = 6;
+  event_log recorded;
+  threads::world world(M);
+  world.run([&](threads& comm) {
+    std::vector<float> x(n, 1.0f);
+    std::vector<dc::event> mine;
+    trainer::options o{.inner_steps = H, .inner = {.lr = 0.1f}};
+    o.compress.rule.start = 1;  // the first round on rung 1
+    o.on_event = recording(H, 0.1f, mine).on_event;
+    trainer t(x, comm, o);
+    const auto g = constant_gradient(n, comm.rank());
+    for (std::size_t s = 0; s < H * R; ++s) t.step(g);
+    recorded.store(comm.rank(), mine);
+  });
+  for (int m = 0; m < M; ++m) {
+    const auto& ev = recorded.by_worker[m];
+    REQUIRE(ev.size() == R);
+    for (std::size_t r = 0; r < R; ++r) {
+      CAPTURE(r);
+      REQUIRE(ev[r].compression.has_value());
+      const std::size_t expected_used = r == 0 ? 1 : ev[r - 1].compression->next;
+      CHECK(ev[r].compression->used == expected_used);
+      CHECK(ev[r].compression->next_name == (ev[r].compression->next == 0 ? ef8::name : ef4::name));
+      CHECK(ev[r].compression_error_norm > 0.0);  // a lossy rung
+      // The same choice on every rank (the rule runs on agreed numbers).
+      CHECK(ev[r].compression->next == recorded.by_worker[0][r].compression->next);
+    }
+  }
+}
+
 TEST_CASE("a non-finite pseudo-gradient fires a rejected event on every rank, then the call raises") {
   constexpr int M = 2;
   constexpr std::size_t n = 6, H = 2;
