@@ -30,12 +30,14 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "diloco/comm/detail/transport.hpp"
 #include "diloco/core/agreement.hpp"
 #include "diloco/core/concepts.hpp"
 #include "diloco/core/error.hpp"
+#include "diloco/core/event.hpp"
 #include "diloco/core/fault.hpp"
 #include "diloco/core/options.hpp"
 #include "diloco/core/state.hpp"
@@ -82,6 +84,11 @@ struct algorithm_options {
   // host tensors it must stay nullptr. Not an option of the algorithm's
   // math: not agreed across ranks, not in checkpoints.
   void* device_stream = nullptr;
+  // Called with each round summary, rejection, abort and membership change
+  // (core/event.hpp, which also states what happens when it throws).
+  // Empty: silent, and no event is built. Not an option of the algorithm's
+  // math: not visited, not agreed across ranks, not in checkpoints.
+  event_hook on_event{};
 };
 
 // Every option by name (core/options.hpp), with whether ranks must agree on
@@ -252,9 +259,12 @@ class engine final : public engine_base {
         elastic_ = true;
         agreed_ = std::move(agreed);
         joiner_ = comm_.joining();
+        previous_rank_ = joiner_ ? -1 : rank_;
+        previous_world_ = joiner_ ? 0 : world_;
         if (joiner_) comm_.join();  // waits for a round end of the running group
         replan();
         elastic_startup();
+        deliver_hook_error();
         return;
       }
     }
@@ -326,10 +336,29 @@ class engine final : public engine_base {
   }
 
   bool after_step() override {
+    return guarded([&] { return run_schedule(); });
+  }
+  void outer_round() override {
+    guarded([&] { run_outer_round(); });
+  }
+  void finish() override {
+    guarded([&] { drain(); });
+  }
+  void leave() override {
+    guarded([&] { leave_group(); });
+  }
+
+  bool left() const override { return left_; }
+  int rank() const override { return rank_; }
+  int world() const override { return world_; }
+
+ private:
+  // The schedule's decisions after an inner step.
+  bool run_schedule() {
     if constexpr (blocking) {
       if (steps_in_round_ < opts_.inner_steps) return false;
       const auto rounds = stats_.rounds;
-      outer_round();
+      run_outer_round();
       return stats_.rounds != rounds;
     } else {
       poll_in_flight();
@@ -347,7 +376,7 @@ class engine final : public engine_base {
   // survivors run the round without it) and after (leaves and joins); a
   // failure inside the round aborts it, and the survivors run it again
   // when none of them got past it.
-  void outer_round() override {
+  void run_outer_round() {
     check_member("outer_round");
     bool run = membership_check(where::before_round);
     while (run) {
@@ -363,7 +392,7 @@ class engine final : public engine_base {
     membership_check(where::after_round);
   }
 
-  void finish() override {
+  void drain() {
     check_member("finish");
     for (std::size_t p = 0; p < frags_.size(); ++p) {
       if (!frags_[p]->in_flight) continue;
@@ -377,7 +406,7 @@ class engine final : public engine_base {
     }
   }
 
-  void leave() override {
+  void leave_group() {
     check_member("leave");
     if (!elastic_)
       raise<config_error>("leave() needs an elastic communicator (comm::threads over an elastic world, comm::gloo "
@@ -386,7 +415,7 @@ class engine final : public engine_base {
       raise<state_error>("leave() is taken at a round end: call it right after a step() whose inner step count is a "
                          "multiple of inner_steps (", opts_.inner_steps, "); this worker is at inner step ",
                          position_);
-    finish();
+    drain();
     if constexpr (elastic_communicator<Comm>) {
       try {
         comm_.at_boundary(true, delayed ? boundary_kind::round_end : boundary_kind::round_start);
@@ -397,11 +426,19 @@ class engine final : public engine_base {
     }
     left_ = true;
     stats_.workers = 0;
+    notify([&] {
+      event e = make_event(event_kind::membership);
+      e.rank = -1;
+      e.world = 0;
+      if constexpr (elastic_communicator<Comm>) e.generation = comm_.generation();
+      e.previous_rank = rank_;
+      e.previous_world = world_;
+      e.left = {rank_};
+      return e;
+    });
   }
-  bool left() const override { return left_; }
-  int rank() const override { return rank_; }
-  int world() const override { return world_; }
 
+ public:
   void visit_state(state_visitor& v) override {
     v.buffer("theta_global", global_.data(), global_.size(), device);
     if (outer_slots_) v.buffer("outer.slots", outer_state_.data(), outer_state_.size(), device);
@@ -568,7 +605,9 @@ class engine final : public engine_base {
   bool resync_loop(where at) {
     for (;;) {
       try {
-        return resync(at);
+        const bool retry = resync(at);
+        report_membership();
+        return retry;
       } catch (const comm_error&) {
         recover_comm();  // throws when this worker was dropped or too few remain
         replan();
@@ -590,16 +629,23 @@ class engine final : public engine_base {
   // nothing), and none runs the rest of the interrupted step's schedule.
   bool resync(where at) {
     agree(agreed_);
+    // previous_rank: the member's rank in the group it last reported (-1:
+    // joining now), from which the membership event names who left and
+    // who joined.
     struct digest {
       std::uint64_t rounds, position;
-      std::uint8_t at, fresh, pad[6];
+      std::uint8_t at, fresh, pad[2];
+      std::int32_t previous_rank;
     };
-    digest mine{stats_.rounds, position_, static_cast<std::uint8_t>(at), static_cast<std::uint8_t>(fresh_ ? 1 : 0), {}};
+    digest mine{stats_.rounds, position_, static_cast<std::uint8_t>(at), static_cast<std::uint8_t>(fresh_ ? 1 : 0), {},
+                static_cast<std::int32_t>(previous_rank_)};
     std::vector<std::byte> bytes(sizeof mine);
     std::memcpy(bytes.data(), &mine, sizeof mine);
     const std::vector<std::byte> all = gather_bytes(bytes);
     std::vector<digest> d(static_cast<std::size_t>(world_));
     std::memcpy(d.data(), all.data(), all.size());
+    members_previous_.clear();
+    for (const digest& x : d) members_previous_.push_back(x.previous_rank);
     // The root is the member furthest along: most rounds applied, then
     // latest position (members that failed at different steps of the same
     // round: a collective that completed on some ranks before a peer died
@@ -699,7 +745,22 @@ class engine final : public engine_base {
       fp->completed = false;
       fp->failure = nullptr;
     }
-    if (any) ++stats_.aborted_rounds;
+    if (any) {
+      ++stats_.aborted_rounds;
+      notify([&] {
+        event e = make_event(event_kind::aborted);
+        e.round = stats_.rounds + 1;
+        // Called while the failure is being handled: name it.
+        try {
+          if (const auto failure = std::current_exception()) std::rethrow_exception(failure);
+        } catch (const std::exception& x) {
+          e.problem = x.what();
+        } catch (...) {
+          e.problem = "unknown failure";
+        }
+        return e;
+      });
+    }
     if constexpr (eager) reset_replica();
   }
 
@@ -739,6 +800,7 @@ class engine final : public engine_base {
   // check that changed the group: both count.
   void recover_comm() {
     ++stats_.membership_changes;
+    failure_since_report_ = true;
     if constexpr (elastic_communicator<Comm>)
       comm_.recover();
     else
@@ -881,6 +943,7 @@ class engine final : public engine_base {
     ++stats_.rounds;
     steps_in_round_ = 0;
     stats_.outer_seconds += seconds_since(t1) + f.blocked;
+    notify([&] { return reduction_event(event_kind::round, p, stats_.rounds, f.outer_steps); });
   }
 
   // sync::streaming after an inner step: begins first (with tau = 0 a
@@ -1026,6 +1089,12 @@ class engine final : public engine_base {
     const auto msg = concat(frags_.size() == 1 ? "" : concat("fragment ", p, " of ", frags_.size(), ": "),
                             "outer round ", f.outer_steps + 1, " rejected: ", v.problem,
                             "; theta_global is unchanged and ", what, " reset to it");
+    notify([&] {
+      event e = reduction_event(event_kind::rejected, p, stats_.rounds + 1, f.outer_steps + 1);
+      e.problem = msg;
+      e.corrupt = v.corrupt;
+      return e;
+    });
     if (v.corrupt) raise<format_error>(msg);
     raise<numeric_error>(msg);
   }
@@ -1104,6 +1173,99 @@ class engine final : public engine_base {
     return all;
   }
 
+  // ------------------------------------------------------------- events
+  // The user's hook (core/event.hpp): the event is built only when one is
+  // set; what the hook throws is kept, and guarded() rethrows it once the
+  // public call has done its work.
+  template <class Make>
+  void notify(Make&& make) {
+    if (!opts_.on_event) return;
+    const event e = make();
+    try {
+      opts_.on_event(e);
+    } catch (...) {
+      if (!hook_error_) hook_error_ = std::current_exception();
+    }
+  }
+
+  event make_event(event_kind k) const {
+    event e;
+    e.kind = k;
+    e.rank = rank_;
+    e.world = world_;
+    e.inner_step = position_;
+    return e;
+  }
+
+  // Fragment p's reduction, as account() left it in stats_.
+  event reduction_event(event_kind k, std::size_t p, std::uint64_t round, std::uint64_t fragment_round) const {
+    event e = make_event(k);
+    e.round = round;
+    e.fragment = p;
+    e.fragment_round = fragment_round;
+    e.bytes_sent = stats_.last_round_bytes_sent;
+    e.bytes_received = stats_.last_round_bytes_received;
+    e.pseudo_gradient_norm = stats_.pseudo_gradient_norm;
+    if constexpr (!Compressor::lossless) e.compression_error_norm = stats_.compression_error_norm;
+    e.blocked_seconds = stats_.last_round_blocked_seconds;
+    e.hidden_seconds = stats_.last_round_hidden_seconds;
+    if constexpr (switching)
+      if (k == event_kind::round) e.compression = stats_.compression_choices[p];
+    return e;
+  }
+
+  // After a resync: a membership event when the group re-formed since the
+  // last one (or this worker was just admitted), from every member's
+  // previous rank (resync's digests).
+  void report_membership() {
+    if (stats_.membership_changes == reported_changes_ && previous_rank_ >= 0) return;
+    notify([&] {
+      event e = make_event(event_kind::membership);
+      if constexpr (elastic_communicator<Comm>) e.generation = comm_.generation();
+      e.previous_rank = previous_rank_;
+      e.previous_world = previous_world_;
+      e.after_failure = failure_since_report_;
+      std::vector<bool> stayed(static_cast<std::size_t>(std::max(previous_world_, 0)), false);
+      for (std::size_t r = 0; r < members_previous_.size(); ++r) {
+        const int before = members_previous_[r];
+        if (before < 0)
+          e.joined.push_back(static_cast<int>(r));
+        else if (static_cast<std::size_t>(before) < stayed.size())
+          stayed[static_cast<std::size_t>(before)] = true;
+      }
+      for (std::size_t r = 0; r < stayed.size(); ++r)
+        if (!stayed[r]) e.left.push_back(static_cast<int>(r));
+      return e;
+    });
+    reported_changes_ = stats_.membership_changes;
+    previous_rank_ = rank_;
+    previous_world_ = world_;
+    failure_since_report_ = false;
+  }
+
+  // Runs a public call's body; a hook's exception kept meanwhile is
+  // rethrown once the body returned, and dropped if the body raised.
+  template <class Body>
+  auto guarded(Body&& body) {
+    try {
+      if constexpr (std::is_void_v<decltype(body())>) {
+        body();
+        deliver_hook_error();
+      } else {
+        auto result = body();
+        deliver_hook_error();
+        return result;
+      }
+    } catch (...) {
+      hook_error_ = nullptr;
+      throw;
+    }
+  }
+
+  void deliver_hook_error() {
+    if (hook_error_) std::rethrow_exception(std::exchange(hook_error_, nullptr));
+  }
+
   void copy_local_to(float* flat) {
     exec_.for_each_chunked(model_list_.chunks(), kernels::gather_tensors{model_list_.ptrs(), flat});
   }
@@ -1147,6 +1309,16 @@ class engine final : public engine_base {
   bool round_open_ = false;  // a reduction began and was not applied yet
   std::uint64_t recoveries_ = 0;  // recoveries from a failed collective
   std::vector<agreement_record> agreed_;  // the start-up agreement, repeated at each re-forming
+  // Membership events: this worker's rank and group size when it last
+  // reported one (-1, 0: joining), the changes counted then, whether a
+  // failure forced a change since, and every member's previous rank as the
+  // last resync gathered them.
+  int previous_rank_ = 0;
+  int previous_world_ = 0;
+  std::uint64_t reported_changes_ = 0;
+  bool failure_since_report_ = false;
+  std::vector<int> members_previous_;
+  std::exception_ptr hook_error_;  // the first exception the hook threw in the current call
 };
 
 }  // namespace detail
