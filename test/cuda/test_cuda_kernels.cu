@@ -14,6 +14,7 @@
 #include <thrust/fill.h>
 #include <vector>
 
+#include "../device_tensor_set.hpp"
 #include "../random_inputs.hpp"
 
 namespace dc = diloco;
@@ -257,16 +258,12 @@ void gpu_compare_passes(const std::vector<std::size_t>& sizes, bool residual, in
       residual_pad[padded[t] + i] = residual_h[packed[t] + i];
     }
   std::vector<float*> local_ptr;
-  std::vector<thrust::device_vector<float>> local_d;
-  std::vector<k::device_tensor> tensors;
-  // Every device vector first, then their addresses: growing the outer
-  // vector copies its device_vectors (their move is not noexcept) and frees
-  // the old storage, so an address taken during the growth would dangle.
-  for (std::size_t t = 0; t < sizes.size(); ++t) local_d.push_back(to_device(local[t]));
-  for (std::size_t t = 0; t < sizes.size(); ++t) {
-    local_ptr.push_back(local[t].data());
-    tensors.push_back({raw(local_d[t]), padded[t], packed[t]});
-  }
+  for (auto& l : local) local_ptr.push_back(l.data());
+  // The replica on the device (test/device_tensor_set.hpp, whose pointers
+  // test_device_tensor_set checks on the host).
+  const test_support::device_tensor_set replica(local, padded, packed);
+  auto& local_d = replica.storage;
+  const auto& tensors = replica.tensors;
   const k::tensor_table table{local_ptr.data(), packed.data()};
   const std::uint64_t stream = k::make_stream(seed, 3, 1, 1);
   std::vector<cp::block_ref> blocks(layout.blocks(), layout.blocks() + nb);
