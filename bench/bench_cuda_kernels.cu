@@ -1,6 +1,7 @@
 // Achieved memory bandwidth of each fused kernel (the optimizer passes and
 // the compression passes: encode with and without error feedback, the
-// reduce of 4 workers' encodings, decode-apply, the payload checksum,
+// reduce of 4 workers' encodings, decode-apply, the payload checksum, the
+// structure check,
 // low_rank's products and residual), next
 // to a device-to-device copy (cudaMemcpyAsync) measured in the same run, and
 // their ratio: a fused pass that streams its bytes as fast as the copy
@@ -220,6 +221,25 @@ int main(int argc, char** argv) {
                                                  nesterov, l128.blocks.data(), tensors.data(), reduced.data(), x, v, n,
                                                  n % 4 == 0});
                   })});
+  // The structure check of a received int8 segment (kernels::check_blocks,
+  // a team per block scanning its bytes): reads the codes and factor (1 +
+  // 4/B) and the block's 16-byte descriptor.
+  {
+    using int8_codec = cp::blockwise_codec<dc::int8, 128, cp::round_nearest>;
+    using check = k::check_blocks<int8_codec>;
+    const k::segment_ref segment{int8_payloads[0].data(), l128.count * int8_e::stride, 0, l128.count, 0};
+    dc::device_buffer<k::segment_ref> segments(1);
+    ex.from_host(segments.data(), &segment, 1);
+    dc::device_buffer<std::uint64_t> first_bad(1);
+    rows.push_back({"check_blocks_int8", 1 + (4 + 16.0) / 128, t.median_seconds(iterations, [&] {
+                      ex.for_each(1, k::fill_words{first_bad.data(), ~std::uint64_t{0}});
+                      ex.for_each(check::items(l128.count),
+                                  check{int8_codec{}, segments.data(), 1, l128.blocks.data(), first_bad.data()});
+                    })});
+    std::uint64_t found = 0;
+    ex.to_host(&found, first_bad.data(), 1);
+    if (found != ~std::uint64_t{0}) std::printf("check_blocks_int8: unexpected malformed block %llu\n", static_cast<unsigned long long>(found));
+  }
   // chunk_topk (SparseLoCo's 64 of every 4096 as int2, kernels/topk_blocks.hpp):
   // the encode reads 12 bytes per element and writes the new residual (4)
   // and 0.028 of payload; decode-apply reads M sparse payloads, theta and

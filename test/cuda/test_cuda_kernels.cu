@@ -304,7 +304,7 @@ void gpu_compare_passes(const std::vector<std::size_t>& sizes, bool residual, in
     thrust::device_vector<std::uint64_t> out(2, 0);
     ex.checksum_segments(raw(seg_d), 1, pay.size(), raw(out));
     thrust::fill(out.begin() + 1, out.end(), ~std::uint64_t{0});
-    ex.for_each(nb, k::check_blocks<Codec>{codec, raw(seg_d), 1, raw(blocks_d), raw(out) + 1});
+    ex.for_each(k::check_blocks<Codec>::items(nb), k::check_blocks<Codec>{codec, raw(seg_d), 1, raw(blocks_d), raw(out) + 1});
     const auto got = to_host(out);
     CHECK(got[0] == dc::wire::detail::payload_words_sum(pay_h.data(), pay_h.size()));
     CHECK(got[1] == ~std::uint64_t{0});
@@ -444,7 +444,7 @@ TEST_CASE("gpu: device payload checksums and the structure check match the host"
   auto segs_d = to_device(
       std::vector<k::segment_ref>{{raw(payload_d), 3 * stride, 0, 3, 0}, {raw(payload_d) + 3 * stride, 3 * stride, 0, 3, 3}});
   thrust::device_vector<std::uint64_t> first(2, ~std::uint64_t{0});
-  ex.for_each(6, k::check_blocks<C4>{C4{}, raw(segs_d), 2, raw(blocks_d), raw(first)});
+  ex.for_each(k::check_blocks<C4>::items(6), k::check_blocks<C4>{C4{}, raw(segs_d), 2, raw(blocks_d), raw(first)});
   const auto got = to_host(first);
   CHECK(got[0] == 2);
   CHECK(got[1] == 1);
