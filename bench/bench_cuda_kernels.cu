@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "layouts.hpp"
@@ -209,6 +210,24 @@ int main(int argc, char** argv) {
                                                                      bf16_payload.data(), stream, block_sums.data(),
                                                                      true});
                   })});
+  // The block norms at growing B: each block's squares meet in
+  // norm_lanes(B) lanes (8 at B = 64 and 128, 64 at 1024, 256 at 4096) and
+  // their tree, across the team; int8 encode with error feedback.
+  auto encode_int8_at = [&]<std::size_t B>(std::integral_constant<std::size_t, B>) {
+    using e = k::codec_elements<cp::blockwise_codec<dc::int8, B, cp::round_nearest>>;
+    const device_layout l(n, B, ex);
+    dc::device_buffer<std::byte> payload(l.count * e::stride);
+    rows.push_back({"encode_int8_ef_b" + std::to_string(B), 17 + (4 + per_block) / static_cast<double>(B),
+                    t.median_seconds(iterations, [&] {
+                      ex.run_teams(l.count, k::encode_blocks<e>{l.blocks.data(), tensors.data(), x, residual.data(),
+                                                                next_residual.data(), payload.data(), stream,
+                                                                block_sums.data(), true});
+                    })});
+  };
+  encode_int8_at(std::integral_constant<std::size_t, 64>{});
+  encode_int8_at(std::integral_constant<std::size_t, 128>{});
+  encode_int8_at(std::integral_constant<std::size_t, 1024>{});
+  encode_int8_at(std::integral_constant<std::size_t, 4096>{});
   rows.push_back({"reduce_int8_m4", (sources + 1) * (1 + 4.0 / 128) + per_block / 128,
                   t.median_seconds(iterations, [&] {
                     ex.run_teams(l128.count, k::reduce_blocks<int8_e>{l128.blocks.data(), tensors.data(),
