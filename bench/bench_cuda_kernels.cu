@@ -257,7 +257,8 @@ int main(int argc, char** argv) {
                     })});
     std::uint64_t found = 0;
     ex.to_host(&found, first_bad.data(), 1);
-    if (found != ~std::uint64_t{0}) std::printf("check_blocks_int8: unexpected malformed block %llu\n", static_cast<unsigned long long>(found));
+    if (found != ~std::uint64_t{0})
+      std::printf("check_blocks_int8: unexpected malformed block %llu\n", static_cast<unsigned long long>(found));
   }
   // chunk_topk (SparseLoCo's 64 of every 4096 as int2, kernels/topk_blocks.hpp):
   // the encode reads 12 bytes per element and writes the new residual (4)

@@ -304,7 +304,8 @@ void gpu_compare_passes(const std::vector<std::size_t>& sizes, bool residual, in
     thrust::device_vector<std::uint64_t> out(2, 0);
     ex.checksum_segments(raw(seg_d), 1, pay.size(), raw(out));
     thrust::fill(out.begin() + 1, out.end(), ~std::uint64_t{0});
-    ex.for_each(k::check_blocks<Codec>::items(nb), k::check_blocks<Codec>{codec, raw(seg_d), 1, raw(blocks_d), raw(out) + 1});
+    ex.for_each(k::check_blocks<Codec>::items(nb),
+                k::check_blocks<Codec>{codec, raw(seg_d), 1, raw(blocks_d), raw(out) + 1});
     const auto got = to_host(out);
     CHECK(got[0] == dc::wire::detail::payload_words_sum(pay_h.data(), pay_h.size()));
     CHECK(got[1] == ~std::uint64_t{0});

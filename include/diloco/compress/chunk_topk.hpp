@@ -204,7 +204,8 @@ struct chunk_topk_codec {
     constexpr auto g = kernels::grid<Values>();
     const unsigned code = value_code(in, e);
     const unsigned i = position(in, e);
-    if (e >= entries(len)) return code != 0 || i != 0 ? "chunk_topk entry beyond the chunk's count is not empty" : nullptr;
+    if (e >= entries(len))
+      return code != 0 || i != 0 ? "chunk_topk entry beyond the chunk's count is not empty" : nullptr;
     if (i >= len) return "chunk_topk position beyond its chunk";
     if (e > 0 && i <= position(in, e - 1)) return "chunk_topk positions not strictly increasing";
     if (!g.valid(code)) return g.invalid;

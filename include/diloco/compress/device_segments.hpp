@@ -208,7 +208,8 @@ class device_segments : public device_headers<Space> {
     this->start_inspect(exec, slots, table);
     exec.for_each(this->count_, kernels::fill_words{this->results_.data() + this->count_, ~std::uint64_t{0}});
     using check = kernels::check_blocks<Codec>;
-    exec.for_each(check::items(items), check{codec_, table, this->count_, blocks, this->results_.data() + this->count_});
+    exec.for_each(check::items(items),
+                  check{codec_, table, this->count_, blocks, this->results_.data() + this->count_});
     this->finish_inspect(exec, 2);
   }
 

@@ -106,8 +106,9 @@ struct check_blocks {
   const compress::block_ref* blocks;  // the layout's blocks
   std::uint64_t* first_bad;
 
-  static constexpr bool shared_scan =
-      requires(const Codec& c, const std::byte* in) { c.share_malformed(in, std::size_t{}, std::size_t{}, std::size_t{}); };
+  static constexpr bool shared_scan = requires(const Codec& c, const std::byte* in, std::size_t n) {
+    c.share_malformed(in, n, n, n);
+  };
   // Threads per block: a power of two, about one per 4 bytes of the
   // encoded block, at most a warp.
   static constexpr std::size_t team = [] {
