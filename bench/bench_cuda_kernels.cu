@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Achieved memory bandwidth of each fused kernel (the optimizer passes and
 // the compression passes: encode with and without error feedback, the
-// reduce of 4 workers' encodings, decode-apply, the payload checksum,
+// reduce of 4 workers' encodings, decode-apply, the payload checksum, the
+// structure check,
 // low_rank's products and residual), next
 // to a device-to-device copy (cudaMemcpyAsync) measured in the same run, and
 // their ratio: a fused pass that streams its bytes as fast as the copy
@@ -21,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "layouts.hpp"
@@ -209,6 +211,24 @@ int main(int argc, char** argv) {
                                                                      bf16_payload.data(), stream, block_sums.data(),
                                                                      true});
                   })});
+  // The block norms at growing B: each block's squares meet in
+  // norm_lanes(B) lanes (8 at B = 64 and 128, 64 at 1024, 256 at 4096) and
+  // their tree, across the team; int8 encode with error feedback.
+  auto encode_int8_at = [&]<std::size_t B>(std::integral_constant<std::size_t, B>) {
+    using e = k::codec_elements<cp::blockwise_codec<dc::int8, B, cp::round_nearest>>;
+    const device_layout l(n, B, ex);
+    dc::device_buffer<std::byte> payload(l.count * e::stride);
+    rows.push_back({"encode_int8_ef_b" + std::to_string(B), 17 + (4 + per_block) / static_cast<double>(B),
+                    t.median_seconds(iterations, [&] {
+                      ex.run_teams(l.count, k::encode_blocks<e>{l.blocks.data(), tensors.data(), x, residual.data(),
+                                                                next_residual.data(), payload.data(), stream,
+                                                                block_sums.data(), true});
+                    })});
+  };
+  encode_int8_at(std::integral_constant<std::size_t, 64>{});
+  encode_int8_at(std::integral_constant<std::size_t, 128>{});
+  encode_int8_at(std::integral_constant<std::size_t, 1024>{});
+  encode_int8_at(std::integral_constant<std::size_t, 4096>{});
   rows.push_back({"reduce_int8_m4", (sources + 1) * (1 + 4.0 / 128) + per_block / 128,
                   t.median_seconds(iterations, [&] {
                     ex.run_teams(l128.count, k::reduce_blocks<int8_e>{l128.blocks.data(), tensors.data(),
@@ -221,6 +241,26 @@ int main(int argc, char** argv) {
                                                  nesterov, l128.blocks.data(), tensors.data(), reduced.data(), x, v, n,
                                                  n % 4 == 0});
                   })});
+  // The structure check of a received int8 segment (kernels::check_blocks,
+  // a team per block scanning its bytes): reads the codes and factor (1 +
+  // 4/B) and the block's 16-byte descriptor.
+  {
+    using int8_codec = cp::blockwise_codec<dc::int8, 128, cp::round_nearest>;
+    using check = k::check_blocks<int8_codec>;
+    const k::segment_ref segment{int8_payloads[0].data(), l128.count * int8_e::stride, 0, l128.count, 0};
+    dc::device_buffer<k::segment_ref> segments(1);
+    ex.from_host(segments.data(), &segment, 1);
+    dc::device_buffer<std::uint64_t> first_bad(1);
+    rows.push_back({"check_blocks_int8", 1 + (4 + 16.0) / 128, t.median_seconds(iterations, [&] {
+                      ex.for_each(1, k::fill_words{first_bad.data(), ~std::uint64_t{0}});
+                      ex.for_each(check::items(l128.count),
+                                  check{int8_codec{}, segments.data(), 1, l128.blocks.data(), first_bad.data()});
+                    })});
+    std::uint64_t found = 0;
+    ex.to_host(&found, first_bad.data(), 1);
+    if (found != ~std::uint64_t{0})
+      std::printf("check_blocks_int8: unexpected malformed block %llu\n", static_cast<unsigned long long>(found));
+  }
   // chunk_topk (SparseLoCo's 64 of every 4096 as int2, kernels/topk_blocks.hpp):
   // the encode reads 12 bytes per element and writes the new residual (4)
   // and 0.028 of payload; decode-apply reads M sparse payloads, theta and

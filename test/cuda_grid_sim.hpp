@@ -85,8 +85,8 @@ diloco::exec::chunk_sum_t<M> run_reduce_chunked(const diloco::exec::chunk_view& 
 // exec/cuda/team_kernels.cuh's run_teams, block by block and phase by
 // phase: every team's threads load, the team max is taken (CUB's reduction
 // on the device; max is exact in any order), the program's phases run
-// thread by thread, they store, then the lanes and the block's sums after
-// the barriers.
+// thread by thread, they store, then the norms' lanes, their tree level by
+// level and the block's sums after the barriers.
 template <class P>
 void run_teams(std::size_t n, const P& p) {
   using plan = grid::team_plan<P>;
@@ -112,7 +112,9 @@ void run_teams(std::size_t n, const P& p) {
           for (unsigned t = 0; t < plan::team; ++t) p.phase(s, b, t, shared, regs[t]);
       for (unsigned t = 0; t < plan::team; ++t) p.store(b, t, shared, regs[t], m[t]);
       if constexpr (P::norms > 0) {
-        for (unsigned t = 0; t < 8; ++t) p.lanes(t, shared, regs[t]);  // then __syncthreads()
+        for (unsigned t = 0; t < P::lane_count; ++t) p.lanes(t, shared, regs[t]);  // then a barrier
+        for (unsigned w = P::lane_count / 2; w > 0; w /= 2)
+          for (unsigned t = 0; t < plan::team; ++t) p.lanes_step(t, w, shared);  // then a barrier
         p.publish(b, shared);
       }
     }

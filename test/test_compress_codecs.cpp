@@ -279,3 +279,59 @@ TEST_CASE("error feedback: the decoded transmissions sum to the true deltas minu
   // incoming values' scale); it does not grow with the number of rounds.
   CHECK(max_residual < 2.0);
 }
+
+namespace {
+
+// A block's ||delta||^2 in the order docs/architecture.md defines: element j
+// into fp32 lane j % lanes, in order; the lanes added as a halving tree
+// (lane l += lane l + w for w = lanes / 2, ..., 1); the total to double.
+double documented_block_norm(const std::vector<float>& delta, std::size_t lanes) {
+  std::vector<float> acc(lanes, 0.0f);
+  for (std::size_t j = 0; j < delta.size(); ++j) acc[j % lanes] += delta[j] * delta[j];
+  for (std::size_t w = lanes / 2; w > 0; w /= 2)
+    for (std::size_t l = 0; l < w; ++l) acc[l] += acc[l + w];
+  return static_cast<double>(acc[0]);
+}
+
+template <std::size_t B>
+void check_documented_block_norms(std::size_t lanes) {
+  CAPTURE(B);
+  using codec = cp::blockwise_codec<dc::int8, B, cp::round_nearest>;
+  const std::size_t n = 6 * B + B / 2 + 3;  // full blocks and a partial one
+  const cp::block_layout layout({n}, B, 1);
+  // Magnitudes over many binades, so that the order of the sums shows in
+  // their bits.
+  std::vector<float> global(n, 0.0f), local = random_values(n, static_cast<unsigned>(B), -6.0f, 6.0f);
+  std::vector<float*> ptrs{local.data()};
+  std::vector<std::size_t> offsets{0};
+  std::vector<std::byte> payload(layout.block_count() * codec::stride());
+  const dc::kernels::encode_pseudo_gradient<codec> pass{codec{}, layout.blocks(), {ptrs.data(), offsets.data()},
+                                                        global.data(), nullptr, nullptr, payload.data(),
+                                                        codec::stride(), 0};
+  std::size_t other_order_differs = 0;
+  for (std::size_t b = 0; b < layout.block_count(); ++b) {
+    const auto blk = layout.blocks()[b];
+    std::vector<float> delta(blk.len);
+    for (std::size_t j = 0; j < blk.len; ++j) delta[j] = global[blk.start + j] - local[blk.start + j];
+    const double want = documented_block_norm(delta, lanes), got = pass(b).a;
+    CHECK(std::memcmp(&got, &want, sizeof got) == 0);
+    other_order_differs += documented_block_norm(delta, lanes == 8 ? 16 : 8) != want;
+  }
+  CHECK(other_order_differs > 0);  // the data tells the orders apart
+}
+
+}  // namespace
+
+TEST_CASE("a block's squared norms follow the documented order: about one fp32 lane per 16 elements, then a tree") {
+  // docs/architecture.md: 8 lanes up to B = 255, 64 at B = 1024, 256 from
+  // B = 4096 on (the device team sums the same lanes and the same tree).
+  CHECK(dc::kernels::norm_lanes(64) == 8);
+  CHECK(dc::kernels::norm_lanes(255) == 8);
+  CHECK(dc::kernels::norm_lanes(256) == 16);
+  CHECK(dc::kernels::norm_lanes(1024) == 64);
+  CHECK(dc::kernels::norm_lanes(4096) == 256);
+  check_documented_block_norms<64>(8);
+  check_documented_block_norms<128>(8);
+  check_documented_block_norms<1024>(64);
+  check_documented_block_norms<4096>(256);
+}

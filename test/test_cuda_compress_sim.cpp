@@ -292,7 +292,7 @@ TEST_CASE("the device structure check finds the first malformed block of each se
   auto first_bad = [&] {
     std::vector<std::uint64_t> out(2, ~std::uint64_t{0});
     sim::cuda_executor ex;
-    ex.for_each(6, k::check_blocks<C4>{codec, segs.data(), 2, layout.blocks(), out.data()});
+    ex.for_each(k::check_blocks<C4>::items(6), k::check_blocks<C4>{codec, segs.data(), 2, layout.blocks(), out.data()});
     return out;
   };
   CHECK(first_bad() == std::vector<std::uint64_t>{~std::uint64_t{0}, ~std::uint64_t{0}});
@@ -311,6 +311,76 @@ TEST_CASE("the device structure check finds the first malformed block of each se
       if (codec.check(payload.data() + s * 3 * stride + b * stride, layout.blocks()[b].len)) host_first = b;
     CHECK(got[s] == host_first);
   }
+}
+
+namespace {
+
+// Every single-byte corruption of a segment of valid blocks (the last one
+// partial): the team scan (check_blocks<Codec>::team threads per block, each
+// checking its share) reports the first block the host validator
+// codec.check refuses, which is the block the host then names with
+// check()'s message; the valid segment passes both.
+template <class Codec>
+void team_check_agrees_with_check(std::size_t elements, std::uint32_t seed) {
+  using check = k::check_blocks<Codec>;
+  const Codec codec{};
+  const cp::block_layout layout({elements}, Codec::block, 1);
+  const std::size_t nb = layout.block_count(), stride = Codec::stride();
+  CAPTURE(Codec::block);
+  CAPTURE(check::team);
+  const auto v = random_floats(elements, seed);
+  std::vector<float> dq(Codec::block);
+  std::vector<std::byte> valid(nb * stride), payload;
+  for (std::size_t b = 0; b < nb; ++b) {
+    const auto blk = layout.blocks()[b];
+    codec.encode(v.data() + blk.start, blk.len, valid.data() + b * stride, dq.data(), 0, blk.start);
+  }
+  REQUIRE(layout.blocks()[nb - 1].len < Codec::block);  // a partial block's padding is checked too
+  const k::segment_ref seg{nullptr, nb * stride, 0, nb, 0};
+  auto first_bad = [&] {
+    k::segment_ref s = seg;
+    s.payload = payload.data();
+    std::vector<std::uint64_t> out(1, ~std::uint64_t{0});
+    sim::cuda_executor ex;
+    ex.for_each(check::items(nb), check{codec, &s, 1, layout.blocks(), out.data()});
+    return out[0];
+  };
+  auto host_first_bad = [&] {
+    for (std::size_t b = 0; b < nb; ++b)
+      if (codec.check(payload.data() + b * stride, layout.blocks()[b].len) != nullptr) return std::uint64_t{b};
+    return ~std::uint64_t{0};
+  };
+  payload = valid;
+  REQUIRE(host_first_bad() == ~std::uint64_t{0});
+  CHECK(first_bad() == ~std::uint64_t{0});
+  std::mt19937 rng(seed);
+  std::size_t refused = 0, agreed = 0, cases = 0;
+  for (std::size_t pos = 0; pos < valid.size(); ++pos)
+    for (unsigned x : {0x01u, 0x80u, 0xffu, static_cast<unsigned>(rng() % 256)}) {
+      payload = valid;
+      payload[pos] ^= std::byte(x);
+      const std::uint64_t want = host_first_bad();
+      refused += want != ~std::uint64_t{0};
+      agreed += first_bad() == want;
+      ++cases;
+    }
+  CHECK(agreed == cases);
+  CHECK(refused > 0);  // the corruptions do reach the checked bytes
+}
+
+}  // namespace
+
+TEST_CASE("the team structure check: every single-byte corruption gets check()'s verdict, for every device codec") {
+  team_check_agrees_with_check<cp::blockwise_codec<dc::int8, 128, cp::round_nearest>>(3 * 128 + 37, 1);
+  team_check_agrees_with_check<cp::blockwise_codec<dc::int8, 32, cp::round_nearest>>(2 * 32 + 5, 2);
+  team_check_agrees_with_check<cp::blockwise_codec<dc::int4, 64, cp::round_nearest>>(2 * 64 + 9, 3);
+  team_check_agrees_with_check<cp::blockwise_codec<dc::int4, 8, cp::round_nearest>>(4 * 8 + 5, 4);
+  team_check_agrees_with_check<cp::blockwise_codec<dc::int2, 128, cp::round_nearest>>(128 + 7, 5);
+  team_check_agrees_with_check<cp::blockwise_codec<dc::fp8_e4m3, 64, cp::round_nearest>>(64 + 3, 6);
+  team_check_agrees_with_check<cp::blockwise_codec<dc::fp4_e3m0, 16, cp::round_nearest>>(3 * 16 + 7, 7);
+  team_check_agrees_with_check<cp::cast_codec<dc::bf16, cp::round_nearest>>(3 * 64 + 11, 8);
+  team_check_agrees_with_check<cp::chunk_topk_codec<4096, 64, dc::int2, cp::round_nearest>>(4096 + 1000, 9);
+  team_check_agrees_with_check<cp::chunk_topk_codec<256, 16, dc::int4, cp::round_nearest>>(256 + 9, 10);
 }
 
 // ------------------------------------------------------------------ engine

@@ -15,6 +15,7 @@
 #include <thrust/fill.h>
 #include <vector>
 
+#include "../device_tensor_set.hpp"
 #include "../random_inputs.hpp"
 
 namespace dc = diloco;
@@ -258,16 +259,12 @@ void gpu_compare_passes(const std::vector<std::size_t>& sizes, bool residual, in
       residual_pad[padded[t] + i] = residual_h[packed[t] + i];
     }
   std::vector<float*> local_ptr;
-  std::vector<thrust::device_vector<float>> local_d;
-  std::vector<k::device_tensor> tensors;
-  // Every device vector first, then their addresses: growing the outer
-  // vector copies its device_vectors (their move is not noexcept) and frees
-  // the old storage, so an address taken during the growth would dangle.
-  for (std::size_t t = 0; t < sizes.size(); ++t) local_d.push_back(to_device(local[t]));
-  for (std::size_t t = 0; t < sizes.size(); ++t) {
-    local_ptr.push_back(local[t].data());
-    tensors.push_back({raw(local_d[t]), padded[t], packed[t]});
-  }
+  for (auto& l : local) local_ptr.push_back(l.data());
+  // The replica on the device (test/device_tensor_set.hpp, whose pointers
+  // test_device_tensor_set checks on the host).
+  const test_support::device_tensor_set replica(local, padded, packed);
+  auto& local_d = replica.storage;
+  const auto& tensors = replica.tensors;
   const k::tensor_table table{local_ptr.data(), packed.data()};
   const std::uint64_t stream = k::make_stream(seed, 3, 1, 1);
   std::vector<cp::block_ref> blocks(layout.blocks(), layout.blocks() + nb);
@@ -308,7 +305,8 @@ void gpu_compare_passes(const std::vector<std::size_t>& sizes, bool residual, in
     thrust::device_vector<std::uint64_t> out(2, 0);
     ex.checksum_segments(raw(seg_d), 1, pay.size(), raw(out));
     thrust::fill(out.begin() + 1, out.end(), ~std::uint64_t{0});
-    ex.for_each(nb, k::check_blocks<Codec>{codec, raw(seg_d), 1, raw(blocks_d), raw(out) + 1});
+    ex.for_each(k::check_blocks<Codec>::items(nb),
+                k::check_blocks<Codec>{codec, raw(seg_d), 1, raw(blocks_d), raw(out) + 1});
     const auto got = to_host(out);
     CHECK(got[0] == dc::wire::detail::payload_words_sum(pay_h.data(), pay_h.size()));
     CHECK(got[1] == ~std::uint64_t{0});
@@ -448,7 +446,7 @@ TEST_CASE("gpu: device payload checksums and the structure check match the host"
   auto segs_d = to_device(
       std::vector<k::segment_ref>{{raw(payload_d), 3 * stride, 0, 3, 0}, {raw(payload_d) + 3 * stride, 3 * stride, 0, 3, 3}});
   thrust::device_vector<std::uint64_t> first(2, ~std::uint64_t{0});
-  ex.for_each(6, k::check_blocks<C4>{C4{}, raw(segs_d), 2, raw(blocks_d), raw(first)});
+  ex.for_each(k::check_blocks<C4>::items(6), k::check_blocks<C4>{C4{}, raw(segs_d), 2, raw(blocks_d), raw(first)});
   const auto got = to_host(first);
   CHECK(got[0] == 2);
   CHECK(got[1] == 1);

@@ -102,15 +102,31 @@ struct blockwise_codec {
   // Codes the format never writes (int8's -128, int4's -8, fp8 NaN and inf)
   // are refused, and padding beyond a partial block must be zero.
   DILOCO_HD const char* check(const std::byte* in, std::size_t len) const {
-    const std::byte* q = in + 4;
+    for (std::size_t p = 0; p < value_bytes; ++p)
+      if (const char* why = byte_problem(in + 4, len, p)) return why;
+    return nullptr;
+  }
+  // Thread t of `threads`' share of check(), for a team scanning one block
+  // (kernels::check_blocks): value bytes t, t + threads, ... check() finds
+  // a problem iff some share does; which one it is, check() says.
+  DILOCO_HD bool share_malformed(const std::byte* in, std::size_t len, std::size_t t, std::size_t threads) const {
+    for (std::size_t p = t; p < value_bytes; p += threads)
+      if (byte_problem(in + 4, len, p)) return true;
+    return false;
+  }
+  // What is wrong with value byte p of a block of len elements, if anything:
+  // its codes must be valid below len and zero from len on. Invalid codes
+  // only sit below the partial byte and padding from it on, so the first
+  // bad byte names the problem check() has always named first.
+  DILOCO_HD static const char* byte_problem(const std::byte* q, std::size_t len, std::size_t p) {
     constexpr auto g = kernels::grid<Format>();
-    for (std::size_t j = 0; j < len; ++j)
-      if (!g.valid(code(q, j))) return g.invalid;
-    if constexpr (Format::bits < 8)
-      if (const std::size_t rest = len % per_byte; rest != 0 && (static_cast<unsigned>(q[len / per_byte]) >> (rest * bits)) != 0)
-        return "non-zero padding bits in a partial block's last byte";
-    for (std::size_t b = (len + per_byte - 1) / per_byte; b < value_bytes; ++b)
-      if (q[b] != std::byte{0}) return "non-zero padding after a partial block";
+    const auto byte = static_cast<unsigned>(q[p]);
+    const std::size_t first = p * per_byte;
+    if (first >= len) return byte != 0 ? "non-zero padding after a partial block" : nullptr;
+    for (std::size_t i = 0; i < per_byte && first + i < len; ++i)
+      if (!g.valid((byte >> (i * bits)) & mask)) return g.invalid;
+    if (const std::size_t rest = len - first; rest < per_byte && (byte >> (rest * bits)) != 0)
+      return "non-zero padding bits in a partial block's last byte";
     return nullptr;
   }
 

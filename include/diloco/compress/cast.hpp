@@ -64,6 +64,13 @@ struct cast_codec {
       if (in[b] != std::byte{0}) return "non-zero padding after a partial block";
     return nullptr;
   }
+  // Thread t of `threads`' share of check() (kernels::check_blocks): padding
+  // bytes 2 len + t, 2 len + t + threads, ...
+  DILOCO_HD bool share_malformed(const std::byte* in, std::size_t len, std::size_t t, std::size_t threads) const {
+    for (std::size_t b = 2 * len + t; b < stride(); b += threads)
+      if (in[b] != std::byte{0}) return true;
+    return false;
+  }
 };
 
 // The compressor policy: cast<bf16> or cast<fp16, stochastic_rounding>.

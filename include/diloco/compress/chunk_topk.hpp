@@ -187,22 +187,35 @@ struct chunk_topk_codec {
   }
 
   DILOCO_HD const char* check(const std::byte* in, std::size_t len) const {
+    for (std::size_t e = 0; e < K; ++e)
+      if (const char* why = entry_problem(in, len, e)) return why;
+    return padding_problem(in);
+  }
+  // Thread t of `threads`' share of check(), for a team scanning one chunk
+  // (kernels::check_blocks): entries t, t + threads, ..., and thread 0 the
+  // padding bits. check() finds a problem iff some share does.
+  DILOCO_HD bool share_malformed(const std::byte* in, std::size_t len, std::size_t t, std::size_t threads) const {
+    for (std::size_t e = t; e < K; e += threads)
+      if (entry_problem(in, len, e)) return true;
+    return t == 0 && padding_problem(in) != nullptr;
+  }
+  // What is wrong with entry e, if anything: the first entries(len) hold a
+  // valid code at a position inside the chunk, above the previous entry's
+  // (check() reaches entry e only when the earlier ones are fine, so that
+  // is its previous position); the rest are empty.
+  DILOCO_HD static const char* entry_problem(const std::byte* in, std::size_t len, std::size_t e) {
     constexpr auto g = kernels::grid<Values>();
-    const std::size_t n = entries(len);
-    unsigned previous = 0;
-    for (std::size_t e = 0; e < K; ++e) {
-      const unsigned code = detail_bits::get_field(in + 4, e, value_bits);
-      const unsigned i = detail_bits::get_field(in + 4 + value_bytes, e, index_bits);
-      if (e < n) {
-        if (i >= len) return "chunk_topk position beyond its chunk";
-        if (e > 0 && i <= previous) return "chunk_topk positions not strictly increasing";
-        if (!g.valid(code)) return g.invalid;
-        previous = i;
-      } else if (code != 0 || i != 0) {
-        return "chunk_topk entry beyond the chunk's count is not empty";
-      }
-    }
-    // Padding bits after the last value and the last position.
+    const unsigned code = value_code(in, e);
+    const unsigned i = position(in, e);
+    if (e >= entries(len))
+      return code != 0 || i != 0 ? "chunk_topk entry beyond the chunk's count is not empty" : nullptr;
+    if (i >= len) return "chunk_topk position beyond its chunk";
+    if (e > 0 && i <= position(in, e - 1)) return "chunk_topk positions not strictly increasing";
+    if (!g.valid(code)) return g.invalid;
+    return nullptr;
+  }
+  // Padding bits after the last value and the last position.
+  DILOCO_HD static const char* padding_problem(const std::byte* in) {
     if (const std::size_t used = K * value_bits; used % 8 != 0 && (static_cast<unsigned>(in[4 + used / 8]) >> (used % 8)) != 0)
       return "non-zero padding bits after the chunk_topk values";
     if (const std::size_t used = K * index_bits;

@@ -211,8 +211,9 @@ class device_segments : public device_headers<Space> {
                const compress::block_ref* blocks) {
     this->start_inspect(exec, slots, table);
     exec.for_each(this->count_, kernels::fill_words{this->results_.data() + this->count_, ~std::uint64_t{0}});
-    exec.for_each(items, kernels::check_blocks<Codec>{codec_, table, this->count_, blocks,
-                                                      this->results_.data() + this->count_});
+    using check = kernels::check_blocks<Codec>;
+    exec.for_each(check::items(items),
+                  check{codec_, table, this->count_, blocks, this->results_.data() + this->count_});
     this->finish_inspect(exec, 2);
   }
 

@@ -15,14 +15,15 @@
 //                                         team max (int32 |x| bit patterns)
 //   m = max over the team's m             (P::team_max; CUB on the device)
 //   p.store(b, t, shared, regs, m)        write
-//   barrier; p.lanes(t < 8, ...)          the norms' 8 lanes (P::norms > 0)
+//   barrier; p.lanes(t < P::lane_count)   the norms' lanes (P::norms > 0)
+//   barrier; p.lanes_step(t, w)           the lanes' tree, w = lane_count / 2, ..., 1
 //   barrier; p.publish(t == 0, ...)       the block's sums
 // exec/cuda/team_kernels.cuh is that sequence as a CUDA kernel; the host
 // tests replay it thread by thread (test/cuda_grid_sim.hpp).
 //
-// The norms reproduce the host's order exactly: lane l of a block sums the
-// squares of elements l, l + 8, ... in fp32 (lane_squares), the lanes are
-// added pairwise, and the per-block doubles are summed by the host
+// The norms reproduce the host's order exactly: lane l of L = norm_lanes(B)
+// sums the squares of elements l, l + L, ... in fp32 (lane_squares), the
+// lanes meet in lane_tree's tree, and the per-block doubles are summed by the host
 // executor's chunked order (kernels/wire_passes.hpp, chunk_lane_sums).
 
 #include <cstddef>
@@ -69,25 +70,32 @@ struct team_shape {
 };
 
 // What a team shares: the squares of its block's elements for N norms, and
-// their lanes.
+// their lanes, summed as lane_squares<norm_lanes(B)> sums them: thread
+// t < lanes adds elements t, t + lanes, ... in order (consecutive threads
+// read consecutive words: no bank conflicts), then the team runs
+// lane_tree's levels, one per barrier (tree_step(t, w) for w = lanes / 2,
+// ..., 1).
 template <std::size_t B, std::size_t N>
 struct norm_scratch {
+  static constexpr unsigned lanes = static_cast<unsigned>(norm_lanes(B));
   float sq[N][B];
-  float lane[N][8];
+  float lane[N][lanes];
+
+  DILOCO_HD void sum_lanes(unsigned t, std::size_t len) {
+    for (std::size_t n = 0; n < N; ++n) {
+      float acc = 0.0f;
+      for (std::size_t j = t; j < len; j += lanes) acc += sq[n][j];
+      lane[n][t] = acc;
+    }
+  }
+  DILOCO_HD void tree_step(unsigned t, unsigned w) {
+    if (t < w)
+      for (std::size_t n = 0; n < N; ++n) lane[n][t] += lane[n][t + w];
+  }
+  DILOCO_HD double total(std::size_t n) const { return static_cast<double>(lane[n][0]); }
 };
 template <std::size_t B>
 struct norm_scratch<B, 0> {};
-
-// Lane l of lane_squares over sq[0, len): elements l, l + 8, ... in order.
-DILOCO_HD DILOCO_FORCEINLINE float lane_sum(const float* sq, std::size_t len, unsigned l) {
-  float acc = 0.0f;
-  for (std::size_t j = l; j < len; j += 8) acc += sq[j];
-  return acc;
-}
-// The lanes added as lane_squares adds them.
-DILOCO_HD DILOCO_FORCEINLINE double combine_lanes(const float* a) {
-  return static_cast<double>(((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])));
-}
 
 // Four floats written once and read back only in a later pass (the next
 // round's residual): a streaming 16-byte store (st.global.cs.v4, through an
@@ -154,6 +162,8 @@ struct encode_blocks {
     float v[shape::groups_per_thread * W];
   };
   using shared = norm_scratch<E::block, norms>;
+  static constexpr unsigned lane_count = shared::lanes;
+  static_assert(lane_count <= team, "every norm lane needs a thread of the team");
 
   const compress::block_ref* blocks;  // the shard's first block
   const device_tensor* tensors;
@@ -224,12 +234,9 @@ struct encode_blocks {
     }
   }
 
-  DILOCO_HD void lanes(unsigned t, shared& sh, const registers& r) const {
-    for (std::size_t n = 0; n < norms; ++n) sh.lane[n][t] = lane_sum(sh.sq[n], r.blk.len, t);
-  }
-  DILOCO_HD void publish(std::size_t b, const shared& sh) const {
-    sums[b] = {combine_lanes(sh.lane[0]), combine_lanes(sh.lane[1])};
-  }
+  DILOCO_HD void lanes(unsigned t, shared& sh, const registers& r) const { sh.sum_lanes(t, r.blk.len); }
+  DILOCO_HD void lanes_step(unsigned t, unsigned w, shared& sh) const { sh.tree_step(t, w); }
+  DILOCO_HD void publish(std::size_t b, const shared& sh) const { sums[b] = {sh.total(0), sh.total(1)}; }
 };
 
 // Stages 3 and 4, per block of this rank's shard: decode the M received
@@ -251,6 +258,8 @@ struct reduce_blocks {
     float v[shape::groups_per_thread * W];
   };
   using shared = norm_scratch<E::block, norms>;
+  static constexpr unsigned lane_count = shared::lanes;
+  static_assert(lane_count <= team, "every norm lane needs a thread of the team");
 
   const compress::block_ref* blocks;  // this rank's shard's first block
   const device_tensor* tensors;
@@ -316,10 +325,9 @@ struct reduce_blocks {
     }
   }
 
-  DILOCO_HD void lanes(unsigned t, shared& sh, const registers& r) const {
-    sh.lane[0][t] = lane_sum(sh.sq[0], r.blk.len, t);
-  }
-  DILOCO_HD void publish(std::size_t b, const shared& sh) const { sums[b] = {combine_lanes(sh.lane[0]), 0.0}; }
+  DILOCO_HD void lanes(unsigned t, shared& sh, const registers& r) const { sh.sum_lanes(t, r.blk.len); }
+  DILOCO_HD void lanes_step(unsigned t, unsigned w, shared& sh) const { sh.tree_step(t, w); }
+  DILOCO_HD void publish(std::size_t b, const shared& sh) const { sums[b] = {sh.total(0), 0.0}; }
 };
 
 // Stage 7, per block of one shard's reduced segment: decode the averaged

@@ -17,16 +17,39 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::kernels {
 
-// The sum of squares of f(j) over j in [0, len), in 8 fixed fp32 lanes
-// (so the loop vectorizes without reassociating anything: deterministic),
-// returned in double. f may write as it goes: this is how a block's pass
-// fuses its stores with its norms.
-template <class F>
+// Lanes of a codec block's sums of squares: a power of two, about one per
+// 16 elements (8 up to B = 255, 64 at B = 1024, 256 from B = 4096 on), so
+// that on the device a team's threads add ~16 squares each and then meet in
+// a tree of log2(lanes) levels instead of 8 threads adding B / 8 each.
+DILOCO_HD constexpr std::size_t norm_lanes(std::size_t block) {
+  std::size_t lanes = 8;
+  while (lanes < 256 && 32 * lanes <= block) lanes *= 2;
+  return lanes;
+}
+
+// acc[0] = the sum of acc[0, Lanes), added as a tree: acc[l] += acc[l + w]
+// for w = Lanes / 2, ..., 1 (at 8 lanes ((a0 + a4) + (a2 + a6)) + ((a1 + a5)
+// + (a3 + a7))). The device team runs the same levels, one per barrier.
+template <std::size_t Lanes>
+DILOCO_HD DILOCO_FORCEINLINE float lane_tree(float* acc) {
+  static_assert(Lanes > 0 && (Lanes & (Lanes - 1)) == 0, "the lane tree halves a power of two");
+  for (std::size_t w = Lanes / 2; w > 0; w /= 2)
+    for (std::size_t l = 0; l < w; ++l) acc[l] += acc[l + w];
+  return acc[0];
+}
+
+// The sum of squares of f(j) over j in [0, len), in Lanes fixed fp32 lanes
+// (element j in lane j % Lanes, in order; so the loop vectorizes without
+// reassociating anything: deterministic), the lanes added by lane_tree,
+// returned in double. The codec passes use norm_lanes(B) lanes, as the
+// device's team programs do (kernels/compressed_blocks.hpp). f may write as
+// it goes: this is how a block's pass fuses its stores with its norms.
+template <std::size_t Lanes, class F>
 DILOCO_HD DILOCO_FORCEINLINE double lane_squares(std::size_t len, F&& f) {
-  float acc[8] = {};
+  float acc[Lanes] = {};
   std::size_t j = 0;
-  for (; j + 8 <= len; j += 8)
-    for (std::size_t l = 0; l < 8; ++l) {
+  for (; j + Lanes <= len; j += Lanes)
+    for (std::size_t l = 0; l < Lanes; ++l) {
       const float x = f(j + l);
       acc[l] += x * x;
     }
@@ -34,7 +57,7 @@ DILOCO_HD DILOCO_FORCEINLINE double lane_squares(std::size_t len, F&& f) {
     const float x = f(j);
     acc[l] += x * x;
   }
-  return static_cast<double>(((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7])));
+  return static_cast<double>(lane_tree<Lanes>(acc));
 }
 
 // Two sums from one pass.
@@ -83,13 +106,13 @@ struct encode_pseudo_gradient {
     double delta_sq;
     if (residual) {
       const float* DILOCO_RESTRICT e = residual + off;
-      delta_sq = lane_squares(blk.len, [&](std::size_t j) {
+      delta_sq = lane_squares<norm_lanes(Codec::block)>(blk.len, [&](std::size_t j) {
         const float d = g[j] - local[j];
         v[j] = d + e[j];
         return d;
       });
     } else {
-      delta_sq = lane_squares(blk.len, [&](std::size_t j) {
+      delta_sq = lane_squares<norm_lanes(Codec::block)>(blk.len, [&](std::size_t j) {
         const float d = g[j] - local[j];
         v[j] = d;
         return d;
@@ -98,7 +121,7 @@ struct encode_pseudo_gradient {
     codec.encode(v, blk.len, payload + b * stride, dq, stream, off);
     // The error v - dq replaces dq in place (local arrays only, so the lane
     // sums vectorize), then travels to the residual in one copy.
-    const double error_sq = lane_squares(blk.len, [&](std::size_t j) {
+    const double error_sq = lane_squares<norm_lanes(Codec::block)>(blk.len, [&](std::size_t j) {
       dq[j] = v[j] - dq[j];
       return dq[j];
     });
@@ -142,7 +165,7 @@ struct reduce_shard {
     const auto m = static_cast<float>(world);
     for (std::size_t j = 0; j < blk.len; ++j) acc[j] = acc[j] / m;
     codec.encode(acc, blk.len, payload + b * stride, dq, stream, offset[blk.tensor] + blk.start);
-    return lane_squares(blk.len, [&](std::size_t j) { return dq[j]; });
+    return lane_squares<norm_lanes(Codec::block)>(blk.len, [&](std::size_t j) { return dq[j]; });
   }
 };
 

@@ -91,6 +91,8 @@ struct topk_encode_blocks {
   static constexpr unsigned team = shape::threads;
   static constexpr bool team_max = false;
   static constexpr std::size_t norms = 2;
+  static constexpr unsigned lane_count = norm_scratch<chunk, 2>::lanes;
+  static_assert(lane_count <= team, "every norm lane needs a thread of the team");
   static constexpr unsigned radix_passes = 4;
   static constexpr unsigned phases = 2 * radix_passes + 3;
   static constexpr unsigned bins = 256;
@@ -102,8 +104,7 @@ struct topk_encode_blocks {
     float v[per];
   };
   struct shared {
-    float sq[2][chunk];
-    float lane[2][8];
+    norm_scratch<chunk, 2> norm;  // the squares of delta and of the error, and their lanes
     std::uint32_t hist[bins];    // radix digits; then each thread's largest pattern
     std::uint32_t above[team];   // per thread: kept above T; then the entries before it
     std::uint32_t equal[team];   // per thread: equal to T; then those before it
@@ -149,7 +150,7 @@ struct topk_encode_blocks {
       for (std::size_t i = 0; i < W; ++i) {
         const float d = sub_rn(gv[i], lv[i]);
         r.v[k + i] = e ? add_rn(d, ev[i]) : d;
-        if (j0 + i < len) sh.sq[0][j0 + i] = mul_rn(d, d);
+        if (j0 + i < len) sh.norm.sq[0][j0 + i] = mul_rn(d, d);
       }
     }
     for (unsigned i = t; i < bins; i += team) sh.hist[i] = 0;
@@ -238,7 +239,7 @@ struct topk_encode_blocks {
       }
       const float x = sub_rn(v, dq);
       err[j - j0] = decay == 1.0f ? x : mul_rn(decay, x);
-      sh.sq[1][j] = mul_rn(x, x);
+      sh.norm.sq[1][j] = mul_rn(x, x);
     }
     if (new_residual) {
       float* out = new_residual + r.offset;
@@ -257,12 +258,9 @@ struct topk_encode_blocks {
     for (std::size_t y = t; y < Codec::stride(); y += team) pack_byte(y, sh, n, out);
   }
 
-  DILOCO_HD void lanes(unsigned t, shared& sh, const registers& r) const {
-    for (std::size_t n = 0; n < norms; ++n) sh.lane[n][t] = lane_sum(sh.sq[n], r.blk.len, t);
-  }
-  DILOCO_HD void publish(std::size_t b, const shared& sh) const {
-    sums[b] = {combine_lanes(sh.lane[0]), combine_lanes(sh.lane[1])};
-  }
+  DILOCO_HD void lanes(unsigned t, shared& sh, const registers& r) const { sh.norm.sum_lanes(t, r.blk.len); }
+  DILOCO_HD void lanes_step(unsigned t, unsigned w, shared& sh) const { sh.norm.tree_step(t, w); }
+  DILOCO_HD void publish(std::size_t b, const shared& sh) const { sums[b] = {sh.norm.total(0), sh.norm.total(1)}; }
 
   // Byte y of the chunk's block: the amax, then the value codes and the
   // positions as little-endian bit streams (fields past the chunk's

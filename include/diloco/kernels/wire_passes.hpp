@@ -93,9 +93,14 @@ DILOCO_HD DILOCO_FORCEINLINE std::size_t segment_of(const segment_ref* segs, std
   return lo;
 }
 
-// codec.check of every block of several segments, one item per block;
-// first_bad[k] becomes the lowest malformed block index of segment k
-// (initialized to ~0 by the caller), which the host then names.
+// codec.check of every block of several segments, a team of `team`
+// consecutive items per block (so a team is part of one warp: the
+// launcher's threads take items in order): thread t of block i's team
+// checks its share (codec.share_malformed: bytes or entries t, t + team,
+// ..., so a warp's loads are contiguous), or, for a codec without shares,
+// thread 0 runs codec.check. first_bad[k] becomes the lowest malformed block
+// index of segment k (initialized to ~0 by the caller), which the host then
+// names with codec.check. Launch it over items(blocks) items.
 template <class Codec>
 struct check_blocks {
   Codec codec;
@@ -104,13 +109,32 @@ struct check_blocks {
   const compress::block_ref* blocks;  // the layout's blocks
   std::uint64_t* first_bad;
 
+  static constexpr bool shared_scan = requires(const Codec& c, const std::byte* in, std::size_t n) {
+    c.share_malformed(in, n, n, n);
+  };
+  // Threads per block: a power of two, about one per 4 bytes of the
+  // encoded block, at most a warp.
+  static constexpr std::size_t team = [] {
+    std::size_t t = 1;
+    while (shared_scan && t < 32 && 4 * t < Codec::stride()) t *= 2;
+    return t;
+  }();
+  static constexpr std::size_t items(std::size_t nblocks) { return nblocks * team; }
+
   DILOCO_HD void operator()(std::size_t i) const {
-    const std::size_t k = segment_of(segments, count, i);
+    const std::size_t item = i / team, t = i % team;
+    const std::size_t k = segment_of(segments, count, item);
     const segment_ref s = segments[k];
-    const std::size_t b = i - static_cast<std::size_t>(s.item_begin);
+    const std::size_t b = item - static_cast<std::size_t>(s.item_begin);
     if (b >= s.blocks) return;
-    if (codec.check(s.payload + b * Codec::stride(), blocks[s.first_block + b].len) != nullptr)
-      atomic_min(first_bad + k, b);
+    const std::byte* in = s.payload + b * Codec::stride();
+    const std::size_t len = blocks[s.first_block + b].len;
+    bool bad;
+    if constexpr (shared_scan)
+      bad = codec.share_malformed(in, len, t, team);
+    else
+      bad = codec.check(in, len) != nullptr;
+    if (bad) atomic_min(first_bad + k, b);
   }
 };
 

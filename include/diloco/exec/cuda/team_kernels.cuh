@@ -67,9 +67,21 @@ __global__ void __launch_bounds__(grid::team_plan<P>::threads) run_teams(P p, st
   }
   if (live) p.store(b, t, shared[slot], regs, m);
   if constexpr (P::norms > 0) {
+    // The lanes and their tree (kernels/compressed_blocks.hpp, norm_scratch):
+    // a team of at most a warp lies in one warp, so a warp barrier orders it.
+    auto team_barrier = [] {
+      if constexpr (team <= 32)
+        __syncwarp();
+      else
+        __syncthreads();
+    };
     __syncthreads();
-    if (live && t < 8) p.lanes(t, shared[slot], regs);
-    __syncthreads();
+    if (live && t < P::lane_count) p.lanes(t, shared[slot], regs);
+    for (unsigned w = P::lane_count / 2; w > 0; w /= 2) {
+      team_barrier();
+      if (live) p.lanes_step(t, w, shared[slot]);
+    }
+    team_barrier();
     if (live && t == 0) p.publish(b, shared[slot]);
   }
 }
