@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 
 // The replica tensors of a device-pass test: each tensor's values in a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // test/device_tensor_set.hpp over Thrust's CPP backend (built with g++ and
 // THRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_CPP, so a "device" vector is
 // host memory): the records the GPU tests hand to the team programs must

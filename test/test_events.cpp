@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The event hook (algorithm_options::on_event, core/event.hpp): round
 // summaries, rejections and membership changes from real runs over
 // comm::threads, checked against values derived by hand (the ring

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // diloco::json (core/json.hpp): stats(), options and events as JSON, each
 // checked against the fields listed here by hand from the structs'
 // declarations, so a field added without its JSON fails here.

@@ -84,13 +84,13 @@ struct norm_scratch {
   DILOCO_HD void sum_lanes(unsigned t, std::size_t len) {
     for (std::size_t n = 0; n < N; ++n) {
       float acc = 0.0f;
-      for (std::size_t j = t; j < len; j += lanes) acc += sq[n][j];
+      for (std::size_t j = t; j < len; j += lanes) acc = add_rn(acc, sq[n][j]);
       lane[n][t] = acc;
     }
   }
   DILOCO_HD void tree_step(unsigned t, unsigned w) {
     if (t < w)
-      for (std::size_t n = 0; n < N; ++n) lane[n][t] += lane[n][t + w];
+      for (std::size_t n = 0; n < N; ++n) lane[n][t] = add_rn(lane[n][t], lane[n][t + w]);
   }
   DILOCO_HD double total(std::size_t n) const { return static_cast<double>(lane[n][0]); }
 };

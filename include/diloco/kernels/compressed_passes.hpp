@@ -11,6 +11,7 @@
 
 #include "diloco/compress/block_layout.hpp"
 #include "diloco/core/macros.hpp"
+#include "diloco/kernels/exact_float.hpp"
 #include "diloco/kernels/merge.hpp"
 
 DILOCO_EXACT_FP_BEGIN
@@ -34,7 +35,7 @@ template <std::size_t Lanes>
 DILOCO_HD DILOCO_FORCEINLINE float lane_tree(float* acc) {
   static_assert(Lanes > 0 && (Lanes & (Lanes - 1)) == 0, "the lane tree halves a power of two");
   for (std::size_t w = Lanes / 2; w > 0; w /= 2)
-    for (std::size_t l = 0; l < w; ++l) acc[l] += acc[l + w];
+    for (std::size_t l = 0; l < w; ++l) acc[l] = add_rn(acc[l], acc[l + w]);
   return acc[0];
 }
 
@@ -51,11 +52,11 @@ DILOCO_HD DILOCO_FORCEINLINE double lane_squares(std::size_t len, F&& f) {
   for (; j + Lanes <= len; j += Lanes)
     for (std::size_t l = 0; l < Lanes; ++l) {
       const float x = f(j + l);
-      acc[l] += x * x;
+      acc[l] = add_rn(acc[l], mul_rn(x, x));  // never an FMA: the device's bits
     }
   for (std::size_t l = 0; j < len; ++j, ++l) {
     const float x = f(j);
-    acc[l] += x * x;
+    acc[l] = add_rn(acc[l], mul_rn(x, x));  // never an FMA: the device's bits
   }
   return static_cast<double>(lane_tree<Lanes>(acc));
 }
