@@ -2,7 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # The whole test suite: a warnings-as-errors release build with every
 # backend that is installed, then the host tests again under ASan+UBSan and
-# the threaded tests under TSan. Exits non-zero on the first failure.
+# the threaded tests under TSan. Exits non-zero on the first failure. The
+# sanitizer builds leave out the examples and benchmarks: their tests (labels
+# demo, bench) run in the release build only.
 set -euo pipefail
 cd "$(dirname "$0")"
 scripts/install-deps.sh

@@ -2,13 +2,16 @@
 # cmake -DSOURCE_DIR=<repo> -P check_spdx.cmake
 # Every source file of the project names its licence (Apache-2.0, LICENSE)
 # in an SPDX line within its first three lines.
-file(GLOB_RECURSE files RELATIVE ${SOURCE_DIR}
-  ${SOURCE_DIR}/include/*.hpp ${SOURCE_DIR}/include/*.cuh
-  ${SOURCE_DIR}/test/*.hpp ${SOURCE_DIR}/test/*.cpp ${SOURCE_DIR}/test/*.cu ${SOURCE_DIR}/test/*.cmake
-  ${SOURCE_DIR}/bench/*.hpp ${SOURCE_DIR}/bench/*.cpp ${SOURCE_DIR}/bench/*.cu ${SOURCE_DIR}/bench/*.py ${SOURCE_DIR}/bench/*.sh
-  ${SOURCE_DIR}/examples/*.hpp ${SOURCE_DIR}/examples/*.cpp ${SOURCE_DIR}/examples/*.cu
-  ${SOURCE_DIR}/fuzz/*.cpp ${SOURCE_DIR}/fuzz/*.hpp ${SOURCE_DIR}/scripts/*.sh ${SOURCE_DIR}/cmake/*.cmake
-  ${SOURCE_DIR}/*CMakeLists.txt)
+cmake_policy(SET CMP0009 NEW)  # do not follow symlinks
+# The project's own folders only (never a build tree, wherever it lies).
+set(files CMakeLists.txt)
+foreach(dir include test bench examples fuzz scripts cmake test_package)
+  file(GLOB_RECURSE found RELATIVE ${SOURCE_DIR}
+    ${SOURCE_DIR}/${dir}/*.hpp ${SOURCE_DIR}/${dir}/*.cuh ${SOURCE_DIR}/${dir}/*.cpp ${SOURCE_DIR}/${dir}/*.cu
+    ${SOURCE_DIR}/${dir}/*.cmake ${SOURCE_DIR}/${dir}/*.py ${SOURCE_DIR}/${dir}/*.sh ${SOURCE_DIR}/${dir}/CMakeLists.txt)
+  list(APPEND files ${found})
+endforeach()
+list(FILTER files EXCLUDE REGEX "(^|/)build[^/]*/")
 set(missing "")
 foreach(f IN LISTS files)
   file(STRINGS ${SOURCE_DIR}/${f} head LIMIT_COUNT 3)
