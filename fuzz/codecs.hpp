@@ -45,4 +45,18 @@ inline diloco::wire::expectation plain_expectation() {
   return {cp::codec_id::low_rank, diloco::wire::flag_error_feedback, 2, 1, 15, 4 * plain_floats, 3};
 }
 
+// Writes the header plain_expectation() asks for at the start of `slot`.
+inline void write_plain_header(std::byte* slot) {
+  const diloco::wire::expectation want = plain_expectation();
+  diloco::wire::header h;
+  h.codec = want.codec;
+  h.flags = want.flags;
+  h.block_size = want.block_size;
+  h.sender = want.sender;
+  h.elements = want.elements;
+  h.payload_bytes = want.payload_bytes;
+  h.round = want.round;
+  diloco::wire::write_header(slot, h);
+}
+
 }  // namespace fuzz

@@ -85,15 +85,7 @@ int main(int argc, char** argv) {
     const float v = std::cos(0.3f * static_cast<float>(i));
     std::memcpy(slot.data() + wire::header_bytes + i * sizeof(float), &v, sizeof v);
   }
-  wire::header h;
-  h.codec = want.codec;
-  h.flags = want.flags;
-  h.block_size = want.block_size;
-  h.sender = want.sender;
-  h.elements = want.elements;
-  h.payload_bytes = want.payload_bytes;
-  h.round = want.round;
-  wire::write_header(slot.data(), h);
+  fuzz::write_plain_header(slot.data());
   try {
     fuzz::cp::validate_plain_segment(slot.data(), slot.size(), want, "seed", [&](std::uint64_t bytes) {
       return wire::detail::payload_words_sum(slot.data() + wire::header_bytes, bytes);

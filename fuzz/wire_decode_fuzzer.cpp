@@ -65,15 +65,7 @@ void run_plain(const std::uint8_t* data, std::size_t size, bool fixed) {
   if (fixed) {
     slot.assign(wire::header_bytes + want.payload_bytes, std::byte{0});
     std::memcpy(slot.data() + wire::header_bytes, data, std::min<std::size_t>(size, want.payload_bytes));
-    wire::header h;
-    h.codec = want.codec;
-    h.flags = want.flags;
-    h.block_size = want.block_size;
-    h.sender = want.sender;
-    h.elements = want.elements;
-    h.payload_bytes = want.payload_bytes;
-    h.round = want.round;
-    wire::write_header(slot.data(), h);
+    fuzz::write_plain_header(slot.data());
   } else {
     slot.resize(size);
     if (size) std::memcpy(slot.data(), data, size);
