@@ -212,14 +212,7 @@ int run(int argc, char** argv) {
   app.add_option("--out", o.out, "output directory")->capture_default_str();
   app.add_option("--fortunes-dir", o.c.fortunes_dir, "Debian fortunes' directory")->capture_default_str();
   app.add_flag("--verbose", o.verbose, "a progress line per held-out evaluation");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::fputs(app.help().c_str(), stdout);
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    throw diloco::config_error(std::string("sweep: ") + e.what() + " (--help lists the options)");
-  }
+  if (char_mlp::parse_or_help(app, argc, argv, "sweep: ")) return 0;
 
   const auto data = char_mlp::load_dataset(o.c);
   o.c.dims.vocab = data.vocab();

@@ -43,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "char_mlp/cli_checks.hpp"
 #include "char_mlp/corpus.hpp"
 #include "char_mlp/experiment.hpp"
 #include "char_mlp/model.hpp"
@@ -373,14 +374,7 @@ int main(int argc, char** argv) {
                                                    "(the learning-rate schedule stays that of --steps)")
         ->check(CLI::Range(0.0, 1e9));
     app.add_flag("--synthetic", c.synthetic, "the built-in synthetic corpus instead of the fortunes");
-    try {
-      app.parse(argc, argv);
-    } catch (const CLI::CallForHelp&) {
-      std::fputs(app.help().c_str(), stdout);
-      return 0;
-    } catch (const CLI::ParseError& e) {
-      throw diloco::config_error(std::string(e.what()) + " (--help lists the options)");
-    }
+    if (char_mlp::parse_or_help(app, argc, argv, "")) return 0;
     if (lr->count() == 0) c.lr = o.method == "ddp" ? 3e-3f : 2e-3f;
     if (o.label.empty())
       o.label = o.method == "ddp" ? "ddp" : "diloco_" + o.sync + (o.compress == "int4" ? "_int4_ef" : "_fp32");

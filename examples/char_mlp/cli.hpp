@@ -216,14 +216,9 @@ inline cli parse_cli(int argc, char** argv, const cli& defaults, const char* wor
       "Default corpus: the fortune cookies of Debian's `fortunes` package, the last 10% of every topic file held "
       "out.");
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    if (print_help) std::fputs(app.help().c_str(), stdout);
+  if (parse_or_help(app, argc, argv, "demo: ", print_help)) {
     out.help = true;
     return out;
-  } catch (const CLI::ParseError& e) {
-    throw diloco::config_error(std::string("demo: ") + e.what() + " (--help lists the options)");
   }
   if (out.methods.empty()) throw diloco::config_error("demo: --methods names no method");
   // The streaming defaults (P = 4, tau = 2) shrink to fit a small H; values

@@ -2,14 +2,18 @@
 #pragma once
 
 // CLI11 checks shared by the examples' command lines (the char-MLP demo,
-// the GPT example, the sweep): finite numbers in a range (CLI11's Range
-// lets NaN through), integers in a range, comma-separated lists of names.
+// the GPT example, the sweep, bench/wan's worker): finite numbers in a range
+// (CLI11's Range lets NaN through), integers in a range, comma-separated
+// lists of names, and the parse itself (parse_or_help).
 
 #include <CLI/CLI.hpp>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <string>
 #include <vector>
+
+#include <diloco/core/error.hpp>
 
 namespace char_mlp {
 
@@ -59,5 +63,21 @@ inline void add_list(CLI::App& app, const std::string& name, std::vector<std::st
 }
 
 }  // namespace detail
+
+// Parses the command line. Returns true when --help was asked (the usage
+// printed when `print_help`: processes other than the first stay quiet); a
+// malformed or out-of-range value or an unknown option is a config_error
+// with CLI11's message naming the option, after `prefix`.
+inline bool parse_or_help(CLI::App& app, int argc, char** argv, const std::string& prefix, bool print_help = true) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    if (print_help) std::fputs(app.help().c_str(), stdout);
+    return true;
+  } catch (const CLI::ParseError& e) {
+    throw diloco::config_error(prefix + e.what() + " (--help lists the options)");
+  }
+  return false;
+}
 
 }  // namespace char_mlp

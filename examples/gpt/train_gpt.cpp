@@ -171,14 +171,7 @@ void parse(int argc, char** argv, options& o, bool print_help) {
       ->type_name("FILE")
       ->excludes(synthetic);
   app.add_flag("--quiet", o.quiet, "no progress lines");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    if (print_help) std::fputs(app.help().c_str(), stdout);
-    o.help = true;
-  } catch (const CLI::ParseError& e) {
-    throw diloco::config_error(std::string("train_gpt: ") + e.what() + " (--help lists the options)");
-  }
+  o.help = char_mlp::parse_or_help(app, argc, argv, "train_gpt: ", print_help);
   if (o.g.dims.width % o.g.dims.heads != 0)
     throw diloco::config_error("train_gpt: --width (" + std::to_string(o.g.dims.width) +
                                ") must be a multiple of --heads (" + std::to_string(o.g.dims.heads) + ")");
