@@ -153,11 +153,11 @@ void collect(Grads&& grads, std::vector<raw_tensor>& out) {
 
 }  // namespace detail
 
-// An optimizer policy applied by an executor: optimizer<inner::adamw> opt(params);
-// then opt.step(grads) after each backward pass. The executor fixes the
-// memory space: exec::host (the default) takes host tensors,
-// exec::cuda (<diloco/cuda.hpp>) device tensors, and the whole step runs as
-// fused kernels on the GPU. Tensors of the other space do not compile.
+/// An optimizer policy applied by an executor: optimizer<inner::adamw> opt(params);
+/// then opt.step(grads) after each backward pass. The executor fixes the
+/// memory space: exec::host (the default) takes host tensors,
+/// exec::cuda (<diloco/cuda.hpp>) device tensors, and the whole step runs as
+/// fused kernels on the GPU. Tensors of the other space do not compile.
 template <optimizer_policy Opt, class Exec = exec::host>
 class optimizer {
  public:
@@ -192,7 +192,7 @@ class optimizer {
 
   std::uint64_t steps() const { return core_.steps(); }
   void reset() { core_.reset(); }
-  // For learning-rate schedules: the next step uses `lr` (validated).
+  /// For learning-rate schedules: the next step uses `lr` (validated).
   void set_lr(float lr) { core_.set_lr(lr); }
   float lr() const { return core_.settings().lr; }
   Exec& executor() { return exec_; }

@@ -32,9 +32,9 @@ struct nccl_factory {
   using communicator = nccl;
   static constexpr std::string_view name = "nccl";
 
-  // Device, stream and agreement check of every generation's communicator;
-  // store_key and store_timeout are not used (the id travels under the
-  // generation's key, waited for up to the membership's timeout).
+  /// Device, stream and agreement check of every generation's communicator;
+  /// store_key and store_timeout are not used (the id travels under the
+  /// generation's key, waited for up to the membership's timeout).
   nccl_options options{};
 
   std::vector<char> make_id() {

@@ -10,13 +10,13 @@
 
 namespace diloco::comm {
 
-// A world of one worker and no communication: every collective is the
-// identity (all-to-all and all-gather copy send to recv). DiLoCo over it is
-// the inner optimizer with periodic outer steps on its own trajectory (with
-// outer::sgd at lr 1, the inner optimizer alone).
+/// A world of one worker and no communication: every collective is the
+/// identity (all-to-all and all-gather copy send to recv). DiLoCo over it is
+/// the inner optimizer with periodic outer steps on its own trajectory (with
+/// outer::sgd at lr 1, the inner optimizer alone).
 class local {
  public:
-  // Operations complete when issued.
+  /// Operations complete when issued.
   struct request {
     void wait() {}
     bool test() { return true; }

@@ -40,9 +40,9 @@
 
 namespace diloco::comm {
 
-// What a factory is told when it makes the data communicator of a
-// generation. `timeout` (the membership's) must bound the creation and
-// every operation: recovery admits the live members that fail within it.
+/// What a factory is told when it makes the data communicator of a
+/// generation. `timeout` (the membership's) must bound the creation and
+/// every operation: recovery admits the live members that fail within it.
 struct data_group {
   std::uint64_t generation = 0;
   int rank = 0;
@@ -51,13 +51,13 @@ struct data_group {
   std::chrono::milliseconds timeout{};
 };
 
-// Makes the data communicator of each generation. `name` names it in keys
-// and messages; make_id() (rank 0 of a generation only) returns the id the
-// others receive; create(id, group) makes this member's communicator
-// (collective over the generation's members; a member that does not come
-// is a comm_error within group.timeout). The communicator takes device
-// memory, non-blocking too, and may have abort(reason) (drop it without
-// waiting for peers).
+/// Makes the data communicator of each generation. `name` names it in keys
+/// and messages; make_id() (rank 0 of a generation only) returns the id the
+/// others receive; create(id, group) makes this member's communicator
+/// (collective over the generation's members; a member that does not come
+/// is a comm_error within group.timeout). The communicator takes device
+/// memory, non-blocking too, and may have abort(reason) (drop it without
+/// waiting for peers).
 template <class F>
 concept data_factory = requires(F& f, std::span<const char> id, const data_group& g) {
   typename F::communicator;
@@ -107,9 +107,9 @@ class regrouped {
   using data_communicator = typename Factory::communicator;
   using request = typename data_communicator::request;
 
-  // Joins the membership (comm::gloo's constructor: the first generation,
-  // or a joiner when this rank ran before in the run), then, as a member,
-  // makes generation 0's data communicator.
+  /// Joins the membership (comm::gloo's constructor: the first generation,
+  /// or a joiner when this rank ran before in the run), then, as a member,
+  /// makes generation 0's data communicator.
   explicit regrouped(gloo::options membership, Factory factory = {})
       : factory_(std::move(factory)),
         membership_(std::move(membership)),
@@ -117,7 +117,7 @@ class regrouped {
                diloco::detail::concat("comm::regrouped<", Factory::name, "> on rank ", membership_.rank())) {
     if (!membership_.joining()) regroup();
   }
-  // Membership options from the environment (comm::gloo::options_from_env).
+  /// Membership options from the environment (comm::gloo::options_from_env).
   static regrouped from_env(Factory factory = {}) { return regrouped(gloo::options_from_env(), std::move(factory)); }
 
   regrouped(const regrouped&) = delete;
@@ -126,15 +126,15 @@ class regrouped {
   int rank() const { return membership_.rank(); }
   int size() const { return membership_.size(); }
   int workers_on_host() const { return membership_.workers_on_host(); }
-  // The bytes of every data communicator this member has had.
+  /// The bytes of every data communicator this member has had.
   traffic_counters traffic() const {
     traffic_counters t = retired_;
     if (data_) add(t, data_->traffic());
     return t;
   }
   const gloo& membership() const { return membership_; }
-  // The current generation's data communicator (null while joining, after
-  // leaving, or when making it failed).
+  /// The current generation's data communicator (null while joining, after
+  /// leaving, or when making it failed).
   data_communicator* data() { return data_ ? &*data_ : nullptr; }
 
   // ------------------------------------------------ elastic_communicator
@@ -205,8 +205,8 @@ class regrouped {
             membership_.settings().timeout};
   }
 
-  // Drops the data communicator without waiting for its peers (one may be
-  // dead), keeping its traffic in the totals.
+  /// Drops the data communicator without waiting for its peers (one may be
+  /// dead), keeping its traffic in the totals.
   void retire(const std::string& reason) noexcept {
     if (!data_) return;
     add(retired_, data_->traffic());
@@ -214,11 +214,11 @@ class regrouped {
     data_.reset();
   }
 
-  // The data communicator of the current generation. A member that does
-  // not come (a death while the group re-formed) makes it fail with
-  // comm_error: the survivors form the next generation and try again. Two
-  // failures in a row with nobody dropped in between are not a missing
-  // peer: the last one is raised.
+  /// The data communicator of the current generation. A member that does
+  /// not come (a death while the group re-formed) makes it fail with
+  /// comm_error: the survivors form the next generation and try again. Two
+  /// failures in a row with nobody dropped in between are not a missing
+  /// peer: the last one is raised.
   void regroup() {
     using diloco::detail::raise;
     retire("the group re-formed");
@@ -242,8 +242,8 @@ class regrouped {
     }
   }
 
-  // This member's data communicator for generation g, or nothing (and
-  // failure_ says why) when a member was missing.
+  /// This member's data communicator for generation g, or nothing (and
+  /// failure_ says why) when a member was missing.
   std::optional<data_communicator> make(const data_group& g) {
     std::vector<char> record;
     try {
@@ -266,7 +266,7 @@ class regrouped {
   detail_gloo::rendezvous_store store_;
   std::optional<data_communicator> data_;
   traffic_counters retired_{};
-  std::string failure_;  // why the last data communicator could not be made
+  std::string failure_;  ///< why the last data communicator could not be made
   bool left_ = false;
 };
 

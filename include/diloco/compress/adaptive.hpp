@@ -44,22 +44,22 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress {
 
-// The rule's numbers (agreed across ranks like every option).
+/// The rule's numbers (agreed across ranks like every option).
 struct adaptive_settings {
-  // The link-time budget of a round in seconds; 0: budget_share of the
-  // agreed compute time between the fragment's rounds (the inner phase), so
-  // the exchange would hide behind compute.
+  /// The link-time budget of a round in seconds; 0: budget_share of the
+  /// agreed compute time between the fragment's rounds (the inner phase), so
+  /// the exchange would hide behind compute.
   double budget_seconds = 0.0;
   double budget_share = 1.0;
-  // Bound on the relative compression error ||v - decode(encode(v))|| / ||v||
-  // (the mean over the ranks) of a rung.
+  /// Bound on the relative compression error ||v - decode(encode(v))|| / ||v||
+  /// (the mean over the ranks) of a rung.
   double error_bound = 0.5;
-  // Rounds whose seconds per link byte are averaged for the prediction.
+  /// Rounds whose seconds per link byte are averaged for the prediction.
   std::uint32_t window = 3;
-  // A rung passed over for its error is tried again after this many rounds
-  // on other rungs (its error is measured again then).
+  /// A rung passed over for its error is tried again after this many rounds
+  /// on other rungs (its error is measured again then).
   std::uint32_t retry_after = 8;
-  // The rung of the first round (before anything is measured).
+  /// The rung of the first round (before anything is measured).
   std::uint32_t start = 0;
   template <class F>
   friend void visit_options(const adaptive_settings& o, F&& f) {
@@ -72,13 +72,13 @@ struct adaptive_settings {
   }
 };
 
-// Why a rung was chosen.
+/// Why a rung was chosen.
 enum class adaptive_reason : std::uint8_t {
-  start,          // nothing measured yet: the configured start rung
-  within_budget,  // the most accurate rung that fits the budget within the error bound
-  over_budget,    // no rung fits the budget: the most compressed one (within the error bound)
-  error_bound,    // the rungs that fit the budget exceed the error bound: the most compressed one within it
-                  // (or the most accurate when every rung exceeds it)
+  start,          ///< nothing measured yet: the configured start rung
+  within_budget,  ///< the most accurate rung that fits the budget within the error bound
+  over_budget,    ///< no rung fits the budget: the most compressed one (within the error bound)
+  error_bound,    ///< the rungs that fit the budget exceed the error bound: the most compressed one within it
+                  ///< (or the most accurate when every rung exceeds it)
 };
 inline const char* to_string(adaptive_reason r) {
   switch (r) {
@@ -90,17 +90,17 @@ inline const char* to_string(adaptive_reason r) {
   return "?";
 }
 
-// What the ranks remember between rounds: identical on every rank, and
-// visited state (checkpoints and joiners carry it), hence every number is
-// kept as a 64-bit word (doubles as their bits).
+/// What the ranks remember between rounds: identical on every rank, and
+/// visited state (checkpoints and joiners carry it), hence every number is
+/// kept as a 64-bit word (doubles as their bits).
 struct adaptive_memory {
-  std::uint64_t active = 0;                      // the rung of the next round
-  std::uint64_t reason = 0;                      // adaptive_reason of that choice
-  std::vector<std::uint64_t> error;              // per rung: last agreed relative error (bits; NaN: never measured)
-  std::vector<std::uint64_t> age;                // per rung: rounds since it was last used
-  std::vector<std::uint64_t> seconds_per_byte;   // ring of the last `window` agreed link seconds per byte (bits)
-  std::uint64_t samples = 0;                     // samples written to the ring so far
-  std::uint64_t compute_seconds = 0;             // the last agreed compute time between rounds (bits; 0: unknown)
+  std::uint64_t active = 0;                      ///< the rung of the next round
+  std::uint64_t reason = 0;                      ///< adaptive_reason of that choice
+  std::vector<std::uint64_t> error;              ///< per rung: last agreed relative error (bits; NaN: never measured)
+  std::vector<std::uint64_t> age;                ///< per rung: rounds since it was last used
+  std::vector<std::uint64_t> seconds_per_byte;   ///< ring of the last `window` agreed link seconds per byte (bits)
+  std::uint64_t samples = 0;                     ///< samples written to the ring so far
+  std::uint64_t compute_seconds = 0;             ///< the last agreed compute time between rounds (bits; 0: unknown)
 
   static double real(std::uint64_t bits) { return std::bit_cast<double>(bits); }
   static std::uint64_t bits(double x) { return std::bit_cast<std::uint64_t>(x); }
@@ -123,22 +123,22 @@ struct adaptive_memory {
     for (std::size_t i = 0; i < n; ++i) s += real(seconds_per_byte[i]);
     return s / static_cast<double>(n);
   }
-  // The link-time budget the rule compares with.
+  /// The link-time budget the rule compares with.
   double budget(const adaptive_settings& s) const {
     return s.budget_seconds > 0.0 ? s.budget_seconds : s.budget_share * real(compute_seconds);
   }
 };
 
-// One round's agreed measurements (means over the ranks).
+/// One round's agreed measurements (means over the ranks).
 struct adaptive_measurement {
-  double link_seconds = 0.0;     // begin of the exchange to its completion
-  double relative_error = 0.0;   // of the rung used
-  double compute_seconds = 0.0;  // since the fragment's previous round, outside it (0: first round)
+  double link_seconds = 0.0;     ///< begin of the exchange to its completion
+  double relative_error = 0.0;   ///< of the rung used
+  double compute_seconds = 0.0;  ///< since the fragment's previous round, outside it (0: first round)
 };
 
-// The rule: records round r's measurements of rung `used` (which moved
-// link_bytes[used] bytes per rank) and picks the next round's rung.
-// link_bytes[j]: the bytes rung j's collectives carry per rank and round.
+/// The rule: records round r's measurements of rung `used` (which moved
+/// link_bytes[used] bytes per rank) and picks the next round's rung.
+/// link_bytes[j]: the bytes rung j's collectives carry per rank and round.
 inline void adaptive_rule(adaptive_memory& m, const adaptive_settings& s, std::span<const std::size_t> link_bytes,
                           std::size_t used, const adaptive_measurement& x) {
   const std::size_t n = link_bytes.size();
@@ -184,7 +184,7 @@ struct adaptive_first {
   using type = First;
 };
 
-// The policy. Options: each rung's options (in ladder order) and the rule's.
+/// The policy. Options: each rung's options (in ladder order) and the rule's.
 template <class... C>
 struct adaptive {
   static_assert(sizeof...(C) >= 2, "adaptive<C...>: give at least two compressors, most accurate first");
@@ -218,7 +218,7 @@ struct adaptive {
   static constexpr const char* name = "adaptive";
   static constexpr bool lossless = false;
   static constexpr bool has_error_feedback = adaptive_first<C...>::type::has_error_feedback;
-  static constexpr bool switching = true;  // its own reducer (reduce/adaptive.hpp) over the rungs' reducers
+  static constexpr bool switching = true;  ///< its own reducer (reduce/adaptive.hpp) over the rungs' reducers
   static constexpr const char* rung_names[] = {C::name...};
 
   static void validate(const options& o) {

@@ -12,16 +12,16 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress {
 
-// One codec block: up to B consecutive elements of one tensor.
+/// One codec block: up to B consecutive elements of one tensor.
 struct block_ref {
-  std::uint32_t tensor;  // index in the parameter list
-  std::uint32_t len;     // elements, <= B
-  std::uint64_t start;   // first element within the tensor
+  std::uint32_t tensor;  ///< index in the parameter list
+  std::uint32_t len;     ///< elements, <= B
+  std::uint64_t start;   ///< first element within the tensor
 };
 
-// The blocks of a parameter list (each tensor cut into blocks of B, the last
-// one partial) and their partition into M shards of nearly equal element
-// counts, on block boundaries. Shard k is reduced by rank k.
+/// The blocks of a parameter list (each tensor cut into blocks of B, the last
+/// one partial) and their partition into M shards of nearly equal element
+/// counts, on block boundaries. Shard k is reduced by rank k.
 class block_layout {
  public:
   block_layout() = default;
@@ -64,8 +64,8 @@ class block_layout {
   int shards_ = 1;
   std::size_t total_ = 0;
   std::vector<block_ref> blocks_;
-  std::vector<std::size_t> first_;     // shards + 1 entries
-  std::vector<std::size_t> elements_;  // per shard
+  std::vector<std::size_t> first_;     ///< shards + 1 entries
+  std::vector<std::size_t> elements_;  ///< per shard
 };
 
 }  // namespace diloco::compress

@@ -17,11 +17,11 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress {
 
-// fp32 -> 16-bit float (bf16 or fp16), 2 bytes per parameter, each element
-// rounded to nearest even (error <= half an ulp of the format) or
-// stochastically. fp16 values beyond 65504 become inf, which the round's
-// finiteness checks reject; prefer bf16 (fp32's range) for pseudo-gradients.
-// Blocks of 64 elements keep the padding at a tensor's end small.
+/// fp32 -> 16-bit float (bf16 or fp16), 2 bytes per parameter, each element
+/// rounded to nearest even (error <= half an ulp of the format) or
+/// stochastically. fp16 values beyond 65504 become inf, which the round's
+/// finiteness checks reject; prefer bf16 (fp32's range) for pseudo-gradients.
+/// Blocks of 64 elements keep the padding at a tensor's end small.
 template <class Format, class Rounding, std::size_t B = 64>
 struct cast_codec {
   static_assert(std::is_same_v<Format, bf16> || std::is_same_v<Format, fp16>,
@@ -64,8 +64,8 @@ struct cast_codec {
       if (in[b] != std::byte{0}) return "non-zero padding after a partial block";
     return nullptr;
   }
-  // Thread t of `threads`' share of check() (kernels::check_blocks): padding
-  // bytes 2 len + t, 2 len + t + threads, ...
+  /// Thread t of `threads`' share of check() (kernels::check_blocks): padding
+  /// bytes 2 len + t, 2 len + t + threads, ...
   DILOCO_HD bool share_malformed(const std::byte* in, std::size_t len, std::size_t t, std::size_t threads) const {
     for (std::size_t b = 2 * len + t; b < stride(); b += threads)
       if (in[b] != std::byte{0}) return true;
@@ -73,7 +73,7 @@ struct cast_codec {
   }
 };
 
-// The compressor policy: cast<bf16> or cast<fp16, stochastic_rounding>.
+/// The compressor policy: cast<bf16> or cast<fp16, stochastic_rounding>.
 template <class Format, class Rounding = round_nearest>
 struct cast : stateless_codec_policy<cast_codec<Format, Rounding>, Rounding> {
   static constexpr const char* name = std::is_same_v<Format, bf16> ? "cast bf16" : "cast fp16";

@@ -103,7 +103,7 @@ struct chunk_topk_codec {
   static constexpr bool stochastic = Rounding::stochastic;
 
   DILOCO_HD static constexpr std::size_t stride() { return 4 + value_bytes + index_bytes; }
-  // Entries a chunk of len elements sends.
+  /// Entries a chunk of len elements sends.
   DILOCO_HD static constexpr std::size_t entries(std::size_t len) { return len < K ? len : K; }
 
   void encode(const float* v, std::size_t len, std::byte* out, float* dq, std::uint64_t stream,
@@ -154,9 +154,9 @@ struct chunk_topk_codec {
     }
   }
 
-  // Element-level access, for the device passes (kernels/topk_blocks.hpp),
-  // which give a chunk's elements to the threads of a team: the same float
-  // operations as encode() and decode() per element, so the same bits.
+  /// Element-level access, for the device passes (kernels/topk_blocks.hpp),
+  /// which give a chunk's elements to the threads of a team: the same float
+  /// operations as encode() and decode() per element, so the same bits.
   DILOCO_HD static float factor(const std::byte* in) {
     float amax;
     std::memcpy(&amax, in, 4);
@@ -168,8 +168,8 @@ struct chunk_topk_codec {
   DILOCO_HD static unsigned value_code(const std::byte* in, std::size_t e) {
     return detail_bits::get_field(in + 4, e, value_bits);
   }
-  // A selected value against the chunk's amax, as encode() quantizes it (u:
-  // its draw under stochastic rounding).
+  /// A selected value against the chunk's amax, as encode() quantizes it (u:
+  /// its draw under stochastic rounding).
   DILOCO_HD static void encode_value(float v, float amax, float u, unsigned& code, float& dq) {
     constexpr auto g = kernels::grid<Values>();
     float q;
@@ -191,18 +191,18 @@ struct chunk_topk_codec {
       if (const char* why = entry_problem(in, len, e)) return why;
     return padding_problem(in);
   }
-  // Thread t of `threads`' share of check(), for a team scanning one chunk
-  // (kernels::check_blocks): entries t, t + threads, ..., and thread 0 the
-  // padding bits. check() finds a problem iff some share does.
+  /// Thread t of `threads`' share of check(), for a team scanning one chunk
+  /// (kernels::check_blocks): entries t, t + threads, ..., and thread 0 the
+  /// padding bits. check() finds a problem iff some share does.
   DILOCO_HD bool share_malformed(const std::byte* in, std::size_t len, std::size_t t, std::size_t threads) const {
     for (std::size_t e = t; e < K; e += threads)
       if (entry_problem(in, len, e)) return true;
     return t == 0 && padding_problem(in) != nullptr;
   }
-  // What is wrong with entry e, if anything: the first entries(len) hold a
-  // valid code at a position inside the chunk, above the previous entry's
-  // (check() reaches entry e only when the earlier ones are fine, so that
-  // is its previous position); the rest are empty.
+  /// What is wrong with entry e, if anything: the first entries(len) hold a
+  /// valid code at a position inside the chunk, above the previous entry's
+  /// (check() reaches entry e only when the earlier ones are fine, so that
+  /// is its previous position); the rest are empty.
   DILOCO_HD static const char* entry_problem(const std::byte* in, std::size_t len, std::size_t e) {
     constexpr auto g = kernels::grid<Values>();
     const unsigned code = value_code(in, e);
@@ -214,7 +214,7 @@ struct chunk_topk_codec {
     if (!g.valid(code)) return g.invalid;
     return nullptr;
   }
-  // Padding bits after the last value and the last position.
+  /// Padding bits after the last value and the last position.
   DILOCO_HD static const char* padding_problem(const std::byte* in) {
     if (const std::size_t used = K * value_bits; used % 8 != 0 && (static_cast<unsigned>(in[4 + used / 8]) >> (used % 8)) != 0)
       return "non-zero padding bits after the chunk_topk values";
@@ -226,8 +226,8 @@ struct chunk_topk_codec {
 };
 
 struct chunk_topk_options {
-  std::uint64_t seed = 0;  // stochastic rounding of the values
-  float decay = 1.0f;      // error feedback: r <- decay * (r + delta - sent), in (0, 1]
+  std::uint64_t seed = 0;  ///< stochastic rounding of the values
+  float decay = 1.0f;      ///< error feedback: r <- decay * (r + delta - sent), in (0, 1]
   template <class F>
   friend void visit_options(const chunk_topk_options& o, F&& f) {
     f("seed", o.seed);
@@ -235,8 +235,8 @@ struct chunk_topk_options {
   }
 };
 
-// The compressor policy: chunk_topk<> is SparseLoCo's 64 of every 4096 as
-// int2; wrap it in error_feedback (SparseLoCo always does).
+/// The compressor policy: chunk_topk<> is SparseLoCo's 64 of every 4096 as
+/// int2; wrap it in error_feedback (SparseLoCo always does).
 template <std::size_t Chunk = 4096, std::size_t K = 64, class Values = int2, class Rounding = round_nearest>
 struct chunk_topk {
   using options = chunk_topk_options;
@@ -245,8 +245,8 @@ struct chunk_topk {
   static constexpr bool lossless = false;
   static constexpr bool has_error_feedback = false;
   static constexpr bool stochastic = Rounding::stochastic;
-  // Sparse aggregation: all-gather the segments, sum in rank order
-  // (reduce/gathered.hpp) instead of reducing shards and re-encoding.
+  /// Sparse aggregation: all-gather the segments, sum in rank order
+  /// (reduce/gathered.hpp) instead of reducing shards and re-encoding.
   static constexpr bool gathered = true;
   static void validate(const options& o) {
     if (!(o.decay > 0.0f && o.decay <= 1.0f))

@@ -8,16 +8,16 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress {
 
-// Error feedback around any lossy compressor: each worker keeps the residual
-//   e <- beta * ((delta + e) - decode(encode(delta + e)))
-// with beta = options.decay where the compressor's options have one
-// (chunk_topk; SparseLoCo uses 0.95), else 1
-// and adds it to the next round's pseudo-gradient, so what compression drops
-// is delayed, not lost (beta = 1): over R rounds the decoded transmissions sum to the
-// sum of the true deltas minus the final residual. The residual is part of
-// the algorithm's state (4 bytes per parameter, twice: a round writes the
-// new residual beside the old one and keeps it only if the round is
-// applied, so a rejected round leaves the state as it was).
+/// Error feedback around any lossy compressor: each worker keeps the residual
+///   e <- beta * ((delta + e) - decode(encode(delta + e)))
+/// with beta = options.decay where the compressor's options have one
+/// (chunk_topk; SparseLoCo uses 0.95), else 1
+/// and adds it to the next round's pseudo-gradient, so what compression drops
+/// is delayed, not lost (beta = 1): over R rounds the decoded transmissions sum to the
+/// sum of the true deltas minus the final residual. The residual is part of
+/// the algorithm's state (4 bytes per parameter, twice: a round writes the
+/// new residual beside the old one and keeps it only if the round is
+/// applied, so a rejected round leaves the state as it was).
 template <class C>
 struct error_feedback {
   static_assert(!C::lossless, "error_feedback<C>: C must be a lossy compressor; a lossless one has no error to feed back");

@@ -44,8 +44,8 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress {
 
-// The header of a gathered segment (host and device engines): one segment
-// per rank carrying the whole fragment.
+/// The header of a gathered segment (host and device engines): one segment
+/// per rank carrying the whole fragment.
 template <class Compressor>
 wire::header gathered_header(std::uint64_t elements, std::uint64_t payload, std::uint64_t round,
                              std::uint32_t fragment, int sender, float norm) {
@@ -88,7 +88,7 @@ class gathered_mean : public diloco::detail::host_ballot, public diloco::detail:
   std::size_t slot_bytes() const { return slot_; }
   // residual() and visit_state(): diloco::detail::host_feedback.
 
-  // 1. encode the whole fragment into this rank's segment.
+  /// 1. encode the whole fragment into this rank's segment.
   template <class Exec>
   void encode(Exec& exec, const float* global, std::uint64_t round) {
     open_round();
@@ -106,7 +106,7 @@ class gathered_mean : public diloco::detail::host_ballot, public diloco::detail:
     out_.encoded_bytes = wire::header_bytes + payload_;
   }
 
-  // 2. every rank's segment to every rank.
+  /// 2. every rank's segment to every rank.
   const std::byte* send_data() const { return send_.data(); }
   std::byte* gathered_data() { return gathered_.data(); }
   template <class Exec>
@@ -114,7 +114,7 @@ class gathered_mean : public diloco::detail::host_ballot, public diloco::detail:
     std::memcpy(gathered_.data(), send_.data(), slot_);
   }
 
-  // 3. validate every segment and cast this rank's vote.
+  /// 3. validate every segment and cast this rank's vote.
   template <class Exec>
   void check_gathered(Exec&) {
     double total = 0.0;
@@ -140,8 +140,8 @@ class gathered_mean : public diloco::detail::host_ballot, public diloco::detail:
   }
   // 4. agree on the round: vote_data() summed over the ranks, then result().
 
-  // 5. decode and sum in rank order, outer step, copy-back; keep the new
-  // residual.
+  /// 5. decode and sum in rank order, outer step, copy-back; keep the new
+  /// residual.
   template <class Exec, class Update, class Merge = kernels::merge::overwrite>
   void apply(Exec& exec, const Update& update, float* global, float* state, std::size_t state_stride,
              const Merge& merge = {}) {

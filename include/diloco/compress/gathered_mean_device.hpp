@@ -108,16 +108,16 @@ class gathered_mean<Compressor, Space> : public device_detail::device_ballot<Spa
   }
 
   std::size_t slot_bytes() const { return slot_; }
-  // The error-feedback residual in the flat (padded) layout, in device
-  // memory; empty without error feedback.
+  /// The error-feedback residual in the flat (padded) layout, in device
+  /// memory; empty without error feedback.
   tensor_view<const float, device_space> residual() const { return {residual_.data(), residual_.size()}; }
   template <class Visitor>
   void visit_state(Visitor& v, std::string_view prefix) {
     diloco::detail::visit_residual<Compressor>(v, prefix, residual_, true);
   }
 
-  // 1. encode the whole fragment into this rank's segment, its checksum and
-  // header.
+  /// 1. encode the whole fragment into this rank's segment, its checksum and
+  /// header.
   template <class Exec>
   void encode(Exec& exec, const float* global, std::uint64_t round) {
     device_detail::require_aligned16(global, "the point the pseudo-gradient is taken from");
@@ -139,7 +139,7 @@ class gathered_mean<Compressor, Space> : public device_detail::device_ballot<Spa
     out_.encoded_bytes = wire::header_bytes + payload_;
   }
 
-  // 2. every rank's segment to every rank; a world of one copies.
+  /// 2. every rank's segment to every rank; a world of one copies.
   const std::byte* send_data() const { return send_.data(); }
   std::byte* gathered_data() { return gathered_.data(); }
   template <class Exec>
@@ -147,8 +147,8 @@ class gathered_mean<Compressor, Space> : public device_detail::device_ballot<Spa
     exec.copy(gathered_.data(), send_.data(), slot_);
   }
 
-  // 3. validate every segment and cast this rank's vote into vote_data()
-  // (device memory, one slot per rank).
+  /// 3. validate every segment and cast this rank's vote into vote_data()
+  /// (device memory, one slot per rank).
   template <class Exec>
   void check_gathered(Exec& exec) {
     const auto m = static_cast<std::size_t>(world_);
@@ -174,8 +174,8 @@ class gathered_mean<Compressor, Space> : public device_detail::device_ballot<Spa
   // 4. the votes, summed over the ranks (an fp32 all-reduce of vote_count(),
   // device_ballot), then result().
 
-  // 5. decode and sum in rank order, outer step, copy-back; keep the new
-  // residual.
+  /// 5. decode and sum in rank order, outer step, copy-back; keep the new
+  /// residual.
   template <class Exec, class Update, class Merge = kernels::merge::overwrite>
   void apply(Exec& exec, const Update& update, float* global, float* state, std::size_t state_stride,
              const Merge& merge = {}) {
@@ -201,7 +201,7 @@ class gathered_mean<Compressor, Space> : public device_detail::device_ballot<Spa
   std::uint32_t fragment_;
   block_layout layout_;
   std::size_t payload_ = 0, slot_ = 0;
-  bool vector_ = false;  // 16-byte accesses to the replica's tensors
+  bool vector_ = false;  ///< 16-byte accesses to the replica's tensors
   device_buffer<std::byte> send_, gathered_;
   device_buffer<float> residual_, next_residual_;
   device_buffer<compress::block_ref> blocks_;

@@ -7,8 +7,8 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress {
 
-// The pseudo-gradient travels as fp32, reduced by the communicator's own
-// all-reduce: 4 bytes per parameter, no error.
+/// The pseudo-gradient travels as fp32, reduced by the communicator's own
+/// all-reduce: 4 bytes per parameter, no error.
 struct none {
   struct options {};
   static constexpr const char* name = "none";

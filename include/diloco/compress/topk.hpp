@@ -16,14 +16,14 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress {
 
-// Top-k sparsification per block of B elements: the k = ceil(fraction * len)
-// largest magnitudes of each block travel as (uint16 index, fp32 value)
-// pairs sorted by index; the rest are dropped (error feedback carries them
-// to the next round). Block-local selection keeps blocks independent (and
-// parallel); with B = 1024 it selects among many candidates. Bytes per
-// parameter: about 6 * fraction. Ties between equal magnitudes go to the
-// lower index; NaN counts as the largest magnitude so it is never hidden.
-// Encoding is host code (selection by partial sort).
+/// Top-k sparsification per block of B elements: the k = ceil(fraction * len)
+/// largest magnitudes of each block travel as (uint16 index, fp32 value)
+/// pairs sorted by index; the rest are dropped (error feedback carries them
+/// to the next round). Block-local selection keeps blocks independent (and
+/// parallel); with B = 1024 it selects among many candidates. Bytes per
+/// parameter: about 6 * fraction. Ties between equal magnitudes go to the
+/// lower index; NaN counts as the largest magnitude so it is never hidden.
+/// Encoding is host code (selection by partial sort).
 template <std::size_t B = 1024>
 struct topk_codec {
   static_assert(B >= 1 && B <= 65535, "topk: block size B must be in [1, 65535] (uint16 indices)");
@@ -31,7 +31,7 @@ struct topk_codec {
   static constexpr codec_id id = codec_id::topk;
   static constexpr std::uint16_t unused = 0xffff;
 
-  std::uint32_t k_full = 1;  // entries per full block
+  std::uint32_t k_full = 1;  ///< entries per full block
   float fraction = 0.01f;
 
   std::size_t stride() const { return 6 * static_cast<std::size_t>(k_full); }
@@ -98,7 +98,7 @@ struct topk_codec {
 };
 
 struct topk_options {
-  float fraction = 0.01f;  // share of each block's elements that travel, in (0, 1]
+  float fraction = 0.01f;  ///< share of each block's elements that travel, in (0, 1]
   template <class F>
   friend void visit_options(const topk_options& o, F&& f) {
     f("fraction", o.fraction);

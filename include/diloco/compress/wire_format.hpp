@@ -110,22 +110,22 @@ inline void write_fields(std::byte* seg, const header& h) {
 }
 }  // namespace detail
 
-// Writes the header of a segment whose payload is already in place after it.
+/// Writes the header of a segment whose payload is already in place after it.
 inline void write_header(std::byte* seg, const header& h) {
   detail::write_fields(seg, h);
   detail::put<std::uint64_t>(seg + 48, detail::segment_checksum(seg, h.payload_bytes));
 }
 
-// Writes the 64 header bytes of a segment whose payload lies elsewhere (in
-// device memory), given detail::payload_words_sum of that payload.
+/// Writes the 64 header bytes of a segment whose payload lies elsewhere (in
+/// device memory), given detail::payload_words_sum of that payload.
 inline void write_header(std::byte* head, const header& h, std::uint64_t payload_sum) {
   detail::write_fields(head, h);
   detail::put<std::uint64_t>(head + 48,
                              detail::finish_checksum(detail::header_words_sum(head), payload_sum, h.payload_bytes));
 }
 
-// What the receiver knows a segment must say. The norm and status are read,
-// not expected.
+/// What the receiver knows a segment must say. The norm and status are read,
+/// not expected.
 struct expectation {
   compress::codec_id codec;
   std::uint8_t flags;
@@ -136,21 +136,21 @@ struct expectation {
   std::uint64_t round;
   std::uint32_t fragment = 0;
 
-  // What a receiver expects of a segment it would itself write as `h`.
+  /// What a receiver expects of a segment it would itself write as `h`.
   static expectation of(const header& h) {
     return {h.codec, h.flags, h.block_size, h.sender, h.elements, h.payload_bytes, h.round, h.fragment};
   }
 };
 
-// Validates `bytes` (a received slot: the segment and any padding after it)
-// against `want` and returns the header. Throws format_error naming the
-// first field that is wrong. A segment with a non-zero status carries no
-// payload (payload length 0).
-//
-// This form reads the header at `s` of a received slot of `slot_bytes`
-// bytes whose payload may live elsewhere: payload_sum(n) returns
-// detail::payload_words_sum of its first n bytes (called once the length
-// field has been checked).
+/// Validates `bytes` (a received slot: the segment and any padding after it)
+/// against `want` and returns the header. Throws format_error naming the
+/// first field that is wrong. A segment with a non-zero status carries no
+/// payload (payload length 0).
+///
+/// This form reads the header at `s` of a received slot of `slot_bytes`
+/// bytes whose payload may live elsewhere: payload_sum(n) returns
+/// detail::payload_words_sum of its first n bytes (called once the length
+/// field has been checked).
 template <class PayloadSum>
 header read_header(const std::byte* s, std::size_t slot_bytes, const expectation& want, const char* where,
                    PayloadSum&& payload_sum) {
@@ -192,7 +192,7 @@ header read_header(const std::byte* s, std::size_t slot_bytes, const expectation
   return h;
 }
 
-// The usual form: the slot, payload included, in host memory.
+/// The usual form: the slot, payload included, in host memory.
 inline header read_header(std::span<const std::byte> bytes, const expectation& want, const char* where) {
   return read_header(bytes.data(), bytes.size(), want, where, [&](std::uint64_t payload_bytes) {
     return detail::payload_words_sum(bytes.data() + header_bytes, payload_bytes);

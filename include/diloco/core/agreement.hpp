@@ -23,8 +23,8 @@
 
 namespace diloco {
 
-// A per-rank option whose value differs between ranks: its value on each
-// rank, in rank order.
+/// A per-rank option whose value differs between ranks: its value on each
+/// rank, in rank order.
 struct per_rank_option {
   std::string name;
   std::vector<std::string> values;

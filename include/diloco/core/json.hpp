@@ -81,11 +81,11 @@ inline void to_json(nlohmann::json& j, const stats& s) {
        {"compression_choices", s.compression_choices}};
 }
 
-// One option's value as its JSON type: booleans, integers, numbers, text.
-// Most options are floats, held as doubles: a value that is exactly a float
-// is written as the float's shortest decimal (lr 0.1f as 0.1, not
-// 0.10000000149011612), which reads back as the same float; other doubles
-// as nlohmann writes them (the shortest decimal that reads back exactly).
+/// One option's value as its JSON type: booleans, integers, numbers, text.
+/// Most options are floats, held as doubles: a value that is exactly a float
+/// is written as the float's shortest decimal (lr 0.1f as 0.1, not
+/// 0.10000000149011612), which reads back as the same float; other doubles
+/// as nlohmann writes them (the shortest decimal that reads back exactly).
 inline void to_json(nlohmann::json& j, const option_value& v) {
   switch (v.type) {
     case option_value::kind::boolean: j = v.bits != 0; return;
@@ -108,8 +108,8 @@ inline void to_json(nlohmann::json& j, const option_value& v) {
   j = nullptr;
 }
 
-// Every option of `o` by name, nested at the dots of the names
-// visit_options gives ("inner.lr" is j["inner"]["lr"]).
+/// Every option of `o` by name, nested at the dots of the names
+/// visit_options gives ("inner.lr" is j["inner"]["lr"]).
 template <class Options>
 nlohmann::json options_json(const Options& o) {
   nlohmann::json out = nlohmann::json::object();
@@ -165,8 +165,8 @@ inline void to_json(nlohmann::json& j, const event& e) {
   }
 }
 
-// An event as one line of JSON Lines (no newline inside; the caller adds
-// one): `out << diloco::event_json_line(e) << '\n';` in a hook.
+/// An event as one line of JSON Lines (no newline inside; the caller adds
+/// one): `out << diloco::event_json_line(e) << '\n';` in a hook.
 inline std::string event_json_line(const event& e) { return nlohmann::json(e).dump(); }
 
 }  // namespace diloco

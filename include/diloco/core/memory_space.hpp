@@ -5,8 +5,8 @@
 
 namespace diloco {
 
-// Where a tensor's elements live. The space is part of a tensor's type, and
-// the executor that runs a pass is chosen from it at compile time.
+/// Where a tensor's elements live. The space is part of a tensor's type, and
+/// the executor that runs a pass is chosen from it at compile time.
 struct host_space {
   static constexpr const char* name = "host";
 };

@@ -29,20 +29,20 @@
 
 namespace diloco {
 
-// Whether ranks may differ in an option. across_ranks: H, the outer
-// optimizer's, the compressor's and the schedule's options, the parameter
-// layout; ranks that differ pair rounds wrongly or drift apart. per_rank:
-// the inner optimizer's options and host_threads (heterogeneous workers).
+/// Whether ranks may differ in an option. across_ranks: H, the outer
+/// optimizer's, the compressor's and the schedule's options, the parameter
+/// layout; ranks that differ pair rounds wrongly or drift apart. per_rank:
+/// the inner optimizer's options and host_threads (heterogeneous workers).
 enum class agreement : std::uint8_t { across_ranks, per_rank };
 
 inline const char* to_string(agreement a) { return a == agreement::across_ranks ? "across ranks" : "per rank"; }
 
-// One option's value, type-erased: what a header stores and a message prints.
+/// One option's value, type-erased: what a header stores and a message prints.
 struct option_value {
   enum class kind : std::uint8_t { boolean = 1, signed_integer = 2, unsigned_integer = 3, floating = 4, text = 5 };
   kind type = kind::unsigned_integer;
-  std::uint64_t bits = 0;  // bool 0/1, integers (two's complement), floating: the IEEE double's bits
-  std::string str;         // text
+  std::uint64_t bits = 0;  ///< bool 0/1, integers (two's complement), floating: the IEEE double's bits
+  std::string str;         ///< text
 
   static option_value of_bool(bool b) { return {kind::boolean, b ? 1u : 0u, {}}; }
   static option_value of_signed(std::int64_t v) { return {kind::signed_integer, static_cast<std::uint64_t>(v), {}}; }
@@ -50,8 +50,8 @@ struct option_value {
   static option_value of_double(double v) { return {kind::floating, std::bit_cast<std::uint64_t>(v), {}}; }
   static option_value of_text(std::string s) { return {kind::text, 0, std::move(s)}; }
 
-  // Values compare by kind and bits: a float option stored from the same
-  // float compares equal, and NaN options compare equal to themselves.
+  /// Values compare by kind and bits: a float option stored from the same
+  /// float compares equal, and NaN options compare equal to themselves.
   friend bool operator==(const option_value& a, const option_value& b) {
     return a.type == b.type && a.bits == b.bits && a.str == b.str;
   }
@@ -87,8 +87,8 @@ inline const char* to_string(option_value::kind k) {
   return "unknown";
 }
 
-// A field's value as an option_value: bool, integers, floating point, text,
-// and enums that have a to_string found by argument-dependent lookup.
+/// A field's value as an option_value: bool, integers, floating point, text,
+/// and enums that have a to_string found by argument-dependent lookup.
 template <class T>
 option_value to_option_value(const T& v) {
   if constexpr (std::is_same_v<T, bool>) {
@@ -113,16 +113,16 @@ option_value to_option_value(const T& v) {
   }
 }
 
-// A named field, type-erased, with whether ranks must agree on it.
+/// A named field, type-erased, with whether ranks must agree on it.
 struct option_field {
   std::string name;
   option_value value;
   agreement agree = agreement::across_ranks;
 };
 
-// Calls f(name, value) for every field of a policy's options struct: its
-// visit_options, found by argument-dependent lookup; nothing for an empty
-// struct. A non-empty struct without one is a compile error that says so.
+/// Calls f(name, value) for every field of a policy's options struct: its
+/// visit_options, found by argument-dependent lookup; nothing for an empty
+/// struct. A non-empty struct without one is a compile error that says so.
 template <class Options, class F>
 void visit_policy_options(const Options& o, F&& f) {
   if constexpr (requires { visit_options(o, f); }) {

@@ -25,20 +25,20 @@
 
 namespace diloco::exec {
 
-// Bound to one stream (default: the default stream). Element-wise passes and
-// device-to-device copies are queued and return at once; reductions,
-// to_host and from_host wait for the stream, since their results (or the
-// host source) are used as soon as they return. Not thread-safe: one
-// executor per worker.
+/// Bound to one stream (default: the default stream). Element-wise passes and
+/// device-to-device copies are queued and return at once; reductions,
+/// to_host and from_host wait for the stream, since their results (or the
+/// host source) are used as soon as they return. Not thread-safe: one
+/// executor per worker.
 class cuda {
  public:
   using memory_space = device_space;
-  // Host memory that device data is staged through (to a host communicator).
+  /// Host memory that device data is staged through (to a host communicator).
   template <class T>
   using staging_buffer = pinned_buffer<T>;
 
   explicit cuda(cudaStream_t stream = nullptr) : stream_(stream) {}
-  // From algorithm_options::device_stream (a cudaStream_t held as void*).
+  /// From algorithm_options::device_stream (a cudaStream_t held as void*).
   static cuda on_stream(void* stream) { return cuda(static_cast<cudaStream_t>(stream)); }
 
   cudaStream_t stream() const { return stream_; }
@@ -59,8 +59,8 @@ class cuda {
     return launch_transform_reduce(n, f, device_partials_.data(), host_partials_.data(), stream_);
   }
 
-  // Multi-tensor passes (exec/chunks.hpp): one launch over every tensor of
-  // a chunk table in device memory (tensor/tensor_list.hpp).
+  /// Multi-tensor passes (exec/chunks.hpp): one launch over every tensor of
+  /// a chunk table in device memory (tensor/tensor_list.hpp).
   template <class M>
   void for_each_chunked(const chunk_view& t, const M& m) const {
     launch_for_each_chunked(t, m, stream_);
@@ -78,9 +78,9 @@ class cuda {
                                            reinterpret_cast<R*>(chunk_partials_host_.data()), stream_);
   }
 
-  // The compression passes (compress/compressed_mean_device.hpp): a team
-  // program over n codec blocks, and the checksum sums of `count` payloads.
-  // Both are queued and return at once.
+  /// The compression passes (compress/compressed_mean_device.hpp): a team
+  /// program over n codec blocks, and the checksum sums of `count` payloads.
+  /// Both are queued and return at once.
   template <class P>
   void run_teams(std::size_t n, const P& p) const {
     launch_teams(n, p, stream_);

@@ -32,7 +32,7 @@ inline const char* method_name(method m) {
   return "?";
 }
 
-// A compressor's short label: its name, "+ef" with error feedback.
+/// A compressor's short label: its name, "+ef" with error feedback.
 template <class Compressor>
 std::string compressor_label() {
   std::string out = Compressor::name;
@@ -41,8 +41,8 @@ std::string compressor_label() {
   return out;
 }
 
-// DiLoCo with these four policies; the launcher's communicator completes
-// the algorithm type. Options: the algorithm's (algorithm_options).
+/// DiLoCo with these four policies; the launcher's communicator completes
+/// the algorithm type. Options: the algorithm's (algorithm_options).
 template <class Inner = inner::adamw, class Outer = outer::nesterov, class Compressor = compress::none,
           class Sync = sync::blocking>
 struct variant {
@@ -55,8 +55,8 @@ struct variant {
   template <class Comm>
   using algorithm_for = diloco::algorithm<Inner, Outer, Compressor, Comm, Sync>;
 
-  // "diloco", then what differs from the defaults (AdamW inside, Nesterov
-  // outside, fp32 pseudo-gradients, the blocking schedule).
+  /// "diloco", then what differs from the defaults (AdamW inside, Nesterov
+  /// outside, fp32 pseudo-gradients, the blocking schedule).
   static std::string name() {
     std::string out = "diloco";
     if constexpr (!std::is_same_v<Compressor, compress::none>) out += "+" + compressor_label<Compressor>();
@@ -70,9 +70,9 @@ struct variant {
   static std::string sync_name() { return Sync::name; }
 };
 
-// The policies of a DiLoCo variant's options type, for configure callables
-// that set per-compressor or per-schedule options:
-//   if constexpr (std::is_same_v<compressor_of_t<O>, my_compressor>) o.compress = ...;
+/// The policies of a DiLoCo variant's options type, for configure callables
+/// that set per-compressor or per-schedule options:
+///   if constexpr (std::is_same_v<compressor_of_t<O>, my_compressor>) o.compress = ...;
 template <class Options>
 struct policies_of {
   using compressor = void;
@@ -88,14 +88,14 @@ using compressor_of_t = typename policies_of<std::remove_cvref_t<Options>>::comp
 template <class Options>
 using sync_of_t = typename policies_of<std::remove_cvref_t<Options>>::sync;
 
-// Options of a baseline: its optimizer's.
+/// Options of a baseline: its optimizer's.
 template <class Inner>
 struct baseline_options {
   typename Inner::options inner{};
 };
 
-// Synchronous data parallel: every worker's gradient, averaged by an
-// all-reduce every step, then the same optimizer step on every replica.
+/// Synchronous data parallel: every worker's gradient, averaged by an
+/// all-reduce every step, then the same optimizer step on every replica.
 template <class Inner = inner::adamw>
 struct data_parallel {
   static constexpr method kind = method::data_parallel;
@@ -107,8 +107,8 @@ struct data_parallel {
   static std::string sync_name() { return "every step"; }
 };
 
-// One worker alone with worker 0's data: the same compute per worker as
-// each DiLoCo or data-parallel worker, and no communication.
+/// One worker alone with worker 0's data: the same compute per worker as
+/// each DiLoCo or data-parallel worker, and no communication.
 template <class Inner = inner::adamw>
 struct single_worker {
   static constexpr method kind = method::single_worker;
@@ -120,7 +120,7 @@ struct single_worker {
   static std::string sync_name() { return "-"; }
 };
 
-// A string usable as a template argument: named<"diloco int4", V>.
+/// A string usable as a template argument: named<"diloco int4", V>.
 template <std::size_t N>
 struct fixed_string {
   char text[N]{};
@@ -129,8 +129,8 @@ struct fixed_string {
   }
 };
 
-// V under its own label (two variants of one type with different options
-// need two labels: the configure callable sees the label).
+/// V under its own label (two variants of one type with different options
+/// need two labels: the configure callable sees the label).
 template <fixed_string Label, class V>
 struct named : V {
   static std::string name() { return Label.text; }
@@ -199,12 +199,12 @@ struct grid<list<I...>, Os, Cs, Ss> {
 
 }  // namespace detail
 
-// variants<A...> followed by variants<B...> ...
+/// variants<A...> followed by variants<B...> ...
 template <class... Lists>
 using join = typename detail::join<Lists...>::type;
 
-// Every DiLoCo variant of list<Inner...> x list<Outer...> x
-// list<Compressor...> x list<Sync...>, the last list varying fastest.
+/// Every DiLoCo variant of list<Inner...> x list<Outer...> x
+/// list<Compressor...> x list<Sync...>, the last list varying fastest.
 template <class Inners, class Outers, class Compressors, class Syncs>
 using grid = typename detail::grid<Inners, Outers, Compressors, Syncs>::type;
 

@@ -14,9 +14,9 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::inner {
 
-// AdamW with PyTorch's semantics (torch.optim.AdamW, amsgrad=False). The
-// defaults are DiLoCo's inner optimizer: lr 4e-4, betas (0.9, 0.95),
-// weight decay 0.1, eps 1e-8.
+/// AdamW with PyTorch's semantics (torch.optim.AdamW, amsgrad=False). The
+/// defaults are DiLoCo's inner optimizer: lr 4e-4, betas (0.9, 0.95),
+/// weight decay 0.1, eps 1e-8.
 struct adamw {
   struct options {
     float lr = 4e-4f;
@@ -24,10 +24,10 @@ struct adamw {
     float beta2 = 0.95f;
     float eps = 1e-8f;
     float weight_decay = 0.1f;
-    // Global-norm gradient clipping as torch.nn.utils.clip_grad_norm_ does
-    // it, over all parameters of the worker; 0 disables it.
+    /// Global-norm gradient clipping as torch.nn.utils.clip_grad_norm_ does
+    /// it, over all parameters of the worker; 0 disables it.
     float max_grad_norm = 0.0f;
-    // Every field by name (core/options.hpp's visit_options customisation point).
+    /// Every field by name (core/options.hpp's visit_options customisation point).
     template <class F>
     friend void visit_options(const options& o, F&& f) {
       f("lr", o.lr);
@@ -54,7 +54,7 @@ struct adamw {
 
   static std::size_t state_slots(const options&) { return 2; }
 
-  // `step` counts this optimizer's steps from 1.
+  /// `step` counts this optimizer's steps from 1.
   static update make_update(const options& o, std::uint64_t step) {
     const double t = static_cast<double>(step);
     const double lr = o.lr;

@@ -12,8 +12,8 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::inner {
 
-// SGD with PyTorch's semantics (torch.optim.SGD): momentum, dampening,
-// Nesterov, L2 weight decay added to the gradient.
+/// SGD with PyTorch's semantics (torch.optim.SGD): momentum, dampening,
+/// Nesterov, L2 weight decay added to the gradient.
 struct sgd {
   struct options {
     float lr = 1e-3f;
@@ -21,9 +21,9 @@ struct sgd {
     float dampening = 0.0f;
     float weight_decay = 0.0f;
     bool nesterov = false;
-    // Global-norm gradient clipping (torch.nn.utils.clip_grad_norm_); 0 disables it.
+    /// Global-norm gradient clipping (torch.nn.utils.clip_grad_norm_); 0 disables it.
     float max_grad_norm = 0.0f;
-    // Every field by name (core/options.hpp's visit_options customisation point).
+    /// Every field by name (core/options.hpp's visit_options customisation point).
     template <class F>
     friend void visit_options(const options& o, F&& f) {
       f("lr", o.lr);

@@ -43,16 +43,16 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::kernels {
 
-// Tensor t as the device passes see it.
+/// Tensor t as the device passes see it.
 struct device_tensor {
-  float* local;          // the user's replica
-  std::uint64_t offset;  // in the library's flat buffers (padded on the device)
-  std::uint64_t index0;  // in the packed order of the host engine: seeds
-                         // stochastic rounding, so both draw the same numbers
+  float* local;          ///< the user's replica
+  std::uint64_t offset;  ///< in the library's flat buffers (padded on the device)
+  std::uint64_t index0;  ///< in the packed order of the host engine: seeds
+                         ///< stochastic rounding, so both draw the same numbers
 };
 
-// Threads per team: the block's groups rounded up to a power of two, at
-// least 8 (the norms' lanes) and at most 256 (larger blocks loop).
+/// Threads per team: the block's groups rounded up to a power of two, at
+/// least 8 (the norms' lanes) and at most 256 (larger blocks loop).
 constexpr unsigned team_threads(std::size_t groups) {
   unsigned t = 8;
   while (t < groups && t < 256) t *= 2;
@@ -64,17 +64,17 @@ struct team_shape {
   static constexpr std::size_t groups = E::block / E::group;
   static constexpr unsigned threads = team_threads(groups);
   static constexpr std::size_t groups_per_thread = (groups + threads - 1) / threads;
-  // First element of a thread's k-th group: consecutive threads take
-  // consecutive groups, so a warp's accesses are contiguous.
+  /// First element of a thread's k-th group: consecutive threads take
+  /// consecutive groups, so a warp's accesses are contiguous.
   DILOCO_HD static constexpr std::size_t first(unsigned t, std::size_t k) { return (t + k * threads) * E::group; }
 };
 
-// What a team shares: the squares of its block's elements for N norms, and
-// their lanes, summed as lane_squares<norm_lanes(B)> sums them: thread
-// t < lanes adds elements t, t + lanes, ... in order (consecutive threads
-// read consecutive words: no bank conflicts), then the team runs
-// lane_tree's levels, one per barrier (tree_step(t, w) for w = lanes / 2,
-// ..., 1).
+/// What a team shares: the squares of its block's elements for N norms, and
+/// their lanes, summed as lane_squares<norm_lanes(B)> sums them: thread
+/// t < lanes adds elements t, t + lanes, ... in order (consecutive threads
+/// read consecutive words: no bank conflicts), then the team runs
+/// lane_tree's levels, one per barrier (tree_step(t, w) for w = lanes / 2,
+/// ..., 1).
 template <std::size_t B, std::size_t N>
 struct norm_scratch {
   static constexpr unsigned lanes = static_cast<unsigned>(norm_lanes(B));
@@ -97,9 +97,9 @@ struct norm_scratch {
 template <std::size_t B>
 struct norm_scratch<B, 0> {};
 
-// Four floats written once and read back only in a later pass (the next
-// round's residual): a streaming 16-byte store (st.global.cs.v4, through an
-// intrinsic the compiler keeps whole) on the device.
+/// Four floats written once and read back only in a later pass (the next
+/// round's residual): a streaming 16-byte store (st.global.cs.v4, through an
+/// intrinsic the compiler keeps whole) on the device.
 DILOCO_HD DILOCO_FORCEINLINE void store4_streaming(float* p, const vec4f& v) {
 #if defined(__CUDA_ARCH__)
   __stcs(reinterpret_cast<float4*>(p), make_float4(v[0], v[1], v[2], v[3]));
@@ -108,9 +108,9 @@ DILOCO_HD DILOCO_FORCEINLINE void store4_streaming(float* p, const vec4f& v) {
 #endif
 }
 
-// W floats of p[j0, j0 + W), zeros past len; one 16-byte load when W is 4,
-// the group is whole and `vector` says p is 16-byte aligned (and the
-// store's mirror image).
+/// W floats of p[j0, j0 + W), zeros past len; one 16-byte load when W is 4,
+/// the group is whole and `vector` says p is 16-byte aligned (and the
+/// store's mirror image).
 template <std::size_t W>
 DILOCO_HD DILOCO_FORCEINLINE void load_group(const float* p, std::size_t j0, std::size_t len, bool vector,
                                              float (&x)[W]) {
@@ -139,13 +139,13 @@ DILOCO_HD DILOCO_FORCEINLINE std::int32_t magnitude_bits(float x) {
   return static_cast<std::int32_t>(float_bits(x) & 0x7fffffffu);
 }
 
-// Stage 1, per block of a shard: v = (global - local) + residual, encoded
-// into the shard's segment; the new residual v - decode(encode(v)) with
-// error feedback. Sums: (||delta||^2, ||v - decoded||^2) of the block.
-// Bytes per element, int8 with error feedback: read 12 (global, local,
-// residual: 16-byte loads), write 5 + 4/B (code, new residual: 16-byte
-// streaming stores, the factor); int4: 4.5 + 4/B written; bf16/fp16: 6
-// written. Without error feedback: read 8, write 1 + 4/B (int8).
+/// Stage 1, per block of a shard: v = (global - local) + residual, encoded
+/// into the shard's segment; the new residual v - decode(encode(v)) with
+/// error feedback. Sums: (||delta||^2, ||v - decoded||^2) of the block.
+/// Bytes per element, int8 with error feedback: read 12 (global, local,
+/// residual: 16-byte loads), write 5 + 4/B (code, new residual: 16-byte
+/// streaming stores, the factor); int4: 4.5 + 4/B written; bf16/fp16: 6
+/// written. Without error feedback: read 8, write 1 + 4/B (int8).
 template <class E>
 struct encode_blocks {
   using shape = team_shape<E>;
@@ -157,23 +157,23 @@ struct encode_blocks {
   static_assert(W != vec_width || E::block % vec_width == 0, "16-byte groups need blocks of a multiple of 4");
   struct registers {
     compress::block_ref blk;
-    std::uint64_t offset;  // of the block in the flat buffers
-    std::uint64_t index;   // of its first element in the packed order
+    std::uint64_t offset;  ///< of the block in the flat buffers
+    std::uint64_t index;   ///< of its first element in the packed order
     float v[shape::groups_per_thread * W];
   };
   using shared = norm_scratch<E::block, norms>;
   static constexpr unsigned lane_count = shared::lanes;
   static_assert(lane_count <= team, "every norm lane needs a thread of the team");
 
-  const compress::block_ref* blocks;  // the shard's first block
+  const compress::block_ref* blocks;  ///< the shard's first block
   const device_tensor* tensors;
   const float* global;
-  const float* residual;  // nullptr without error feedback
-  float* new_residual;    // nullptr without error feedback
-  std::byte* payload;     // the shard's payload; block b at b * E::stride
+  const float* residual;  ///< nullptr without error feedback
+  float* new_residual;    ///< nullptr without error feedback
+  std::byte* payload;     ///< the shard's payload; block b at b * E::stride
   std::uint64_t stream;
-  sums2* sums;            // block b's sums at sums[b]
-  bool vector;            // the replica's tensors are 16-byte aligned (and W == 4)
+  sums2* sums;            ///< block b's sums at sums[b]
+  bool vector;            ///< the replica's tensors are 16-byte aligned (and W == 4)
 
   DILOCO_HD std::int32_t load(std::size_t b, unsigned t, shared& sh, registers& r) const {
     r.blk = blocks[b];
@@ -239,10 +239,10 @@ struct encode_blocks {
   DILOCO_HD void publish(std::size_t b, const shared& sh) const { sums[b] = {sh.total(0), sh.total(1)}; }
 };
 
-// Stages 3 and 4, per block of this rank's shard: decode the M received
-// encodings, sum them in rank order, divide by M, re-encode into the
-// reduced segment. Sums: (||decoded mean||^2, 0).
-// Bytes per element, int8: read M (codes) + 4M/B (factors), write 1 + 4/B.
+/// Stages 3 and 4, per block of this rank's shard: decode the M received
+/// encodings, sum them in rank order, divide by M, re-encode into the
+/// reduced segment. Sums: (||decoded mean||^2, 0).
+/// Bytes per element, int8: read M (codes) + 4M/B (factors), write 1 + 4/B.
 template <class E>
 struct reduce_blocks {
   using shape = team_shape<E>;
@@ -261,11 +261,11 @@ struct reduce_blocks {
   static constexpr unsigned lane_count = shared::lanes;
   static_assert(lane_count <= team, "every norm lane needs a thread of the team");
 
-  const compress::block_ref* blocks;  // this rank's shard's first block
+  const compress::block_ref* blocks;  ///< this rank's shard's first block
   const device_tensor* tensors;
-  const std::byte* const* received;   // the M payloads of this shard, in rank order
+  const std::byte* const* received;   ///< the M payloads of this shard, in rank order
   int world;
-  std::byte* payload;                 // the reduced segment's payload
+  std::byte* payload;                 ///< the reduced segment's payload
   std::uint64_t stream;
   sums2* sums;
 
@@ -330,12 +330,12 @@ struct reduce_blocks {
   DILOCO_HD void publish(std::size_t b, const shared& sh) const { sums[b] = {sh.total(0), 0.0}; }
 };
 
-// Stage 7, per block of one shard's reduced segment: decode the averaged
-// pseudo-gradient, apply the outer optimizer to theta_global, copy it into
-// the replica. No team work: every group is independent.
-// Bytes per element, int8 and Nesterov: read 9 + 4/B (code, global,
-// momentum: 16-byte loads), write 12 (global, momentum, local: 16-byte
-// stores).
+/// Stage 7, per block of one shard's reduced segment: decode the averaged
+/// pseudo-gradient, apply the outer optimizer to theta_global, copy it into
+/// the replica. No team work: every group is independent.
+/// Bytes per element, int8 and Nesterov: read 9 + 4/B (code, global,
+/// momentum: 16-byte loads), write 12 (global, momentum, local: 16-byte
+/// stores).
 template <class E, class Update, class Merge = merge::overwrite>
 struct decode_apply_blocks {
   using shape = team_shape<E>;
@@ -349,13 +349,13 @@ struct decode_apply_blocks {
   using shared = norm_scratch<E::block, norms>;
 
   Update update;
-  const compress::block_ref* blocks;  // the shard's first block
+  const compress::block_ref* blocks;  ///< the shard's first block
   const device_tensor* tensors;
-  const std::byte* payload;           // the shard's reduced payload
+  const std::byte* payload;           ///< the shard's reduced payload
   float* global;
-  float* state;                       // nullptr when the outer optimizer keeps none
+  float* state;                       ///< nullptr when the outer optimizer keeps none
   std::size_t state_stride;
-  bool vector;                        // replica, global and state all allow 16-byte accesses (and W == 4)
+  bool vector;                        ///< replica, global and state all allow 16-byte accesses (and W == 4)
   Merge merge{};                      // how theta_global reaches the replica (kernels/merge.hpp)
 
   DILOCO_HD std::int32_t load(std::size_t, unsigned, shared&, registers&) const { return 0; }

@@ -22,7 +22,7 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::kernels {
 
-// float or double: the types these operations are spelt for.
+/// float or double: the types these operations are spelt for.
 template <class T>
 concept rounded_float = std::is_same_v<T, float> || std::is_same_v<T, double>;
 

@@ -11,11 +11,11 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::kernels {
 
-// One inner optimizer step on one tensor. The gradient is scaled on read
-// (global-norm clipping), leaving the caller's gradient untouched.
-// Bytes per element with AdamW: read 16 (param, grad, m, v), write 12
-// (param, m, v) = 28; with SGD + momentum: read 12, write 8 = 20; plain SGD:
-// read 8, write 4 = 12.
+/// One inner optimizer step on one tensor. The gradient is scaled on read
+/// (global-norm clipping), leaving the caller's gradient untouched.
+/// Bytes per element with AdamW: read 16 (param, grad, m, v), write 12
+/// (param, m, v) = 28; with SGD + momentum: read 12, write 8 = 20; plain SGD:
+/// read 8, write 4 = 12.
 template <class Update>
 struct inner_step {
   Update update;
@@ -31,7 +31,7 @@ struct inner_step {
     param[i] = p;
   }
 
-  // Elements [i, i + 4) with 16-byte accesses (see vec4.hpp).
+  /// Elements [i, i + 4) with 16-byte accesses (see vec4.hpp).
   DILOCO_HD DILOCO_FORCEINLINE void vec4(std::size_t i) const
     requires vectorizable_update<Update>
   {

@@ -21,15 +21,15 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::kernels::low_rank {
 
-// Elements per partial sum of a norm: partial c covers [c * chunk, ...) of a
-// tensor, summed in order in double (a float times a float is exact in
-// double, so a fused multiply-add gives the same sum); the partials are
-// added in order by the caller.
+/// Elements per partial sum of a norm: partial c covers [c * chunk, ...) of a
+/// tensor, summed in order in double (a float times a float is exact in
+/// double, so a fused multiply-add gives the same sum); the partials are
+/// added in order by the caller.
 inline constexpr std::size_t norm_chunk = 4096;
 constexpr std::size_t norm_chunks(std::size_t n) { return (n + norm_chunk - 1) / norm_chunk; }
 
-// M = (global - local) + residual, element by element (the residual may be
-// null: vectors take their delta only): read 12 (8), write 4.
+/// M = (global - local) + residual, element by element (the residual may be
+/// null: vectors take their delta only): read 12 (8), write 4.
 struct form_m {
   const float* global;
   const float* local;
@@ -41,8 +41,8 @@ struct form_m {
   }
 };
 
-// Partial c of sum (a - b)^2 over [0, n) (b may be null: sum a^2): read
-// 8 (4) per element, write 8 per partial.
+/// Partial c of sum (a - b)^2 over [0, n) (b may be null: sum a^2): read
+/// 8 (4) per element, write 8 per partial.
 struct square_partials {
   const float* a;
   const float* b;
@@ -59,10 +59,10 @@ struct square_partials {
   }
 };
 
-// P = M Q: item o = (i, c) sums M[i][j] Q[j][c] over j in order: read
-// 8 cols (row i of M, column c of Q), write 4. The r outputs of a row read
-// the same row of M, and neighbouring rows' outputs the same Q, so caches
-// serve most of it: memory traffic is about 4 rows cols + 4 cols r.
+/// P = M Q: item o = (i, c) sums M[i][j] Q[j][c] over j in order: read
+/// 8 cols (row i of M, column c of Q), write 4. The r outputs of a row read
+/// the same row of M, and neighbouring rows' outputs the same Q, so caches
+/// serve most of it: memory traffic is about 4 rows cols + 4 cols r.
 struct times_q {
   const float* m;
   const float* q;
@@ -76,8 +76,8 @@ struct times_q {
   }
 };
 
-// Q = M^T P: item o = (j, c) sums M[i][j] P[i][c] over i in order: read
-// 8 rows, write 4 (neighbouring items read neighbouring columns of M).
+/// Q = M^T P: item o = (j, c) sums M[i][j] P[i][c] over i in order: read
+/// 8 rows, write 4 (neighbouring items read neighbouring columns of M).
 struct times_p {
   const float* m;
   const float* p;
@@ -91,7 +91,7 @@ struct times_p {
   }
 };
 
-// (P Q^T)[i][j], summed over c in order.
+/// (P Q^T)[i][j], summed over c in order.
 DILOCO_HD DILOCO_FORCEINLINE float outer_product_at(const float* p, const float* q, std::size_t i, std::size_t j,
                                                     std::size_t r) {
   float a = 0.0f;
@@ -99,8 +99,8 @@ DILOCO_HD DILOCO_FORCEINLINE float outer_product_at(const float* p, const float*
   return a;
 }
 
-// The new residual e = M - P^ Q_w^T: read 4 + 8 r (P and Q rows, cached),
-// write 4.
+/// The new residual e = M - P^ Q_w^T: read 4 + 8 r (P and Q rows, cached),
+/// write 4.
 struct residual_of {
   const float* m;
   const float* p;
@@ -110,10 +110,10 @@ struct residual_of {
   DILOCO_HD void operator()(std::size_t o) const { out[o] = sub_rn(m[o], outer_product_at(p, q, o / cols, o % cols, r)); }
 };
 
-// mean[i] = (x_0[i] + x_1[i] + ... + x_{M-1}[i]) / M, in rank order: read
-// 4 M, write 4.
+/// mean[i] = (x_0[i] + x_1[i] + ... + x_{M-1}[i]) / M, in rank order: read
+/// 4 M, write 4.
 struct segment_mean {
-  const float* const* x;  // M payloads
+  const float* const* x;  ///< M payloads
   int world;
   float* mean;
   DILOCO_HD void operator()(std::size_t i) const {
@@ -123,10 +123,10 @@ struct segment_mean {
   }
 };
 
-// The outer step with the mean pseudo-gradient P^ Q^T of a matrix (q
-// non-null) or a vector's mean (q null: p[i]), then the merge into the
-// replica. `offset`: the tensor's place in the flat buffers. Read 8 + 8 r
-// (P and Q rows, cached) + the update's state, write 8 + the state.
+/// The outer step with the mean pseudo-gradient P^ Q^T of a matrix (q
+/// non-null) or a vector's mean (q null: p[i]), then the merge into the
+/// replica. `offset`: the tensor's place in the flat buffers. Read 8 + 8 r
+/// (P and Q rows, cached) + the update's state, write 8 + the state.
 template <class Update, class Merge>
 struct apply_mean {
   Update update;
@@ -134,7 +134,7 @@ struct apply_mean {
   const float* p;
   const float* q;
   std::size_t cols, r;
-  float* global;  // the tensor's, as are local and state
+  float* global;  ///< the tensor's, as are local and state
   float* local;
   float* state;
   std::size_t state_stride;
@@ -169,24 +169,24 @@ struct apply_mean {
 
 inline constexpr std::size_t gram_schmidt_lanes = 64;
 
-// One matrix's P in the orthonormalisation.
+/// One matrix's P in the orthonormalisation.
 struct factor_matrix {
   std::uint64_t rows;
-  std::uint64_t p_at;      // its P (rows x r, row-major) in the mean P
-  std::uint64_t basis_at;  // its columns in double: column c at basis_at + c rows
+  std::uint64_t p_at;      ///< its P (rows x r, row-major) in the mean P
+  std::uint64_t basis_at;  ///< its columns in double: column c at basis_at + c rows
 };
 
-// What the passes share: P, the columns in double, and three lane sums per
-// matrix (|column|^2 as loaded, and two for the running sums, used in turn).
+/// What the passes share: P, the columns in double, and three lane sums per
+/// matrix (|column|^2 as loaded, and two for the running sums, used in turn).
 struct gram_schmidt {
   const factor_matrix* mats;
   float* p;
   double* basis;
-  double* before;  // matrices x lanes
-  double* sums;    // 2 x matrices x lanes
+  double* before;  ///< matrices x lanes
+  double* sums;    ///< 2 x matrices x lanes
   std::size_t matrices, r;
 
-  // A pass's item: lane l of matrix k.
+  /// A pass's item: lane l of matrix k.
   struct lane {
     std::size_t k, l;
     factor_matrix m;
@@ -197,13 +197,13 @@ struct gram_schmidt {
   DILOCO_HD DILOCO_FORCEINLINE double* column(const factor_matrix& m, std::size_t c) const {
     return basis + m.basis_at + c * m.rows;
   }
-  // Running-sum buffer `buf` (0 or 1) of matrix k.
+  /// Running-sum buffer `buf` (0 or 1) of matrix k.
   DILOCO_HD DILOCO_FORCEINLINE double* lanes_of(std::size_t buf, std::size_t k) const {
     return sums + (buf * matrices + k) * gram_schmidt_lanes;
   }
 };
 
-// The lanes of a sum added pairwise: lanes/2 sums of two, then of four, ...
+/// The lanes of a sum added pairwise: lanes/2 sums of two, then of four, ...
 DILOCO_HD DILOCO_FORCEINLINE double lane_total(const double* lane) {
   double s[gram_schmidt_lanes];
   for (std::size_t l = 0; l < gram_schmidt_lanes; ++l) s[l] = lane[l];
@@ -212,8 +212,8 @@ DILOCO_HD DILOCO_FORCEINLINE double lane_total(const double* lane) {
   return s[0];
 }
 
-// Column c of P into the basis (double), and its lane of |column|^2: read 4,
-// write 8 per row; write 8 per item.
+/// Column c of P into the basis (double), and its lane of |column|^2: read 4,
+/// write 8 per row; write 8 per item.
 struct load_column {
   gram_schmidt g;
   std::size_t c;
@@ -230,11 +230,11 @@ struct load_column {
   }
 };
 
-// Step j of column c: subtract the projection onto q_{j-1} (its dot product
-// is the previous step's lanes, in buffer (j - 1) % 2), then this lane of
-// q_j . x (j < c) or of |x|^2 (j == c) into buffer j % 2. Read 16 and
-// write 8 per row to subtract, read 16 (8) per row to sum; read 64 lanes x 8
-// and write 8 per item.
+/// Step j of column c: subtract the projection onto q_{j-1} (its dot product
+/// is the previous step's lanes, in buffer (j - 1) % 2), then this lane of
+/// q_j . x (j < c) or of |x|^2 (j == c) into buffer j % 2. Read 16 and
+/// write 8 per row to subtract, read 16 (8) per row to sum; read 64 lanes x 8
+/// and write 8 per item.
 struct gram_schmidt_step {
   gram_schmidt g;
   std::size_t c, j;
@@ -253,9 +253,9 @@ struct gram_schmidt_step {
   }
 };
 
-// q_c = x / |x| into the basis and P (as float), or zeros when x is
-// (numerically) in the span of the columns before it. Read 8, write 12 per
-// row; read 2 x 64 lanes x 8 per item.
+/// q_c = x / |x| into the basis and P (as float), or zeros when x is
+/// (numerically) in the span of the columns before it. Read 8, write 12 per
+/// row; read 2 x 64 lanes x 8 per item.
 struct scale_column {
   gram_schmidt g;
   std::size_t c;
@@ -273,7 +273,7 @@ struct scale_column {
   }
 };
 
-// Runs the orthonormalisation's passes on `exec`.
+/// Runs the orthonormalisation's passes on `exec`.
 template <class Exec>
 void orthonormalise(Exec& exec, const gram_schmidt& g) {
   const std::size_t items = g.matrices * gram_schmidt_lanes;

@@ -14,11 +14,11 @@ namespace diloco::kernels {
 // Reducing functors (run by transform_reduce) return the value to sum; their
 // 4-wide path returns the 4 values, summed by the executor.
 
-// Pass 1 of a round (world > 1, fp32 wire): the pseudo-gradient
-//   delta_i = global_i - local_i
-// written straight into the communication buffer; returns delta_i^2 so the
-// same pass yields the worker's pseudo-gradient norm.
-// Bytes per element: read 8 (global, local), write 4 (wire) = 12.
+/// Pass 1 of a round (world > 1, fp32 wire): the pseudo-gradient
+///   delta_i = global_i - local_i
+/// written straight into the communication buffer; returns delta_i^2 so the
+/// same pass yields the worker's pseudo-gradient norm.
+/// Bytes per element: read 8 (global, local), write 4 (wire) = 12.
 struct pseudo_gradient {
   const float* DILOCO_RESTRICT global;
   const float* DILOCO_RESTRICT local;
@@ -44,7 +44,7 @@ struct pseudo_gradient {
   DILOCO_HD bool vec4_aligned() const { return aligned16(global, local, out); }
 };
 
-// The norm alone, for a world of one where nothing travels: read 8 bytes.
+/// The norm alone, for a world of one where nothing travels: read 8 bytes.
 struct pseudo_gradient_sq {
   const float* DILOCO_RESTRICT global;
   const float* DILOCO_RESTRICT local;
@@ -67,7 +67,7 @@ struct pseudo_gradient_sq {
   DILOCO_HD bool vec4_aligned() const { return aligned16(global, local); }
 };
 
-// Sum of squares of a tensor (gradient clipping): read 4 bytes.
+/// Sum of squares of a tensor (gradient clipping): read 4 bytes.
 struct squares {
   const float* DILOCO_RESTRICT x;
   DILOCO_HD DILOCO_FORCEINLINE float operator()(std::size_t i) const { return mul_rn(x[i], x[i]); }
@@ -81,15 +81,15 @@ struct squares {
   DILOCO_HD bool vec4_aligned() const { return aligned16(x); }
 };
 
-// dst_i = value (resetting a schedule's buffers): write 4.
+/// dst_i = value (resetting a schedule's buffers): write 4.
 struct fill {
   float* DILOCO_RESTRICT dst;
   float value;
   DILOCO_HD DILOCO_FORCEINLINE void operator()(std::size_t i) const { dst[i] = value; }
 };
 
-// 1 for each element that is NaN or infinite (x − x is 0 exactly when x is
-// finite), summed by transform_reduce: read 4.
+/// 1 for each element that is NaN or infinite (x − x is 0 exactly when x is
+/// finite), summed by transform_reduce: read 4.
 struct count_non_finite {
   const float* DILOCO_RESTRICT x;
   DILOCO_HD DILOCO_FORCEINLINE float operator()(std::size_t i) const {
@@ -105,8 +105,8 @@ struct count_non_finite {
   DILOCO_HD bool vec4_aligned() const { return aligned16(x); }
 };
 
-// dst_i += src_i, src_i = 0 (adaptive compression hands a residual to the
-// next rung): read 8, write 8.
+/// dst_i += src_i, src_i = 0 (adaptive compression hands a residual to the
+/// next rung): read 8, write 8.
 struct absorb {
   float* DILOCO_RESTRICT src;
   float* DILOCO_RESTRICT dst;
@@ -116,7 +116,7 @@ struct absorb {
   }
 };
 
-// dst_i = src_i (restoring replicas, initial copies): read 4, write 4.
+/// dst_i = src_i (restoring replicas, initial copies): read 4, write 4.
 struct copy {
   const float* DILOCO_RESTRICT src;
   float* DILOCO_RESTRICT dst;

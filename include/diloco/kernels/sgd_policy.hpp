@@ -11,9 +11,9 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::kernels {
 
-// What inner::sgd, outer::sgd and outer::nesterov share: PyTorch's SGD
-// checks and the update functor built from an options struct with the
-// fields lr, momentum, dampening, weight_decay, nesterov.
+/// What inner::sgd, outer::sgd and outer::nesterov share: PyTorch's SGD
+/// checks and the update functor built from an options struct with the
+/// fields lr, momentum, dampening, weight_decay, nesterov.
 template <class Options>
 void validate_sgd(const Options& o, const char* who) {
   detail::require_non_negative(o.lr, detail::concat(who, ": lr").c_str());

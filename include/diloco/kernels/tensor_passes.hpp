@@ -19,34 +19,34 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::kernels {
 
-// Every tensor's data pointer and its start in the flat buffers (theta
-// global, optimizer state, the wire), as arrays in the executor's memory.
+/// Every tensor's data pointer and its start in the flat buffers (theta
+/// global, optimizer state, the wire), as arrays in the executor's memory.
 struct tensor_ptrs {
   float* const* data = nullptr;
   const std::size_t* offset = nullptr;
 };
 
-// One inner optimizer step on every tensor (gradients scaled on read).
+/// One inner optimizer step on every tensor (gradients scaled on read).
 template <class Update>
 struct inner_steps {
   Update update;
   tensor_ptrs params;
   const float* const* grads;
   float grad_scale;
-  float* state;  // slot s of flat element j at state[s * stride + j]; null when none
+  float* state;  ///< slot s of flat element j at state[s * stride + j]; null when none
   std::size_t stride;
   DILOCO_HD DILOCO_FORCEINLINE inner_step<Update> bind(std::size_t k) const {
     return {update, params.data[k], grads[k], grad_scale, state == nullptr ? nullptr : state + params.offset[k], stride};
   }
 };
 
-// Sum of squares of every gradient (global-norm clipping).
+/// Sum of squares of every gradient (global-norm clipping).
 struct squares_of {
   const float* const* x;
   DILOCO_HD DILOCO_FORCEINLINE squares bind(std::size_t k) const { return {x[k]}; }
 };
 
-// delta = ref - local into the wire, returning delta^2 (pass 1 of a round).
+/// delta = ref - local into the wire, returning delta^2 (pass 1 of a round).
 struct pseudo_gradients {
   const float* ref;
   tensor_ptrs local;
@@ -57,7 +57,7 @@ struct pseudo_gradients {
   }
 };
 
-// (ref - local)^2 alone (a world of one: nothing travels).
+/// (ref - local)^2 alone (a world of one: nothing travels).
 struct pseudo_gradients_sq {
   const float* ref;
   tensor_ptrs local;
@@ -66,8 +66,8 @@ struct pseudo_gradients_sq {
   }
 };
 
-// The outer step on theta_global with the reduced sum, merged into the
-// replica (pass 2 of a round).
+/// The outer step on theta_global with the reduced sum, merged into the
+/// replica (pass 2 of a round).
 template <class Update, class Merge>
 struct outer_applies {
   Update update;
@@ -85,7 +85,7 @@ struct outer_applies {
   }
 };
 
-// The same for a world of one (the pseudo-gradient computed in the pass).
+/// The same for a world of one (the pseudo-gradient computed in the pass).
 template <class Update, class Merge>
 struct outer_applies_local {
   Update update;
@@ -100,28 +100,28 @@ struct outer_applies_local {
   }
 };
 
-// flat <- tensors (theta_global and the schedules' anchors from the replica).
+/// flat <- tensors (theta_global and the schedules' anchors from the replica).
 struct gather_tensors {
   tensor_ptrs tensors;
   float* flat;
   DILOCO_HD DILOCO_FORCEINLINE copy bind(std::size_t k) const { return {tensors.data[k], flat + tensors.offset[k]}; }
 };
 
-// tensors <- flat (a refused round resets the replica to theta_global).
+/// tensors <- flat (a refused round resets the replica to theta_global).
 struct scatter_tensors {
   const float* flat;
   tensor_ptrs tensors;
   DILOCO_HD DILOCO_FORCEINLINE copy bind(std::size_t k) const { return {flat + tensors.offset[k], tensors.data[k]}; }
 };
 
-// 1 for each non-finite element of every tensor.
+/// 1 for each non-finite element of every tensor.
 struct non_finite_in {
   tensor_ptrs tensors;
   DILOCO_HD DILOCO_FORCEINLINE count_non_finite bind(std::size_t k) const { return {tensors.data[k]}; }
 };
 
-// The eager step alone over every tensor (sync::eager, a phase end with
-// nothing in flight).
+/// The eager step alone over every tensor (sync::eager, a phase end with
+/// nothing in flight).
 template <class Step>
 struct eager_advances {
   merge::eager<Step> merge;

@@ -52,8 +52,8 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::kernels {
 
-// An add to a shared counter: an atomic on the device, a plain add in the
-// host replay (which runs one thread at a time).
+/// An add to a shared counter: an atomic on the device, a plain add in the
+/// host replay (which runs one thread at a time).
 DILOCO_HD DILOCO_FORCEINLINE void shared_add(std::uint32_t* p, std::uint32_t v) {
 #if defined(__CUDA_ARCH__)
   atomicAdd(reinterpret_cast<unsigned*>(p), static_cast<unsigned>(v));
@@ -62,19 +62,19 @@ DILOCO_HD DILOCO_FORCEINLINE void shared_add(std::uint32_t* p, std::uint32_t v) 
 #endif
 }
 
-// Which elements of a chunk each thread of its team owns.
+/// Which elements of a chunk each thread of its team owns.
 template <class Codec>
 struct topk_shape {
   static constexpr std::size_t chunk = Codec::block;
   static constexpr unsigned threads = team_threads(chunk);
   static constexpr std::size_t per = (chunk + threads - 1) / threads;
-  // 16-byte accesses when a thread's range is whole groups of 4.
+  /// 16-byte accesses when a thread's range is whole groups of 4.
   static constexpr std::size_t W = per % vec_width == 0 ? vec_width : 1;
   DILOCO_HD static constexpr std::size_t first(unsigned t) { return static_cast<std::size_t>(t) * per; }
 };
 
-// The chunk_topk codecs the device passes take: the counts and positions
-// kept in shared memory bound the chunk.
+/// The chunk_topk codecs the device passes take: the counts and positions
+/// kept in shared memory bound the chunk.
 template <class Codec>
 inline constexpr bool topk_device_form = Codec::block <= 4096;
 
@@ -99,17 +99,17 @@ struct topk_encode_blocks {
 
   struct registers {
     compress::block_ref blk;
-    std::uint64_t offset;  // of the chunk in the flat buffers
-    std::uint64_t index;   // of its first element in the packed order
+    std::uint64_t offset;  ///< of the chunk in the flat buffers
+    std::uint64_t index;   ///< of its first element in the packed order
     float v[per];
   };
   struct shared {
-    norm_scratch<chunk, 2> norm;  // the squares of delta and of the error, and their lanes
-    std::uint32_t hist[bins];    // radix digits; then each thread's largest pattern
-    std::uint32_t above[team];   // per thread: kept above T; then the entries before it
-    std::uint32_t equal[team];   // per thread: equal to T; then those before it
-    std::uint32_t threshold;     // T, as found so far (its high digits)
-    std::uint32_t need;          // how many still to take at the current digit; then of those equal to T
+    norm_scratch<chunk, 2> norm;  ///< the squares of delta and of the error, and their lanes
+    std::uint32_t hist[bins];    ///< radix digits; then each thread's largest pattern
+    std::uint32_t above[team];   ///< per thread: kept above T; then the entries before it
+    std::uint32_t equal[team];   ///< per thread: equal to T; then those before it
+    std::uint32_t threshold;     ///< T, as found so far (its high digits)
+    std::uint32_t need;          ///< how many still to take at the current digit; then of those equal to T
     std::uint32_t amax_bits;
     std::uint16_t position[K];
     std::uint8_t code[K];
@@ -118,13 +118,13 @@ struct topk_encode_blocks {
   const compress::block_ref* blocks;
   const device_tensor* tensors;
   const float* global;
-  const float* residual;  // nullptr without error feedback
-  float* new_residual;    // nullptr without error feedback
-  std::byte* payload;     // block b at b * Codec::stride()
+  const float* residual;  ///< nullptr without error feedback
+  float* new_residual;    ///< nullptr without error feedback
+  std::byte* payload;     ///< block b at b * Codec::stride()
   std::uint64_t stream;
-  sums2* sums;            // block b's sums at sums[b]
-  float decay;            // error feedback: the new residual is decay * (v - decoded)
-  bool vector;            // the replica's tensors are 16-byte aligned
+  sums2* sums;            ///< block b's sums at sums[b]
+  float decay;            ///< error feedback: the new residual is decay * (v - decoded)
+  bool vector;            ///< the replica's tensors are 16-byte aligned
 
   DILOCO_HD static std::uint32_t pattern(float x) { return float_bits(x) & 0x7fffffffu; }
   DILOCO_HD static std::size_t range_end(unsigned t, std::size_t len) {
@@ -215,8 +215,8 @@ struct topk_encode_blocks {
     }
   }
 
-  // Phase 10: quantize the kept elements into the entries, the new
-  // residual, the squares of the error.
+  /// Phase 10: quantize the kept elements into the entries, the new
+  /// residual, the squares of the error.
   DILOCO_HD void quantize(unsigned t, shared& sh, const registers& r) const {
     const std::size_t len = r.blk.len;
     const std::size_t j0 = shape::first(t), j1 = range_end(t, len);
@@ -251,7 +251,7 @@ struct topk_encode_blocks {
     }
   }
 
-  // The chunk's block, byte by byte across the team.
+  /// The chunk's block, byte by byte across the team.
   DILOCO_HD void store(std::size_t b, unsigned t, shared& sh, registers& r, std::int32_t) const {
     const std::size_t n = Codec::entries(r.blk.len);
     std::byte* out = payload + b * Codec::stride();
@@ -262,9 +262,9 @@ struct topk_encode_blocks {
   DILOCO_HD void lanes_step(unsigned t, unsigned w, shared& sh) const { sh.norm.tree_step(t, w); }
   DILOCO_HD void publish(std::size_t b, const shared& sh) const { sums[b] = {sh.norm.total(0), sh.norm.total(1)}; }
 
-  // Byte y of the chunk's block: the amax, then the value codes and the
-  // positions as little-endian bit streams (fields past the chunk's
-  // entries, and padding bits, zero).
+  /// Byte y of the chunk's block: the amax, then the value codes and the
+  /// positions as little-endian bit streams (fields past the chunk's
+  /// entries, and padding bits, zero).
   DILOCO_HD void pack_byte(std::size_t y, const shared& sh, std::size_t n, std::byte* out) const {
     unsigned byte = 0;
     if (y < 4) {
@@ -286,10 +286,10 @@ struct topk_encode_blocks {
   }
 };
 
-// The decode-apply pass: per chunk, the M senders' blocks decoded and
-// summed in rank order, divided by M, the outer step, copy-back. No shared
-// memory: each thread finds its range's entries in every block by binary
-// search over the (strictly increasing) positions.
+/// The decode-apply pass: per chunk, the M senders' blocks decoded and
+/// summed in rank order, divided by M, the outer step, copy-back. No shared
+/// memory: each thread finds its range's entries in every block by binary
+/// search over the (strictly increasing) positions.
 template <class Codec, class Update, class Merge = merge::overwrite>
 struct topk_decode_apply_blocks {
   static_assert(topk_device_form<Codec>,
@@ -305,14 +305,14 @@ struct topk_decode_apply_blocks {
   Update update;
   const compress::block_ref* blocks;
   const device_tensor* tensors;
-  const std::byte* const* payloads;  // M payloads, in rank order; block b at b * Codec::stride()
+  const std::byte* const* payloads;  ///< M payloads, in rank order; block b at b * Codec::stride()
   int world;
   float* global;
-  float* state;                      // nullptr when the outer optimizer keeps none
+  float* state;                      ///< nullptr when the outer optimizer keeps none
   std::size_t state_stride;
   Merge merge{};
 
-  // The first of a block's n entries whose position is at least j.
+  /// The first of a block's n entries whose position is at least j.
   DILOCO_HD static std::size_t first_entry(const std::byte* in, std::size_t n, std::size_t j) {
     std::size_t lo = 0, hi = n;
     while (lo < hi) {

@@ -12,17 +12,17 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::outer {
 
-// DiLoCo's outer optimizer: SGD with Nesterov momentum exactly as
-// torch.optim.SGD(nesterov=True, dampening=0) applies it to the averaged
-// pseudo-gradient d:
-//   b <- mu*b + d  (b = d on the first round)
-//   theta_global <- theta_global - lr * (d + mu*b)
-// Defaults lr 0.7, momentum 0.9 (DiLoCo, arXiv 2311.08105).
+/// DiLoCo's outer optimizer: SGD with Nesterov momentum exactly as
+/// torch.optim.SGD(nesterov=True, dampening=0) applies it to the averaged
+/// pseudo-gradient d:
+///   b <- mu*b + d  (b = d on the first round)
+///   theta_global <- theta_global - lr * (d + mu*b)
+/// Defaults lr 0.7, momentum 0.9 (DiLoCo, arXiv 2311.08105).
 struct nesterov {
   struct options {
     float lr = 0.7f;
     float momentum = 0.9f;
-    // Every field by name (core/options.hpp's visit_options customisation point).
+    /// Every field by name (core/options.hpp's visit_options customisation point).
     template <class F>
     friend void visit_options(const options& o, F&& f) {
       f("lr", o.lr);

@@ -12,10 +12,10 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::outer {
 
-// Outer SGD over the averaged pseudo-gradient, PyTorch semantics. The
-// defaults (lr 1, no momentum) make the outer step plain model averaging:
-// theta_global <- theta_global - mean(theta_global - theta_local) =
-// mean(theta_local), i.e. FedAvg.
+/// Outer SGD over the averaged pseudo-gradient, PyTorch semantics. The
+/// defaults (lr 1, no momentum) make the outer step plain model averaging:
+/// theta_global <- theta_global - mean(theta_global - theta_local) =
+/// mean(theta_local), i.e. FedAvg.
 struct sgd {
   struct options {
     float lr = 1.0f;
@@ -23,7 +23,7 @@ struct sgd {
     float dampening = 0.0f;
     float weight_decay = 0.0f;
     bool nesterov = false;
-    // Every field by name (core/options.hpp's visit_options customisation point).
+    /// Every field by name (core/options.hpp's visit_options customisation point).
     template <class F>
     friend void visit_options(const options& o, F&& f) {
       f("lr", o.lr);

@@ -74,11 +74,11 @@ class adaptive {
     for (std::size_t j = 0; j < rungs; ++j) most = std::max(most, on(j, [](const auto& r) { return r.slot_bytes(); }));
     return most;
   }
-  // The active rung's residual: it holds all of it (a switch moves it).
+  /// The active rung's residual: it holds all of it (a switch moves it).
   auto residual() const { return active_residual(); }
 
-  // Each rung's state under "<prefix>.rung<j>", then the rule's memory
-  // under "<prefix>.adaptive." (the same on every rank).
+  /// Each rung's state under "<prefix>.rung<j>", then the rule's memory
+  /// under "<prefix>.adaptive." (the same on every rank).
   template <class Visitor>
   void visit_state(Visitor& v, std::string_view prefix) {
     const std::string p(prefix);
@@ -171,7 +171,7 @@ class adaptive {
     }
   }
 
-  // The last applied round and the next round's rung, for stats().
+  /// The last applied round and the next round's rung, for stats().
   const compression_choice& choice() const { return choice_; }
   std::size_t active() const { return static_cast<std::size_t>(memory_.active); }
   std::span<const std::size_t> link_bytes() const { return link_bytes_; }
@@ -185,7 +185,7 @@ class adaptive {
      ...);
   }
 
-  // f(rung j's reducer), for a j known only at run time.
+  /// f(rung j's reducer), for a j known only at run time.
   template <class F>
   decltype(auto) on(std::size_t j, F&& f) {
     return dispatch<0>(*this, j, f);
@@ -206,7 +206,7 @@ class adaptive {
     return on(static_cast<std::size_t>(memory_.active), [](const auto& r) { return r.residual(); });
   }
 
-  // Rung j's residual buffer, found by its visited name.
+  /// Rung j's residual buffer, found by its visited name.
   std::pair<float*, std::size_t> residual_of(std::size_t j) {
     struct find final : state_visitor {
       std::pair<float*, std::size_t> out{nullptr, 0};
@@ -219,8 +219,8 @@ class adaptive {
     return f.out;
   }
 
-  // A call of this reducer ran from t0 to now: it counts as blocked time,
-  // and ends the link time the first time the rung is complete.
+  /// A call of this reducer ran from t0 to now: it counts as blocked time,
+  /// and ends the link time the first time the rung is complete.
   void note(clock::time_point t0) {
     const auto now = clock::now();
     blocked_ += seconds(t0, now);
@@ -237,13 +237,13 @@ class adaptive {
   buffer<float, Space> agreed_;
   int world_;
   std::size_t used_ = 0;
-  // Timing of the round in flight.
+  /// Timing of the round in flight.
   clock::time_point last_begin_{};
   bool begun_before_ = false;
   bool done_ = false;
-  double blocked_ = 0.0;       // seconds inside this reducer's calls this round
-  double compute_ = 0.0;       // seconds between the previous round's begin and this one's, outside it
-  double link_seconds_ = 0.0;  // begin to the first call that found the rung complete
+  double blocked_ = 0.0;       ///< seconds inside this reducer's calls this round
+  double compute_ = 0.0;       ///< seconds between the previous round's begin and this one's, outside it
+  double link_seconds_ = 0.0;  ///< begin to the first call that found the rung complete
   compression_choice choice_;
 };
 

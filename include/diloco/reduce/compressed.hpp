@@ -27,16 +27,16 @@ class compressed
   friend base;
 
  public:
-  // The fragment id goes into every segment header and seeds the
-  // fragment's stochastic-rounding streams (diloco::detail::stream_seed).
+  /// The fragment id goes into every segment header and seeds the
+  /// fragment's stochastic-rounding streams (diloco::detail::stream_seed).
   compressed(const parameter_set<float, Space>& params, int world, int rank, const typename Compressor::options& opts,
              std::uint32_t fragment, Exec& exec)
       : base(base::make_engine(params, world, rank, opts, fragment, exec), world) {}
 
  private:
 
-  // all-to-all of the encoded shards, then reduce; all-gather of the
-  // reduced shards, then check them.
+  /// all-to-all of the encoded shards, then reduce; all-gather of the
+  /// reduced shards, then check them.
   static constexpr std::size_t exchanges = 2;
   collective exchange(std::size_t i) {
     engine_type& e = *this->engine_;

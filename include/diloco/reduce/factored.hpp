@@ -29,7 +29,7 @@ class factored : public staged<factored<Compressor, Comm, Space, Exec>, compress
       : base(base::make_engine(params, world, rank, opts, fragment, exec), world) {}
 
  private:
-  // The P segments, then the Q segments.
+  /// The P segments, then the Q segments.
   static constexpr std::size_t exchanges = 2;
   collective exchange(std::size_t i) {
     engine_type& e = *this->engine_;

@@ -38,10 +38,10 @@ class fp32_mean {
  public:
   using transport = detail::wire_transport<Comm, Space, Exec>;
 
-  // `params`: the fragment's tensors, offsets from the fragment's start;
-  // `list`: the same as a tensor list of the engine's executor.
-  // `snapshot`: the pseudo-gradient must be kept from begin to apply
-  // (inner steps run in between), so even a world of one needs a wire.
+  /// `params`: the fragment's tensors, offsets from the fragment's start;
+  /// `list`: the same as a tensor list of the engine's executor.
+  /// `snapshot`: the pseudo-gradient must be kept from begin to apply
+  /// (inner steps run in between), so even a world of one needs a wire.
   fp32_mean(const parameter_set<float, Space>& params, const tensor_list<Space>& list, int world, int rank,
             bool snapshot)
       : params_(&params), list_(&list), world_(world), rank_(rank), local_only_(world == 1 && !snapshot) {
@@ -49,7 +49,7 @@ class fp32_mean {
     norms_.assign(static_cast<std::size_t>(world), 0.0f);
   }
 
-  // Floats the transport must be able to stage.
+  /// Floats the transport must be able to stage.
   std::size_t wire_floats() const { return wire_.size(); }
 
   void begin(Exec& exec, Comm& comm, transport& link, const float* ref, bool overlap) {
@@ -75,11 +75,11 @@ class fp32_mean {
     link.all_reduce(comm, exec, wire_.data(), wire_.size(), reduce_op::sum);
   }
 
-  // Drops the reduction in flight (elastic recovery): its collective is
-  // waited for (a failed group fails it at once) and its result ignored.
+  /// Drops the reduction in flight (elastic recovery): its collective is
+  /// waited for (a failed group fails it at once) and its result ignored.
   void abort() { pending_ = {}; }
 
-  // True once the reduction has completed (it makes progress here).
+  /// True once the reduction has completed (it makes progress here).
   bool poll() { return pending_.test(); }
 
   verdict wait(Exec& exec) {
@@ -97,8 +97,8 @@ class fp32_mean {
     return out;
   }
 
-  // Outer step on `global` (the fragment's theta_global) with the mean,
-  // then the merge into the replica.
+  /// Outer step on `global` (the fragment's theta_global) with the mean,
+  /// then the merge into the replica.
   template <class Update, class Merge>
   void apply(Exec& exec, const Update& update, float* global, float* state, std::size_t stride, const Merge& merge) {
     if (local_only_)

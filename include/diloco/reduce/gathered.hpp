@@ -32,7 +32,7 @@ class gathered
 
  private:
 
-  // One all-gather of every rank's segment, then validate them all.
+  /// One all-gather of every rank's segment, then validate them all.
   static constexpr std::size_t exchanges = 1;
   collective exchange(std::size_t) {
     engine_type& e = *this->engine_;

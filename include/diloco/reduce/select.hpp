@@ -16,7 +16,7 @@
 
 namespace diloco::reduce {
 
-// A lossy compressor's own reducer (adaptive's rungs are these).
+/// A lossy compressor's own reducer (adaptive's rungs are these).
 template <class Compressor, class Comm, class Space, class Exec>
 using lossy_reducer_t = std::conditional_t<
     compress::factored_compressor<Compressor>, factored<Compressor, Comm, Space, Exec>,

@@ -38,8 +38,8 @@
 
 namespace diloco::reduce {
 
-// One byte collective of a protocol: an all-to-all of `bytes` in total, or
-// an all-gather of `bytes` per rank.
+/// One byte collective of a protocol: an all-to-all of `bytes` in total, or
+/// an all-gather of `bytes` per rank.
 struct collective {
   enum class kind { all_to_all, all_gather } op;
   const std::byte* send;
@@ -53,9 +53,9 @@ class staged {
   using transport = detail::wire_transport<Comm, Space, Exec>;
 
   std::size_t slot_bytes() const { return engine_->slot_bytes(); }
-  // The bytes one rank's collectives carry in a round (the vote aside): an
-  // all-to-all of B bytes sends (M-1)/M of them, an all-gather of B bytes
-  // per rank brings (M-1) B. adaptive<C...> predicts link time from it.
+  /// The bytes one rank's collectives carry in a round (the vote aside): an
+  /// all-to-all of B bytes sends (M-1)/M of them, an all-gather of B bytes
+  /// per rank brings (M-1) B. adaptive<C...> predicts link time from it.
   std::size_t link_bytes() {
     const auto m = static_cast<std::size_t>(world_);
     std::size_t total = 0;
@@ -78,15 +78,15 @@ class staged {
     start(exec, comm, link);
   }
 
-  // Drops the exchange in flight (elastic recovery): the pending collective
-  // is waited for and its result ignored; the residual was not committed.
+  /// Drops the exchange in flight (elastic recovery): the pending collective
+  /// is waited for and its result ignored; the residual was not committed.
   void abort() {
     pending_ = {};
     stage_ = done;
   }
 
-  // Runs every stage whose collective has completed; true when the whole
-  // exchange has.
+  /// Runs every stage whose collective has completed; true when the whole
+  /// exchange has.
   bool poll(Exec& exec, Comm& comm, transport& link) {
     while (stage_ != done) {
       if (!pending_.test()) return false;
@@ -110,8 +110,8 @@ class staged {
 
  protected:
   staged(std::unique_ptr<Engine> engine, int world) : engine_(std::move(engine)), world_(world) {}
-  // The engine for Space: a host engine takes no executor, a device engine
-  // uploads its tables with it.
+  /// The engine for Space: a host engine takes no executor, a device engine
+  /// uploads its tables with it.
   template <class Options>
   static std::unique_ptr<Engine> make_engine(const parameter_set<float, Space>& params, int world, int rank,
                                              const Options& opts, std::uint32_t fragment, Exec& exec) {
@@ -123,15 +123,15 @@ class staged {
   std::unique_ptr<Engine> engine_;
 
  private:
-  // stage_ names the collective in flight (or just done): exchanges 0..n-1,
-  // then the vote, then done.
+  /// stage_ names the collective in flight (or just done): exchanges 0..n-1,
+  /// then the vote, then done.
   static constexpr std::size_t vote = Derived::exchanges;
   static constexpr std::size_t done = vote + 1;
 
   Derived& self() { return static_cast<Derived&>(*this); }
 
-  // Starts the current stage's collective: non-blocking when overlapping
-  // (poll/wait finish it), else blocking through the transport.
+  /// Starts the current stage's collective: non-blocking when overlapping
+  /// (poll/wait finish it), else blocking through the transport.
   void start(Exec& exec, Comm& comm, transport& link) {
     if (stage_ == done) return;
     const bool alone = comm.size() == 1;
@@ -162,8 +162,8 @@ class staged {
     advance(exec, comm, link);
   }
 
-  // The current stage's collective has completed: run the operations after
-  // it and start the next collective.
+  /// The current stage's collective has completed: run the operations after
+  /// it and start the next collective.
   void advance(Exec& exec, Comm& comm, transport& link) {
     if (stage_ == done) return;
     if (stage_ == vote) {

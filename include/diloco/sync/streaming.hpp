@@ -22,11 +22,11 @@ namespace diloco::sync {
 
 struct streaming {
   struct options {
-    std::size_t fragments = 1;  // P
-    std::size_t delay = 0;      // tau: inner steps the exchange overlaps
-    float alpha = 0.0f;         // weight of the local value in the merge
+    std::size_t fragments = 1;  ///< P
+    std::size_t delay = 0;      ///< tau: inner steps the exchange overlaps
+    float alpha = 0.0f;         ///< weight of the local value in the merge
     fragment_assignment assignment = fragment_assignment::contiguous;
-    // Every field by name (core/options.hpp's visit_options customisation point).
+    /// Every field by name (core/options.hpp's visit_options customisation point).
     template <class F>
     friend void visit_options(const options& o, F&& f) {
       f("fragments", o.fragments);

@@ -11,14 +11,14 @@
 
 namespace diloco {
 
-// An owning, zero-initialized, fixed-size array in a memory space: the
-// library's own state (global parameters, momentum, communication buffers).
-// Sized once at construction; the steady state allocates nothing.
+/// An owning, zero-initialized, fixed-size array in a memory space: the
+/// library's own state (global parameters, momentum, communication buffers).
+/// Sized once at construction; the steady state allocates nothing.
 template <class T, class Space>
 class buffer;
 
-// Host buffers are 64-byte aligned so the fused passes vectorize with
-// aligned loads.
+/// Host buffers are 64-byte aligned so the fused passes vectorize with
+/// aligned loads.
 template <class T>
 class buffer<T, host_space> {
  public:

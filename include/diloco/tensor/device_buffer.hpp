@@ -15,9 +15,9 @@
 
 namespace diloco {
 
-// Device buffers come from cudaMalloc (256-byte aligned, so 16-byte vector
-// accesses work at every offset that is a multiple of 4 floats) and are
-// zero-filled before the constructor returns.
+/// Device buffers come from cudaMalloc (256-byte aligned, so 16-byte vector
+/// accesses work at every offset that is a multiple of 4 floats) and are
+/// zero-filled before the constructor returns.
 template <class T>
 class buffer<T, device_space> {
  public:
@@ -58,9 +58,9 @@ class buffer<T, device_space> {
   tensor_view<const T, device_space> view() const { return {data_, size_}; }
 
  private:
-  // cudaFree synchronizes the device, so no kernel still uses the memory.
-  // Its status is ignored: a destructor cannot throw, and a failing device
-  // has already reported through the calls that used the buffer.
+  /// cudaFree synchronizes the device, so no kernel still uses the memory.
+  /// Its status is ignored: a destructor cannot throw, and a failing device
+  /// has already reported through the calls that used the buffer.
   void release() noexcept {
     if (data_ != nullptr) (void)cudaFree(data_);
     data_ = nullptr;
@@ -74,10 +74,10 @@ class buffer<T, device_space> {
 template <class T>
 using device_buffer = buffer<T, device_space>;
 
-// Page-locked host memory (cudaMallocHost), zero-filled: the staging area
-// for device data that travels through a host communicator. Copies between
-// it and the device run at full PCIe/NVLink speed and are truly
-// asynchronous.
+/// Page-locked host memory (cudaMallocHost), zero-filled: the staging area
+/// for device data that travels through a host communicator. Copies between
+/// it and the device run at full PCIe/NVLink speed and are truly
+/// asynchronous.
 template <class T>
 class pinned_buffer {
  public:

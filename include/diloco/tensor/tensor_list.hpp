@@ -32,8 +32,8 @@ class tensor_list {
  public:
   tensor_list() = default;
 
-  // Tensor k of `set` at offsets[k] of the flat buffers (the set's own
-  // offsets when `offsets` is empty).
+  /// Tensor k of `set` at offsets[k] of the flat buffers (the set's own
+  /// offsets when `offsets` is empty).
   template <class Exec>
   tensor_list(const parameter_set<float, Space>& set, Exec& exec, std::span<const std::size_t> offsets = {}) {
     std::vector<std::size_t> sizes;
@@ -59,7 +59,7 @@ class tensor_list {
 
   std::size_t count() const { return data_.size(); }
   std::size_t elements() const { return table_.elements(); }
-  // The chunk table in the executor's memory.
+  /// The chunk table in the executor's memory.
   exec::chunk_view chunks() const {
     if constexpr (host)
       return table_.view();
@@ -72,7 +72,7 @@ class tensor_list {
     else
       return {device_data_.data(), device_offsets_.data()};
   }
-  // The host's copy of the table (the same pieces).
+  /// The host's copy of the table (the same pieces).
   const exec::chunk_table& table() const { return table_; }
 
  private:
@@ -85,7 +85,7 @@ class tensor_list {
   buffer<std::size_t, Space> device_offsets_;
 };
 
-// The gradients of a step as a pointer array in the executor's memory.
+/// The gradients of a step as a pointer array in the executor's memory.
 template <class Space>
 class gradient_list {
   static constexpr bool host = std::is_same_v<Space, host_space>;
@@ -96,8 +96,8 @@ class gradient_list {
     if constexpr (!host) device_ = buffer<const float*, Space>(count);
   }
 
-  // Takes this step's pointers (data(k) for k < count()); returns the array
-  // the passes read.
+  /// Takes this step's pointers (data(k) for k < count()); returns the array
+  /// the passes read.
   template <class Exec, class Data>
   const float* const* update(Exec& exec, Data&& data) {
     bool changed = !uploaded_;

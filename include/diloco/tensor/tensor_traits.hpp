@@ -10,25 +10,25 @@
 
 namespace diloco {
 
-// Customization point: specialize tensor_traits for your tensor type to use
-// it with the library. A specialization provides
-//   using value_type   = float;          // element type
-//   using memory_space = host_space;     // or device_space
-//   static value_type* data(T&);         // first element, contiguous
-//   static std::size_t size(const T&);   // element count
-// and may provide `static const value_type* data(const T&)` for read-only
-// use, and a 2-D shape,
-//   static std::size_t rows(const T&);   // rows * cols == size, row-major
-//   static std::size_t cols(const T&);
-// which shape-aware compressors (low-rank) use; without them a tensor is a
-// vector. The library keeps the pointer between calls: the storage must stay
-// where it is for as long as an algorithm refers to it.
+/// Customization point: specialize tensor_traits for your tensor type to use
+/// it with the library. A specialization provides
+///   using value_type   = float;          // element type
+///   using memory_space = host_space;     // or device_space
+///   static value_type* data(T&);         // first element, contiguous
+///   static std::size_t size(const T&);   // element count
+/// and may provide `static const value_type* data(const T&)` for read-only
+/// use, and a 2-D shape,
+///   static std::size_t rows(const T&);   // rows * cols == size, row-major
+///   static std::size_t cols(const T&);
+/// which shape-aware compressors (low-rank) use; without them a tensor is a
+/// vector. The library keeps the pointer between calls: the storage must stay
+/// where it is for as long as an algorithm refers to it.
 template <class T>
 struct tensor_traits;
 
-// A non-owning, contiguous view: pointer + element count, tagged with the
-// memory space the pointer refers to. This is what the library stores for
-// every user tensor, and an adapter for raw pointers.
+/// A non-owning, contiguous view: pointer + element count, tagged with the
+/// memory space the pointer refers to. This is what the library stores for
+/// every user tensor, and an adapter for raw pointers.
 template <class T, class Space = host_space>
 struct tensor_view {
   static_assert(is_memory_space_v<Space>, "diloco::tensor_view: Space must be host_space or device_space");
@@ -40,7 +40,7 @@ struct tensor_view {
 
   constexpr tensor_view() = default;
   constexpr tensor_view(T* p, std::size_t n) : ptr(p), count(n) {}
-  // A view of non-const elements converts to a view of const elements.
+  /// A view of non-const elements converts to a view of const elements.
   template <class U>
     requires(std::is_same_v<const U, T> && !std::is_same_v<U, T>)
   constexpr tensor_view(tensor_view<U, Space> v) : ptr(v.ptr), count(v.count) {}
@@ -82,8 +82,8 @@ struct tensor_traits<std::span<T, Extent>> {
   static std::size_t size(const std::span<T, Extent>& t) { return t.size(); }
 };
 
-// A row-major matrix view: a tensor_view that also says its shape, for
-// raw pointers to 2-D weights (diloco::matrix_view<float>(p, rows, cols)).
+/// A row-major matrix view: a tensor_view that also says its shape, for
+/// raw pointers to 2-D weights (diloco::matrix_view<float>(p, rows, cols)).
 template <class T, class Space = host_space>
 struct matrix_view : tensor_view<T, Space> {
   std::size_t row_count = 0, col_count = 0;
@@ -101,8 +101,8 @@ struct tensor_traits<matrix_view<T, Space>> {
   static std::size_t cols(const matrix_view<T, Space>& t) { return t.col_count; }
 };
 
-// A pointer to a tensor (e.g. std::vector<float>*) is a tensor too, so a
-// model can hand out a list of pointers to its weight vectors.
+/// A pointer to a tensor (e.g. std::vector<float>*) is a tensor too, so a
+/// model can hand out a list of pointers to its weight vectors.
 template <class T>
   requires requires { typename tensor_traits<std::remove_cv_t<T>>::value_type; }
 struct tensor_traits<T*> {
@@ -132,7 +132,7 @@ using tensor_value_t = typename tensor_traits_of<T>::value_type;
 template <class T>
 using tensor_space_t = typename tensor_traits_of<T>::memory_space;
 
-// Uniform access through the traits.
+/// Uniform access through the traits.
 template <class T>
 auto tensor_data(T&& t) {
   return tensor_traits_of<T>::data(t);
@@ -142,14 +142,14 @@ std::size_t tensor_size(const T& t) {
   return tensor_traits_of<T>::size(t);
 }
 
-// A tensor's 2-D shape: rows x cols, row-major. A vector is size x 1.
+/// A tensor's 2-D shape: rows x cols, row-major. A vector is size x 1.
 struct tensor_shape {
   std::size_t rows = 0, cols = 1;
   bool is_matrix() const { return rows > 1 && cols > 1; }
   friend bool operator==(const tensor_shape&, const tensor_shape&) = default;
 };
 
-// The shape tensor_traits gives (rows/cols), or a vector's.
+/// The shape tensor_traits gives (rows/cols), or a vector's.
 template <class T>
 tensor_shape tensor_shape_of(const T& t) {
   using traits = tensor_traits_of<T>;

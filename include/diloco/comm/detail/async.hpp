@@ -34,11 +34,11 @@ struct request_state {
 
 }  // namespace detail
 
-// The handle of a non-blocking collective. wait() blocks until the operation
-// has completed and rethrows its error; test() polls. The buffers passed to
-// the operation must stay alive and untouched until then. A request that is
-// destroyed unwaited waits in its destructor (its error is dropped there:
-// call wait() to see it).
+/// The handle of a non-blocking collective. wait() blocks until the operation
+/// has completed and rethrows its error; test() polls. The buffers passed to
+/// the operation must stay alive and untouched until then. A request that is
+/// destroyed unwaited waits in its destructor (its error is dropped there:
+/// call wait() to see it).
 class async_request {
  public:
   async_request() = default;
