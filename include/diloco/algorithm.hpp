@@ -81,11 +81,15 @@ class algorithm {
                 "sync::blocking");
 
  public:
+  ///@{
+  /// The policies the algorithm was instantiated with.
   using inner_type = Inner;
   using outer_type = Outer;
   using compressor_type = Compressor;
   using comm_type = Comm;
   using sync_type = Sync;
+  ///@}
+  /// The options type: algorithm_options of these policies.
   using options = algorithm_options<Inner, Outer, Compressor, Sync>;
 
   /// `params`: a range of writable fp32 tensors, or one (other element
@@ -104,8 +108,12 @@ class algorithm {
 
   algorithm(const algorithm&) = delete;
   algorithm& operator=(const algorithm&) = delete;
+  ///@{
+  /// Movable (the state lives behind a pointer, so the user's tensors stay referenced); not
+  /// copyable.
   algorithm(algorithm&&) noexcept = default;
   algorithm& operator=(algorithm&&) noexcept = default;
+  ///@}
 
   /// One inner step with this worker's gradients (same count and sizes as
   /// the parameters), then what the schedule asks for after it: beginning
@@ -151,12 +159,15 @@ class algorithm {
   /// and step()/finish() raise state_error. Deaths need no call: the
   /// survivors find them at their next collective and re-form.
   void leave() { engine_->leave(); }
+  /// True once leave() has taken this worker out of the group.
   bool left() const { return engine_->left(); }
+  ///@{
   /// This worker's rank and the group's size now: fixed for a fixed group,
   /// renumbered when an elastic group re-forms (members keep their order,
   /// joiners come last).
   int rank() const { return engine_->rank(); }
   int world_size() const { return engine_->world(); }
+  ///@}
 
   /// Forgets the inner optimizer's state (moments) and step count.
   void reset_inner_state() { engine_->reset_inner_state(); }
@@ -164,23 +175,29 @@ class algorithm {
   /// Learning-rate schedules for the inner optimizer: the next inner step
   /// uses `lr` (validated like the option).
   void set_inner_lr(float lr) { engine_->set_inner_lr(lr); }
+  /// The learning rate the next inner step uses.
   float inner_lr() const { return engine_->inner_lr(); }
 
+  /// What this instance has done so far (core/stats.hpp): steps, rounds, bytes, times.
   const diloco::stats& stats() const { return engine_->statistics(); }
   /// The per-rank options (the inner optimizer's, host_threads) whose values
   /// differ between ranks, each with its value on every rank: heterogeneous
   /// workers are allowed, and reported here (found at construction).
   const std::vector<per_rank_option>& per_rank_options() const { return engine_->per_rank_options(); }
+  /// The options it was constructed with.
   const options& settings() const { return opts_; }
+  /// The number of parameters (elements) of the replica.
   std::size_t parameter_count() const { return engine_->parameter_count(); }
   /// Inner steps since an outer step was last applied.
   std::size_t steps_in_round() const { return engine_->steps_in_round(); }
+  ///@{
   /// The schedule's fragments (1 but for sync::streaming) and tensor k's.
   std::size_t fragment_count() const { return engine_->fragment_count(); }
   std::size_t fragment_of(std::size_t k) const {
     check_tensor(k, "fragment_of");
     return engine_->fragment_of(k);
   }
+  ///@}
 
   /// The algorithm's state, every buffer and counter by name (theta_global,
   /// outer and inner optimizer slots and steps, error-feedback residuals,
@@ -215,6 +232,7 @@ class algorithm {
   /// written to a temporary in the same directory, fsynced and renamed over
   /// `path` (checkpoint/file.hpp): a crash leaves the previous checkpoint.
   void save(const std::string& path) { checkpoint::write_file(path, save_bytes()); }
+  /// save() to a stream.
   void save(std::ostream& out) { write_stream(out, save_bytes(), "save"); }
   /// The checkpoint as bytes (collective, as save).
   std::vector<std::byte> save_bytes(checkpoint::scope s = checkpoint::scope::worker) {
@@ -228,6 +246,7 @@ class algorithm {
     auto bytes = save_bytes(checkpoint::scope::global);
     if (engine_->rank() == 0) checkpoint::write_file(path, bytes);
   }
+  /// save_global() to a stream (every rank drains; only rank 0 writes).
   void save_global(std::ostream& out) { write_stream(out, save_bytes(checkpoint::scope::global), "save_global"); }
 
   /// Restores a worker checkpoint written by save() on the same rank of a
@@ -239,6 +258,7 @@ class algorithm {
   /// collective; raises state_error while a reduction is in flight (load
   /// into a fresh instance, or call finish() first).
   void load(const std::string& path) { load_bytes(checkpoint::read_file(path), path); }
+  /// load() from a stream, read to its end.
   void load(std::istream& in) {
     std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     if (in.bad()) detail::raise<error>("checkpoint: reading the input stream failed");
@@ -246,6 +266,7 @@ class algorithm {
     if (!chars.empty()) std::memcpy(bytes.data(), chars.data(), chars.size());
     load_bytes(bytes, "input stream");
   }
+  /// load() from bytes in memory (as save_bytes() returns them).
   void load(std::span<const std::byte> bytes) { load_bytes(bytes, "memory"); }
 
   /// The error-feedback residual in flat layout (empty without error

@@ -64,10 +64,10 @@ namespace diloco {
 template <class Inner, class Outer, class Compressor, class Sync = sync::blocking>
 struct algorithm_options {
   std::size_t inner_steps = 500;  ///< H: inner steps between outer rounds
-  typename Inner::options inner{};
-  typename Outer::options outer{};
-  typename Compressor::options compress{};
-  typename Sync::options sync{};
+  typename Inner::options inner{};  ///< the inner optimizer's options (may differ per rank)
+  typename Outer::options outer{};  ///< the outer optimizer's options
+  typename Compressor::options compress{};  ///< the compressor's options
+  typename Sync::options sync{};  ///< the schedule's options
   /// At construction, rank 0's parameters are broadcast so every replica
   /// starts from the same theta_global. Turn off only if the replicas are
   /// already identical.

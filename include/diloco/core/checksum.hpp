@@ -28,6 +28,7 @@ inline std::uint64_t checksum_words(const std::byte* data, std::size_t bytes, st
   return acc[0] + acc[1] + acc[2] + acc[3];
 }
 
+/// Finishes a checksum: the sum of checksum_words over a whole buffer, mixed with its length in bytes.
 inline std::uint64_t checksum_finish(std::uint64_t sum, std::uint64_t total_bytes) {
   return kernels::mix64(sum ^ kernels::mix64(total_bytes));
 }

@@ -9,6 +9,7 @@ namespace diloco {
 /// Reduction applied by all_reduce. Mean is the sum divided by the world size.
 enum class reduce_op : std::uint8_t { sum, mean };
 
+/// "sum" or "mean", for messages.
 inline constexpr const char* to_string(reduce_op op) { return op == reduce_op::sum ? "sum" : "mean"; }
 
 /// Bytes a ring all-reduce of `bytes` moves per rank in each direction.
@@ -22,8 +23,8 @@ inline constexpr std::uint64_t ring_all_reduce_bytes(std::uint64_t bytes, int wo
 /// models whatever algorithm a backend really runs, so figures from different
 /// communicators compare: what the operation costs on a network.
 struct traffic_counters {
-  std::uint64_t bytes_sent = 0;
-  std::uint64_t bytes_received = 0;
+  std::uint64_t bytes_sent = 0;  ///< bytes this rank sent
+  std::uint64_t bytes_received = 0;  ///< bytes this rank received
 
   /// All-reduce: a ring, 2(M-1)/M times the buffer in each direction.
   constexpr void add_all_reduce(std::uint64_t bytes, int world) {

@@ -111,11 +111,12 @@ concept outer_optimizer = optimizer_policy<O>;
 /// outer optimizer (with AdamW's defaults: set the outer options).
 template <optimizer_policy O>
 struct as_inner : O {
-  static constexpr optimizer_role role = optimizer_role::inner;
+  static constexpr optimizer_role role = optimizer_role::inner;  ///< the slot it is forced into
 };
+/// O forced into the outer slot (see as_inner).
 template <optimizer_policy O>
 struct as_outer : O {
-  static constexpr optimizer_role role = optimizer_role::outer;
+  static constexpr optimizer_role role = optimizer_role::outer;  ///< the slot it is forced into
 };
 
 // ----------------------------------------------------------- compressors

@@ -37,12 +37,15 @@
 
 namespace diloco {
 
+/// `x` as a JSON number, or null when it is NaN or infinite (which JSON cannot write).
 inline nlohmann::json json_number(double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); }
 
+/// The inverse of json_number: a number, or NaN for null.
 inline double number_from_json(const nlohmann::json& j) {
   return j.is_null() ? std::numeric_limits<double>::quiet_NaN() : j.get<double>();
 }
 
+/// compress::adaptive's choice by field name (nlohmann's ADL customisation point).
 inline void to_json(nlohmann::json& j, const compression_choice& c) {
   j = {{"used", c.used},
        {"next", c.next},
@@ -54,6 +57,7 @@ inline void to_json(nlohmann::json& j, const compression_choice& c) {
        {"predicted_seconds", json_number(c.predicted_seconds)}};
 }
 
+/// An algorithm's statistics by field name, so that `nlohmann::json j = algo.stats();` works.
 inline void to_json(nlohmann::json& j, const stats& s) {
   j = {{"inner_steps", s.inner_steps},
        {"rounds", s.rounds},
@@ -130,6 +134,7 @@ nlohmann::json options_json(const Options& o) {
   return out;
 }
 
+/// An event as one JSON object, with only the fields its kind fills.
 inline void to_json(nlohmann::json& j, const event& e) {
   j = {{"event", to_string(e.kind)}, {"rank", e.rank}, {"world", e.world}, {"inner_step", e.inner_step}};
   switch (e.kind) {

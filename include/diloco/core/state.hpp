@@ -16,18 +16,20 @@
 
 namespace diloco {
 
+/// Receives the state as visit_state walks it: every named buffer and scalar, writable.
 class state_visitor {
  public:
   virtual ~state_visitor() = default;
   /// `device`: the buffer lives in device memory.
   virtual void buffer(std::string_view name, float* data, std::size_t size, bool device) = 0;
+  /// An integer scalar (step counts, rounds, the schedule's clock), by reference.
   virtual void scalar(std::string_view name, std::uint64_t& value) = 0;
 };
 
 /// One entry of a read-only walk (algorithm::state()).
 struct state_entry {
-  std::string name;
-  bool is_scalar = false;
+  std::string name;  ///< the entry's name, as visit_state gives it
+  bool is_scalar = false;  ///< a scalar (value) rather than a buffer (data, size)
   bool device = false;           ///< buffers: in device memory
   const float* data = nullptr;   ///< buffers
   std::size_t size = 0;          ///< buffers: elements

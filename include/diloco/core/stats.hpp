@@ -32,20 +32,23 @@ struct stats {
   /// Sent at construction to agree on the policies, layout and options
   /// across ranks (not in bytes_sent, so per-round byte counts stay exact).
   std::uint64_t setup_bytes = 0;
-  std::uint64_t bytes_received = 0;
-  std::uint64_t last_round_bytes_sent = 0;
-  std::uint64_t last_round_bytes_received = 0;
+  std::uint64_t bytes_received = 0;  ///< everything received, the initial broadcast included
+  std::uint64_t last_round_bytes_sent = 0;  ///< the last applied round's reduction: sent
+  std::uint64_t last_round_bytes_received = 0;  ///< the last applied round's reduction: received
   double pseudo_gradient_norm = 0.0;  ///< ||theta_global - theta_local|| of this worker, last round
+  ///@{
   /// Lossy compressors, last round: ||v - decode(encode(v))|| of this worker's
   /// stage-1 encoding (v = pseudo-gradient + error-feedback residual), and
   /// the bytes of that encoding per parameter (headers and scales included).
   double compression_error_norm = 0.0;
   double encoded_bytes_per_parameter = 0.0;
+  ///@}
   /// Bytes this worker sent in the last round per parameter of the model.
   double wire_bytes_per_parameter = 0.0;
   double comm_seconds = 0.0;          ///< wall time spent inside the communicator
-  double last_round_comm_seconds = 0.0;
+  double last_round_comm_seconds = 0.0;  ///< the last applied round's comm_seconds
   double outer_seconds = 0.0;  ///< wall time of outer rounds, communication included
+  ///@{
   /// Overlap. A round is one reduction (the whole model's, or one fragment's
   /// under sync::streaming), from the pass that begins it to the pass that
   /// applies it. blocked: wall time this worker spent on it outside its
@@ -54,12 +57,14 @@ struct stats {
   /// schedules that do not overlap). hidden / (hidden + blocked) is the share
   /// of the exchange the schedule hid.
   double blocked_seconds = 0.0;
-  double last_round_blocked_seconds = 0.0;
+  double last_round_blocked_seconds = 0.0;  ///< the last applied round's blocked_seconds
   double hidden_seconds = 0.0;
-  double last_round_hidden_seconds = 0.0;
+  double last_round_hidden_seconds = 0.0;  ///< the last applied round's hidden_seconds
+  ///@}
   /// Bytes this worker sent for each fragment's reductions (one entry per
   /// fragment; one in all for a whole-model schedule).
   std::vector<std::uint64_t> fragment_bytes_sent;
+  ///@{
   /// Elastic membership (elastic_communicator): the workers in the group
   /// now, how many times the group re-formed (leaves, joins, recoveries
   /// from a dead peer) and how many reductions a failure aborted (theta_global
@@ -67,6 +72,7 @@ struct stats {
   int workers = 0;
   std::uint64_t membership_changes = 0;
   std::uint64_t aborted_rounds = 0;
+  ///@}
   /// adaptive<C...> only: one entry per fragment.
   std::vector<compression_choice> compression_choices;
 };

@@ -36,28 +36,30 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::exec {
 
+///@{
 /// Elements per chunk, and lanes per chunk: part of every multi-tensor
 /// reduction's definition (and the GPU's block size for these passes).
 inline constexpr std::size_t chunk_elements = 8192;
 inline constexpr unsigned chunk_lanes = 256;
+///@}
 static_assert(chunk_elements % chunk_lanes == 0 && (chunk_lanes & (chunk_lanes - 1)) == 0);
 
 /// The part of tensor `tensor` in one chunk: its elements [begin, begin +
 /// count), at positions [position, position + count) of the chunk.
 struct piece {
-  std::uint32_t tensor = 0;
-  std::uint32_t position = 0;
-  std::size_t begin = 0;
-  std::size_t count = 0;
+  std::uint32_t tensor = 0;  ///< the tensor's index in the list
+  std::uint32_t position = 0;  ///< where its elements start in the chunk
+  std::size_t begin = 0;  ///< its first element in the chunk, counted from the tensor's start
+  std::size_t count = 0;  ///< how many of its elements the chunk holds
 };
 
 /// A chunk table as a pass reads it (host or device memory): chunk c's
 /// pieces are pieces[first[c]] .. pieces[first[c + 1] - 1].
 struct chunk_view {
-  const piece* pieces = nullptr;
-  const std::uint32_t* first = nullptr;
-  std::size_t chunks = 0;
-  std::size_t elements = 0;
+  const piece* pieces = nullptr;  ///< every chunk's pieces, chunk by chunk
+  const std::uint32_t* first = nullptr;  ///< chunk c's first piece; first[chunks] ends the last chunk's
+  std::size_t chunks = 0;  ///< the number of chunks
+  std::size_t elements = 0;  ///< the number of elements over all tensors
 };
 
 /// The pieces of a list of tensors of the given sizes. Empty tensors have
@@ -66,6 +68,7 @@ struct chunk_view {
 class chunk_table {
  public:
   chunk_table() { first_.push_back(0); }
+  /// The chunks of tensors of these sizes, in list order.
   explicit chunk_table(std::span<const std::size_t> sizes) {
     first_.push_back(0);
     std::size_t position = 0;  // in the current chunk
@@ -87,11 +90,15 @@ class chunk_table {
     if (position > 0) first_.push_back(static_cast<std::uint32_t>(pieces_.size()));
   }
 
+  ///@{
+  /// The number of chunks and of elements; the pieces and each chunk's first piece (host
+  /// memory); all of it as a chunk_view.
   std::size_t chunks() const { return first_.size() - 1; }
   std::size_t elements() const { return elements_; }
   const std::vector<piece>& pieces() const { return pieces_; }
   const std::vector<std::uint32_t>& first() const { return first_; }
   chunk_view view() const { return {pieces_.data(), first_.data(), chunks(), elements_}; }
+  ///@}
 
  private:
   std::vector<piece> pieces_;
@@ -99,11 +106,12 @@ class chunk_table {
   std::size_t elements_ = 0;
 };
 
-/// What a multi-tensor reduction sums for functor F: as double when tensor
-/// k's functor returns a number, else as that functor's own type (a struct
-/// of sums with += and a zero default).
+/// The functor a multi-tensor pass M gives for one tensor (m.bind(k)).
 template <class M>
 using bound_t = decltype(std::declval<const M&>().bind(std::size_t{0}));
+/// What a multi-tensor reduction sums for functor M: as double when tensor
+/// k's functor returns a number, else as that functor's own type (a struct
+/// of sums with += and a zero default).
 template <class M>
 using chunk_sum_t = std::conditional_t<std::is_arithmetic_v<std::invoke_result_t<const bound_t<M>&, std::size_t>>,
                                        double, std::invoke_result_t<const bound_t<M>&, std::size_t>>;

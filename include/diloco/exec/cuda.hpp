@@ -32,22 +32,27 @@ namespace diloco::exec {
 /// executor per worker.
 class cuda {
  public:
-  using memory_space = device_space;
+  using memory_space = device_space;  ///< the memory its passes read and write
   /// Host memory that device data is staged through (to a host communicator).
   template <class T>
   using staging_buffer = pinned_buffer<T>;
 
+  /// Queues every pass and copy on `stream` (nullptr: the legacy default stream).
   explicit cuda(cudaStream_t stream = nullptr) : stream_(stream) {}
   /// From algorithm_options::device_stream (a cudaStream_t held as void*).
   static cuda on_stream(void* stream) { return cuda(static_cast<cudaStream_t>(stream)); }
 
+  /// The stream the passes are queued on.
   cudaStream_t stream() const { return stream_; }
 
+  /// f(i) for every i in [0, n), queued (4 elements at a time where the functor allows it).
   template <class F>
   void for_each(std::size_t n, const F& f) const {
     launch_for_each(n, f, stream_);
   }
 
+  /// The sum of f(i) over [0, n), as double, in a fixed order (the grid depends only on n and
+  /// alignment); waits for the stream.
   template <class F>
   double transform_reduce(std::size_t n, const F& f) {
     if (n == 0) return 0.0;
@@ -65,6 +70,8 @@ class cuda {
   void for_each_chunked(const chunk_view& t, const M& m) const {
     launch_for_each_chunked(t, m, stream_);
   }
+  /// The sum over every element of every tensor of t, in exec/chunks.hpp's order; waits for the
+  /// stream.
   template <class M>
   chunk_sum_t<M> transform_reduce_chunked(const chunk_view& t, const M& m) {
     using R = chunk_sum_t<M>;
@@ -85,17 +92,20 @@ class cuda {
   void run_teams(std::size_t n, const P& p) const {
     launch_teams(n, p, stream_);
   }
+  /// Queues the checksum sums of `count` payloads (kernels::segment_ref) into sums[0, count).
   void checksum_segments(const kernels::segment_ref* segments, std::size_t count, std::size_t max_payload_bytes,
                          std::uint64_t* sums) const {
     launch_checksums(segments, count, max_payload_bytes, sums, stream_);
   }
 
+  /// Copies n elements between device buffers, queued.
   template <class T>
   void copy(T* dst, const T* src, std::size_t n) const {
     if (n == 0) return;
     detail::cuda_check(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToDevice, stream_),
                        "cudaMemcpyAsync", " (device to device, ", n * sizeof(T), " bytes)");
   }
+  /// Copies n elements from device to host memory; returns once they are there.
   template <class T>
   void to_host(T* dst, const T* src, std::size_t n) const {
     if (n == 0) return;
@@ -103,6 +113,8 @@ class cuda {
                        " (device to host, ", n * sizeof(T), " bytes)");
     synchronize();
   }
+  /// Copies n elements from host to device memory; returns once the host source is no longer
+  /// needed.
   template <class T>
   void from_host(T* dst, const T* src, std::size_t n) const {
     if (n == 0) return;
@@ -110,6 +122,7 @@ class cuda {
                        " (host to device, ", n * sizeof(T), " bytes)");
     synchronize();
   }
+  /// Waits for everything queued on the stream; throws cuda_error if any of it failed.
   void synchronize() const { detail::cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
 
  private:

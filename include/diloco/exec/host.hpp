@@ -59,6 +59,7 @@ class host {
   /// threads == 0: OpenMP's default team size.
   explicit host(int threads = 0) : threads_(threads) {}
 
+  /// The threads a parallel pass uses (1 without OpenMP).
   int threads() const {
 #if defined(_OPENMP)
     return threads_ > 0 ? threads_ : omp_get_max_threads();
@@ -66,6 +67,7 @@ class host {
     return 1;
 #endif
   }
+  /// Sets the team size of later passes (0: OpenMP's default).
   void set_threads(int threads) { threads_ = threads; }
 
   /// f(i) for every i in [0, n).
@@ -183,6 +185,9 @@ class host {
     return total;
   }
 
+  ///@{
+  /// Copies n elements (memcpy: host memory is the executor's memory, so every direction is a
+  /// plain copy).
   template <class T>
   static void copy(T* dst, const T* src, std::size_t n) {
     if (n) std::memcpy(dst, src, n * sizeof(T));
@@ -195,6 +200,8 @@ class host {
   static void from_host(T* dst, const T* src, std::size_t n) {
     copy(dst, src, n);
   }
+  ///@}
+  /// Nothing to wait for: every host pass has completed when it returns.
   static void synchronize() {}
 
   /// The fixed-order sum of f over [lo, hi): lane l accumulates the indices

@@ -1,12 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// The reducer for lossy codecs: the compressed mean's protocol (encode,
-// all-to-all, reduce the shard, all-gather, vote; compress/compressed_mean.hpp
-// says why) on reduce::staged's state machine, over the per-space operations
-// of compress::compressed_mean<C, host_space> (fused host passes) and
-// <C, device_space> (team programs, device checksums).
-
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -18,6 +12,11 @@
 
 namespace diloco::reduce {
 
+/// The reducer for lossy codecs: the compressed mean's protocol (encode,
+/// all-to-all, reduce the shard, all-gather, vote; compress/compressed_mean.hpp
+/// says why) on reduce::staged's state machine, over the per-space operations
+/// of compress::compressed_mean<C, host_space> (fused host passes) and
+/// <C, device_space> (team programs, device checksums).
 template <class Compressor, class Comm, class Space, class Exec>
 class compressed
     : public staged<compressed<Compressor, Comm, Space, Exec>, compress::compressed_mean<Compressor, Space>, Comm, Space,

@@ -1,20 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// The reducer for lossless pseudo-gradients: the mean travels as fp32
-// through the communicator's all-reduce (sum).
-//   begin: one pass writes Δ = ref − local into the wire and its squares
-//          into this rank's norm slot (M slots behind the values: every rank
-//          learns every norm, so all refuse a bad round together), then the
-//          all-reduce starts (non-blocking when the schedule overlaps);
-//   wait:  completes it and checks the norms;
-//   apply: one pass of outer step + merge over all the fragment's tensors.
-// Both passes run over the fragment's tensor list (exec/chunks.hpp): one
-// parallel region on the host, one launch on the GPU, whatever the number of
-// tensors.
-// A world of one with nothing to overlap keeps no wire: the norm is taken
-// at begin and the apply pass computes Δ itself (outer_apply_local).
-
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -33,9 +19,23 @@
 
 namespace diloco::reduce {
 
+/// The reducer for lossless pseudo-gradients: the mean travels as fp32
+/// through the communicator's all-reduce (sum).
+///   begin: one pass writes Δ = ref − local into the wire and its squares
+///          into this rank's norm slot (M slots behind the values: every rank
+///          learns every norm, so all refuse a bad round together), then the
+///          all-reduce starts (non-blocking when the schedule overlaps);
+///   wait:  completes it and checks the norms;
+///   apply: one pass of outer step + merge over all the fragment's tensors.
+/// Both passes run over the fragment's tensor list (exec/chunks.hpp): one
+/// parallel region on the host, one launch on the GPU, whatever the number of
+/// tensors.
+/// A world of one with nothing to overlap keeps no wire: the norm is taken
+/// at begin and the apply pass computes Δ itself (outer_apply_local).
 template <class Comm, class Space, class Exec>
 class fp32_mean {
  public:
+  /// How the all-reduce reaches the communicator (direct, or staged through host memory).
   using transport = detail::wire_transport<Comm, Space, Exec>;
 
   /// `params`: the fragment's tensors, offsets from the fragment's start;
@@ -52,6 +52,9 @@ class fp32_mean {
   /// Floats the transport must be able to stage.
   std::size_t wire_floats() const { return wire_.size(); }
 
+  /// Starts a reduction: Δ = ref − local and its norm into the wire, then the all-reduce
+  /// (non-blocking when `overlap` and the transport allows it). `ref` is the point the
+  /// pseudo-gradient is taken from.
   void begin(Exec& exec, Comm& comm, transport& link, const float* ref, bool overlap) {
     out_ = {};
     if (local_only_) {
@@ -82,6 +85,7 @@ class fp32_mean {
   /// True once the reduction has completed (it makes progress here).
   bool poll() { return pending_.test(); }
 
+  /// Completes the all-reduce and checks every rank's norm: the verdict, the same on every rank.
   verdict wait(Exec& exec) {
     pending_.wait();
     verdict out = out_;

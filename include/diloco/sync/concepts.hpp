@@ -25,6 +25,9 @@
 
 namespace diloco::sync {
 
+/// When a schedule's reductions are applied. periodic: fragments reduced at fixed steps of each
+/// round (blocking, streaming); delayed: the whole model's round r reduction is applied at the
+/// end of round r+1 (one-step delay, eager).
 enum class schedule_kind { periodic, delayed };
 
 template <class S>

@@ -25,16 +25,21 @@ namespace diloco::sync {
 ///               assignment of layers).
 enum class fragment_assignment { contiguous, strided };
 
+/// "contiguous" or "strided", for option listings.
 inline const char* to_string(fragment_assignment a) {
   return a == fragment_assignment::contiguous ? "contiguous" : "strided";
 }
 
+/// The fragments of a model and the steps at which each one's reduction begins and is applied:
+/// what every schedule hands the engine. Fragment p is applied after every step t ≡ s_p
+/// (mod H), first at t = s_p, and its reduction begins τ steps earlier.
 struct fragment_plan {
   std::size_t inner_steps = 1;                 ///< H
   std::size_t delay = 0;                       ///< τ
   std::vector<std::size_t> apply_step;         ///< s_p in [1, H]
   std::vector<std::vector<std::size_t>> tensors;  ///< model indices of each fragment, ascending
 
+  /// P, the number of fragments.
   std::size_t fragments() const { return apply_step.size(); }
 
   /// Fragment p's reduction is applied after step t (t >= 1).

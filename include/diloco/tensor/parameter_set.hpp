@@ -34,7 +34,7 @@ inline constexpr std::size_t flat_alignment_bytes = std::is_same_v<Space, device
 template <class T, class Space>
 class parameter_set {
  public:
-  using view_type = tensor_view<T, Space>;
+  using view_type = tensor_view<T, Space>;  ///< how a tensor of the set is viewed
 
   parameter_set() = default;
 
@@ -43,22 +43,28 @@ class parameter_set {
     return flat_alignment_bytes<Space> > sizeof(T) ? flat_alignment_bytes<Space> / sizeof(T) : 1;
   }
 
+  /// Views every tensor of a range of tensors, in order (the tensors must outlive the set).
   template <class R>
   explicit parameter_set(R&& tensors) {
     for (auto&& t : tensors) add(t);
   }
 
+  /// Number of tensors.
   std::size_t count() const { return views_.size(); }
   /// Length of a flat buffer over the set: the elements plus any padding.
   std::size_t total() const { return total_; }
   /// Number of parameters (the tensors' sizes added up).
   std::size_t elements() const { return elements_; }
+  /// Where tensor k starts in a flat buffer over the set (a multiple of alignment()).
   std::size_t offset(std::size_t k) const { return offsets_[k]; }
   /// Tensor k's shape (tensor_traits' rows and cols; a vector is n x 1).
   const tensor_shape& shape(std::size_t k) const { return shapes_[k]; }
+  ///@{
+  /// Tensor k's view, and the views in order.
   const view_type& operator[](std::size_t k) const { return views_[k]; }
   auto begin() const { return views_.begin(); }
   auto end() const { return views_.end(); }
+  ///@}
 
   /// Replaces the views, keeping capacity: per-step gradient lists reuse it
   /// without allocating.

@@ -25,6 +25,10 @@
 
 namespace diloco {
 
+/// A list of tensors as the multi-tensor passes read it (exec/chunks.hpp,
+/// kernels/tensor_passes.hpp): the chunk table of their elements and every tensor's data
+/// pointer and offset in the flat buffers, in the memory of the executor that runs the passes.
+/// Uploaded once, when it is made.
 template <class Space>
 class tensor_list {
   static constexpr bool host = std::is_same_v<Space, host_space>;
@@ -57,8 +61,11 @@ class tensor_list {
     }
   }
 
+  ///@{
+  /// The number of tensors, and of their elements.
   std::size_t count() const { return data_.size(); }
   std::size_t elements() const { return table_.elements(); }
+  ///@}
   /// The chunk table in the executor's memory.
   exec::chunk_view chunks() const {
     if constexpr (host)
@@ -66,6 +73,7 @@ class tensor_list {
     else
       return {device_pieces_.data(), device_first_.data(), table_.chunks(), table_.elements()};
   }
+  /// Every tensor's data pointer and offset, in the executor's memory.
   kernels::tensor_ptrs ptrs() const {
     if constexpr (host)
       return {data_.data(), offsets_.data()};
@@ -92,6 +100,7 @@ class gradient_list {
 
  public:
   gradient_list() = default;
+  /// `count` gradients; nothing is uploaded until the first update().
   explicit gradient_list(std::size_t count) : host_(count, nullptr) {
     if constexpr (!host) device_ = buffer<const float*, Space>(count);
   }

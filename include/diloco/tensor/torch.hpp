@@ -92,7 +92,11 @@ inline std::size_t torch_cols(const at::Tensor& t) {
 /// pointer (at construction for parameters, every step for gradients).
 template <>
 struct tensor_traits<at::Tensor> {
-  static constexpr const char* name = "diloco::tensor_traits<torch::Tensor>";
+  static constexpr const char* name = "diloco::tensor_traits<torch::Tensor>";  ///< names the checker in messages
+  ///@{
+  /// The customization point's members (see tensor_traits); data() and size() check the tensor,
+  /// rows() and cols() give PyTorch's matrix view of it (shape[0] rows, the rest flattened into
+  /// columns).
   using value_type = float;
   using memory_space = host_space;
   static float* data(const at::Tensor& t) {
@@ -105,6 +109,7 @@ struct tensor_traits<at::Tensor> {
   }
   static std::size_t rows(const at::Tensor& t) { return detail::torch_rows(t); }
   static std::size_t cols(const at::Tensor& t) { return detail::torch_cols(t); }
+  ///@}
 };
 
 /// A CUDA tensor as device memory. Training over device tensors runs the
@@ -119,12 +124,17 @@ struct tensor_traits<at::Tensor> {
 /// Either way the tensors must be on a CUDA device at run time; Debian's
 /// libtorch is CPU only, so here both are exercised only by their refusals.
 struct torch_device_tensor {
-  at::Tensor tensor;
+  at::Tensor tensor;  ///< the CUDA tensor
 };
 
+/// A wrapped CUDA tensor is a device tensor.
 template <>
 struct tensor_traits<torch_device_tensor> {
-  static constexpr const char* name = "diloco::torch_device_tensor";
+  static constexpr const char* name = "diloco::torch_device_tensor";  ///< names the checker in messages
+  ///@{
+  /// The customization point's members (see tensor_traits); data() and size() check the tensor,
+  /// rows() and cols() give PyTorch's matrix view of it (shape[0] rows, the rest flattened into
+  /// columns).
   using value_type = float;
   using memory_space = device_space;
   static float* data(const torch_device_tensor& t) {
@@ -137,6 +147,7 @@ struct tensor_traits<torch_device_tensor> {
   }
   static std::size_t rows(const torch_device_tensor& t) { return detail::torch_rows(t.tensor); }
   static std::size_t cols(const torch_device_tensor& t) { return detail::torch_cols(t.tensor); }
+  ///@}
 };
 
 /// Wraps each tensor of a list (parameters or gradients) as device memory.
@@ -190,9 +201,12 @@ class torch_parameters {
 
   /// For diloco::algorithm / diloco::optimizer: the parameters themselves.
   std::vector<at::Tensor>& tensors() { return tensors_; }
+  ///@{
+  /// The parameters, read-only; their names (named_parameters' keys); their number.
   const std::vector<at::Tensor>& tensors() const { return tensors_; }
   const std::vector<std::string>& names() const { return names_; }
   std::size_t size() const { return tensors_.size(); }
+  ///@}
   /// The number of parameters (elements).
   std::size_t elements() const {
     std::size_t n = 0;

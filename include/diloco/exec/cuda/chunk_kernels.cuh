@@ -23,6 +23,8 @@ namespace diloco::exec {
 
 namespace kernel {
 
+/// The multi-tensor element-wise kernel: one block per chunk, grid-striding over the chunks,
+/// a lane per thread (chunk_for_each_lane).
 template <class M>
 __global__ void __launch_bounds__(chunk_lanes) chunk_for_each(M m, chunk_view t) {
   for (std::size_t c = blockIdx.x; c < t.chunks; c += gridDim.x) chunk_for_each_lane(m, t, c, threadIdx.x);

@@ -19,13 +19,16 @@ namespace diloco::exec {
 
 namespace kernel {
 
+/// This thread's index in the grid.
 DILOCO_FORCEINLINE __device__ std::size_t thread_index() {
   return static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 }
+/// The threads in the grid.
 DILOCO_FORCEINLINE __device__ std::size_t thread_count() {
   return static_cast<std::size_t>(gridDim.x) * blockDim.x;
 }
 
+/// The element-wise kernel: this thread's share of f over the plan (grid::for_each_thread).
 template <class F>
 __global__ void __launch_bounds__(grid::block_size) for_each(F f, grid::plan p) {
   grid::for_each_thread(f, p, thread_index(), thread_count());

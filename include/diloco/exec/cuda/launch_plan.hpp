@@ -56,9 +56,10 @@ struct plan {
   bool vectorized = false;   ///< groups of 4 via vec4(), then a scalar tail
   std::size_t groups = 0;    ///< 4-wide groups: elements [0, 4 * groups)
   std::size_t tail_begin = 0;  ///< first element of the scalar part
-  unsigned block = block_size;
+  unsigned block = block_size;  ///< threads per block
   unsigned blocks = 0;       ///< 0: nothing to launch (n == 0)
 
+  /// Threads in the grid.
   constexpr std::size_t threads() const { return static_cast<std::size_t>(blocks) * block; }
 };
 

@@ -16,9 +16,12 @@ namespace diloco {
 /// is the runtime's status.
 class cuda_error : public error {
  public:
+  /// The failure of `call` with status `code`; `message` says what diloco was doing.
   cuda_error(const std::string& message, const char* call, cudaError_t code)
       : error(message), call_(call), code_(code) {}
+  /// The runtime call that failed.
   const char* call() const noexcept { return call_; }
+  /// Its status.
   cudaError_t code() const noexcept { return code_; }
 
  private:

@@ -19,11 +19,12 @@ namespace diloco::exec::grid {
 /// whole block (a block reduction).
 template <class P>
 struct team_plan {
-  static constexpr unsigned team = P::team;
+  static constexpr unsigned team = P::team;  ///< threads per team (P::team): a power of two from 8 to 256
   static_assert(team >= 8 && team <= block_size && (team & (team - 1)) == 0,
                 "a team is a power of two of 8 to 256 threads");
+  /// Teams sharing one CUDA block (1 for a team larger than a warp).
   static constexpr unsigned teams_per_block = team <= 32 ? block_size / team : 1;
-  static constexpr unsigned threads = team * teams_per_block;
+  static constexpr unsigned threads = team * teams_per_block;  ///< threads per CUDA block
   /// CUDA blocks for n codec blocks.
   static constexpr std::size_t blocks(std::size_t n) { return (n + teams_per_block - 1) / teams_per_block; }
 };
@@ -34,6 +35,7 @@ struct team_plan {
 /// kernels/topk_blocks.hpp).
 template <class P>
 inline constexpr unsigned team_phases = 0;
+/// The phases a program declares.
 template <class P>
   requires requires { P::phases; }
 inline constexpr unsigned team_phases<P> = P::phases;
@@ -41,7 +43,9 @@ inline constexpr unsigned team_phases<P> = P::phases;
 /// The checksum of several payloads at once: grid.y = segment, grid.x
 /// blocks of 256 threads striding over its 8-byte words.
 inline constexpr unsigned checksum_block = 256;
-inline constexpr unsigned max_checksum_blocks = 1024;
+inline constexpr unsigned max_checksum_blocks = 1024;  ///< the grid.x cap of a checksum launch
+/// The grid.x of a checksum launch: enough 256-thread blocks for the largest payload's words,
+/// at most max_checksum_blocks.
 constexpr unsigned checksum_blocks(std::size_t max_payload_bytes) {
   const std::size_t words = (max_payload_bytes + 7) / 8;
   const std::size_t blocks = (words + checksum_block - 1) / checksum_block;
