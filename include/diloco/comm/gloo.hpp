@@ -1,16 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// Communicator over Gloo's TCP transport: one rank per process, on one
-// machine or many. Ranks find each other through a rendezvous store (a
-// shared directory or a Redis server), every wait is bounded by a timeout,
-// and a peer that vanishes or stops answering surfaces as comm_error on
-// every surviving rank. Link diloco::gloo to use it.
-//
-//   diloco::comm::gloo comm({.rank = r, .size = n,
-//                            .rendezvous = diloco::comm::gloo::file_store{"/shared/rdv"}});
-//   auto comm = diloco::comm::gloo::from_env();   // DILOCO_RANK, ... (scripts/launch_gloo.sh)
-
 #include "diloco/core/require_cxx20.hpp"
 
 #include <algorithm>
@@ -53,12 +43,24 @@
 
 namespace diloco::comm {
 
+/// Communicator over Gloo's TCP transport: one rank per process, on one
+/// machine or many. Ranks find each other through a rendezvous store (a
+/// shared directory or a Redis server), every wait is bounded by a timeout,
+/// and a peer that vanishes or stops answering surfaces as comm_error on
+/// every surviving rank. Link diloco::gloo to use it.
+///
+/// ```
+/// diloco::comm::gloo comm({.rank = r, .size = n,
+///                          .rendezvous = diloco::comm::gloo::file_store{"/shared/rdv"}});
+/// auto comm = diloco::comm::gloo::from_env();   // DILOCO_RANK, ... (scripts/launch_gloo.sh)
+/// ```
 class gloo {
  public:
-  using request = async_request;
+  using request = async_request;  ///< what the non-blocking operations return
+  /// Rank, size, rendezvous store, run id, timeouts, elastic membership (comm/gloo/options.hpp).
   using options = detail_gloo::options;
-  using file_store = detail_gloo::file_store;
-  using redis_store = detail_gloo::redis_store;
+  using file_store = detail_gloo::file_store;  ///< a rendezvous store in a directory every rank can reach
+  using redis_store = detail_gloo::redis_store;  ///< a rendezvous store on a Redis server
 
   /// Joins the world: collective over all `size` processes, which must be
   /// started with the same store, run id and size. Throws config_error for
@@ -95,14 +97,15 @@ class gloo {
   /// Options from DILOCO_RANK, DILOCO_WORLD_SIZE, DILOCO_STORE and the
   /// optional DILOCO_RUN_ID, DILOCO_HOSTNAME, DILOCO_IFACE, DILOCO_TIMEOUT_MS.
   static options options_from_env() { return detail_gloo::options_from_env(); }
+  /// Joins the world described by options_from_env() (scripts/launch_gloo.sh sets it).
   static gloo from_env() { return gloo(options_from_env()); }
 
   gloo(const gloo&) = delete;
   gloo& operator=(const gloo&) = delete;
 
-  /// An elastic member that ends normally says so in the store (g<G>/closed/
-  /// <id>): a joiner still waiting learns that the group it would join has
-  /// finished instead of waiting out join_timeout.
+  /// An elastic member that ends normally says so in the store
+  /// (`g<G>/closed/<id>`): a joiner still waiting learns that the group it
+  /// would join has finished instead of waiting out join_timeout.
   ~gloo() {
     if (!meta_ || joining_ || left_ || !closed_reason().empty()) return;
     try {
@@ -112,18 +115,25 @@ class gloo {
     }
   }
 
+  ///@{
+  /// This process's rank and the world's size (an elastic group's current ones).
   int rank() const { return opts_.rank; }
   int size() const { return opts_.size; }
+  ///@}
 
   // ------------------------------------------------ elastic membership
-  /// (elastic_communicator; options.elastic). The group's generations live
-  /// in the store under diloco/<run id>/elastic/: g<G>/members (the ids of
-  /// generation G in rank order, set once), g<G>/alive/<id> (survivors of
-  /// G-1 registering), join/<n> (joiner slots), launch/<rank> (first-
-  /// generation ranks that started), and each generation's own rendezvous.
+  ///@{
+  /// elastic_communicator: whether the group may change (options.elastic), its
+  /// generation, and whether this worker still waits to join. The group's
+  /// generations live in the store under `diloco/<run id>/elastic/`:
+  /// `g<G>/members` (the ids of generation G in rank order, set once),
+  /// `g<G>/alive/<id>` (survivors of G-1 registering), `join/<n>` (joiner
+  /// slots), `launch/<rank>` (first-generation ranks that started), and each
+  /// generation's own rendezvous.
   bool elastic() const { return opts_.elastic; }
   std::uint64_t generation() const { return generation_; }
   bool joining() const { return joining_; }
+  ///@}
   /// This worker's id in the group ("r<first rank>" or "j<join slot>").
   const std::string& member_id() const { return id_; }
 
@@ -195,7 +205,9 @@ class gloo {
   }
   /// How many ranks share this host's cores (options.local_world_size).
   int workers_on_host() const { return opts_.local_world_size > 0 ? opts_.local_world_size : 1; }
+  /// The bytes this rank has sent and received, as core/comm_types.hpp models them.
   traffic_counters traffic() const { return traffic_; }
+  /// The options it was constructed with.
   const options& settings() const { return opts_; }
 
   // ------------------------------------------------------------ blocking
@@ -206,6 +218,8 @@ class gloo {
     account_all_reduce(buf.size());
     blocking([&] { do_all_reduce(buf, op); });
   }
+  ///@{
+  /// Copies root's buffer into every rank's buffer.
   void broadcast(std::span<float> buf, int root) {
     std::span<std::byte> bytes(reinterpret_cast<std::byte*>(buf.data()), buf.size_bytes());
     validated(detail_gloo::op_code::broadcast, bytes.size(), root, check_root(root));
@@ -217,6 +231,7 @@ class gloo {
     account_broadcast(buf.size(), root);
     blocking([&] { do_broadcast(buf, root); });
   }
+  ///@}
   /// send holds M equal blocks, block k for rank k; recv receives block
   /// `rank` of every rank's send, in rank order.
   void all_to_all(std::span<const std::byte> send, std::span<std::byte> recv) {
@@ -232,11 +247,13 @@ class gloo {
     account_exchange(send.size());
     blocking([&] { do_all_gather(send, recv); });
   }
+  /// Returns once every rank has entered it.
   void barrier() {
     blocking([&] { do_barrier(); });
   }
 
   // -------------------------------------------------------- non-blocking
+  ///@{
   /// Each returns at once; the operation runs on this communicator's
   /// progress thread, in issue order. Buffers must stay untouched until
   /// wait() returns. Arguments this rank rejects throw config_error at the
@@ -271,6 +288,7 @@ class gloo {
   request ibarrier() {
     return queue_.submit([this] { do_barrier(); });
   }
+  ///@}
 
  private:
   using op_code = detail_gloo::op_code;

@@ -1,22 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// diloco::comm::mpi: the workers are the ranks of an MPI communicator the
-// user created (diloco never calls MPI_Init or MPI_Finalize). Link the
-// diloco::mpi CMake target to use it. With DILOCO_WITH_CUDA (the diloco::cuda
-// target) or under nvcc it also takes device buffers: handed to MPI directly
-// when the MPI library is CUDA-aware, staged through pinned host memory
-// otherwise.
-//
-// Every rank must call the same collectives in the same order, from one
-// thread at a time (MPI_THREAD_FUNNELED is enough). The results are those of
-// MPI's own reductions, which are deterministic for a given library, world
-// size, message size and call (blocking or not).
-//
-// Waits are MPI's own and unbounded by default; with options.timeout every
-// collective is issued non-blocking and polled against it, so a dead peer
-// (in a job mpirun keeps alive) is a comm_error instead of a hang.
-
 #include "diloco/core/require_cxx20.hpp"
 
 #include <mpi.h>
@@ -67,6 +51,7 @@ enum class mpi_device_path : std::uint8_t {
   staged,  ///< copied through pinned host buffers around every collective
 };
 
+/// What comm::mpi checks and how long it waits, set with designated initializers.
 struct mpi_options {
   /// The number of ranks the program was written for; 0 accepts any. A
   /// mismatch (a job started with the wrong -np) is a config_error.
@@ -287,6 +272,8 @@ class pinned_device_support final : public device_support {
 class mpi_request {
  public:
   mpi_request() = default;
+  ///@{
+  /// Moving hands the operation over; assigning to a request first waits for the one it holds.
   mpi_request(mpi_request&& other) noexcept
       : ctx_(std::move(other.ctx_)),
         operation_(other.operation_),
@@ -311,14 +298,17 @@ class mpi_request {
     }
     return *this;
   }
+  ///@}
   mpi_request(const mpi_request&) = delete;
   mpi_request& operator=(const mpi_request&) = delete;
   ~mpi_request() { drain(); }
 
+  /// False for a default-constructed or moved-from request.
   bool valid() const { return ctx_ != nullptr; }
 
-  /// With comm::mpi's timeout set, waits at most that long (from this call)
-  /// and then throws comm_error; the communicator is unusable afterwards.
+  /// Completes the operation, rethrowing its error as comm_error. With comm::mpi's timeout set,
+  /// waits at most that long (from this call) and then throws comm_error; the communicator is
+  /// unusable afterwards.
   void wait() {
     if (!ctx_) return;
     // A blocking call's deadline was set when it started.
@@ -330,6 +320,8 @@ class mpi_request {
     finish(rc, waited_with);
   }
 
+  /// True once the operation has completed (then as wait(), rethrowing its error); false while it
+  /// runs.
   bool test() {
     if (!ctx_) return true;
     int done = 0;
@@ -384,16 +376,32 @@ class mpi_request {
   std::chrono::steady_clock::time_point deadline_{};
 };
 
+/// diloco::comm::mpi: the workers are the ranks of an MPI communicator the
+/// user created (diloco never calls MPI_Init or MPI_Finalize). Link the
+/// diloco::mpi CMake target to use it. With DILOCO_WITH_CUDA (the diloco::cuda
+/// target) or under nvcc it also takes device buffers: handed to MPI directly
+/// when the MPI library is CUDA-aware, staged through pinned host memory
+/// otherwise.
+///
+/// Every rank must call the same collectives in the same order, from one
+/// thread at a time (MPI_THREAD_FUNNELED is enough). The results are those of
+/// MPI's own reductions, which are deterministic for a given library, world
+/// size, message size and call (blocking or not).
+///
+/// Waits are MPI's own and unbounded by default; with options.timeout every
+/// collective is issued non-blocking and polled against it, so a dead peer
+/// (in a job mpirun keeps alive) is a comm_error instead of a hang.
 class mpi {
  public:
-  using options = mpi_options;
-  using request = mpi_request;
+  using options = mpi_options;  ///< expected size, argument checks, timeout, device path (mpi_options)
+  using request = mpi_request;  ///< what the non-blocking operations return
 
   /// Duplicates `comm` (collective over it): diloco's traffic never mixes
   /// with the caller's, and errors on the duplicate come back as codes
   /// (MPI_ERRORS_RETURN) that are thrown as comm_error. MPI must be
   /// initialized and stay so until this object and its requests are gone.
   explicit mpi(MPI_Comm comm) : mpi(comm, options{}) {}
+  /// Duplicates `comm` with these options; see mpi(MPI_Comm).
   mpi(MPI_Comm comm, options opts) : opts_(opts) {
     validate_environment(comm, opts_);
     int rank = 0, size = 0;
@@ -435,16 +443,23 @@ class mpi {
 
   mpi(const mpi&) = delete;
   mpi& operator=(const mpi&) = delete;
+  ///@{
   /// A moved-from communicator may only be destroyed or assigned to.
   mpi(mpi&&) noexcept = default;
   mpi& operator=(mpi&&) noexcept = default;
+  ///@}
   ~mpi() = default;
 
+  ///@{
+  /// This rank and the communicator's size.
   int rank() const { return ctx_->rank; }
   int size() const { return ctx_->size; }
+  ///@}
   /// How many ranks of this communicator run on this host (sharing its cores).
   int workers_on_host() const { return workers_on_host_; }
+  /// The bytes this rank has sent and received, as core/comm_types.hpp models them.
   traffic_counters traffic() const { return traffic_; }
+  /// The options it was constructed with.
   const options& settings() const { return opts_; }
   /// The duplicated communicator diloco talks over.
   MPI_Comm native_handle() const { return ctx_->comm; }
@@ -459,6 +474,8 @@ class mpi {
       start_all_reduce(buf.data(), buf.size(), op, out);
     });
   }
+  ///@{
+  /// Copies root's buffer into every rank's buffer.
   /// Copies root's buffer into every rank's buffer.
   void broadcast(std::span<float> buf, int root) {
     blocking("broadcast", [&](request* out) {
@@ -470,6 +487,7 @@ class mpi {
       start_broadcast(detail_mpi::collective::broadcast_bytes, buf.data(), buf.size(), root, out);
     });
   }
+  ///@}
   /// send holds M equal blocks, block k for rank k; recv receives block
   /// `rank` of every rank's send, in rank order.
   void all_to_all(std::span<const std::byte> send, std::span<std::byte> recv) {
@@ -483,9 +501,11 @@ class mpi {
       start_exchange(detail_mpi::collective::all_gather, send.data(), send.size(), recv.data(), recv.size(), out);
     });
   }
+  /// Returns once every rank has entered it.
   void barrier() { blocking("barrier", [&](request* out) { start_barrier(out); }); }
 
   // -------------------------------------------------------- non-blocking
+  ///@{
   /// Each posts the MPI operation and returns; MPI progresses it. Buffers
   /// must stay untouched until wait() returns.
   request iall_reduce(std::span<float> buf, reduce_op op) {
@@ -518,9 +538,11 @@ class mpi {
     start_barrier(&r);
     return r;
   }
+  ///@}
 
 #if DILOCO_MPI_DEVICE_BUFFERS
   // ---------------------------------------------------- device buffers
+  ///@{
   /// The same operations over device memory. The buffers must be ready
   /// (kernels writing them finished) when the call is made; staging copies
   /// use cudaMemcpy, which orders itself after the legacy default stream.
@@ -575,6 +597,7 @@ class mpi {
     start_device_exchange(detail_mpi::collective::all_gather, send, recv, &r);
     return r;
   }
+  ///@}
 #endif
 
  private:

@@ -1,18 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// NCCL communicator: one rank per CUDA device, every operation over device
-// memory, enqueued on the communicator's CUDA stream. Models
-// diloco::device_communicator. Use it through the diloco::nccl CMake target.
-//
-// Never a hang: the NCCL communicator is created non-blocking, every wait
-// polls its CUDA event together with ncclCommGetAsyncError, and an operation
-// (or the creation) that does not finish within options.timeout aborts the
-// communicator (ncclCommAbort) and throws comm_error. Ranks that disagree on
-// an operation's size, root or reduction get a comm_error before any data
-// moves (options.check_agreement). Like every diloco communicator, one
-// thread at a time uses a communicator and its requests.
-
 #include "diloco/core/require_cxx20.hpp"
 
 #include <cuda_runtime.h>
@@ -40,6 +28,7 @@
 
 namespace diloco::comm {
 
+/// The options of comm::nccl, set with designated initializers.
 struct nccl_options {
   /// CUDA device of this rank; -1: the device current on the constructing
   /// thread. One device per rank: NCCL does not support two ranks of one
@@ -58,7 +47,7 @@ struct nccl_options {
   /// to publish the unique id, and the key it is published under (one key per
   /// communicator: a store shared by several needs one key each).
   std::chrono::milliseconds store_timeout = std::chrono::minutes(1);
-  std::string store_key = "diloco/nccl/unique_id";
+  std::string store_key = "diloco/nccl/unique_id";  ///< the store key rank 0 publishes the unique id under
   /// Before each operation the ranks all-gather (operation, size, root or
   /// reduction) and compare: a mismatch is a comm_error on every rank instead
   /// of a hang or garbage. It costs one small collective and a host round
@@ -326,12 +315,23 @@ struct mpi_bootstrap {
 
 }  // namespace detail_nccl
 
+/// NCCL communicator: one rank per CUDA device, every operation over device
+/// memory, enqueued on the communicator's CUDA stream. Models
+/// diloco::device_communicator. Use it through the diloco::nccl CMake target.
+///
+/// Never a hang: the NCCL communicator is created non-blocking, every wait
+/// polls its CUDA event together with ncclCommGetAsyncError, and an operation
+/// (or the creation) that does not finish within options.timeout aborts the
+/// communicator (ncclCommAbort) and throws comm_error. Ranks that disagree on
+/// an operation's size, root or reduction get a comm_error before any data
+/// moves (options.check_agreement). Like every diloco communicator, one
+/// thread at a time uses a communicator and its requests.
 class nccl {
   using shared_state = detail_nccl::shared_state;
   using clock = detail_nccl::clock;
 
  public:
-  using options = nccl_options;
+  using options = nccl_options;  ///< device, stream, timeouts, agreement check (nccl_options)
 
   /// The handle of an operation in flight: a CUDA event recorded on the
   /// stream after it. wait() polls the event and NCCL's asynchronous error
@@ -342,6 +342,8 @@ class nccl {
   class request {
    public:
     request() = default;
+    ///@{
+    /// Moving hands the operation over; assigning to a request first waits for the one it holds.
     request(request&& other) noexcept
         : state_(std::move(other.state_)),
           event_(std::exchange(other.event_, nullptr)),
@@ -357,12 +359,16 @@ class nccl {
       }
       return *this;
     }
+    ///@}
     request(const request&) = delete;
     request& operator=(const request&) = delete;
     ~request() { drain(); }
 
+    /// False for a default-constructed or moved-from request.
     bool valid() const { return state_ != nullptr; }
 
+    /// Blocks until the operation has completed; throws comm_error (and aborts the communicator)
+    /// on a failure or when options.timeout passes.
     void wait() {
       if (!state_) return;
       const auto state = std::move(state_);
@@ -371,6 +377,7 @@ class nccl {
       state->wait(lease.event, issued_, op_);
     }
 
+    /// True once the operation has completed; throws as wait() does when it failed.
     bool test() {
       if (!state_) return true;
       bool done = false;
@@ -525,8 +532,11 @@ class nccl {
     return detail_nccl::mpi_bootstrap<MpiComm>::create(comm, std::move(opts));
   }
 
+  ///@{
+  /// Movable (the state lives behind a pointer, shared with pending requests); not copyable.
   nccl(nccl&&) noexcept = default;
   nccl& operator=(nccl&&) noexcept = default;
+  ///@}
   nccl(const nccl&) = delete;
   nccl& operator=(const nccl&) = delete;
   /// Waits (up to options.timeout) for enqueued work, then finalizes and
@@ -534,11 +544,15 @@ class nccl {
   /// failed before. Never throws. Pending requests keep the state alive.
   ~nccl() = default;
 
+  ///@{
+  /// This rank, the group's size, the CUDA device and stream it runs on, and the NCCL
+  /// communicator itself.
   int rank() const { return state().rank; }
   int size() const { return state().size; }
   int device() const { return state().device; }
   cudaStream_t stream() const { return state().stream; }
   ncclComm_t native_handle() const { return state().comm; }
+  ///@}
   /// True once a failure, a timeout or abort() has aborted the communicator.
   bool aborted() const { return state().aborted(); }
   /// Frees the NCCL communicator now (ncclCommAbort), without waiting for
@@ -549,19 +563,23 @@ class nccl {
   void abort(const std::string& reason) noexcept {
     if (state_) state_->abort(reason);
   }
+  /// The bytes this rank has sent and received, as core/comm_types.hpp models them.
   traffic_counters traffic() const { return traffic_; }
 
   // ------------------------------------------------------------ blocking
   /// In-place all-reduce of fp32 device buffers: sum, or mean (ncclAvg).
   void all_reduce(device_view<float> buf, reduce_op op) { iall_reduce(buf, op).wait(); }
+  ///@{
   /// Copies root's buffer into every rank's buffer.
   void broadcast(device_view<float> buf, int root) { ibroadcast(buf, root).wait(); }
   void broadcast(device_view<std::byte> buf, int root) { ibroadcast(buf, root).wait(); }
+  ///@}
   /// send holds M equal blocks, block k for rank k; recv receives block
   /// `rank` of every rank's send, in rank order.
   void all_to_all(device_view<const std::byte> send, device_view<std::byte> recv) { iall_to_all(send, recv).wait(); }
   /// recv receives every rank's send, in rank order (M blocks).
   void all_gather(device_view<const std::byte> send, device_view<std::byte> recv) { iall_gather(send, recv).wait(); }
+  /// Returns once every rank has reached it and this rank's earlier operations are done.
   void barrier() { ibarrier().wait(); }
 
   /// Host memory does not compile: NCCL reads and writes device memory only.
@@ -578,6 +596,7 @@ class nccl {
   request iall_gather(std::span<const std::byte>, std::span<std::byte>) = delete;
 
   // -------------------------------------------------------- non-blocking
+  ///@{
   /// Each enqueues the operation on the stream and returns; operations run
   /// in issue order. With check_agreement on, issuing first waits for the
   /// operations issued before (the check reads its result on the host).
@@ -652,6 +671,7 @@ class nccl {
     account_exchange(send.size());
     return req;
   }
+  ///@}
   /// Completes once every rank has reached it and the operations issued
   /// before it on this rank are done.
   request ibarrier() {

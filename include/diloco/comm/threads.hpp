@@ -1,10 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// In-process communicator: M workers as M threads of one process, exchanging
-// through shared memory. It is the embedded default and what the tests and
-// the demo use to simulate a group of machines on one.
-
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -156,9 +152,12 @@ class member {
 
 }  // namespace detail_threads
 
+/// In-process communicator: M workers as M threads of one process, exchanging
+/// through shared memory. It is the embedded default and what the tests and
+/// the demo use to simulate a group of machines on one.
 class threads {
  public:
-  using request = async_request;
+  using request = async_request;  ///< what the non-blocking operations return
   /// Whether a world's group may change while it trains.
   enum class membership { fixed, elastic };
 
@@ -182,6 +181,7 @@ class threads {
 
     /// The workers run() starts.
     int size() const { return size_; }
+    /// True for a world made with membership::elastic.
     bool elastic() const { return elastic_; }
     /// Elastic worlds: spawned workers waiting for a round end to admit them.
     int waiting_joiners() const {
@@ -314,15 +314,21 @@ class threads {
   threads(const threads&) = delete;
   threads& operator=(const threads&) = delete;
 
+  ///@{
+  /// This worker's rank and the group's size (0 while a spawned worker waits to join).
   int rank() const { return rank_; }
   int size() const { return group_ ? group_->size : 0; }
+  ///@}
   /// How many workers share this host's cores: all of them.
   int workers_on_host() const { return std::max(1, size()); }
 
   // ------------------------------------------------ elastic membership
-  /// (elastic_communicator; see world's membership::elastic)
+  ///@{
+  /// elastic_communicator: whether this worker's world is elastic (membership::elastic), and
+  /// its group's generation (0 at the start, one more at each re-forming).
   bool elastic() const { return roster_ != nullptr; }
   std::uint64_t generation() const { return generation_; }
+  ///@}
   /// A spawned worker not admitted yet.
   bool joining() const { return roster_ && !group_; }
   /// Waits (within the world's timeout) until a round end admits this worker.
@@ -371,6 +377,7 @@ class threads {
     diloco::detail::raise<comm_error>("comm::threads cannot re-form a group after a failure (", why,
                                       "); a worker that throws ends world::run");
   }
+  /// The bytes this rank has sent and received, as core/comm_types.hpp models them.
   traffic_counters traffic() const { return traffic_; }
 
   // ------------------------------------------------------------ blocking
@@ -382,6 +389,7 @@ class threads {
     account_all_reduce(buf.size());
     blocking([&] { do_all_reduce(buf, op); });
   }
+  ///@{
   /// Copies root's buffer into every rank's buffer.
   void broadcast(std::span<float> buf, int root) {
     require_member("broadcast");
@@ -395,6 +403,7 @@ class threads {
     if (problem.empty()) account_broadcast(buf.size(), root);
     blocking([&] { do_broadcast(buf.data(), buf.size(), root, problem); });
   }
+  ///@}
   /// send holds M equal blocks, block k for rank k; recv receives block
   /// `rank` of every rank's send, in rank order.
   void all_to_all(std::span<const std::byte> send, std::span<std::byte> recv) {
@@ -410,12 +419,14 @@ class threads {
     if (problem.empty()) account_exchange(send.size());
     blocking([&] { do_all_gather(send, recv, problem); });
   }
+  /// Returns once every member has entered it.
   void barrier() {
     require_member("barrier");
     blocking([&] { group_->arrive_and_wait(rank_, "barrier"); });
   }
 
   // -------------------------------------------------------- non-blocking
+  ///@{
   /// Each returns at once; the operation runs on this rank's progress thread
   /// in issue order. Buffers must stay untouched until wait() returns.
   request iall_reduce(std::span<float> buf, reduce_op op) {
@@ -455,6 +466,7 @@ class threads {
     require_member("ibarrier");
     return queue_.submit([this] { group_->arrive_and_wait(rank_, "barrier"); });
   }
+  ///@}
 
  private:
   threads(std::shared_ptr<detail_threads::group> g, int rank, std::shared_ptr<detail_threads::roster> r,

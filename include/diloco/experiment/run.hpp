@@ -72,7 +72,7 @@ struct settings {
   std::size_t inner_steps = 100;   ///< DiLoCo's H (the variant's options.inner_steps before configure)
   std::uint64_t eval_every = 0;    ///< a curve point (held-out loss) every N steps; 0: only at the end
   std::uint64_t seed = 1;          ///< passed to the problem
-  std::function<float(std::uint64_t step)> lr{};  // the inner lr of each step; empty: the options' lr
+  std::function<float(std::uint64_t step)> lr{};  ///< the inner lr of each step; empty: the options' lr
   std::FILE* log = nullptr;        ///< a progress line per curve point (worker 0), or quiet
   std::vector<tag> tags{};
 };

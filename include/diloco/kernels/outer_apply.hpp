@@ -27,7 +27,7 @@ struct outer_apply {
   float* DILOCO_RESTRICT state;  ///< nullptr when the optimizer keeps none
   std::size_t stride;
   float* DILOCO_RESTRICT local;
-  Merge merge{};  // how theta_global reaches the replica (kernels/merge.hpp)
+  Merge merge{};  ///< how theta_global reaches the replica (kernels/merge.hpp)
 
   DILOCO_HD DILOCO_FORCEINLINE void operator()(std::size_t i) const {
     float g = global[i];
