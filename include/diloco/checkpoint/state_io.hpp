@@ -32,6 +32,7 @@ namespace diloco::checkpoint {
 /// rounds, the schedule's clock), written once for a run.
 enum class scope { worker, global };
 
+/// "worker" or "global", for messages and the header.
 inline const char* to_string(scope s) { return s == scope::worker ? "worker" : "global"; }
 
 namespace detail {

@@ -49,9 +49,12 @@ namespace diloco::experiment {
 /// Who a model is built for: worker `rank` of `size` (a single_worker
 /// baseline is worker 0 of the size it mirrors).
 struct worker {
+  ///@{
+  /// The worker's rank, the group's size and the run's seed.
   int rank = 0;
   int size = 1;
   std::uint64_t seed = 1;
+  ///@}
 };
 
 template <class M>
@@ -67,6 +70,7 @@ concept trainable_model = requires(M& m, std::uint64_t step) {
 /// batch, context, ...), written as a column of the CSV.
 using tag = std::pair<std::string, std::string>;
 
+/// How long and how each variant trains, the same for every variant.
 struct settings {
   std::uint64_t steps = 1000;      ///< global steps; every worker takes one inner step per global step
   std::size_t inner_steps = 100;   ///< DiLoCo's H (the variant's options.inner_steps before configure)
@@ -74,23 +78,28 @@ struct settings {
   std::uint64_t seed = 1;          ///< passed to the problem
   std::function<float(std::uint64_t step)> lr{};  ///< the inner lr of each step; empty: the options' lr
   std::FILE* log = nullptr;        ///< a progress line per curve point (worker 0), or quiet
-  std::vector<tag> tags{};
+  std::vector<tag> tags{};  ///< name=value labels copied into every row
 };
 
+/// One point of a row's learning curve.
 struct curve_point {
   std::uint64_t step = 0;       ///< steps done
   double train_loss = 0.0;      ///< worker 0's mean training loss since the previous point
   double held_out_loss = 0.0;   ///< of theta_global (DiLoCo) or the replica (baselines)
 };
 
+/// One variant's results: what it was, how it trained, what it cost (worker 0's view).
 struct row {
   std::string variant;      ///< the variant's label
   std::string kind;         ///< diloco, data_parallel, single_worker
-  std::string inner, outer, compressor, sync;  ///< the policies ("-" where none)
+  ///@{
+  /// The policies ("-" where none).
+  std::string inner, outer, compressor, sync;
+  ///@}
   int workers = 0;          ///< the group the data is split over (single_worker: the one it mirrors)
   std::size_t inner_steps = 0;  ///< H (DiLoCo); 0 for the baselines
-  std::uint64_t steps = 0;
-  std::vector<tag> tags;
+  std::uint64_t steps = 0;  ///< global steps taken
+  std::vector<tag> tags;  ///< the settings' tags
   double final_loss = 0.0;        ///< held-out, after the last step (and the last round)
   double final_train_loss = 0.0;  ///< the last curve point's
   std::uint64_t bytes_sent = 0;   ///< by worker 0 over the run
@@ -98,7 +107,7 @@ struct row {
   double seconds = 0.0;           ///< worker 0's training wall time, evaluations excluded
   double blocked_seconds = 0.0;   ///< of which blocked in communication (stats().blocked_seconds, or the all-reduces)
   double hidden_seconds = 0.0;    ///< exchange time hidden behind inner steps (overlapping schedules)
-  std::vector<curve_point> curve;
+  std::vector<curve_point> curve;  ///< the learning curve, one point per evaluation
 };
 
 /// Every variant's rows are equal in these, whatever the timing: what two
@@ -117,9 +126,11 @@ inline bool same_results(const row& a, const row& b) {
 
 /// M workers as threads of this process (comm::threads), a new world per variant.
 struct on_threads {
-  int workers = 1;
-  std::chrono::milliseconds timeout = std::chrono::minutes(10);
+  int workers = 1;  ///< M, the group's size
+  std::chrono::milliseconds timeout = std::chrono::minutes(10);  ///< bounds every wait for another worker
+  /// The group's size.
   int size() const { return workers; }
+  /// Runs per_worker(comm) on every worker of a new world, one thread each, and waits for all.
   template <class F>
   void operator()(F&& per_worker) const {
     comm::threads::world world(workers, timeout);
@@ -130,9 +141,12 @@ struct on_threads {
 /// This process is one worker of `comm` (comm::mpi, comm::gloo, ...).
 template <class Comm>
 struct on_communicator {
-  Comm* comm = nullptr;
+  Comm* comm = nullptr;  ///< the communicator this process is a worker of
+  /// Over `c`, which must outlive the launcher.
   explicit on_communicator(Comm& c) : comm(&c) {}
+  /// The group's size.
   int size() const { return comm->size(); }
+  /// Runs per_worker(comm) for this process's worker.
   template <class F>
   void operator()(F&& per_worker) const {
     per_worker(*comm);
@@ -141,6 +155,7 @@ struct on_communicator {
 
 /// The configure callable that changes nothing.
 struct keep_options {
+  /// Changes nothing.
   template <class Options>
   void operator()(Options&, std::string_view) const {}
 };
