@@ -1,33 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// SparseLoCo's compressor (arXiv 2508.15706): per chunk of `Chunk`
-// consecutive elements keep the K largest magnitudes, their values
-// quantized to `Values` (int2, int4, int8, fp8_e4m3, ...) against the
-// chunk's largest magnitude, their positions packed in ceil(log2 Chunk)
-// bits. With error_feedback (options.decay = beta, SparseLoCo uses 0.95)
-// what is not sent is carried over: r <- beta (r + delta - sent).
-//
-// Chunk layout (the codec block), fixed stride:
-//   offset 0            fp32 amax: the chunk's largest magnitude (always kept)
-//   4                   K value codes, Values::bits each, packed from the low bits
-//   4 + ceil(K*vb/8)    K positions, I = ceil(log2 Chunk) bits each, packed
-//                       from the low bits, strictly increasing
-// A partial chunk of len < K elements sends len entries; unused entries
-// and padding bits are zero. Bytes per parameter at Chunk 4096, K 64, int2:
-// (4 + 16 + 96) / 4096 = 0.0283.
-//
-// Which elements: the K largest |v|, ties to the lower index; NaN counts as
-// the largest magnitude so it is never hidden (the chunk's amax is then
-// NaN and the round is refused). Aggregation is sparse: the reducer
-// all-gathers every rank's segment and each rank sums the decoded chunks in
-// fp32 in rank order (reduce/gathered.hpp); re-encoding a mean of sparse
-// vectors would only lose more.
-//
-// Encoding on the host selects with nth_element over the chunk; the device
-// form (kernels/topk_blocks.hpp) runs a radix select in shared memory per
-// chunk and gives the same bytes.
-
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -84,28 +57,60 @@ struct no_draw {
 
 }  // namespace detail_bits
 
+/// SparseLoCo's compressor (arXiv 2508.15706): per chunk of `Chunk`
+/// consecutive elements keep the K largest magnitudes, their values
+/// quantized to `Values` (int2, int4, int8, fp8_e4m3, ...) against the
+/// chunk's largest magnitude, their positions packed in ceil(log2 Chunk)
+/// bits. With error_feedback (options.decay = beta, SparseLoCo uses 0.95)
+/// what is not sent is carried over: r <- beta (r + delta - sent).
+///
+/// Chunk layout (the codec block), fixed stride:
+/// ```
+/// offset 0            fp32 amax: the chunk's largest magnitude (always kept)
+/// 4                   K value codes, Values::bits each, packed from the low bits
+/// 4 + ceil(K*vb/8)    K positions, I = ceil(log2 Chunk) bits each, packed
+///                     from the low bits, strictly increasing
+/// ```
+/// A partial chunk of len < K elements sends len entries; unused entries
+/// and padding bits are zero. Bytes per parameter at Chunk 4096, K 64, int2:
+/// (4 + 16 + 96) / 4096 = 0.0283.
+///
+/// Which elements: the K largest |v|, ties to the lower index; NaN counts as
+/// the largest magnitude so it is never hidden (the chunk's amax is then
+/// NaN and the round is refused). Aggregation is sparse: the reducer
+/// all-gathers every rank's segment and each rank sums the decoded chunks in
+/// fp32 in rank order (reduce/gathered.hpp); re-encoding a mean of sparse
+/// vectors would only lose more.
+///
+/// Encoding on the host selects with nth_element over the chunk; the device
+/// form (kernels/topk_blocks.hpp) runs a radix select in shared memory per
+/// chunk and gives the same bytes.
 template <std::size_t Chunk, std::size_t K, class Values, class Rounding>
 struct chunk_topk_codec {
   static_assert(Chunk >= 2 && Chunk <= 16384, "chunk_topk: Chunk must be in [2, 16384]");
   static_assert(K >= 1 && K <= Chunk, "chunk_topk: K must be in [1, Chunk]");
   static_assert(Values::bits == 8 || Values::bits == 4 || Values::bits == 2,
                 "chunk_topk: Values must be int8, int4, int2, fp8_e4m3, fp8_e5m2 or fp4_e3m0");
-  static constexpr std::size_t block = Chunk;
-  static constexpr std::size_t k = K;
-  static constexpr const char* values_name = Values::name;
+  static constexpr std::size_t block = Chunk;  ///< elements per chunk (the codec block)
+  static constexpr std::size_t k = K;  ///< entries a full chunk sends
+  static constexpr const char* values_name = Values::name;  ///< the values' format, by name
+  /// The codec's id in segment headers: chunk_topk + the values' format id.
   static constexpr codec_id id = static_cast<codec_id>(static_cast<unsigned>(codec_id::chunk_topk) +
                                                        static_cast<unsigned>(format_id<Values>()));
-  static constexpr int value_bits = Values::bits;
-  static constexpr int index_bits = detail_bits::ceil_log2(Chunk);
-  static constexpr std::size_t value_bytes = (K * Values::bits + 7) / 8;
-  static constexpr std::size_t index_bytes = (K * index_bits + 7) / 8;
-  static constexpr float levels = Values::levels;
-  static constexpr bool stochastic = Rounding::stochastic;
+  static constexpr int value_bits = Values::bits;  ///< bits per value code
+  static constexpr int index_bits = detail_bits::ceil_log2(Chunk);  ///< bits per position: ceil(log2 Chunk)
+  static constexpr std::size_t value_bytes = (K * Values::bits + 7) / 8;  ///< bytes of the packed value codes
+  static constexpr std::size_t index_bytes = (K * index_bits + 7) / 8;  ///< bytes of the packed positions
+  static constexpr float levels = Values::levels;  ///< the values' format's largest magnitude
+  static constexpr bool stochastic = Rounding::stochastic;  ///< whether the values' rounding is stochastic
 
+  /// Bytes of an encoded chunk: the amax, the value codes, the positions.
   DILOCO_HD static constexpr std::size_t stride() { return 4 + value_bytes + index_bytes; }
   /// Entries a chunk of len elements sends.
   DILOCO_HD static constexpr std::size_t entries(std::size_t len) { return len < K ? len : K; }
 
+  /// Encodes the chunk's K largest magnitudes (ties to the lower index, NaN first) against its
+  /// amax; dq receives decode(out). `stream` and `index0 + j` seed stochastic rounding.
   void encode(const float* v, std::size_t len, std::byte* out, float* dq, std::uint64_t stream,
               std::uint64_t index0) const {
     len = std::min(len, Chunk);
@@ -143,6 +148,7 @@ struct chunk_topk_codec {
     }
   }
 
+  /// Decodes a chunk into dq[0, len): the sent values, zeros elsewhere.
   DILOCO_HD void decode(const std::byte* in, std::size_t len, float* dq) const {
     len = len < Chunk ? len : Chunk;
     const float amax = factor(in);
@@ -162,9 +168,11 @@ struct chunk_topk_codec {
     std::memcpy(&amax, in, 4);
     return amax;
   }
+  /// Entry e's position in the chunk.
   DILOCO_HD static unsigned position(const std::byte* in, std::size_t e) {
     return detail_bits::get_field(in + 4 + value_bytes, e, index_bits);
   }
+  /// Entry e's value code.
   DILOCO_HD static unsigned value_code(const std::byte* in, std::size_t e) {
     return detail_bits::get_field(in + 4, e, value_bits);
   }
@@ -179,6 +187,7 @@ struct chunk_topk_codec {
       kernels::quantize_block<false>(&v, 1, amax, g, &q, &dq, [](std::size_t) { return 0.0f; });
     code = g.code(q);
   }
+  /// The value a code stands for against the chunk's amax, as decode() computes it.
   DILOCO_HD static float decode_value(unsigned code, float amax) {
     constexpr auto g = kernels::grid<Values>();
     const float x = g.value(code);
@@ -186,6 +195,8 @@ struct chunk_topk_codec {
     return kernels::dequantize(x, amax, levels);
   }
 
+  /// nullptr when the chunk's bytes are well formed (positions in range and increasing, unused
+  /// entries and padding zero), else what is wrong.
   DILOCO_HD const char* check(const std::byte* in, std::size_t len) const {
     for (std::size_t e = 0; e < K; ++e)
       if (const char* why = entry_problem(in, len, e)) return why;
@@ -225,9 +236,11 @@ struct chunk_topk_codec {
   }
 };
 
+/// The options of chunk_topk.
 struct chunk_topk_options {
   std::uint64_t seed = 0;  ///< stochastic rounding of the values
   float decay = 1.0f;      ///< error feedback: r <- decay * (r + delta - sent), in (0, 1]
+  /// Every field by name (core/options.hpp's visit_options customisation point).
   template <class F>
   friend void visit_options(const chunk_topk_options& o, F&& f) {
     f("seed", o.seed);
@@ -239,19 +252,23 @@ struct chunk_topk_options {
 /// int2; wrap it in error_feedback (SparseLoCo always does).
 template <std::size_t Chunk = 4096, std::size_t K = 64, class Values = int2, class Rounding = round_nearest>
 struct chunk_topk {
-  using options = chunk_topk_options;
+  using options = chunk_topk_options;  ///< the rounding seed and the error-feedback decay
+  /// The codec: chunks of Chunk, K entries, values in Values.
   using codec = chunk_topk_codec<Chunk, K, Values, Rounding>;
+  /// The compressor's name in checkpoint headers, messages and reports.
   static constexpr const char* name = "chunk_topk";
-  static constexpr bool lossless = false;
-  static constexpr bool has_error_feedback = false;
-  static constexpr bool stochastic = Rounding::stochastic;
+  static constexpr bool lossless = false;  ///< values change on the way
+  static constexpr bool has_error_feedback = false;  ///< no residual: wrap it in error_feedback
+  static constexpr bool stochastic = Rounding::stochastic;  ///< whether the values' rounding is stochastic
   /// Sparse aggregation: all-gather the segments, sum in rank order
   /// (reduce/gathered.hpp) instead of reducing shards and re-encoding.
   static constexpr bool gathered = true;
+  /// Throws config_error unless decay is in (0, 1].
   static void validate(const options& o) {
     if (!(o.decay > 0.0f && o.decay <= 1.0f))
       detail::raise<config_error>("chunk_topk: decay must lie in (0, 1], got ", o.decay);
   }
+  /// The codec (it takes nothing from the options: the seed and decay are the reducer's).
   static codec make_codec(const options& o) {
     validate(o);
     return {};

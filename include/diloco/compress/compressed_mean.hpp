@@ -1,19 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// The mean of the workers' pseudo-gradients under a lossy codec, without
-// ever adding quantized values that have different scales:
-//   1. each rank encodes its pseudo-gradient (plus error-feedback residual)
-//      shard by shard: shard k is meant for rank k            (fused pass)
-//   2. all-to-all: rank r receives every rank's encoding of shard r
-//   3+4. rank r decodes them, sums in fp32 in rank order, divides by M, and
-//      re-encodes its reduced shard                          (fused pass)
-//   5. all-gather: every rank receives every reduced shard
-//   6. agreement: a tiny all-reduce of each rank's verdict (corrupt bytes,
-//      non-finite values), so all ranks apply or reject the round together
-//   7. decode + outer step + copy-back                       (fused pass)
-// Traffic per rank: 2 (M-1)/M times the encoded size, plus headers.
-
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -44,7 +31,7 @@ namespace diloco::compress {
 
 /// What a round's exchange found.
 struct exchange_result {
-  bool accepted = true;
+  bool accepted = true;  ///< false when the round is rejected (every rank agrees)
   bool corrupt = false;        ///< rejected for bad bytes (format_error) rather than bad numbers
   std::string problem;         ///< why it was rejected
   double delta_norm = 0.0;     ///< this rank's ||pseudo-gradient||
@@ -210,10 +197,24 @@ class host_feedback {
 
 namespace diloco::compress {
 
+/// The mean of the workers' pseudo-gradients under a lossy codec, without
+/// ever adding quantized values that have different scales:
+/// ```
+/// 1. each rank encodes its pseudo-gradient (plus error-feedback residual)
+///    shard by shard: shard k is meant for rank k            (fused pass)
+/// 2. all-to-all: rank r receives every rank's encoding of shard r
+/// 3+4. rank r decodes them, sums in fp32 in rank order, divides by M, and
+///    re-encodes its reduced shard                          (fused pass)
+/// 5. all-gather: every rank receives every reduced shard
+/// 6. agreement: a tiny all-reduce of each rank's verdict (corrupt bytes,
+///    non-finite values), so all ranks apply or reject the round together
+/// 7. decode + outer step + copy-back                       (fused pass)
+/// ```
+/// Traffic per rank: 2 (M-1)/M times the encoded size, plus headers.
 template <class Compressor, class Space>
 class compressed_mean : public diloco::detail::host_ballot, public diloco::detail::host_feedback<Compressor> {
  public:
-  using codec_type = typename Compressor::codec;
+  using codec_type = typename Compressor::codec;  ///< the compressor's block codec
 
   /// `fragment`: the sync schedule's fragment these parameters form (carried
   /// in every segment header; 0 for the whole model).
@@ -245,7 +246,9 @@ class compressed_mean : public diloco::detail::host_ballot, public diloco::detai
     received_.assign(m, nullptr);
   }
 
+  /// The codec blocks of the fragment and their shards (shard k is reduced by rank k).
   const block_layout& layout() const { return layout_; }
+  /// The size of one segment slot: the header and the largest shard's payload, rounded up to 64.
   std::size_t slot_bytes() const { return slot_; }
   // residual() and visit_state(): the error-feedback residual is the state
   // (diloco::detail::host_feedback); the rest is scratch.
@@ -286,6 +289,7 @@ class compressed_mean : public diloco::detail::host_ballot, public diloco::detai
       out_.encoded_bytes += wire::header_bytes + payload;
     }
   }
+  ///@{
   /// 2. shard r of every rank to rank r.
   const std::byte* send_data() const { return send_.data(); }
   std::byte* recv_data() { return recv_.data(); }
@@ -294,6 +298,7 @@ class compressed_mean : public diloco::detail::host_ballot, public diloco::detai
   void self_all_to_all(Exec&) {
     std::memcpy(recv_.data(), send_.data(), slot_);
   }
+  ///@}
 
   /// 3+4. validate, reduce and re-encode this rank's shard.
   template <class Exec>
@@ -328,6 +333,7 @@ class compressed_mean : public diloco::detail::host_ballot, public diloco::detai
                                          status == 0 ? my_payload : 0, round_, static_cast<float>(reduced_norm),
                                          status, fragment_});
   }
+  ///@{
   /// 5. every reduced shard to every rank.
   const std::byte* reduced_data() const { return reduced_.data(); }
   std::byte* gathered_data() { return gathered_.data(); }
@@ -335,6 +341,7 @@ class compressed_mean : public diloco::detail::host_ballot, public diloco::detai
   void self_all_gather(Exec&) {
     std::memcpy(gathered_.data(), reduced_.data(), slot_);
   }
+  ///@}
 
   /// Validates the gathered shards and casts this rank's vote.
   template <class Exec>

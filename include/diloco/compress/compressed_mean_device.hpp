@@ -1,29 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// compress::compressed_mean for device tensors: the protocol of
-// compressed_mean.hpp, stage for stage, with every buffer in device memory.
-// The same bytes go on the wire as on the host (same layout, same codes,
-// same headers, norms included), the same validation runs before anything
-// is decoded, and the agreement and rejection rules are the host's. What
-// differs is only where the work runs:
-//   - the fused passes are team programs (kernels/compressed_blocks.hpp):
-//     a warp or block per codec block, the block max a CUB reduction;
-//   - payload checksums are computed on the device (a wrapping sum, so any
-//     order gives the host's value) and each block's structure is checked
-//     there (the first bad block per segment, found with an atomic min);
-//     only the 64-byte headers, the checksum sums, the first bad block
-//     indices and the norms' lane sums come to the host, where headers are
-//     written and validated (wire_format.hpp, segment.hpp);
-//   - segments travel through detail::wire_transport: device views to a
-//     device communicator, pinned host staging for a host one.
-// The executor runs team programs (run_teams), payload checksums
-// (checksum_segments) and element-wise functors (for_each): exec::cuda on a
-// GPU, a thread-by-thread replay in the host tests.
-//
-// Device memory beyond the segments and residuals: 32 bytes per codec block
-// (its descriptor and its norm sums) and a few bytes per rank.
-
 #include <algorithm>
 #include <cmath>
 #include <concepts>
@@ -61,6 +38,29 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress {
 
+/// The compressed mean for device tensors: the protocol of
+/// compressed_mean.hpp, stage for stage, with every buffer in device memory.
+/// The same bytes go on the wire as on the host (same layout, same codes,
+/// same headers, norms included), the same validation runs before anything
+/// is decoded, and the agreement and rejection rules are the host's. What
+/// differs is only where the work runs:
+///   - the fused passes are team programs (kernels/compressed_blocks.hpp):
+///     a warp or block per codec block, the block max a CUB reduction;
+///   - payload checksums are computed on the device (a wrapping sum, so any
+///     order gives the host's value) and each block's structure is checked
+///     there (the first bad block per segment, found with an atomic min);
+///     only the 64-byte headers, the checksum sums, the first bad block
+///     indices and the norms' lane sums come to the host, where headers are
+///     written and validated (wire_format.hpp, segment.hpp);
+///   - segments travel through detail::wire_transport: device views to a
+///     device communicator, pinned host staging for a host one.
+/// The executor runs team programs (run_teams), payload checksums
+/// (checksum_segments) and element-wise functors (for_each): exec::cuda on a
+/// GPU, a thread-by-thread replay in the host tests.
+///
+/// Device memory beyond the segments and residuals: 32 bytes per codec block
+/// (its descriptor and its norm sums) and a few bytes per rank.
+///
 /// Space is a parameter (constrained to device_space) so that the device
 /// buffer types stay dependent: buffer<T, device_space> is defined by the
 /// CUDA backend (tensor/device_buffer.hpp), which may be included later.
@@ -71,8 +71,8 @@ class compressed_mean<Compressor, Space> : public device_detail::device_ballot<S
   using device_buffer = buffer<T, Space>;
 
  public:
-  using codec_type = typename Compressor::codec;
-  using elements = kernels::codec_elements<codec_type>;
+  using codec_type = typename Compressor::codec;  ///< the compressor's block codec
+  using elements = kernels::codec_elements<codec_type>;  ///< the codec's element-level form, for the team programs
   static_assert(elements::supported,
                 "diloco: compress::topk runs on host tensors only; for device tensors use "
                 "compress::blockwise<format, B>, compress::cast<bf16|fp16> or "
@@ -145,7 +145,9 @@ class compressed_mean<Compressor, Space> : public device_detail::device_ballot<S
     segments_ = device_detail::device_segments<codec_type, Space>(codec_, m, slot_, max_payload_);
   }
 
+  /// The codec blocks of the fragment and their shards (shard k is reduced by rank k).
   const block_layout& layout() const { return layout_; }
+  /// The size of one segment slot: the header and the largest shard's payload, rounded up to 64.
   std::size_t slot_bytes() const { return slot_; }
   /// The error-feedback residual in the flat (padded) layout, in device
   /// memory; empty without error feedback.
@@ -196,6 +198,7 @@ class compressed_mean<Compressor, Space> : public device_detail::device_ballot<S
     segments_.put_headers(exec, send_.data(), m);
   }
 
+  ///@{
   /// 2. shard r of every rank to rank r: the M slots of send_data() to
   /// recv_data() (exchange_bytes() in all); a world of one copies.
   const std::byte* send_data() const { return send_.data(); }
@@ -205,6 +208,7 @@ class compressed_mean<Compressor, Space> : public device_detail::device_ballot<S
   void self_all_to_all(Exec& exec) {
     exec.copy(recv_.data(), send_.data(), slot_);
   }
+  ///@}
 
   /// 3+4. validate, reduce and re-encode this rank's shard.
   template <class Exec>
@@ -244,6 +248,7 @@ class compressed_mean<Compressor, Space> : public device_detail::device_ballot<S
     segments_.put_headers(exec, reduced_.data(), 1);
   }
 
+  ///@{
   /// 5. every reduced shard (slot_bytes() from reduced_data()) to every rank
   /// (gathered_data()); a world of one copies.
   const std::byte* reduced_data() const { return reduced_.data(); }
@@ -252,6 +257,7 @@ class compressed_mean<Compressor, Space> : public device_detail::device_ballot<S
   void self_all_gather(Exec& exec) {
     exec.copy(gathered_.data(), reduced_.data(), slot_);
   }
+  ///@}
 
   /// Validates the gathered shards and casts this rank's vote into
   /// vote_data() (device memory, one slot per rank).

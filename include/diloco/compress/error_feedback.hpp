@@ -22,15 +22,17 @@ template <class C>
 struct error_feedback {
   static_assert(!C::lossless, "error_feedback<C>: C must be a lossy compressor; a lossless one has no error to feed back");
   static_assert(!C::has_error_feedback, "error_feedback<C>: C already has error feedback");
-  using inner = C;
-  using options = typename C::options;
-  using codec = typename C::codec;
-  static constexpr const char* name = C::name;
-  static constexpr bool lossless = false;
-  static constexpr bool has_error_feedback = true;
-  static constexpr bool stochastic = C::stochastic;
-  static constexpr bool gathered = gathered_v<C>;
+  using inner = C;  ///< the compressor it wraps
+  using options = typename C::options;  ///< C's options
+  using codec = typename C::codec;  ///< C's codec
+  static constexpr const char* name = C::name;  ///< C's name (the fingerprint adds "error feedback")
+  static constexpr bool lossless = false;  ///< values change on the way
+  static constexpr bool has_error_feedback = true;  ///< keeps a residual (the state above)
+  static constexpr bool stochastic = C::stochastic;  ///< as C's rounding
+  static constexpr bool gathered = gathered_v<C>;  ///< as C's reducer: all-gather (sparse) or shard reduction
+  /// Validates C's options.
   static void validate(const options& o) { C::validate(o); }
+  /// C's codec.
   static codec make_codec(const options& o) { return C::make_codec(o); }
 };
 

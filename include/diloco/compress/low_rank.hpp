@@ -1,36 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// PowerSGD-style low-rank compression (Vogels et al. 2019; hivemind and
-// DiLoCoX use it for pseudo-gradients). For every 2-D tensor (tensor_traits
-// rows x cols) with rank r < min(rows, cols), each worker w holds
-//   M_w = delta_w + e_w                     (error feedback, always on)
-// and one round is
-//   1. P_w = M_w Q                  rows x r    (Q: warm-started, the same on every rank)
-//   2. P = mean_w P_w               all-gather of the P_w, summed in rank order
-//   3. P^ = orthonormalise(P)       modified Gram-Schmidt, in double, the same on every rank
-//   4. Q_w = M_w^T P^               cols x r
-//   5. Q = mean_w Q_w               all-gather, summed in rank order
-//   6. the mean pseudo-gradient is P^ Q^T; e_w <- M_w - P^ Q_w^T; Q is the next round's start
-// Tensors that are vectors (or too small for the rank) travel exactly, in
-// fp32, in the first exchange (the fallback). Both exchanges are segments
-// with the wire header (codec id low_rank, block size = r) and checksum,
-// validated before use; the round ends with the usual vote.
-// Bytes per round and worker: 4 r (rows + cols) per matrix plus 4 n per vector.
-//
-// One engine for host and device tensors (low_rank_mean<Space>): every pass
-// is a DILOCO_HD functor of kernels/low_rank_passes.hpp run by the
-// executor, the orthonormalisation included, with every buffer in the
-// parameters' memory space. Only the segments' headers differ by space: on
-// the host they are written and read in place; on the device the payload
-// checksums are computed there and only the 64-byte headers, the checksum
-// sums and the norms' partials come to the host (device_segments.hpp's
-// device_headers), which writes and validates the same headers. So host and
-// device workers put the same bytes on the wire and can share a round.
-// Memory beyond the three replica-sized buffers (M, two residuals): the
-// segments (M + 1 slots per exchange), the mean P and Q, Q, 8 r rows per
-// matrix (the columns in double) and 1.5 KB per matrix (the lane sums).
-
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -64,9 +34,11 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress {
 
+/// The options of low_rank.
 struct low_rank_options {
   std::uint32_t rank = 4;  ///< r: columns of P and Q, >= 1
   std::uint64_t seed = 0;  ///< Q's first value (a normal draw per element)
+  /// Every field by name (core/options.hpp's visit_options customisation point).
   template <class F>
   friend void visit_options(const low_rank_options& o, F&& f) {
     f("rank", o.rank);
@@ -74,14 +46,48 @@ struct low_rank_options {
   }
 };
 
-/// The policy. Error feedback is built in (PowerSGD needs it).
+/// PowerSGD-style low-rank compression (Vogels et al. 2019; hivemind and
+/// DiLoCoX use it for pseudo-gradients). For every 2-D tensor (tensor_traits
+/// rows x cols) with rank r < min(rows, cols), each worker w holds
+/// ```
+/// M_w = delta_w + e_w                     (error feedback, always on)
+/// ```
+/// and one round is
+/// ```
+/// 1. P_w = M_w Q                  rows x r    (Q: warm-started, the same on every rank)
+/// 2. P = mean_w P_w               all-gather of the P_w, summed in rank order
+/// 3. P^ = orthonormalise(P)       modified Gram-Schmidt, in double, the same on every rank
+/// 4. Q_w = M_w^T P^               cols x r
+/// 5. Q = mean_w Q_w               all-gather, summed in rank order
+/// 6. the mean pseudo-gradient is P^ Q^T; e_w <- M_w - P^ Q_w^T; Q is the next round's start
+/// ```
+/// Tensors that are vectors (or too small for the rank) travel exactly, in
+/// fp32, in the first exchange (the fallback). Both exchanges are segments
+/// with the wire header (codec id low_rank, block size = r) and checksum,
+/// validated before use; the round ends with the usual vote.
+/// Bytes per round and worker: 4 r (rows + cols) per matrix plus 4 n per vector.
+///
+/// One engine for host and device tensors (low_rank_mean<Space>): every pass
+/// is a DILOCO_HD functor of kernels/low_rank_passes.hpp run by the
+/// executor, the orthonormalisation included, with every buffer in the
+/// parameters' memory space. Only the segments' headers differ by space: on
+/// the host they are written and read in place; on the device the payload
+/// checksums are computed there and only the 64-byte headers, the checksum
+/// sums and the norms' partials come to the host (device_segments.hpp's
+/// device_headers), which writes and validates the same headers. So host and
+/// device workers put the same bytes on the wire and can share a round.
+/// Memory beyond the three replica-sized buffers (M, two residuals): the
+/// segments (M + 1 slots per exchange), the mean P and Q, Q, 8 r rows per
+/// matrix (the columns in double) and 1.5 KB per matrix (the lane sums).
 struct low_rank {
-  using options = low_rank_options;
+  using options = low_rank_options;  ///< the rank r and Q's seed
+  /// The compressor's name in checkpoint headers, messages and reports.
   static constexpr const char* name = "low_rank";
-  static constexpr bool lossless = false;
-  static constexpr bool has_error_feedback = true;
-  static constexpr bool stochastic = false;
+  static constexpr bool lossless = false;  ///< values change on the way
+  static constexpr bool has_error_feedback = true;  ///< the residual is built in
+  static constexpr bool stochastic = false;  ///< deterministic
   static constexpr bool factored = true;  ///< its own reducer (reduce/factored.hpp), no block codec
+  /// Throws config_error unless rank is in [1, 4096].
   static void validate(const options& o) {
     if (o.rank < 1 || o.rank > 4096) detail::raise<config_error>("low_rank: rank must lie in [1, 4096], got ", o.rank);
   }
@@ -102,6 +108,8 @@ using ballot = std::conditional_t<std::is_same_v<Space, host_space>, diloco::det
 
 }  // namespace detail_low_rank
 
+/// The engine of the low-rank round over tensors in memory space Space (the steps of
+/// low_rank's description), run by reduce::factored.
 template <class Space>
 class low_rank_mean : public detail_low_rank::ballot<Space> {
   static constexpr bool on_device = !std::is_same_v<Space, host_space>;
@@ -126,6 +134,7 @@ class low_rank_mean : public detail_low_rank::ballot<Space> {
     build(params, opts, exec);
   }
 
+  /// The larger of the two exchanges' slots: a rank's segment, header included.
   std::size_t slot_bytes() const { return std::max(slot1_, slot2_); }
   /// The residual in the flat layout, in the parameters' space.
   auto residual() const {
@@ -162,6 +171,9 @@ class low_rank_mean : public detail_low_rank::ballot<Space> {
     seal(exec, 1, header(1, rank_, static_cast<float>(out_.delta_norm)));
     out_.encoded_bytes = wire::header_bytes + 4 * p_floats_;
   }
+  ///@{
+  /// Exchange 1: this rank's segment (P and the vectors), the M gathered slots, the slot size;
+  /// in a world of one the segment is copied to the gathered slot.
   const std::byte* send1() const { return send1_.data(); }
   std::byte* gathered1() { return gathered1_.data(); }
   std::size_t slot1() const { return slot1_; }
@@ -169,6 +181,7 @@ class low_rank_mean : public detail_low_rank::ballot<Space> {
   void self_gather1(Exec& exec) {
     exec.copy(gathered1_.data(), send1_.data(), slot1_);
   }
+  ///@}
 
   /// 2-4. validate and average the P's, orthonormalise, Q_w = M^T P^; segment 2.
   template <class Exec>
@@ -194,6 +207,9 @@ class low_rank_mean : public detail_low_rank::ballot<Space> {
     seal(exec, 2, header(2, rank_, static_cast<float>(out_.delta_norm)));
     out_.encoded_bytes += wire::header_bytes + 4 * q_floats_;
   }
+  ///@{
+  /// Exchange 2: this rank's segment (Q), the M gathered slots, the slot size; in a world of one
+  /// the segment is copied to the gathered slot.
   const std::byte* send2() const { return send2_.data(); }
   std::byte* gathered2() { return gathered2_.data(); }
   std::size_t slot2() const { return slot2_; }
@@ -201,6 +217,7 @@ class low_rank_mean : public detail_low_rank::ballot<Space> {
   void self_gather2(Exec& exec) {
     exec.copy(gathered2_.data(), send2_.data(), slot2_);
   }
+  ///@}
 
   /// 5. validate and average the Q's; cast the vote.
   template <class Exec>

@@ -11,9 +11,9 @@ namespace diloco::compress {
 /// all-reduce: 4 bytes per parameter, no error.
 struct none {
   struct options {};
-  static constexpr const char* name = "none";
-  static constexpr bool lossless = true;
-  static constexpr bool has_error_feedback = false;
+  static constexpr const char* name = "none";  ///< the compressor's name in checkpoint headers, messages and reports
+  static constexpr bool lossless = true;  ///< values travel unchanged
+  static constexpr bool has_error_feedback = false;  ///< nothing to feed back
 };
 
 }  // namespace diloco::compress

@@ -23,8 +23,8 @@ namespace diloco::compress {
 /// What a pass over a segment's codec blocks found: the first malformed
 /// block and what is wrong with it, or index == the block count.
 struct bad_block {
-  std::size_t index;
-  const char* problem;
+  std::size_t index;  ///< the first malformed block, or the block count when none is
+  const char* problem;  ///< what is wrong with it (null when none is)
 };
 
 /// The checks of validate_segment for a segment whose header was copied to

@@ -12,14 +12,18 @@ namespace diloco {
 
 /// Customization point: specialize tensor_traits for your tensor type to use
 /// it with the library. A specialization provides
-///   using value_type   = float;          // element type
-///   using memory_space = host_space;     // or device_space
-///   static value_type* data(T&);         // first element, contiguous
-///   static std::size_t size(const T&);   // element count
+/// ```
+/// using value_type   = float;          // element type
+/// using memory_space = host_space;     // or device_space
+/// static value_type* data(T&);         // first element, contiguous
+/// static std::size_t size(const T&);   // element count
+/// ```
 /// and may provide `static const value_type* data(const T&)` for read-only
 /// use, and a 2-D shape,
-///   static std::size_t rows(const T&);   // rows * cols == size, row-major
-///   static std::size_t cols(const T&);
+/// ```
+/// static std::size_t rows(const T&);   // rows * cols == size, row-major
+/// static std::size_t cols(const T&);
+/// ```
 /// which shape-aware compressors (low-rank) use; without them a tensor is a
 /// vector. The library keeps the pointer between calls: the storage must stay
 /// where it is for as long as an algorithm refers to it.
