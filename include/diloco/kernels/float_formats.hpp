@@ -16,11 +16,13 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::kernels {
 
+/// The bits of a float.
 DILOCO_HD DILOCO_FORCEINLINE std::uint32_t float_bits(float x) {
   std::uint32_t u;
   std::memcpy(&u, &x, sizeof u);
   return u;
 }
+/// The float of these bits.
 DILOCO_HD DILOCO_FORCEINLINE float bits_float(std::uint32_t u) {
   float x;
   std::memcpy(&x, &u, sizeof x);
@@ -29,8 +31,9 @@ DILOCO_HD DILOCO_FORCEINLINE float bits_float(std::uint32_t u) {
 
 /// bfloat16: the top 16 bits of an fp32.
 struct bf16_format {
-  static constexpr std::uint16_t inf = 0x7f80;
-  static constexpr std::uint16_t quiet_nan = 0x7fc0;
+  static constexpr std::uint16_t inf = 0x7f80;  ///< +infinity's code
+  static constexpr std::uint16_t quiet_nan = 0x7fc0;  ///< a quiet NaN's code
+  /// The float a code stands for (exact).
   DILOCO_HD static float decode(std::uint16_t h) { return bits_float(static_cast<std::uint32_t>(h) << 16); }
   /// |x| (finite, non-negative bits) truncated toward zero.
   DILOCO_HD static std::uint16_t truncate(std::uint32_t abs_bits) { return static_cast<std::uint16_t>(abs_bits >> 16); }
@@ -39,8 +42,9 @@ struct bf16_format {
 /// IEEE binary16: 5 exponent bits (bias 15), 10 mantissa bits, subnormals
 /// down to 2^-24, largest finite 65504.
 struct fp16_format {
-  static constexpr std::uint16_t inf = 0x7c00;
-  static constexpr std::uint16_t quiet_nan = 0x7e00;
+  static constexpr std::uint16_t inf = 0x7c00;  ///< +infinity's code
+  static constexpr std::uint16_t quiet_nan = 0x7e00;  ///< a quiet NaN's code
+  /// The float a code stands for (exact: subnormals included).
   DILOCO_HD static float decode(std::uint16_t h) {
     const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
     const std::uint32_t exp = (h >> 10) & 0x1fu;

@@ -20,15 +20,16 @@ namespace diloco::kernels {
 /// global), write 12 (state, global, local) = 24.
 template <class Update, class Merge = merge::overwrite>
 struct outer_apply {
-  Update update;
-  const float* DILOCO_RESTRICT reduced;
+  Update update;  ///< the outer optimizer's element step
+  const float* DILOCO_RESTRICT reduced;  ///< the reduced pseudo-gradient sum (the wire)
   float scale;  ///< 1/M: the wire holds the sum over workers
-  float* DILOCO_RESTRICT global;
+  float* DILOCO_RESTRICT global;  ///< theta_global
   float* DILOCO_RESTRICT state;  ///< nullptr when the optimizer keeps none
-  std::size_t stride;
-  float* DILOCO_RESTRICT local;
+  std::size_t stride;  ///< elements between an element's slots
+  float* DILOCO_RESTRICT local;  ///< the replica
   Merge merge{};  ///< how theta_global reaches the replica (kernels/merge.hpp)
 
+  /// Element i.
   DILOCO_HD DILOCO_FORCEINLINE void operator()(std::size_t i) const {
     float g = global[i];
     float l = local[i];
@@ -49,6 +50,7 @@ struct outer_apply {
     store4(global + i, g);
     store4(local + i, g);
   }
+  /// Whether the pointers allow 16-byte accesses (and the slot stride keeps them aligned).
   DILOCO_HD bool vec4_aligned() const
     requires(vectorizable_update<Update> && Merge::is_overwrite)
   {
@@ -61,13 +63,14 @@ struct outer_apply {
 /// read 12 (global, local, state), write 12 (state, global, local) = 24.
 template <class Update, class Merge = merge::overwrite>
 struct outer_apply_local {
-  Update update;
-  float* DILOCO_RESTRICT global;
-  float* DILOCO_RESTRICT state;
-  std::size_t stride;
-  float* DILOCO_RESTRICT local;
-  Merge merge{};
+  Update update;  ///< the outer optimizer's element step
+  float* DILOCO_RESTRICT global;  ///< theta_global
+  float* DILOCO_RESTRICT state;  ///< the outer optimizer's slots (null when it keeps none)
+  std::size_t stride;  ///< elements between an element's slots
+  float* DILOCO_RESTRICT local;  ///< the replica
+  Merge merge{};  ///< how theta_global reaches the replica (kernels/merge.hpp)
 
+  /// Element i.
   DILOCO_HD DILOCO_FORCEINLINE void operator()(std::size_t i) const {
     float g = global[i];
     float l = local[i];
@@ -76,6 +79,7 @@ struct outer_apply_local {
     local[i] = l;
   }
 
+  /// Elements [i, i + 4) with 16-byte accesses (see vec4.hpp).
   DILOCO_HD DILOCO_FORCEINLINE void vec4(std::size_t i) const
     requires(vectorizable_update<Update> && Merge::is_overwrite)
   {
@@ -87,6 +91,7 @@ struct outer_apply_local {
     store4(global + i, g);
     store4(local + i, g);
   }
+  /// Whether the pointers allow 16-byte accesses (and the slot stride keeps them aligned).
   DILOCO_HD bool vec4_aligned() const
     requires(vectorizable_update<Update> && Merge::is_overwrite)
   {

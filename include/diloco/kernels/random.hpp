@@ -32,6 +32,7 @@ DILOCO_HD DILOCO_FORCEINLINE float random_unit(std::uint64_t stream, std::uint64
   return static_cast<float>(random_bits(stream, index) >> 8) * (1.0f / 16777216.0f);
 }
 
+/// The stream of one stochastic rounding: a hash of the seed, the round, the rank and the stage.
 inline std::uint64_t make_stream(std::uint64_t seed, std::uint64_t round, std::uint64_t rank, std::uint64_t stage) {
   return mix64(mix64(mix64(seed ^ 0x64696c6f636fULL) ^ round) ^ (rank << 8 | stage));
 }

@@ -25,6 +25,7 @@ void validate_sgd(const Options& o, const char* who) {
                                 o.momentum, ", dampening ", o.dampening, ")");
 }
 
+/// The element step for step number `step` (from 1) of an SGD policy's options.
 template <class Options>
 sgd_update make_sgd_update(const Options& o, std::uint64_t step) {
   sgd_update u;

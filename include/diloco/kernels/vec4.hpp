@@ -22,10 +22,14 @@ namespace diloco::kernels {
 /// Width of the vector path in elements.
 inline constexpr std::size_t vec_width = 4;
 
+/// Four floats, 16-byte aligned: one vector load or store on the GPU.
 struct alignas(16) vec4f {
-  float lane[vec_width];
+  float lane[vec_width];  ///< lane l
+  ///@{
+  /// Lane l.
   DILOCO_HD DILOCO_FORCEINLINE float& operator[](std::size_t l) { return lane[l]; }
   DILOCO_HD DILOCO_FORCEINLINE const float& operator[](std::size_t l) const { return lane[l]; }
+  ///@}
 };
 
 /// p must be 16-byte aligned on the device.
@@ -49,6 +53,7 @@ DILOCO_HD DILOCO_FORCEINLINE vec4f load4_readonly(const float* p) {
 #endif
 }
 
+/// Writes v to p[0, 4) (one 16-byte store on the device; p must be aligned there).
 DILOCO_HD DILOCO_FORCEINLINE void store4(float* p, const vec4f& v) {
 #if defined(__CUDA_ARCH__)
   *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
@@ -79,8 +84,11 @@ concept vectorizable_update = requires {
 /// update sees it through (v + l, stride 4), the layout it expects in memory.
 template <std::size_t Slots>
 struct state4 {
-  float v[Slots * vec_width];
+  float v[Slots * vec_width];  ///< slot k lane l at v[k * 4 + l]
 
+  ///@{
+  /// Gathers the 4 elements' slots from s (slot k at s + k * stride) with 16-byte loads, and
+  /// scatters them back.
   DILOCO_HD DILOCO_FORCEINLINE void load(const float* s, std::size_t stride) {
     for (std::size_t k = 0; k < Slots; ++k) {
       const vec4f x = load4(s + k * stride);
@@ -94,6 +102,7 @@ struct state4 {
       store4(s + k * stride, x);
     }
   }
+  ///@}
 };
 
 /// Applies `update` to 4 elements whose values are in `x` and gradients in

@@ -28,7 +28,7 @@ struct segment_ref {
   const std::byte* payload;     ///< 16-byte aligned
   std::uint64_t payload_bytes;  ///< the length the receiver expects
   std::uint64_t first_block;    ///< its first block in the layout
-  std::uint64_t blocks;
+  std::uint64_t blocks;  ///< its codec blocks
   std::uint64_t item_begin;     ///< its first item in a pass over several segments' blocks
 };
 
@@ -103,12 +103,13 @@ DILOCO_HD DILOCO_FORCEINLINE std::size_t segment_of(const segment_ref* segs, std
 /// names with codec.check. Launch it over items(blocks) items.
 template <class Codec>
 struct check_blocks {
-  Codec codec;
-  const segment_ref* segments;
-  std::size_t count;
+  Codec codec;  ///< the codec the segments were written with
+  const segment_ref* segments;  ///< the segments, in item order
+  std::size_t count;  ///< how many
   const compress::block_ref* blocks;  ///< the layout's blocks
-  std::uint64_t* first_bad;
+  std::uint64_t* first_bad;  ///< first_bad[k]: segment k's lowest malformed block (~0 when none)
 
+  /// Whether the codec splits check() among a team (share_malformed).
   static constexpr bool shared_scan = requires(const Codec& c, const std::byte* in, std::size_t n) {
     c.share_malformed(in, n, n, n);
   };
@@ -119,8 +120,10 @@ struct check_blocks {
     while (shared_scan && t < 32 && 4 * t < Codec::stride()) t *= 2;
     return t;
   }();
+  /// The items of a launch over `nblocks` blocks (`team` per block).
   static constexpr std::size_t items(std::size_t nblocks) { return nblocks * team; }
 
+  /// Item i: thread i % team of block i / team's team.
   DILOCO_HD void operator()(std::size_t i) const {
     const std::size_t item = i / team, t = i % team;
     const std::size_t k = segment_of(segments, count, item);
@@ -141,11 +144,12 @@ struct check_blocks {
 /// Copies 64-byte headers: header k from src + k * src_stride to
 /// dst + k * dst_stride, one 4-byte word per item (16 per header).
 struct copy_headers {
-  const std::byte* src;
-  std::size_t src_stride;
-  std::byte* dst;
-  std::size_t dst_stride;
+  const std::byte* src;  ///< the first header
+  std::size_t src_stride;  ///< bytes between consecutive headers in src
+  std::byte* dst;  ///< where the first goes
+  std::size_t dst_stride;  ///< bytes between consecutive headers in dst
 
+  /// Item i: word i % 16 of header i / 16.
   DILOCO_HD void operator()(std::size_t i) const {
     constexpr std::size_t words = wire::header_bytes / 4;
     const std::size_t k = i / words, w = i % words;
@@ -155,17 +159,19 @@ struct copy_headers {
   }
 };
 
+/// p[i] = value: 8-byte words set (the first_bad slots before a check).
 struct fill_words {
-  std::uint64_t* p;
-  std::uint64_t value;
+  std::uint64_t* p;  ///< the words written
+  std::uint64_t value;  ///< the value written
+  /// Item i.
   DILOCO_HD void operator()(std::size_t i) const { p[i] = value; }
 };
 
 /// A run of at most exec::host::reduce_chunk consecutive blocks of one
 /// shard: the host executor's reduction chunk over that shard's blocks.
 struct chunk_ref {
-  std::uint64_t begin;
-  std::uint64_t end;
+  std::uint64_t begin;  ///< its first block
+  std::uint64_t end;  ///< one past its last block
 };
 
 /// Lane l of chunk c (item 8c + l): the sum of the block sums of blocks
@@ -174,11 +180,12 @@ struct chunk_ref {
 /// order, which gives exec::host::transform_reduce's bits.
 struct chunk_lane_sums {
   const sums2* block_sums;  ///< by layout block index
-  const chunk_ref* chunks;
-  sums2* lanes;
+  const chunk_ref* chunks;  ///< chunks[c]: chunk c's blocks
+  sums2* lanes;  ///< lanes[8c + l]: lane l of chunk c
 
-  static constexpr std::size_t lanes_per_chunk = 8;
+  static constexpr std::size_t lanes_per_chunk = 8;  ///< lanes per chunk, as exec::host::reduce_lanes
 
+  /// Item i: lane i % 8 of chunk i / 8.
   DILOCO_HD void operator()(std::size_t i) const {
     const chunk_ref c = chunks[i / lanes_per_chunk];
     sums2 acc;
