@@ -48,12 +48,13 @@ concept mutable_float_tensor = float_tensor<T> && requires(std::remove_reference
 template <class R>
 concept tensor_range = std::ranges::forward_range<R> && float_tensor<std::ranges::range_reference_t<R>>;
 
+/// A list of tensors of any element type (tensor_argument's list form).
+template <class R>
+concept any_tensor_range = std::ranges::forward_range<R> && tensor<std::ranges::range_reference_t<R>>;
 /// A tensor or a list of tensors of any element type: what the parameter and
 /// gradient arguments accept, so that the element type and constness are
 /// checked by static_asserts that name the rule (tensor/argument_checks.hpp)
 /// rather than by a constraint the compiler reports as "not satisfied".
-template <class R>
-concept any_tensor_range = std::ranges::forward_range<R> && tensor<std::ranges::range_reference_t<R>>;
 template <class T>
 concept tensor_argument = tensor<T> || any_tensor_range<T>;
 
@@ -193,15 +194,17 @@ concept device_communicator = communicator_over<C, tensor_view<float, device_spa
 template <class C>
 concept any_communicator = communicator<C> || device_communicator<C>;
 
-/// A communicator whose collectives also run non-blocking, over host
-/// buffers (async_host_communicator) or device buffers.
+/// A communicator whose collectives over host buffers also run non-blocking.
 template <class C>
 concept async_host_communicator =
     async_communicator_over<C, std::span<float>, std::span<std::byte>, std::span<const std::byte>>;
+/// A communicator whose collectives over device buffers also run non-blocking.
 template <class C>
 concept async_device_communicator =
     async_communicator_over<C, tensor_view<float, device_space>, tensor_view<std::byte, device_space>,
                             tensor_view<const std::byte, device_space>>;
+/// A communicator whose collectives also run non-blocking, over host
+/// buffers (async_host_communicator) or device buffers.
 template <class C>
 concept async_communicator = async_host_communicator<C> || async_device_communicator<C>;
 

@@ -57,6 +57,10 @@ struct worker {
   ///@}
 };
 
+/// What a problem builds for a worker: parameters() (the replica, a range of
+/// writable fp32 host tensors), gradients() (fp32 tensors that train() fills),
+/// train(step) (returns the training loss of this worker's data of global
+/// step `step`) and evaluate() (the held-out loss of the parameters now).
 template <class M>
 concept trainable_model = requires(M& m, std::uint64_t step) {
   requires tensor_range<decltype(m.parameters())>;

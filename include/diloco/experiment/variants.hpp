@@ -164,6 +164,8 @@ struct named : V {
   static std::string name() { return Label.text; }
 };
 
+/// A variant type (variant, data_parallel, single_worker, or named of one):
+/// its kind, options, inner optimizer and name.
 template <class V>
 concept experiment_variant = requires {
   { V::kind } -> std::convertible_to<method>;

@@ -104,7 +104,8 @@ DILOCO_HD DILOCO_FORCEINLINE void store_float(std::byte* p, float x) {
 /// supported == false; the device compressed mean refuses them.
 template <class Codec>
 struct codec_elements {
-  static constexpr bool supported = false;  ///< no element-level form
+  /// No element-level form.
+  static constexpr bool supported = false;
 };
 
 /// blockwise<Format, B>: a 4-byte factor (the block's amax), then the codes
