@@ -50,7 +50,7 @@ namespace diloco::checkpoint {
 inline constexpr std::array<char, 8> magic{'D', 'I', 'L', 'O', 'C', 'O', 'C', 'K'};
 inline constexpr std::uint32_t format_version = 1;  ///< the version this reader writes and accepts
 inline constexpr std::size_t preamble_bytes = 24;  ///< magic, version, section count, file bytes
-inline constexpr std::size_t trailer_bytes = 8;  ///< the whole-file checksum
+inline constexpr std::size_t trailer_bytes = 8;   ///< the whole-file checksum
 inline constexpr std::size_t frame_bytes = 16;    ///< kind, name bytes, payload bytes
 inline constexpr std::size_t section_tail = 8;    ///< the section's checksum
 
@@ -69,17 +69,17 @@ inline const char* to_string(section_kind k) {
 
 /// A header field: a name and its value.
 struct field {
-  std::string name;  ///< the option's or entry's name
+  std::string name;    ///< the option's or entry's name
   option_value value;  ///< its value, type-erased
 };
 
 /// Where a section lies in the file.
 struct section {
   section_kind kind = section_kind::buffer;  ///< what it holds
-  std::string name;  ///< its name: "header", or the state entry's name
+  std::string name;                ///< its name: "header", or the state entry's name
   std::size_t offset = 0;          ///< first byte of its frame
   std::size_t payload_offset = 0;  ///< first byte of its payload
-  std::size_t payload_bytes = 0;  ///< bytes of its payload
+  std::size_t payload_bytes = 0;   ///< bytes of its payload
   std::size_t end = 0;             ///< one past its checksum
   /// The values it holds: a buffer's floats, or 1 for a scalar or the header.
   std::size_t elements() const { return kind == section_kind::buffer ? payload_bytes / 4 : 1; }
@@ -235,8 +235,8 @@ class writer {
 /// the bytes it was parsed from, which must outlive it.
 struct image {
   std::span<const std::byte> bytes;  ///< the whole file
-  std::uint32_t version = 0;  ///< its format version
-  std::vector<field> header;  ///< the header's fields, in file order
+  std::uint32_t version = 0;      ///< its format version
+  std::vector<field> header;      ///< the header's fields, in file order
   std::vector<section> sections;  ///< sections[0] is the header
 
   /// The header field named `name`, or null.
@@ -376,7 +376,7 @@ inline image parse(std::span<const std::byte> bytes) {
 /// A field the reader expects, and whether its value must match the file's
 /// (fields that may differ per rank are checked for presence only).
 struct expected_field {
-  field f;  ///< the field, with the value expected
+  field f;              ///< the field, with the value expected
   bool enforce = true;  ///< whether the value must match (else the field need only be present)
 };
 

@@ -59,7 +59,7 @@ class gloo {
   using request = async_request;  ///< what the non-blocking operations return
   /// Rank, size, rendezvous store, run id, timeouts, elastic membership (comm/gloo/options.hpp).
   using options = detail_gloo::options;
-  using file_store = detail_gloo::file_store;  ///< a rendezvous store in a directory every rank can reach
+  using file_store = detail_gloo::file_store;    ///< a rendezvous store in a directory every rank can reach
   using redis_store = detail_gloo::redis_store;  ///< a rendezvous store on a Redis server
 
   /// Joins the world: collective over all `size` processes, which must be

@@ -73,7 +73,7 @@ namespace stand_in {
 
 /// A block codec in name only (block_codec's requirements, declared).
 struct any_block_codec {
-  static constexpr std::size_t block = 1;  ///< elements per block
+  static constexpr std::size_t block = 1;         ///< elements per block
   static constexpr codec_id id = codec_id::none;  ///< a codec id
   ///@{
   /// block_codec's operations, declared only.

@@ -71,7 +71,7 @@ class compressed_mean<Compressor, Space> : public device_detail::device_ballot<S
   using device_buffer = buffer<T, Space>;
 
  public:
-  using codec_type = typename Compressor::codec;  ///< the compressor's block codec
+  using codec_type = typename Compressor::codec;         ///< the compressor's block codec
   using elements = kernels::codec_elements<codec_type>;  ///< the codec's element-level form, for the team programs
   static_assert(elements::supported,
                 "diloco: compress::topk runs on host tensors only; for device tensors use "

@@ -12,7 +12,7 @@ namespace diloco::compress {
 struct none {
   struct options {};
   static constexpr const char* name = "none";  ///< the compressor's name in checkpoint headers, messages and reports
-  static constexpr bool lossless = true;  ///< values travel unchanged
+  static constexpr bool lossless = true;             ///< values travel unchanged
   static constexpr bool has_error_feedback = false;  ///< nothing to feed back
 };
 

@@ -23,7 +23,7 @@ namespace diloco::compress {
 /// What a pass over a segment's codec blocks found: the first malformed
 /// block and what is wrong with it, or index == the block count.
 struct bad_block {
-  std::size_t index;  ///< the first malformed block, or the block count when none is
+  std::size_t index;    ///< the first malformed block, or the block count when none is
   const char* problem;  ///< what is wrong with it (null when none is)
 };
 

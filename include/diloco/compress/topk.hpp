@@ -27,12 +27,12 @@ namespace diloco::compress {
 template <std::size_t B = 1024>
 struct topk_codec {
   static_assert(B >= 1 && B <= 65535, "topk: block size B must be in [1, 65535] (uint16 indices)");
-  static constexpr std::size_t block = B;  ///< elements per block
-  static constexpr codec_id id = codec_id::topk;  ///< the codec's id in segment headers
+  static constexpr std::size_t block = B;          ///< elements per block
+  static constexpr codec_id id = codec_id::topk;   ///< the codec's id in segment headers
   static constexpr std::uint16_t unused = 0xffff;  ///< the index of an entry a partial block does not use
 
   std::uint32_t k_full = 1;  ///< entries per full block
-  float fraction = 0.01f;  ///< as options.fraction
+  float fraction = 0.01f;    ///< as options.fraction
 
   /// Bytes of an encoded block: k_full (uint16 index, fp32 value) entries, a partial block's
   /// unused ones padded.

@@ -23,7 +23,7 @@ inline constexpr std::uint64_t ring_all_reduce_bytes(std::uint64_t bytes, int wo
 /// models whatever algorithm a backend really runs, so figures from different
 /// communicators compare: what the operation costs on a network.
 struct traffic_counters {
-  std::uint64_t bytes_sent = 0;  ///< bytes this rank sent
+  std::uint64_t bytes_sent = 0;      ///< bytes this rank sent
   std::uint64_t bytes_received = 0;  ///< bytes this rank received
 
   /// All-reduce: a ring, 2(M-1)/M times the buffer in each direction.

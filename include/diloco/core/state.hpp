@@ -28,8 +28,8 @@ class state_visitor {
 
 /// One entry of a read-only walk (algorithm::state()).
 struct state_entry {
-  std::string name;  ///< the entry's name, as visit_state gives it
-  bool is_scalar = false;  ///< a scalar (value) rather than a buffer (data, size)
+  std::string name;              ///< the entry's name, as visit_state gives it
+  bool is_scalar = false;        ///< a scalar (value) rather than a buffer (data, size)
   bool device = false;           ///< buffers: in device memory
   const float* data = nullptr;   ///< buffers
   std::size_t size = 0;          ///< buffers: elements

@@ -32,7 +32,7 @@ struct stats {
   /// Sent at construction to agree on the policies, layout and options
   /// across ranks (not in bytes_sent, so per-round byte counts stay exact).
   std::uint64_t setup_bytes = 0;
-  std::uint64_t bytes_received = 0;  ///< everything received, the initial broadcast included
+  std::uint64_t bytes_received = 0;   ///< everything received, the initial broadcast included
   std::uint64_t last_round_bytes_sent = 0;  ///< the last applied round's reduction: sent
   std::uint64_t last_round_bytes_received = 0;  ///< the last applied round's reduction: received
   double pseudo_gradient_norm = 0.0;  ///< ||theta_global - theta_local|| of this worker, last round

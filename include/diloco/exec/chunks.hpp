@@ -47,19 +47,19 @@ static_assert(chunk_elements % chunk_lanes == 0 && (chunk_lanes & (chunk_lanes -
 /// The part of tensor `tensor` in one chunk: its elements [begin, begin +
 /// count), at positions [position, position + count) of the chunk.
 struct piece {
-  std::uint32_t tensor = 0;  ///< the tensor's index in the list
+  std::uint32_t tensor = 0;    ///< the tensor's index in the list
   std::uint32_t position = 0;  ///< where its elements start in the chunk
-  std::size_t begin = 0;  ///< its first element in the chunk, counted from the tensor's start
-  std::size_t count = 0;  ///< how many of its elements the chunk holds
+  std::size_t begin = 0;       ///< its first element in the chunk, counted from the tensor's start
+  std::size_t count = 0;       ///< how many of its elements the chunk holds
 };
 
 /// A chunk table as a pass reads it (host or device memory): chunk c's
 /// pieces are pieces[first[c]] .. pieces[first[c + 1] - 1].
 struct chunk_view {
-  const piece* pieces = nullptr;  ///< every chunk's pieces, chunk by chunk
+  const piece* pieces = nullptr;         ///< every chunk's pieces, chunk by chunk
   const std::uint32_t* first = nullptr;  ///< chunk c's first piece; first[chunks] ends the last chunk's
-  std::size_t chunks = 0;  ///< the number of chunks
-  std::size_t elements = 0;  ///< the number of elements over all tensors
+  std::size_t chunks = 0;                ///< the number of chunks
+  std::size_t elements = 0;              ///< the number of elements over all tensors
 };
 
 /// The pieces of a list of tensors of the given sizes. Empty tensors have

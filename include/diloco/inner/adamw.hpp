@@ -20,10 +20,10 @@ namespace diloco::inner {
 struct adamw {
   /// The hyper-parameters, set with designated initializers ({.lr = 1e-3f}).
   struct options {
-    float lr = 4e-4f;  ///< learning rate
-    float beta1 = 0.9f;  ///< decay rate of the first-moment (mean) estimate
-    float beta2 = 0.95f;  ///< decay rate of the second-moment (uncentered variance) estimate
-    float eps = 1e-8f;  ///< added to the second moment's square root in the denominator
+    float lr = 4e-4f;           ///< learning rate
+    float beta1 = 0.9f;         ///< decay rate of the first-moment (mean) estimate
+    float beta2 = 0.95f;        ///< decay rate of the second-moment (uncentered variance) estimate
+    float eps = 1e-8f;          ///< added to the second moment's square root in the denominator
     float weight_decay = 0.1f;  ///< decoupled weight decay: p <- p - lr * weight_decay * p before the Adam step
     /// Global-norm gradient clipping as torch.nn.utils.clip_grad_norm_ does
     /// it, over all parameters of the worker; 0 disables it.

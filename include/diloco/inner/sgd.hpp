@@ -17,11 +17,11 @@ namespace diloco::inner {
 struct sgd {
   /// The hyper-parameters, set with designated initializers ({.lr = 1e-2f, .momentum = 0.9f}).
   struct options {
-    float lr = 1e-3f;  ///< learning rate
-    float momentum = 0.0f;  ///< momentum factor; 0: plain SGD, with no state
-    float dampening = 0.0f;  ///< dampening of the gradient in the momentum buffer
+    float lr = 1e-3f;           ///< learning rate
+    float momentum = 0.0f;      ///< momentum factor; 0: plain SGD, with no state
+    float dampening = 0.0f;     ///< dampening of the gradient in the momentum buffer
     float weight_decay = 0.0f;  ///< L2 penalty: weight_decay * p added to the gradient
-    bool nesterov = false;  ///< Nesterov momentum (needs momentum > 0 and dampening 0)
+    bool nesterov = false;      ///< Nesterov momentum (needs momentum > 0 and dampening 0)
     /// Global-norm gradient clipping (torch.nn.utils.clip_grad_norm_); 0 disables it.
     float max_grad_norm = 0.0f;
     /// Every field by name (core/options.hpp's visit_options customisation point).

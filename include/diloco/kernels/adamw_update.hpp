@@ -25,11 +25,11 @@ struct adamw_update {
 
   float decay = 1.0f;           ///< 1 - lr * weight_decay
   float one_minus_beta1 = 0.1f;  ///< 1 - beta1
-  float beta2 = 0.95f;  ///< decay rate of the second moment
+  float beta2 = 0.95f;          ///< decay rate of the second moment
   float one_minus_beta2 = 0.05f;  ///< 1 - beta2
   float step_size = 0.0f;       ///< lr / (1 - beta1^t)
   float bias_correction2_sqrt = 1.0f;  ///< sqrt(1 - beta2^t)
-  float eps = 1e-8f;  ///< added to the denominator
+  float eps = 1e-8f;            ///< added to the denominator
 
   /// One element: p and its gradient g; the first moment at s[0], the second at s[stride].
   DILOCO_HD DILOCO_FORCEINLINE void operator()(float& p, float g, float* s, std::size_t stride) const {

@@ -80,7 +80,7 @@ template <std::size_t B, std::size_t N>
 struct norm_scratch {
   /// Threads that sum the lanes: norm_lanes(B).
   static constexpr unsigned lanes = static_cast<unsigned>(norm_lanes(B));
-  float sq[N][B];  ///< sq[n][j]: norm n's square of element j
+  float sq[N][B];        ///< sq[n][j]: norm n's square of element j
   float lane[N][lanes];  ///< lane[n][l]: norm n's lane l
 
   /// Thread t's lane of every norm (t < lanes): elements t, t + lanes, ... below len, in order.
@@ -171,7 +171,7 @@ struct encode_blocks {
     std::uint64_t index;   ///< of its first element in the packed order
     float v[shape::groups_per_thread * W];  ///< v of the thread's groups
   };
-  using shared = norm_scratch<E::block, norms>;  ///< the team's shared memory: the norms' squares and lanes
+  using shared = norm_scratch<E::block, norms>;          ///< the team's shared memory: the norms' squares and lanes
   static constexpr unsigned lane_count = shared::lanes;  ///< threads that sum the norms' lanes
   static_assert(lane_count <= team, "every norm lane needs a thread of the team");
 
@@ -275,17 +275,17 @@ struct reduce_blocks {
     std::uint64_t index;  ///< its first element in the packed order
     float v[shape::groups_per_thread * W];  ///< the mean of the thread's groups
   };
-  using shared = norm_scratch<E::block, norms>;  ///< the team's shared memory: the norm's squares and lanes
+  using shared = norm_scratch<E::block, norms>;          ///< the team's shared memory: the norm's squares and lanes
   static constexpr unsigned lane_count = shared::lanes;  ///< threads that sum the norm's lanes
   static_assert(lane_count <= team, "every norm lane needs a thread of the team");
 
   const compress::block_ref* blocks;  ///< this rank's shard's first block
-  const device_tensor* tensors;  ///< the replica's tensors
+  const device_tensor* tensors;       ///< the replica's tensors
   const std::byte* const* received;   ///< the M payloads of this shard, in rank order
-  int world;  ///< M
+  int world;                          ///< M
   std::byte* payload;                 ///< the reduced segment's payload
-  std::uint64_t stream;  ///< the stochastic rounding stream
-  sums2* sums;  ///< block b's sums at sums[b]
+  std::uint64_t stream;               ///< the stochastic rounding stream
+  sums2* sums;                        ///< block b's sums at sums[b]
 
   /// Thread t's part of block b: the mean of the M decoded encodings; returns its share of the
   /// team max (|mean| bits).
@@ -372,13 +372,13 @@ struct decode_apply_blocks {
   struct registers {};
   using shared = norm_scratch<E::block, norms>;  ///< no shared memory
 
-  Update update;  ///< the outer optimizer's element step
+  Update update;                      ///< the outer optimizer's element step
   const compress::block_ref* blocks;  ///< the shard's first block
-  const device_tensor* tensors;  ///< the replica's tensors
+  const device_tensor* tensors;       ///< the replica's tensors
   const std::byte* payload;           ///< the shard's reduced payload
-  float* global;  ///< theta_global, flat
+  float* global;                      ///< theta_global, flat
   float* state;                       ///< nullptr when the outer optimizer keeps none
-  std::size_t state_stride;  ///< elements between an element's slots
+  std::size_t state_stride;           ///< elements between an element's slots
   bool vector;                        ///< replica, global and state all allow 16-byte accesses (and W == 4)
   Merge merge{};                      ///< how theta_global reaches the replica (kernels/merge.hpp)
 

@@ -31,7 +31,7 @@ DILOCO_HD DILOCO_FORCEINLINE float bits_float(std::uint32_t u) {
 
 /// bfloat16: the top 16 bits of an fp32.
 struct bf16_format {
-  static constexpr std::uint16_t inf = 0x7f80;  ///< +infinity's code
+  static constexpr std::uint16_t inf = 0x7f80;        ///< +infinity's code
   static constexpr std::uint16_t quiet_nan = 0x7fc0;  ///< a quiet NaN's code
   /// The float a code stands for (exact).
   DILOCO_HD static float decode(std::uint16_t h) { return bits_float(static_cast<std::uint32_t>(h) << 16); }
@@ -42,7 +42,7 @@ struct bf16_format {
 /// IEEE binary16: 5 exponent bits (bias 15), 10 mantissa bits, subnormals
 /// down to 2^-24, largest finite 65504.
 struct fp16_format {
-  static constexpr std::uint16_t inf = 0x7c00;  ///< +infinity's code
+  static constexpr std::uint16_t inf = 0x7c00;        ///< +infinity's code
   static constexpr std::uint16_t quiet_nan = 0x7e00;  ///< a quiet NaN's code
   /// The float a code stands for (exact: subnormals included).
   DILOCO_HD static float decode(std::uint16_t h) {

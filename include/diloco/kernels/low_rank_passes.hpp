@@ -32,10 +32,10 @@ constexpr std::size_t norm_chunks(std::size_t n) { return (n + norm_chunk - 1) /
 /// M = (global - local) + residual, element by element (the residual may be
 /// null: vectors take their delta only): read 12 (8), write 4.
 struct form_m {
-  const float* global;  ///< theta_global (the tensor's)
-  const float* local;  ///< the replica
+  const float* global;    ///< theta_global (the tensor's)
+  const float* local;     ///< the replica
   const float* residual;  ///< the residual (null: none)
-  float* out;  ///< M, written
+  float* out;             ///< M, written
   /// Element i.
   DILOCO_HD void operator()(std::size_t i) const {
     const float d = sub_rn(global[i], local[i]);
@@ -48,8 +48,8 @@ struct form_m {
 struct square_partials {
   const float* a;  ///< a
   const float* b;  ///< b (null: sum a^2)
-  std::size_t n;  ///< the elements
-  double* out;  ///< out[c]: partial c, written
+  std::size_t n;   ///< the elements
+  double* out;     ///< out[c]: partial c, written
   /// Partial c.
   DILOCO_HD void operator()(std::size_t c) const {
     const std::size_t end = (c + 1) * norm_chunk < n ? (c + 1) * norm_chunk : n;
@@ -69,7 +69,7 @@ struct square_partials {
 struct times_q {
   const float* m;  ///< M, rows x cols
   const float* q;  ///< Q, cols x r
-  float* p;  ///< P, rows x r, written
+  float* p;        ///< P, rows x r, written
   ///@{
   /// Columns of M, and the rank r.
   std::size_t cols, r;
@@ -88,7 +88,7 @@ struct times_q {
 struct times_p {
   const float* m;  ///< M, rows x cols
   const float* p;  ///< P, rows x r
-  float* q;  ///< Q, cols x r, written
+  float* q;        ///< Q, cols x r, written
   ///@{
   /// M's shape, and the rank r.
   std::size_t rows, cols, r;
@@ -116,7 +116,7 @@ struct residual_of {
   const float* m;  ///< M, rows x cols
   const float* p;  ///< P^, rows x r
   const float* q;  ///< Q_w, cols x r
-  float* out;  ///< the new residual, written
+  float* out;      ///< the new residual, written
   ///@{
   /// Columns of M, and the rank r.
   std::size_t cols, r;
@@ -129,8 +129,8 @@ struct residual_of {
 /// 4 M, write 4.
 struct segment_mean {
   const float* const* x;  ///< M payloads
-  int world;  ///< M
-  float* mean;  ///< the mean, written
+  int world;              ///< M
+  float* mean;            ///< the mean, written
   /// Element i.
   DILOCO_HD void operator()(std::size_t i) const {
     float s = x[0][i];
@@ -145,8 +145,8 @@ struct segment_mean {
 /// (P and Q rows, cached) + the update's state, write 8 + the state.
 template <class Update, class Merge>
 struct apply_mean {
-  Update update;  ///< the outer optimizer's element step
-  Merge merge;  ///< how theta_global reaches the replica, indexed in the flat layout
+  Update update;   ///< the outer optimizer's element step
+  Merge merge;     ///< how theta_global reaches the replica, indexed in the flat layout
   const float* p;  ///< the mean P^ (or a vector's mean)
   const float* q;  ///< the mean Q (null: a vector)
   ///@{
@@ -154,8 +154,8 @@ struct apply_mean {
   std::size_t cols, r;
   ///@}
   float* global;  ///< the tensor's, as are local and state
-  float* local;  ///< the replica
-  float* state;  ///< the outer optimizer's slots (null when it keeps none)
+  float* local;   ///< the replica
+  float* state;   ///< the outer optimizer's slots (null when it keeps none)
   std::size_t state_stride;  ///< elements between an element's slots
   std::size_t offset;  ///< the tensor's place in the flat buffers (the merge's index)
   /// Element o of the tensor.
@@ -192,7 +192,7 @@ inline constexpr std::size_t gram_schmidt_lanes = 64;
 
 /// One matrix's P in the orthonormalisation.
 struct factor_matrix {
-  std::uint64_t rows;  ///< rows of the matrix
+  std::uint64_t rows;      ///< rows of the matrix
   std::uint64_t p_at;      ///< its P (rows x r, row-major) in the mean P
   std::uint64_t basis_at;  ///< its columns in double: column c at basis_at + c rows
 };
@@ -201,8 +201,8 @@ struct factor_matrix {
 /// matrix (|column|^2 as loaded, and two for the running sums, used in turn).
 struct gram_schmidt {
   const factor_matrix* mats;  ///< the matrices
-  float* p;  ///< the mean P of every matrix
-  double* basis;  ///< every matrix's columns, in double
+  float* p;        ///< the mean P of every matrix
+  double* basis;   ///< every matrix's columns, in double
   double* before;  ///< matrices x lanes
   double* sums;    ///< 2 x matrices x lanes
   ///@{
@@ -245,7 +245,7 @@ DILOCO_HD DILOCO_FORCEINLINE double lane_total(const double* lane) {
 /// write 8 per row; write 8 per item.
 struct load_column {
   gram_schmidt g;  ///< what the passes share
-  std::size_t c;  ///< the column
+  std::size_t c;   ///< the column
   /// Item: one lane of one matrix.
   DILOCO_HD void operator()(std::size_t item) const {
     const auto [k, l, m] = g.lane_of(item);
@@ -292,7 +292,7 @@ struct gram_schmidt_step {
 /// row; read 2 x 64 lanes x 8 per item.
 struct scale_column {
   gram_schmidt g;  ///< what the passes share
-  std::size_t c;  ///< the column
+  std::size_t c;   ///< the column
   /// Item: one lane of one matrix.
   DILOCO_HD void operator()(std::size_t item) const {
     const auto [k, l, m] = g.lane_of(item);

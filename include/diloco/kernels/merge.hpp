@@ -56,7 +56,7 @@ struct mix : base {
 ///   theta_local <- theta_global − (start − theta_local);  start <- theta_local.
 struct rebase : base {
   static constexpr bool is_overwrite = false;  ///< true only for overwrite
-  float* DILOCO_RESTRICT start;  ///< where this phase started, per element of the pass
+  float* DILOCO_RESTRICT start;                ///< where this phase started, per element of the pass
   /// The same merge for a pass over the elements from `off` on: `start` moved by off.
   DILOCO_HD rebase shifted(std::size_t off) const { return {{}, start + off}; }
   /// The replica's new value g − (start − l); start takes it.
@@ -84,12 +84,12 @@ struct rebase : base {
 template <class Step>
 struct eager : base {
   static constexpr bool is_overwrite = false;  ///< true only for overwrite
-  Step step;  ///< the worker's own outer step (its state and step count baked in)
+  Step step;                     ///< the worker's own outer step (its state and step count baked in)
   float* DILOCO_RESTRICT anchor;  ///< anchor: own + where the phase began
-  float* DILOCO_RESTRICT own;  ///< own: this worker's pseudo-gradient inside the mean in flight
+  float* DILOCO_RESTRICT own;    ///< own: this worker's pseudo-gradient inside the mean in flight
   float* DILOCO_RESTRICT slots;  ///< null when the outer optimizer keeps none
   std::size_t stride;            ///< between an element's slots
-  float inv_workers;  ///< 1/M
+  float inv_workers;             ///< 1/M
   /// The same merge for a pass over the elements from `off` on: its buffers moved by off.
   DILOCO_HD eager shifted(std::size_t off) const {
     return {{}, step, anchor + off, own + off, slots ? slots + off : nullptr, stride, inv_workers};
@@ -122,7 +122,7 @@ struct eager : base {
 template <class Step>
 struct eager_advance {
   eager<Step> merge;  ///< the eager merge, mean 0
-  float* local;  ///< the replica's tensor
+  float* local;       ///< the replica's tensor
   /// Element i: the eager step with a zero mean.
   DILOCO_HD DILOCO_FORCEINLINE void operator()(std::size_t i) const { local[i] = merge.advance(i, 0.0f, local[i]); }
 };
@@ -134,8 +134,8 @@ struct eager_advance {
 /// outer state into the worker's.
 struct eager_rejoin : base {
   static constexpr bool is_overwrite = false;  ///< true only for overwrite
-  float* DILOCO_RESTRICT anchor;  ///< anchor, set to theta_global
-  float* DILOCO_RESTRICT own;  ///< own, zeroed
+  float* DILOCO_RESTRICT anchor;               ///< anchor, set to theta_global
+  float* DILOCO_RESTRICT own;                  ///< own, zeroed
   /// The same merge for a pass over the elements from `off` on: its buffers moved by off.
   DILOCO_HD eager_rejoin shifted(std::size_t off) const { return {{}, anchor + off, own + off}; }
   /// The replica's new value g − ((anchor − own) − l), keeping the progress of its phase.

@@ -21,8 +21,8 @@ namespace diloco::kernels {
 /// Bytes per element: read 8 (global, local), write 4 (wire) = 12.
 struct pseudo_gradient {
   const float* DILOCO_RESTRICT global;  ///< theta_global
-  const float* DILOCO_RESTRICT local;  ///< the replica
-  float* DILOCO_RESTRICT out;  ///< the wire: delta
+  const float* DILOCO_RESTRICT local;   ///< the replica
+  float* DILOCO_RESTRICT out;           ///< the wire: delta
 
   /// Element i: writes delta_i, returns delta_i^2.
   DILOCO_HD DILOCO_FORCEINLINE float operator()(std::size_t i) const {
@@ -50,7 +50,7 @@ struct pseudo_gradient {
 /// The norm alone, for a world of one where nothing travels: read 8 bytes.
 struct pseudo_gradient_sq {
   const float* DILOCO_RESTRICT global;  ///< theta_global
-  const float* DILOCO_RESTRICT local;  ///< the replica
+  const float* DILOCO_RESTRICT local;   ///< the replica
 
   /// Element i: returns delta_i^2.
   DILOCO_HD DILOCO_FORCEINLINE float operator()(std::size_t i) const {
@@ -93,7 +93,7 @@ struct squares {
 /// dst_i = value (resetting a schedule's buffers): write 4.
 struct fill {
   float* DILOCO_RESTRICT dst;  ///< the buffer written
-  float value;  ///< the value written
+  float value;                 ///< the value written
   /// Element i.
   DILOCO_HD DILOCO_FORCEINLINE void operator()(std::size_t i) const { dst[i] = value; }
 };
@@ -133,7 +133,7 @@ struct absorb {
 /// dst_i = src_i (restoring replicas, initial copies): read 4, write 4.
 struct copy {
   const float* DILOCO_RESTRICT src;  ///< the source
-  float* DILOCO_RESTRICT dst;  ///< the destination
+  float* DILOCO_RESTRICT dst;        ///< the destination
   /// Element i.
   DILOCO_HD DILOCO_FORCEINLINE void operator()(std::size_t i) const { dst[i] = src[i]; }
 

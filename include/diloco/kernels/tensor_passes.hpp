@@ -22,7 +22,7 @@ namespace diloco::kernels {
 /// Every tensor's data pointer and its start in the flat buffers (theta
 /// global, optimizer state, the wire), as arrays in the executor's memory.
 struct tensor_ptrs {
-  float* const* data = nullptr;  ///< data[k]: tensor k's first element
+  float* const* data = nullptr;         ///< data[k]: tensor k's first element
   const std::size_t* offset = nullptr;  ///< offset[k]: where tensor k starts in the flat buffers
 };
 
@@ -50,9 +50,9 @@ struct squares_of {
 
 /// delta = ref - local into the wire, returning delta^2 (pass 1 of a round).
 struct pseudo_gradients {
-  const float* ref;  ///< the flat reference (theta_global, or a schedule's anchor)
+  const float* ref;   ///< the flat reference (theta_global, or a schedule's anchor)
   tensor_ptrs local;  ///< the replica's tensors
-  float* out;  ///< the flat wire
+  float* out;         ///< the flat wire
   /// Tensor k's pass (kernels::pseudo_gradient).
   DILOCO_HD DILOCO_FORCEINLINE pseudo_gradient bind(std::size_t k) const {
     const std::size_t off = local.offset[k];
@@ -62,7 +62,7 @@ struct pseudo_gradients {
 
 /// (ref - local)^2 alone (a world of one: nothing travels).
 struct pseudo_gradients_sq {
-  const float* ref;  ///< the flat reference (theta_global, or a schedule's anchor)
+  const float* ref;   ///< the flat reference (theta_global, or a schedule's anchor)
   tensor_ptrs local;  ///< the replica's tensors
   /// Tensor k's pass (kernels::pseudo_gradient_sq).
   DILOCO_HD DILOCO_FORCEINLINE pseudo_gradient_sq bind(std::size_t k) const {
@@ -74,14 +74,14 @@ struct pseudo_gradients_sq {
 /// replica (pass 2 of a round).
 template <class Update, class Merge>
 struct outer_applies {
-  Update update;  ///< the outer optimizer's element step
+  Update update;         ///< the outer optimizer's element step
   const float* reduced;  ///< the flat reduced sum (the wire)
-  float scale;  ///< 1/M: the wire holds the sum over workers
-  float* global;  ///< theta_global, flat
-  float* state;  ///< the outer optimizer's slots, flat (null when it keeps none)
-  std::size_t stride;  ///< elements between an element's slots
-  tensor_ptrs local;  ///< the replica's tensors
-  Merge merge;  ///< how theta_global reaches the replica, indexed in the flat layout
+  float scale;           ///< 1/M: the wire holds the sum over workers
+  float* global;         ///< theta_global, flat
+  float* state;          ///< the outer optimizer's slots, flat (null when it keeps none)
+  std::size_t stride;    ///< elements between an element's slots
+  tensor_ptrs local;     ///< the replica's tensors
+  Merge merge;           ///< how theta_global reaches the replica, indexed in the flat layout
   /// Tensor k's pass (kernels::outer_apply), the merge shifted to the tensor's offset.
   DILOCO_HD DILOCO_FORCEINLINE outer_apply<Update, Merge> bind(std::size_t k) const {
     const std::size_t off = local.offset[k];
@@ -93,12 +93,12 @@ struct outer_applies {
 /// The same for a world of one (the pseudo-gradient computed in the pass).
 template <class Update, class Merge>
 struct outer_applies_local {
-  Update update;  ///< the outer optimizer's element step
-  float* global;  ///< theta_global, flat
-  float* state;  ///< the outer optimizer's slots, flat (null when it keeps none)
+  Update update;       ///< the outer optimizer's element step
+  float* global;       ///< theta_global, flat
+  float* state;        ///< the outer optimizer's slots, flat (null when it keeps none)
   std::size_t stride;  ///< elements between an element's slots
-  tensor_ptrs local;  ///< the replica's tensors
-  Merge merge;  ///< how theta_global reaches the replica, indexed in the flat layout
+  tensor_ptrs local;   ///< the replica's tensors
+  Merge merge;         ///< how theta_global reaches the replica, indexed in the flat layout
   /// Tensor k's pass (kernels::outer_apply_local), the merge shifted to the tensor's offset.
   DILOCO_HD DILOCO_FORCEINLINE outer_apply_local<Update, Merge> bind(std::size_t k) const {
     const std::size_t off = local.offset[k];
@@ -109,14 +109,14 @@ struct outer_applies_local {
 /// flat <- tensors (theta_global and the schedules' anchors from the replica).
 struct gather_tensors {
   tensor_ptrs tensors;  ///< the tensors read
-  float* flat;  ///< the flat buffer written
+  float* flat;          ///< the flat buffer written
   /// Tensor k's pass (kernels::copy).
   DILOCO_HD DILOCO_FORCEINLINE copy bind(std::size_t k) const { return {tensors.data[k], flat + tensors.offset[k]}; }
 };
 
 /// tensors <- flat (a refused round resets the replica to theta_global).
 struct scatter_tensors {
-  const float* flat;  ///< the flat buffer read
+  const float* flat;    ///< the flat buffer read
   tensor_ptrs tensors;  ///< the tensors written
   /// Tensor k's pass (kernels::copy).
   DILOCO_HD DILOCO_FORCEINLINE copy bind(std::size_t k) const { return {flat + tensors.offset[k], tensors.data[k]}; }
@@ -134,7 +134,7 @@ struct non_finite_in {
 template <class Step>
 struct eager_advances {
   merge::eager<Step> merge;  ///< the eager merge, indexed in the flat layout
-  tensor_ptrs local;  ///< the replica's tensors
+  tensor_ptrs local;         ///< the replica's tensors
   /// Tensor k's pass (merge::eager_advance), the merge shifted to the tensor's offset.
   DILOCO_HD DILOCO_FORCEINLINE merge::eager_advance<Step> bind(std::size_t k) const {
     return {merge.shifted(local.offset[k]), local.data[k]};

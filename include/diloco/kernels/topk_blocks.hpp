@@ -104,7 +104,7 @@ struct topk_encode_blocks {
     compress::block_ref blk;  ///< the chunk
     std::uint64_t offset;  ///< of the chunk in the flat buffers
     std::uint64_t index;   ///< of its first element in the packed order
-    float v[per];  ///< v of the thread's elements
+    float v[per];          ///< v of the thread's elements
   };
   /// What the team shares while it selects and packs the chunk.
   struct shared {
@@ -121,11 +121,11 @@ struct topk_encode_blocks {
 
   const compress::block_ref* blocks;  ///< the shard's chunks
   const device_tensor* tensors;  ///< the replica's tensors
-  const float* global;  ///< theta_global, flat
+  const float* global;    ///< theta_global, flat
   const float* residual;  ///< nullptr without error feedback
   float* new_residual;    ///< nullptr without error feedback
   std::byte* payload;     ///< block b at b * Codec::stride()
-  std::uint64_t stream;  ///< the stochastic rounding stream
+  std::uint64_t stream;   ///< the stochastic rounding stream
   sums2* sums;            ///< block b's sums at sums[b]
   float decay;            ///< error feedback: the new residual is decay * (v - decoded)
   bool vector;            ///< the replica's tensors are 16-byte aligned
@@ -305,23 +305,23 @@ template <class Codec, class Update, class Merge = merge::overwrite>
 struct topk_decode_apply_blocks {
   static_assert(topk_device_form<Codec>,
                 "compress::chunk_topk over device tensors takes chunks of at most 4096 elements");
-  using shape = topk_shape<Codec>;  ///< which elements each thread owns
-  static constexpr std::size_t per = shape::per;  ///< elements per thread
+  using shape = topk_shape<Codec>;                  ///< which elements each thread owns
+  static constexpr std::size_t per = shape::per;    ///< elements per thread
   static constexpr unsigned team = shape::threads;  ///< threads per team
-  static constexpr bool team_max = false;  ///< no team max
-  static constexpr std::size_t norms = 0;  ///< no norms
+  static constexpr bool team_max = false;           ///< no team max
+  static constexpr std::size_t norms = 0;           ///< no norms
   struct registers {};
   struct shared {};
 
-  Update update;  ///< the outer optimizer's element step
+  Update update;                     ///< the outer optimizer's element step
   const compress::block_ref* blocks;  ///< the shard's chunks
-  const device_tensor* tensors;  ///< the replica's tensors
+  const device_tensor* tensors;      ///< the replica's tensors
   const std::byte* const* payloads;  ///< M payloads, in rank order; block b at b * Codec::stride()
-  int world;  ///< M
-  float* global;  ///< theta_global, flat
+  int world;                         ///< M
+  float* global;                     ///< theta_global, flat
   float* state;                      ///< nullptr when the outer optimizer keeps none
-  std::size_t state_stride;  ///< elements between an element's slots
-  Merge merge{};  ///< how theta_global reaches the replica (kernels/merge.hpp)
+  std::size_t state_stride;          ///< elements between an element's slots
+  Merge merge{};                     ///< how theta_global reaches the replica (kernels/merge.hpp)
 
   /// The first of a block's n entries whose position is at least j.
   DILOCO_HD static std::size_t first_entry(const std::byte* in, std::size_t n, std::size_t j) {

@@ -28,7 +28,7 @@ struct segment_ref {
   const std::byte* payload;     ///< 16-byte aligned
   std::uint64_t payload_bytes;  ///< the length the receiver expects
   std::uint64_t first_block;    ///< its first block in the layout
-  std::uint64_t blocks;  ///< its codec blocks
+  std::uint64_t blocks;         ///< its codec blocks
   std::uint64_t item_begin;     ///< its first item in a pass over several segments' blocks
 };
 
@@ -103,11 +103,11 @@ DILOCO_HD DILOCO_FORCEINLINE std::size_t segment_of(const segment_ref* segs, std
 /// names with codec.check. Launch it over items(blocks) items.
 template <class Codec>
 struct check_blocks {
-  Codec codec;  ///< the codec the segments were written with
-  const segment_ref* segments;  ///< the segments, in item order
-  std::size_t count;  ///< how many
+  Codec codec;                        ///< the codec the segments were written with
+  const segment_ref* segments;        ///< the segments, in item order
+  std::size_t count;                  ///< how many
   const compress::block_ref* blocks;  ///< the layout's blocks
-  std::uint64_t* first_bad;  ///< first_bad[k]: segment k's lowest malformed block (~0 when none)
+  std::uint64_t* first_bad;           ///< first_bad[k]: segment k's lowest malformed block (~0 when none)
 
   /// Whether the codec splits check() among a team (share_malformed).
   static constexpr bool shared_scan = requires(const Codec& c, const std::byte* in, std::size_t n) {
@@ -144,9 +144,9 @@ struct check_blocks {
 /// Copies 64-byte headers: header k from src + k * src_stride to
 /// dst + k * dst_stride, one 4-byte word per item (16 per header).
 struct copy_headers {
-  const std::byte* src;  ///< the first header
+  const std::byte* src;    ///< the first header
   std::size_t src_stride;  ///< bytes between consecutive headers in src
-  std::byte* dst;  ///< where the first goes
+  std::byte* dst;          ///< where the first goes
   std::size_t dst_stride;  ///< bytes between consecutive headers in dst
 
   /// Item i: word i % 16 of header i / 16.
@@ -161,7 +161,7 @@ struct copy_headers {
 
 /// p[i] = value: 8-byte words set (the first_bad slots before a check).
 struct fill_words {
-  std::uint64_t* p;  ///< the words written
+  std::uint64_t* p;     ///< the words written
   std::uint64_t value;  ///< the value written
   /// Item i.
   DILOCO_HD void operator()(std::size_t i) const { p[i] = value; }
@@ -171,7 +171,7 @@ struct fill_words {
 /// shard: the host executor's reduction chunk over that shard's blocks.
 struct chunk_ref {
   std::uint64_t begin;  ///< its first block
-  std::uint64_t end;  ///< one past its last block
+  std::uint64_t end;    ///< one past its last block
 };
 
 /// Lane l of chunk c (item 8c + l): the sum of the block sums of blocks
@@ -181,7 +181,7 @@ struct chunk_ref {
 struct chunk_lane_sums {
   const sums2* block_sums;  ///< by layout block index
   const chunk_ref* chunks;  ///< chunks[c]: chunk c's blocks
-  sums2* lanes;  ///< lanes[8c + l]: lane l of chunk c
+  sums2* lanes;             ///< lanes[8c + l]: lane l of chunk c
 
   static constexpr std::size_t lanes_per_chunk = 8;  ///< lanes per chunk, as exec::host::reduce_lanes
 

@@ -21,7 +21,7 @@ namespace diloco::outer {
 struct nesterov {
   /// The hyper-parameters, set with designated initializers ({.lr = 0.5f}).
   struct options {
-    float lr = 0.7f;  ///< outer learning rate
+    float lr = 0.7f;        ///< outer learning rate
     float momentum = 0.9f;  ///< Nesterov momentum factor mu, > 0
     /// Every field by name (core/options.hpp's visit_options customisation point).
     template <class F>

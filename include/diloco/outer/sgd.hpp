@@ -19,11 +19,11 @@ namespace diloco::outer {
 struct sgd {
   /// The hyper-parameters, set with designated initializers ({.lr = 0.7f, .momentum = 0.9f}).
   struct options {
-    float lr = 1.0f;  ///< outer learning rate (1 with no momentum: plain averaging)
-    float momentum = 0.0f;  ///< momentum factor; 0: no state
-    float dampening = 0.0f;  ///< dampening of the pseudo-gradient in the momentum buffer
+    float lr = 1.0f;            ///< outer learning rate (1 with no momentum: plain averaging)
+    float momentum = 0.0f;      ///< momentum factor; 0: no state
+    float dampening = 0.0f;     ///< dampening of the pseudo-gradient in the momentum buffer
     float weight_decay = 0.0f;  ///< L2 penalty: weight_decay * theta added to the pseudo-gradient
-    bool nesterov = false;  ///< Nesterov momentum (needs momentum > 0 and dampening 0)
+    bool nesterov = false;      ///< Nesterov momentum (needs momentum > 0 and dampening 0)
     /// Every field by name (core/options.hpp's visit_options customisation point).
     template <class F>
     friend void visit_options(const options& o, F&& f) {

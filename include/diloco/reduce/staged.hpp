@@ -25,8 +25,8 @@ struct collective {
   enum class kind { all_to_all, all_gather } op;
   ///@}
   const std::byte* send;  ///< this rank's send buffer
-  std::byte* recv;  ///< its receive buffer
-  std::size_t bytes;  ///< the all-to-all's whole buffer, or the all-gather's block per rank
+  std::byte* recv;        ///< its receive buffer
+  std::size_t bytes;      ///< the all-to-all's whole buffer, or the all-gather's block per rank
 };
 
 /// The state machine every engine-backed reducer runs (reduce::compressed,

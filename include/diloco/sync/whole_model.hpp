@@ -15,7 +15,7 @@ template <schedule_kind Kind, bool Overlaps>
 struct whole_model_schedule {
   /// No options.
   struct options {};
-  static constexpr bool overlaps = Overlaps;  ///< whether a reduction stays in flight while inner steps run
+  static constexpr bool overlaps = Overlaps;   ///< whether a reduction stays in flight while inner steps run
   static constexpr schedule_kind kind = Kind;  ///< periodic (blocking) or delayed (one_step_delay, eager)
 
   /// Nothing to validate.

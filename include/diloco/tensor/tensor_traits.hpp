@@ -39,7 +39,7 @@ struct tensor_view {
   using value_type = T;        ///< the element type (tensor_traits' name)
   using memory_space = Space;  ///< where the elements live (tensor_traits' name)
 
-  T* ptr = nullptr;        ///< the first element
+  T* ptr = nullptr;       ///< the first element
   std::size_t count = 0;  ///< the number of elements
 
   constexpr tensor_view() = default;
