@@ -45,8 +45,9 @@ inline constexpr bool topk_device_form = Codec::block <= 4096;
 
 /// The encode pass of the gathered (sparse) round over device memory for
 /// compress::chunk_topk; with topk_decode_apply_blocks, the round's two fused
-/// passes, as team programs (kernels/compressed_blocks.hpp describes the model): one team per chunk, thread t owning the `per`
-/// consecutive elements [t * per, (t + 1) * per) of it. They are the device
+/// passes, as team programs (kernels/compressed_blocks.hpp describes the
+/// model): one team per chunk, thread t owning the `per` consecutive
+/// elements [t * per, (t + 1) * per) of it. They are the device
 /// form of kernels/compressed_passes.hpp's encode_pseudo_gradient and
 /// gathered_decode_apply over chunk_topk_codec and give the same bytes and
 /// the same fp32 results.
