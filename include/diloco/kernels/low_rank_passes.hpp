@@ -26,7 +26,7 @@ namespace diloco::kernels::low_rank {
 /// double, so a fused multiply-add gives the same sum); the partials are
 /// added in order by the caller.
 inline constexpr std::size_t norm_chunk = 4096;
-/// The partials of a norm over n elements.
+/// The number of partials of a norm over n elements.
 constexpr std::size_t norm_chunks(std::size_t n) { return (n + norm_chunk - 1) / norm_chunk; }
 
 /// M = (global - local) + residual, element by element (the residual may be
