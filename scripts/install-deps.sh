@@ -12,8 +12,10 @@ set -euo pipefail
 # nlohmann-json3-dev: diloco::json and the experiment harness's JSON files.
 # python3-matplotlib: docs/plot_results.py draws docs/results.md's figures.
 # iproute2: ip and tc, with which bench/wan/run.sh makes its namespaces and shaped links.
+# doxygen: the API reference (target docs) and its test api_reference_doxygen.
 packages=(cmake g++ make python3 python3-venv doctest-dev libcli11-dev fortunes libopenmpi-dev openmpi-bin libgloo-dev libhiredis-dev
-          redis-server clang libclang-rt-dev libtorch-dev libopenblas0-openmp nlohmann-json3-dev python3-matplotlib iproute2)
+          redis-server clang libclang-rt-dev libtorch-dev libopenblas0-openmp nlohmann-json3-dev python3-matplotlib iproute2
+          doxygen)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

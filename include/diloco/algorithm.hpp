@@ -48,18 +48,18 @@
 
 namespace diloco {
 
-// DiLoCo. Every worker constructs one instance over its replica (a list of
-// its parameter tensors, or a single tensor) and calls step() with its
-// gradients after each backward pass; the schedule (Sync, sync/) decides
-// when pseudo-gradients are reduced and the outer step applied: every
-// `inner_steps` steps for the whole model by default (sync::blocking),
-// fragment by fragment (sync::streaming), or one round late with the
-// exchange hidden behind a whole inner phase (sync::one_step_delay,
-// sync::eager).
-//
-// Construction, step() and finish() are collective: every rank of the
-// communicator must take part. The instance keeps pointers into the user's
-// tensors; they must outlive it and must not move.
+/// DiLoCo. Every worker constructs one instance over its replica (a list of
+/// its parameter tensors, or a single tensor) and calls step() with its
+/// gradients after each backward pass; the schedule (Sync, sync/) decides
+/// when pseudo-gradients are reduced and the outer step applied: every
+/// `inner_steps` steps for the whole model by default (sync::blocking),
+/// fragment by fragment (sync::streaming), or one round late with the
+/// exchange hidden behind a whole inner phase (sync::one_step_delay,
+/// sync::eager).
+///
+/// Construction, step() and finish() are collective: every rank of the
+/// communicator must take part. The instance keeps pointers into the user's
+/// tensors; they must outlive it and must not move.
 template <inner_optimizer Inner, outer_optimizer Outer, compressor Compressor, any_communicator Comm,
           sync::sync_policy Sync = sync::blocking>
 class algorithm {
@@ -81,15 +81,19 @@ class algorithm {
                 "sync::blocking");
 
  public:
+  ///@{
+  /// The policies the algorithm was instantiated with.
   using inner_type = Inner;
   using outer_type = Outer;
   using compressor_type = Compressor;
   using comm_type = Comm;
   using sync_type = Sync;
+  ///@}
+  /// The options type: algorithm_options of these policies.
   using options = algorithm_options<Inner, Outer, Compressor, Sync>;
 
-  // `params`: a range of writable fp32 tensors, or one (other element
-  // types and const tensors fail to compile, naming the rule).
+  /// `params`: a range of writable fp32 tensors, or one (other element
+  /// types and const tensors fail to compile, naming the rule).
   template <tensor_argument Params>
   algorithm(Params&& params, Comm& comm, options opts = {}) : opts_(opts) {
     if constexpr (detail::parameter_tensors_ok<Params>()) {
@@ -104,88 +108,101 @@ class algorithm {
 
   algorithm(const algorithm&) = delete;
   algorithm& operator=(const algorithm&) = delete;
+  ///@{
+  /// Movable (the state lives behind a pointer, so the user's tensors stay referenced); not
+  /// copyable.
   algorithm(algorithm&&) noexcept = default;
   algorithm& operator=(algorithm&&) noexcept = default;
+  ///@}
 
-  // One inner step with this worker's gradients (same count and sizes as
-  // the parameters), then what the schedule asks for after it: beginning
-  // reductions, letting those in flight progress, applying those due.
-  // Returns true when an outer step was applied.
+  /// One inner step with this worker's gradients (same count and sizes as
+  /// the parameters), then what the schedule asks for after it: beginning
+  /// reductions, letting those in flight progress, applying those due.
+  /// Returns true when an outer step was applied.
   template <tensor_argument Grads>
   bool step(Grads&& grads) {
     if constexpr (detail::gradient_tensors_ok<Grads>()) take_inner_step(std::forward<Grads>(grads));
     return engine_->after_step();
   }
 
-  // One inner step only; no outer round, whatever the step count
-  // (sync::blocking: other schedules keep their clock in step()).
+  /// One inner step only; no outer round, whatever the step count
+  /// (sync::blocking: other schedules keep their clock in step()).
   template <tensor_argument Grads>
     requires std::same_as<Sync, sync::blocking>
   void inner_step(Grads&& grads) {
     if constexpr (detail::gradient_tensors_ok<Grads>()) take_inner_step(std::forward<Grads>(grads));
   }
 
-  // An outer round now, whatever the step count (collective;
-  // sync::blocking). Throws numeric_error, leaving theta_global unchanged,
-  // if any worker's pseudo-gradient is not finite.
+  /// An outer round now, whatever the step count (collective;
+  /// sync::blocking). Throws numeric_error, leaving theta_global unchanged,
+  /// if any worker's pseudo-gradient is not finite.
   void outer_round()
     requires std::same_as<Sync, sync::blocking>
   {
     engine_->outer_round();
   }
 
-  // Completes and applies every reduction in flight (collective), so that
-  // theta_global includes the last one: before evaluating
-  // global_parameters(), saving, leaving, and at the end of training. A
-  // no-op under sync::blocking. Training may go on afterwards.
+  /// Completes and applies every reduction in flight (collective), so that
+  /// theta_global includes the last one: before evaluating
+  /// global_parameters(), saving, leaving, and at the end of training. A
+  /// no-op under sync::blocking. Training may go on afterwards.
   void finish() { engine_->finish(); }
 
-  // Elastic membership (a communicator modelling elastic_communicator with
-  // elastic() true: comm::threads over an elastic world, comm::gloo with
-  // options.elastic). This worker leaves the group: call it right after a
-  // step() that ended a round (its inner step count a multiple of
-  // inner_steps). It drains any reduction in flight (as finish()), then
-  // takes part in the members' next membership check, which re-forms the
-  // group without it; the others go on with M - 1. Afterwards left() is
-  // true, global_parameters() keep the last theta_global this worker saw,
-  // and step()/finish() raise state_error. Deaths need no call: the
-  // survivors find them at their next collective and re-form.
+  /// Elastic membership (a communicator modelling elastic_communicator with
+  /// elastic() true: comm::threads over an elastic world, comm::gloo with
+  /// options.elastic). This worker leaves the group: call it right after a
+  /// step() that ended a round (its inner step count a multiple of
+  /// inner_steps). It drains any reduction in flight (as finish()), then
+  /// takes part in the members' next membership check, which re-forms the
+  /// group without it; the others go on with M - 1. Afterwards left() is
+  /// true, global_parameters() keep the last theta_global this worker saw,
+  /// and step()/finish() raise state_error. Deaths need no call: the
+  /// survivors find them at their next collective and re-form.
   void leave() { engine_->leave(); }
+  /// True once leave() has taken this worker out of the group.
   bool left() const { return engine_->left(); }
-  // This worker's rank and the group's size now: fixed for a fixed group,
-  // renumbered when an elastic group re-forms (members keep their order,
-  // joiners come last).
+  ///@{
+  /// This worker's rank and the group's size now: fixed for a fixed group,
+  /// renumbered when an elastic group re-forms (members keep their order,
+  /// joiners come last).
   int rank() const { return engine_->rank(); }
   int world_size() const { return engine_->world(); }
+  ///@}
 
-  // Forgets the inner optimizer's state (moments) and step count.
+  /// Forgets the inner optimizer's state (moments) and step count.
   void reset_inner_state() { engine_->reset_inner_state(); }
 
-  // Learning-rate schedules for the inner optimizer: the next inner step
-  // uses `lr` (validated like the option).
+  /// Learning-rate schedules for the inner optimizer: the next inner step
+  /// uses `lr` (validated like the option).
   void set_inner_lr(float lr) { engine_->set_inner_lr(lr); }
+  /// The learning rate the next inner step uses.
   float inner_lr() const { return engine_->inner_lr(); }
 
+  /// What this instance has done so far (core/stats.hpp): steps, rounds, bytes, times.
   const diloco::stats& stats() const { return engine_->statistics(); }
-  // The per-rank options (the inner optimizer's, host_threads) whose values
-  // differ between ranks, each with its value on every rank: heterogeneous
-  // workers are allowed, and reported here (found at construction).
+  /// The per-rank options (the inner optimizer's, host_threads) whose values
+  /// differ between ranks, each with its value on every rank: heterogeneous
+  /// workers are allowed, and reported here (found at construction).
   const std::vector<per_rank_option>& per_rank_options() const { return engine_->per_rank_options(); }
+  /// The options it was constructed with.
   const options& settings() const { return opts_; }
+  /// The number of parameters (elements) of the replica.
   std::size_t parameter_count() const { return engine_->parameter_count(); }
-  // Inner steps since an outer step was last applied.
+  /// Inner steps since an outer step was last applied.
   std::size_t steps_in_round() const { return engine_->steps_in_round(); }
-  // The schedule's fragments (1 but for sync::streaming) and tensor k's.
+  ///@{
+  /// The schedule's fragments (1 but for sync::streaming) and tensor k's.
   std::size_t fragment_count() const { return engine_->fragment_count(); }
   std::size_t fragment_of(std::size_t k) const {
     check_tensor(k, "fragment_of");
     return engine_->fragment_of(k);
   }
+  ///@}
 
-  // The algorithm's state, every buffer and counter by name (theta_global,
-  // outer and inner optimizer slots and steps, error-feedback residuals,
-  // rounds, the schedule's position and buffers), read-only. Buffers stay
-  // in their memory space and point into the live state.
+  /// The algorithm's state, every buffer and counter by name (theta_global,
+  /// outer and inner optimizer slots and steps, error-feedback residuals,
+  /// rounds, the schedule's position and buffers), read-only. Buffers stay
+  /// in their memory space and point into the live state.
   std::vector<state_entry> state() const {
     struct collector final : state_visitor {
       std::vector<state_entry> out;
@@ -199,46 +216,49 @@ class algorithm {
     engine_->visit_state(c);
     return std::move(c.out);
   }
-  // The same walk with write access, for checkpoints and joins.
+  /// The same walk with write access, for checkpoints and joins.
   void visit_state(state_visitor& v) { engine_->visit_state(v); }
 
   // ---------------------------------------------------------- checkpoints
-  // A worker checkpoint holds everything this rank needs to resume bit for
-  // bit: every visited state entry (theta_global, outer and inner slots and
-  // step counts, error-feedback residuals, rounds, the schedule's clock and
-  // buffers) and the replica (the parameters), under a header naming the
-  // policies, the options (by field), rank, world size, memory space and
-  // sizes. Format and guarantees: docs/architecture.md, "Checkpoints".
-  //
-  // save is collective (every rank calls it): it first calls finish(), so
-  // no reduction is in flight, then writes this rank's state. The file is
-  // written to a temporary in the same directory, fsynced and renamed over
-  // `path` (checkpoint/file.hpp): a crash leaves the previous checkpoint.
+  /// A worker checkpoint holds everything this rank needs to resume bit for
+  /// bit: every visited state entry (theta_global, outer and inner slots and
+  /// step counts, error-feedback residuals, rounds, the schedule's clock and
+  /// buffers) and the replica (the parameters), under a header naming the
+  /// policies, the options (by field), rank, world size, memory space and
+  /// sizes. Format and guarantees: docs/architecture.md, "Checkpoints".
+  ///
+  /// save is collective (every rank calls it): it first calls finish(), so
+  /// no reduction is in flight, then writes this rank's state. The file is
+  /// written to a temporary in the same directory, fsynced and renamed over
+  /// `path` (checkpoint/file.hpp): a crash leaves the previous checkpoint.
   void save(const std::string& path) { checkpoint::write_file(path, save_bytes()); }
+  /// save() to a stream.
   void save(std::ostream& out) { write_stream(out, save_bytes(), "save"); }
-  // The checkpoint as bytes (collective, as save).
+  /// The checkpoint as bytes (collective, as save).
   std::vector<std::byte> save_bytes(checkpoint::scope s = checkpoint::scope::worker) {
     finish();
     return checkpoint::detail::serialize(*engine_, expected_fields(s), s);
   }
-  // The part equal on every rank (theta_global, outer slots and step
-  // counts, rounds, the schedule's clock), once for the run: collective (it
-  // drains as save does); rank 0 writes the file, the others only drain.
+  /// The part equal on every rank (theta_global, outer slots and step
+  /// counts, rounds, the schedule's clock), once for the run: collective (it
+  /// drains as save does); rank 0 writes the file, the others only drain.
   void save_global(const std::string& path) {
     auto bytes = save_bytes(checkpoint::scope::global);
     if (engine_->rank() == 0) checkpoint::write_file(path, bytes);
   }
+  /// save_global() to a stream (every rank drains; only rank 0 writes).
   void save_global(std::ostream& out) { write_stream(out, save_bytes(checkpoint::scope::global), "save_global"); }
 
-  // Restores a worker checkpoint written by save() on the same rank of a
-  // run with the same policies, agreeing options, world size and parameter
-  // sizes (the inner optimizer's options and host_threads may differ).
-  // The whole file is read and verified before the live state is touched:
-  // a corrupt, truncated or mismatched file is a format_error naming the
-  // field or section and what was expected, with the state unchanged. Not
-  // collective; raises state_error while a reduction is in flight (load
-  // into a fresh instance, or call finish() first).
+  /// Restores a worker checkpoint written by save() on the same rank of a
+  /// run with the same policies, agreeing options, world size and parameter
+  /// sizes (the inner optimizer's options and host_threads may differ).
+  /// The whole file is read and verified before the live state is touched:
+  /// a corrupt, truncated or mismatched file is a format_error naming the
+  /// field or section and what was expected, with the state unchanged. Not
+  /// collective; raises state_error while a reduction is in flight (load
+  /// into a fresh instance, or call finish() first).
   void load(const std::string& path) { load_bytes(checkpoint::read_file(path), path); }
+  /// load() from a stream, read to its end.
   void load(std::istream& in) {
     std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     if (in.bad()) detail::raise<error>("checkpoint: reading the input stream failed");
@@ -246,35 +266,36 @@ class algorithm {
     if (!chars.empty()) std::memcpy(bytes.data(), chars.data(), chars.size());
     load_bytes(bytes, "input stream");
   }
+  /// load() from bytes in memory (as save_bytes() returns them).
   void load(std::span<const std::byte> bytes) { load_bytes(bytes, "memory"); }
 
-  // The error-feedback residual in flat layout (empty without error
-  // feedback, and with several fragments: see state()). In the parameters'
-  // memory space, with the layout of global_parameters().
+  /// The error-feedback residual in flat layout (empty without error
+  /// feedback, and with several fragments: see state()). In the parameters'
+  /// memory space, with the layout of global_parameters().
   template <class Space = host_space>
   tensor_view<const float, Space> compression_residual() const {
     check_space<Space>();
     return {engine_->residual_data(), engine_->residual_size()};
   }
 
-  // theta_global as a flat view (tensor k at global_offset(k)), in the
-  // parameters' memory space. Host tensors are packed end to end; device
-  // tensors start at multiples of 16 floats, with zero padding between.
-  // Under sync::streaming tensors are grouped fragment by fragment.
+  /// theta_global as a flat view (tensor k at global_offset(k)), in the
+  /// parameters' memory space. Host tensors are packed end to end; device
+  /// tensors start at multiples of 16 floats, with zero padding between.
+  /// Under sync::streaming tensors are grouped fragment by fragment.
   template <class Space = host_space>
   tensor_view<const float, Space> global_parameters() const {
     check_space<Space>();
     return {engine_->global_data(), engine_->flat_size()};
   }
-  // Where parameter tensor k starts in global_parameters().
+  /// Where parameter tensor k starts in global_parameters().
   std::size_t global_offset(std::size_t k) const {
     check_tensor(k, "global_offset");
     return engine_->offset(k);
   }
 
  private:
-  // The header a checkpoint of this instance carries, and what load checks:
-  // enforced fields must match; per-rank options need only be present.
+  /// The header a checkpoint of this instance carries, and what load checks:
+  /// enforced fields must match; per-rank options need only be present.
   std::vector<checkpoint::expected_field> expected_fields(checkpoint::scope s) const {
     std::vector<checkpoint::expected_field> out;
     auto add = [&out](std::string name, option_value v, bool enforce = true) {
@@ -302,9 +323,9 @@ class algorithm {
     return out;
   }
 
-  // What the ranks compare at construction (core/agreement.hpp): the
-  // policies and parameter layout, then every option, tagged must-agree or
-  // per-rank; the memory space is per rank.
+  /// What the ranks compare at construction (core/agreement.hpp): the
+  /// policies and parameter layout, then every option, tagged must-agree or
+  /// per-rank; the memory space is per rank.
   std::vector<detail::agreement_record> agreement_records(detail::space_id space) const {
     std::vector<detail::agreement_record> out;
     out.push_back({'A', "policy.inner", Inner::name});
@@ -321,7 +342,7 @@ class algorithm {
     return out;
   }
 
-  // The compressor as the header names it (compress/fingerprint.hpp).
+  /// The compressor as the header names it (compress/fingerprint.hpp).
   static std::string compressor_fingerprint() { return compress::fingerprint<Compressor>(); }
 
   void load_bytes(std::span<const std::byte> bytes, const std::string& source) {
@@ -391,7 +412,7 @@ class algorithm {
   }
 
   options opts_;
-  std::vector<std::size_t> tensor_elements_;  // the parameters' sizes, for checkpoint headers
+  std::vector<std::size_t> tensor_elements_;  ///< the parameters' sizes, for checkpoint headers
   std::unique_ptr<detail::engine_base> engine_;
   std::vector<detail::raw_tensor> raw_grads_;
 };

@@ -153,16 +153,18 @@ void collect(Grads&& grads, std::vector<raw_tensor>& out) {
 
 }  // namespace detail
 
-// An optimizer policy applied by an executor: optimizer<inner::adamw> opt(params);
-// then opt.step(grads) after each backward pass. The executor fixes the
-// memory space: exec::host (the default) takes host tensors,
-// exec::cuda (<diloco/cuda.hpp>) device tensors, and the whole step runs as
-// fused kernels on the GPU. Tensors of the other space do not compile.
+/// An optimizer policy applied by an executor: optimizer<inner::adamw> opt(params);
+/// then opt.step(grads) after each backward pass. The executor fixes the
+/// memory space: exec::host (the default) takes host tensors,
+/// exec::cuda (<diloco/cuda.hpp>) device tensors, and the whole step runs as
+/// fused kernels on the GPU. Tensors of the other space do not compile.
 template <optimizer_policy Opt, class Exec = exec::host>
 class optimizer {
  public:
-  using memory_space = typename detail::executor_space<Exec>::type;
+  using memory_space = typename detail::executor_space<Exec>::type;  ///< host_space or device_space, from the executor
 
+  /// Over `params` (a range of writable fp32 tensors, or one, in the executor's memory space),
+  /// with zeroed optimizer state. The tensors must outlive the optimizer and stay where they are.
   template <tensor_argument Params>
   explicit optimizer(Params&& params, typename Opt::options opts = {}, Exec exec = Exec{}) : exec_(std::move(exec)) {
     if constexpr (detail::parameter_tensors_ok<Params>()) {
@@ -179,6 +181,9 @@ class optimizer {
     }
   }
 
+  /// One step with these gradients (same count and sizes as the parameters): clipping to
+  /// options.max_grad_norm if set, then the fused update of every tensor. Throws config_error on
+  /// a count or size mismatch.
   template <tensor_argument Grads>
   void step(Grads&& grads) {
     if constexpr (detail::gradient_tensors_ok<Grads>()) {
@@ -190,11 +195,15 @@ class optimizer {
     }
   }
 
+  /// Steps taken since construction or reset().
   std::uint64_t steps() const { return core_.steps(); }
+  /// Zeroes the optimizer state and the step count.
   void reset() { core_.reset(); }
-  // For learning-rate schedules: the next step uses `lr` (validated).
+  /// For learning-rate schedules: the next step uses `lr` (validated).
   void set_lr(float lr) { core_.set_lr(lr); }
+  /// The learning rate the next step uses.
   float lr() const { return core_.settings().lr; }
+  /// The executor that runs the passes.
   Exec& executor() { return exec_; }
 
  private:

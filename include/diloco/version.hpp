@@ -12,8 +12,12 @@
 #define DILOCO_VERSION (DILOCO_VERSION_MAJOR * 10000 + DILOCO_VERSION_MINOR * 100 + DILOCO_VERSION_PATCH)
 
 namespace diloco {
+///@{
+/// The version as numbers (major, minor, patch), and as one comparable number: major * 10000
+/// + minor * 100 + patch (DILOCO_VERSION).
 inline constexpr int version_major = DILOCO_VERSION_MAJOR;
 inline constexpr int version_minor = DILOCO_VERSION_MINOR;
 inline constexpr int version_patch = DILOCO_VERSION_PATCH;
 inline constexpr int version = DILOCO_VERSION;
+///@}
 }  // namespace diloco

@@ -84,9 +84,9 @@ inline std::vector<std::byte> read_file(const std::string& path) {
 
 #else
 
-// Writes `bytes` to a new temporary file next to `path` and fsyncs it;
-// returns its name. commit_file() then puts it in place. (Two steps so a
-// test can stop between them, as a crash would.)
+/// Writes `bytes` to a new temporary file next to `path` and fsyncs it;
+/// returns its name. commit_file() then puts it in place. (Two steps so a
+/// test can stop between them, as a crash would.)
 inline std::string stage_file(const std::string& path, std::span<const std::byte> bytes) {
   const std::string temp = detail::temporary_name(path);
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -118,7 +118,7 @@ inline std::string stage_file(const std::string& path, std::span<const std::byte
   return temp;
 }
 
-// Renames the staged file over `path` and fsyncs the directory.
+/// Renames the staged file over `path` and fsyncs the directory.
 inline void commit_file(const std::string& temp, const std::string& path) {
   if (::rename(temp.c_str(), path.c_str()) != 0) {
     const int e = errno;
@@ -138,7 +138,7 @@ inline void commit_file(const std::string& temp, const std::string& path) {
   if (r != 0) diloco::detail::raise<error>("checkpoint: fsync of directory ", dir, " failed: ", detail::errno_text(e));
 }
 
-// The whole file in memory.
+/// The whole file in memory.
 inline std::vector<std::byte> read_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
@@ -166,8 +166,8 @@ inline std::vector<std::byte> read_file(const std::string& path) {
 
 #endif
 
-// stage_file + commit_file: `path` holds the old bytes or the new ones,
-// never a mixture.
+/// stage_file + commit_file: `path` holds the old bytes or the new ones,
+/// never a mixture.
 inline void write_file(const std::string& path, std::span<const std::byte> bytes) {
   commit_file(stage_file(path, bytes), path);
 }

@@ -46,15 +46,18 @@
 
 namespace diloco::checkpoint {
 
+/// The file's first 8 bytes, "DILOCOCK".
 inline constexpr std::array<char, 8> magic{'D', 'I', 'L', 'O', 'C', 'O', 'C', 'K'};
-inline constexpr std::uint32_t format_version = 1;
-inline constexpr std::size_t preamble_bytes = 24;
-inline constexpr std::size_t trailer_bytes = 8;
-inline constexpr std::size_t frame_bytes = 16;    // kind, name bytes, payload bytes
-inline constexpr std::size_t section_tail = 8;    // the section's checksum
+inline constexpr std::uint32_t format_version = 1;  ///< the version this reader writes and accepts
+inline constexpr std::size_t preamble_bytes = 24;  ///< magic, version, section count, file bytes
+inline constexpr std::size_t trailer_bytes = 8;   ///< the whole-file checksum
+inline constexpr std::size_t frame_bytes = 16;    ///< kind, name bytes, payload bytes
+inline constexpr std::size_t section_tail = 8;    ///< the section's checksum
 
+/// What a section holds: the header's fields, an fp32 buffer, or one u64 scalar.
 enum class section_kind : std::uint32_t { header = 1, buffer = 2, scalar = 3 };
 
+/// "header", "buffer" or "scalar", for messages.
 inline const char* to_string(section_kind k) {
   switch (k) {
     case section_kind::header: return "header";
@@ -64,20 +67,21 @@ inline const char* to_string(section_kind k) {
   return "unknown";
 }
 
-// A header field: a name and its value.
+/// A header field: a name and its value.
 struct field {
-  std::string name;
-  option_value value;
+  std::string name;    ///< the option's or entry's name
+  option_value value;  ///< its value, type-erased
 };
 
-// Where a section lies in the file.
+/// Where a section lies in the file.
 struct section {
-  section_kind kind = section_kind::buffer;
-  std::string name;
-  std::size_t offset = 0;          // first byte of its frame
-  std::size_t payload_offset = 0;  // first byte of its payload
-  std::size_t payload_bytes = 0;
-  std::size_t end = 0;             // one past its checksum
+  section_kind kind = section_kind::buffer;  ///< what it holds
+  std::string name;                ///< its name: "header", or the state entry's name
+  std::size_t offset = 0;          ///< first byte of its frame
+  std::size_t payload_offset = 0;  ///< first byte of its payload
+  std::size_t payload_bytes = 0;   ///< bytes of its payload
+  std::size_t end = 0;             ///< one past its checksum
+  /// The values it holds: a buffer's floats, or 1 for a scalar or the header.
   std::size_t elements() const { return kind == section_kind::buffer ? payload_bytes / 4 : 1; }
 };
 
@@ -159,9 +163,10 @@ class field_reader {
 
 }  // namespace detail
 
-// Builds a checkpoint: the header fields, then sections in order.
+/// Builds a checkpoint: the header fields, then sections in order.
 class writer {
  public:
+  /// Starts a checkpoint: the preamble, then the header section with these fields.
   explicit writer(const std::vector<field>& header) {
     out_.reserve(preamble_bytes + 256);
     detail::put_text(out_, std::string_view(magic.data(), magic.size()));
@@ -186,18 +191,20 @@ class writer {
     end(at);
   }
 
-  // `host`: n fp32 values in host memory.
+  /// `host`: n fp32 values in host memory.
   void buffer(std::string_view name, const float* host, std::size_t n) {
     const std::size_t at = begin(section_kind::buffer, name, 4 * n);
     detail::put_floats(out_, host, n);
     end(at);
   }
+  /// A scalar section: one u64.
   void scalar(std::string_view name, std::uint64_t value) {
     const std::size_t at = begin(section_kind::scalar, name, 8);
     detail::put_u64(out_, value);
     end(at);
   }
 
+  /// The finished file: section count, size and the trailing checksum filled in.
   std::vector<std::byte> finish() && {
     detail::set_u32(out_, 12, sections_);
     detail::set_u64(out_, 16, out_.size() + trailer_bytes);
@@ -224,27 +231,30 @@ class writer {
   std::uint32_t sections_ = 0;
 };
 
-// A checkpoint whose structure and checksums were verified (parse()). Views
-// the bytes it was parsed from, which must outlive it.
+/// A checkpoint whose structure and checksums were verified (parse()). Views
+/// the bytes it was parsed from, which must outlive it.
 struct image {
-  std::span<const std::byte> bytes;
-  std::uint32_t version = 0;
-  std::vector<field> header;
-  std::vector<section> sections;  // sections[0] is the header
+  std::span<const std::byte> bytes;  ///< the whole file
+  std::uint32_t version = 0;      ///< its format version
+  std::vector<field> header;      ///< the header's fields, in file order
+  std::vector<section> sections;  ///< sections[0] is the header
 
+  /// The header field named `name`, or null.
   const field* find(std::string_view name) const {
     for (const field& f : header)
       if (f.name == name) return &f;
     return nullptr;
   }
+  /// A scalar section's value.
   std::uint64_t scalar(const section& s) const { return detail::get_u64(bytes.data() + s.payload_offset); }
+  /// A buffer section's values, copied to `out` (s.elements() floats).
   void floats(const section& s, float* out) const { detail::get_floats(bytes.data() + s.payload_offset, s.elements(), out); }
 };
 
-// Verifies everything that needs no knowledge of the algorithm: magic,
-// version, declared size against the bytes, every section's bounds, kind
-// and checksum, the whole-file checksum, the header's fields. Anything
-// wrong is a format_error saying what and what was expected.
+/// Verifies everything that needs no knowledge of the algorithm: magic,
+/// version, declared size against the bytes, every section's bounds, kind
+/// and checksum, the whole-file checksum, the header's fields. Anything
+/// wrong is a format_error saying what and what was expected.
 inline image parse(std::span<const std::byte> bytes) {
   using diloco::detail::raise;
   const std::size_t n = bytes.size();
@@ -363,16 +373,16 @@ inline image parse(std::span<const std::byte> bytes) {
   return img;
 }
 
-// A field the reader expects, and whether its value must match the file's
-// (fields that may differ per rank are checked for presence only).
+/// A field the reader expects, and whether its value must match the file's
+/// (fields that may differ per rank are checked for presence only).
 struct expected_field {
-  field f;
-  bool enforce = true;
+  field f;              ///< the field, with the value expected
+  bool enforce = true;  ///< whether the value must match (else the field need only be present)
 };
 
-// Every expected field is present with the expected kind and, where
-// enforced, value; the file has no other fields. The first difference is a
-// format_error naming the field and both values.
+/// Every expected field is present with the expected kind and, where
+/// enforced, value; the file has no other fields. The first difference is a
+/// format_error naming the field and both values.
 inline void check_header(const image& img, const std::vector<expected_field>& expected) {
   using diloco::detail::raise;
   for (const expected_field& e : expected) {

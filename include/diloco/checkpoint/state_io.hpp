@@ -26,12 +26,13 @@
 
 namespace diloco::checkpoint {
 
-// worker: everything one rank needs to resume (its replica, inner state,
-// residuals, schedule buffers, and the global part). global: the part that
-// is equal on every rank (theta_global, the outer state and step counts,
-// rounds, the schedule's clock), written once for a run.
+/// worker: everything one rank needs to resume (its replica, inner state,
+/// residuals, schedule buffers, and the global part). global: the part that
+/// is equal on every rank (theta_global, the outer state and step counts,
+/// rounds, the schedule's clock), written once for a run.
 enum class scope { worker, global };
 
+/// "worker" or "global", for messages and the header.
 inline const char* to_string(scope s) { return s == scope::worker ? "worker" : "global"; }
 
 namespace detail {

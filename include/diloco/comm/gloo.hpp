@@ -1,16 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// Communicator over Gloo's TCP transport: one rank per process, on one
-// machine or many. Ranks find each other through a rendezvous store (a
-// shared directory or a Redis server), every wait is bounded by a timeout,
-// and a peer that vanishes or stops answering surfaces as comm_error on
-// every surviving rank. Link diloco::gloo to use it.
-//
-//   diloco::comm::gloo comm({.rank = r, .size = n,
-//                            .rendezvous = diloco::comm::gloo::file_store{"/shared/rdv"}});
-//   auto comm = diloco::comm::gloo::from_env();   // DILOCO_RANK, ... (scripts/launch_gloo.sh)
-
 #include "diloco/core/require_cxx20.hpp"
 
 #include <algorithm>
@@ -53,17 +43,29 @@
 
 namespace diloco::comm {
 
+/// Communicator over Gloo's TCP transport: one rank per process, on one
+/// machine or many. Ranks find each other through a rendezvous store (a
+/// shared directory or a Redis server), every wait is bounded by a timeout,
+/// and a peer that vanishes or stops answering surfaces as comm_error on
+/// every surviving rank. Link diloco::gloo to use it.
+///
+/// ```
+/// diloco::comm::gloo comm({.rank = r, .size = n,
+///                          .rendezvous = diloco::comm::gloo::file_store{"/shared/rdv"}});
+/// auto comm = diloco::comm::gloo::from_env();   // DILOCO_RANK, ... (scripts/launch_gloo.sh)
+/// ```
 class gloo {
  public:
-  using request = async_request;
+  using request = async_request;  ///< what the non-blocking operations return
+  /// Rank, size, rendezvous store, run id, timeouts, elastic membership (comm/gloo/options.hpp).
   using options = detail_gloo::options;
-  using file_store = detail_gloo::file_store;
-  using redis_store = detail_gloo::redis_store;
+  using file_store = detail_gloo::file_store;    ///< a rendezvous store in a directory every rank can reach
+  using redis_store = detail_gloo::redis_store;  ///< a rendezvous store on a Redis server
 
-  // Joins the world: collective over all `size` processes, which must be
-  // started with the same store, run id and size. Throws config_error for
-  // bad options and comm_error, within options.timeout of the call, when
-  // a rank does not come or does not connect (naming it).
+  /// Joins the world: collective over all `size` processes, which must be
+  /// started with the same store, run id and size. Throws config_error for
+  /// bad options and comm_error, within options.timeout of the call, when
+  /// a rank does not come or does not connect (naming it).
   explicit gloo(options opts) : opts_(std::move(opts)) {
     detail_gloo::validate(opts_);
     detail_gloo::sigpipe_guard guard;
@@ -92,17 +94,18 @@ class gloo {
     }
   }
 
-  // Options from DILOCO_RANK, DILOCO_WORLD_SIZE, DILOCO_STORE and the
-  // optional DILOCO_RUN_ID, DILOCO_HOSTNAME, DILOCO_IFACE, DILOCO_TIMEOUT_MS.
+  /// Options from DILOCO_RANK, DILOCO_WORLD_SIZE, DILOCO_STORE and the
+  /// optional DILOCO_RUN_ID, DILOCO_HOSTNAME, DILOCO_IFACE, DILOCO_TIMEOUT_MS.
   static options options_from_env() { return detail_gloo::options_from_env(); }
+  /// Joins the world described by options_from_env() (scripts/launch_gloo.sh sets it).
   static gloo from_env() { return gloo(options_from_env()); }
 
   gloo(const gloo&) = delete;
   gloo& operator=(const gloo&) = delete;
 
-  // An elastic member that ends normally says so in the store (g<G>/closed/
-  // <id>): a joiner still waiting learns that the group it would join has
-  // finished instead of waiting out join_timeout.
+  /// An elastic member that ends normally says so in the store
+  /// (`g<G>/closed/<id>`): a joiner still waiting learns that the group it
+  /// would join has finished instead of waiting out join_timeout.
   ~gloo() {
     if (!meta_ || joining_ || left_ || !closed_reason().empty()) return;
     try {
@@ -112,23 +115,30 @@ class gloo {
     }
   }
 
+  ///@{
+  /// This process's rank and the world's size (an elastic group's current ones).
   int rank() const { return opts_.rank; }
   int size() const { return opts_.size; }
+  ///@}
 
   // ------------------------------------------------ elastic membership
-  // (elastic_communicator; options.elastic). The group's generations live
-  // in the store under diloco/<run id>/elastic/: g<G>/members (the ids of
-  // generation G in rank order, set once), g<G>/alive/<id> (survivors of
-  // G-1 registering), join/<n> (joiner slots), launch/<rank> (first-
-  // generation ranks that started), and each generation's own rendezvous.
+  ///@{
+  /// elastic_communicator: whether the group may change (options.elastic), its
+  /// generation, and whether this worker still waits to join. The group's
+  /// generations live in the store under `diloco/<run id>/elastic/`:
+  /// `g<G>/members` (the ids of generation G in rank order, set once),
+  /// `g<G>/alive/<id>` (survivors of G-1 registering), `join/<n>` (joiner
+  /// slots), `launch/<rank>` (first-generation ranks that started), and each
+  /// generation's own rendezvous.
   bool elastic() const { return opts_.elastic; }
   std::uint64_t generation() const { return generation_; }
   bool joining() const { return joining_; }
-  // This worker's id in the group ("r<first rank>" or "j<join slot>").
+  ///@}
+  /// This worker's id in the group ("r<first rank>" or "j<join slot>").
   const std::string& member_id() const { return id_; }
 
-  // A joiner takes a slot, then waits (options.join_timeout) for a
-  // generation that lists it and connects to it.
+  /// A joiner takes a slot, then waits (options.join_timeout) for a
+  /// generation that lists it and connects to it.
   void join() {
     if (!joining_) diloco::detail::raise<state_error>("comm::gloo::join: this worker is already a member");
     detail_gloo::sigpipe_guard guard;
@@ -174,10 +184,10 @@ class gloo {
     }
   }
 
-  // Collective over the members where nothing is in flight. Rank 0 counts
-  // the joiners waiting (at a round end, when they are admitted); if anyone
-  // leaves or joins, the next generation is written to the store and the
-  // members (not the leavers) connect to it.
+  /// Collective over the members where nothing is in flight. Rank 0 counts
+  /// the joiners waiting (at a round end, when they are admitted); if anyone
+  /// leaves or joins, the next generation is written to the store and the
+  /// members (not the leavers) connect to it.
   bool at_boundary(bool leave, boundary_kind kind) {
     if (!opts_.elastic) diloco::detail::raise<config_error>("comm::gloo: membership checks need options.elastic");
     bool changed = false;
@@ -185,7 +195,7 @@ class gloo {
     return changed;
   }
 
-  // After a failure: the survivors of this generation form the next one.
+  /// After a failure: the survivors of this generation form the next one.
   void recover() {
     if (!opts_.elastic)
       diloco::detail::raise<comm_error>("comm::gloo: the communicator failed and is not elastic (",
@@ -193,19 +203,23 @@ class gloo {
     if (left_) diloco::detail::raise<state_error>("comm::gloo: this worker has left the group");
     blocking([&] { do_recover(); });
   }
-  // How many ranks share this host's cores (options.local_world_size).
+  /// How many ranks share this host's cores (options.local_world_size).
   int workers_on_host() const { return opts_.local_world_size > 0 ? opts_.local_world_size : 1; }
+  /// The bytes this rank has sent and received, as core/comm_types.hpp models them.
   traffic_counters traffic() const { return traffic_; }
+  /// The options it was constructed with.
   const options& settings() const { return opts_; }
 
   // ------------------------------------------------------------ blocking
-  // In-place fp32 all-reduce with Gloo's ring algorithm. Every rank ends
-  // with the same bits, and the same world size and inputs give the same
-  // bits on every run; the summation order is the ring's, not rank order.
+  /// In-place fp32 all-reduce with Gloo's ring algorithm. Every rank ends
+  /// with the same bits, and the same world size and inputs give the same
+  /// bits on every run; the summation order is the ring's, not rank order.
   void all_reduce(std::span<float> buf, reduce_op op) {
     account_all_reduce(buf.size());
     blocking([&] { do_all_reduce(buf, op); });
   }
+  ///@{
+  /// Copies root's buffer into every rank's buffer.
   void broadcast(std::span<float> buf, int root) {
     std::span<std::byte> bytes(reinterpret_cast<std::byte*>(buf.data()), buf.size_bytes());
     validated(detail_gloo::op_code::broadcast, bytes.size(), root, check_root(root));
@@ -217,30 +231,33 @@ class gloo {
     account_broadcast(buf.size(), root);
     blocking([&] { do_broadcast(buf, root); });
   }
-  // send holds M equal blocks, block k for rank k; recv receives block
-  // `rank` of every rank's send, in rank order.
+  ///@}
+  /// send holds M equal blocks, block k for rank k; recv receives block
+  /// `rank` of every rank's send, in rank order.
   void all_to_all(std::span<const std::byte> send, std::span<std::byte> recv) {
     validated(detail_gloo::op_code::all_to_all, send.size(), 0,
               check_exchange("all_to_all", send, recv, send.size()));
     account_exchange(send.size() / static_cast<std::size_t>(size()));
     blocking([&] { do_all_to_all(send, recv); });
   }
-  // recv receives every rank's send, in rank order (M blocks).
+  /// recv receives every rank's send, in rank order (M blocks).
   void all_gather(std::span<const std::byte> send, std::span<std::byte> recv) {
     validated(detail_gloo::op_code::all_gather, send.size(), 0,
               check_exchange("all_gather", send, recv, send.size() * static_cast<std::size_t>(size())));
     account_exchange(send.size());
     blocking([&] { do_all_gather(send, recv); });
   }
+  /// Returns once every rank has entered it.
   void barrier() {
     blocking([&] { do_barrier(); });
   }
 
   // -------------------------------------------------------- non-blocking
-  // Each returns at once; the operation runs on this communicator's
-  // progress thread, in issue order. Buffers must stay untouched until
-  // wait() returns. Arguments this rank rejects throw config_error at the
-  // call, after the other ranks have been told (so it may wait for them).
+  ///@{
+  /// Each returns at once; the operation runs on this communicator's
+  /// progress thread, in issue order. Buffers must stay untouched until
+  /// wait() returns. Arguments this rank rejects throw config_error at the
+  /// call, after the other ranks have been told (so it may wait for them).
   request iall_reduce(std::span<float> buf, reduce_op op) {
     account_all_reduce(buf.size());
     return queue_.submit([this, buf, op] { do_all_reduce(buf, op); });
@@ -271,15 +288,16 @@ class gloo {
   request ibarrier() {
     return queue_.submit([this] { do_barrier(); });
   }
+  ///@}
 
  private:
   using op_code = detail_gloo::op_code;
-  // Gloo matches messages by slot: argument headers and payloads use
-  // different tags so the two can never be confused.
+  /// Gloo matches messages by slot: argument headers and payloads use
+  /// different tags so the two can never be confused.
   static constexpr std::uint32_t header_tag = 0;
   static constexpr std::uint32_t payload_tag = 1;
 
-  // A blocking operation never overtakes pending non-blocking ones.
+  /// A blocking operation never overtakes pending non-blocking ones.
   template <class F>
   void blocking(F&& f) {
     queue_.run_in_order(std::forward<F>(f));
@@ -309,9 +327,9 @@ class gloo {
     return {};
   }
 
-  // Throws config_error if this rank rejected its arguments (`problem` is
-  // not empty), after telling the other ranks in the argument check so
-  // that they fail at once instead of at the timeout.
+  /// Throws config_error if this rank rejected its arguments (`problem` is
+  /// not empty), after telling the other ranks in the argument check so
+  /// that they fail at once instead of at the timeout.
   void validated(op_code op, std::size_t count, int arg, const std::string& problem) {
     if (problem.empty()) return;
     if (opts_.check_arguments && size() > 1) {
@@ -328,15 +346,15 @@ class gloo {
   }
 
   // ------------------------------------------------------------ traffic
-  // The models shared by every communicator (core/comm_types.hpp); Gloo's
-  // broadcast really runs a binomial tree.
+  /// The models shared by every communicator (core/comm_types.hpp); Gloo's
+  /// broadcast really runs a binomial tree.
   void account_all_reduce(std::size_t n) { traffic_.add_all_reduce(n * sizeof(float), size()); }
   void account_broadcast(std::size_t bytes, int root) { traffic_.add_broadcast(bytes, rank(), root, size()); }
   void account_exchange(std::size_t block) { traffic_.add_exchange(block, size()); }
 
   // ---------------------------------------------------------- execution
-  // Runs one collective: fails at once if the communicator is closed,
-  // checks the ranks' arguments agree, then lets Gloo move the data.
+  /// Runs one collective: fails at once if the communicator is closed,
+  /// checks the ranks' arguments agree, then lets Gloo move the data.
   template <class Transfer>
   void collective(op_code op, std::uint64_t count, int arg, Transfer&& transfer) {
     detail_gloo::sigpipe_guard guard;
@@ -366,10 +384,10 @@ class gloo {
     if (std::string why = detail_gloo::disagreement(all, rank()); !why.empty()) throw comm_error(why);
   }
 
-  // Any failure inside Gloo closes this communicator's connections, so that
-  // ranks blocked on this one fail now rather than at their timeout, and is
-  // reported as comm_error naming the operation, the rank and, when Gloo's
-  // message shows it, the peer.
+  /// Any failure inside Gloo closes this communicator's connections, so that
+  /// ranks blocked on this one fail now rather than at their timeout, and is
+  /// reported as comm_error naming the operation, the rank and, when Gloo's
+  /// message shows it, the peer.
   template <class Transfer>
   void guarded(const char* name, Transfer&& transfer) {
     std::string what, kind;
@@ -409,13 +427,13 @@ class gloo {
     diloco::detail::raise<comm_error>(failure, "; this communicator is now closed");
   }
 
-  // Runs a Gloo call whose buffers (owned by its options) are still alive
-  // here; on failure the connections are closed before those buffers are
-  // destroyed. Closing a pair waits until Gloo's event loop has left it, and
-  // the loop may still be completing a transfer into a buffer of the failed
-  // call (seen under TSan in the kill test).
-  // First it leaves this rank's failure note in the store, so that a rank
-  // that sees these connections close can tell whom this one blamed.
+  /// Runs a Gloo call whose buffers (owned by its options) are still alive
+  /// here; on failure the connections are closed before those buffers are
+  /// destroyed. Closing a pair waits until Gloo's event loop has left it, and
+  /// the loop may still be completing a transfer into a buffer of the failed
+  /// call (seen under TSan in the kill test).
+  /// First it leaves this rank's failure note in the store, so that a rank
+  /// that sees these connections close can tell whom this one blamed.
   template <class Call>
   void closing_on_failure(Call&& call) {
     try {
@@ -437,9 +455,9 @@ class gloo {
     }
   }
 
-  // How long a failed rank waits for the others' notes when the trail ends
-  // in a timeout (a stalled rank): the live ranks fail within milliseconds
-  // of each other, since each closes its connections when it fails.
+  /// How long a failed rank waits for the others' notes when the trail ends
+  /// in a timeout (a stalled rank): the live ranks fail within milliseconds
+  /// of each other, since each closes its connections when it fails.
   std::chrono::milliseconds blame_grace() const {
     return std::min(opts_.timeout, std::chrono::milliseconds(500));
   }
@@ -472,7 +490,7 @@ class gloo {
     }
   }
 
-  // c = a + b over n floats; c may be a.
+  /// c = a + b over n floats; c may be a.
   static void add_floats(void* c, const void* a, const void* b, std::size_t n) {
     auto* out = static_cast<float*>(c);
     const auto* x = static_cast<const float*>(a);
@@ -548,7 +566,7 @@ class gloo {
     return {ids, std::stoull(text.substr(nl + 1))};
   }
 
-  // Takes generation g's membership: rank and size from the list.
+  /// Takes generation g's membership: rank and size from the list.
   void adopt(std::uint64_t g, std::vector<std::string> list, std::uint64_t next_join) {
     const auto it = std::find(list.begin(), list.end(), id_);
     generation_ = g;
@@ -562,7 +580,7 @@ class gloo {
     sequence_ = 0;
   }
 
-  // Reads generation g's list, written by whoever wrote first.
+  /// Reads generation g's list, written by whoever wrote first.
   std::pair<std::vector<std::string>, std::uint64_t> members_of(std::uint64_t g) {
     const std::string key = diloco::detail::concat("g", g, "/members");
     std::vector<std::vector<char>> value(1);
@@ -573,7 +591,7 @@ class gloo {
     return decode_members(value[0]);
   }
 
-  // Connects to generation g after adopting it (its failure: the caller's).
+  /// Connects to generation g after adopting it (its failure: the caller's).
   void connect_generation() {
     close_connections();
     conn_ = {};
@@ -618,8 +636,8 @@ class gloo {
     return true;
   }
 
-  // Whether member k of the current generation is presumed dead: it left
-  // no failure note of its own, and another member's note blames it.
+  /// Whether member k of the current generation is presumed dead: it left
+  /// no failure note of its own, and another member's note blames it.
   bool presumed_dead(int k) {
     if (!conn_.store) return false;
     try {
@@ -631,18 +649,18 @@ class gloo {
     return false;
   }
 
-  // Set when member `id` of generation g ended normally (see ~gloo).
+  /// Set when member `id` of generation g ended normally (see ~gloo).
   static std::string closed_key(std::uint64_t g, const std::string& id) {
     return diloco::detail::concat("g", g, "/closed/", id);
   }
 
-  // How long survivors wait for the members of the failed generation to
-  // register. A live member reaches a collective within `timeout` of the
-  // others (or the group would time out without any death) and its
-  // collective fails within `timeout` (a peer that died without resetting
-  // its connections is only noticed by the timeout), so 2 x timeout (and a
-  // little for the store) admits every live member; only a frozen or dead
-  // one that nobody blames costs the whole wait.
+  /// How long survivors wait for the members of the failed generation to
+  /// register. A live member reaches a collective within `timeout` of the
+  /// others (or the group would time out without any death) and its
+  /// collective fails within `timeout` (a peer that died without resetting
+  /// its connections is only noticed by the timeout), so 2 x timeout (and a
+  /// little for the store) admits every live member; only a frozen or dead
+  /// one that nobody blames costs the whole wait.
   std::chrono::milliseconds recovery_wait() const {
     if (diloco::detail::unbounded(opts_.timeout)) return opts_.timeout;
     const auto bound = std::chrono::milliseconds::max() / 4;
@@ -698,8 +716,8 @@ class gloo {
   }
 
   options opts_;
-  // Elastic state: the store's elastic scope, this worker's id, the
-  // generation's member ids (rank order) and the next joiner slot.
+  /// Elastic state: the store's elastic scope, this worker's id, the
+  /// generation's member ids (rank order) and the next joiner slot.
   std::unique_ptr<detail_gloo::rendezvous_store> meta_;
   std::string id_;
   std::uint64_t generation_ = 0;
@@ -709,11 +727,11 @@ class gloo {
   bool left_ = false;
   detail_gloo::connection conn_;
   traffic_counters traffic_{};
-  std::uint64_t sequence_ = 0;  // touched only by the thread running collectives
+  std::uint64_t sequence_ = 0;  ///< touched only by the thread running collectives
   std::mutex mutex_;
-  std::string closed_;  // the failure that closed the communicator; empty while usable
-  // Last member: destroyed first, so its thread finishes (or times out)
-  // the queued operations while the connection is still alive.
+  std::string closed_;  ///< the failure that closed the communicator; empty while usable
+  /// Last member: destroyed first, so its thread finishes (or times out)
+  /// the queued operations while the connection is still alive.
   detail::progress_queue queue_;
 };
 

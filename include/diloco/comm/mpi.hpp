@@ -1,22 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// diloco::comm::mpi: the workers are the ranks of an MPI communicator the
-// user created (diloco never calls MPI_Init or MPI_Finalize). Link the
-// diloco::mpi CMake target to use it. With DILOCO_WITH_CUDA (the diloco::cuda
-// target) or under nvcc it also takes device buffers: handed to MPI directly
-// when the MPI library is CUDA-aware, staged through pinned host memory
-// otherwise.
-//
-// Every rank must call the same collectives in the same order, from one
-// thread at a time (MPI_THREAD_FUNNELED is enough). The results are those of
-// MPI's own reductions, which are deterministic for a given library, world
-// size, message size and call (blocking or not).
-//
-// Waits are MPI's own and unbounded by default; with options.timeout every
-// collective is issued non-blocking and polled against it, so a dead peer
-// (in a job mpirun keeps alive) is a comm_error instead of a hang.
-
 #include "diloco/core/require_cxx20.hpp"
 
 #include <mpi.h>
@@ -60,42 +44,43 @@
 
 namespace diloco::comm {
 
-// How device buffers reach MPI.
+/// How device buffers reach MPI.
 enum class mpi_device_path : std::uint8_t {
-  detect,  // direct if the MPI library reports CUDA support, staged otherwise
-  direct,  // device pointers handed to MPI (the library must be CUDA-aware)
-  staged,  // copied through pinned host buffers around every collective
+  detect,  ///< direct if the MPI library reports CUDA support, staged otherwise
+  direct,  ///< device pointers handed to MPI (the library must be CUDA-aware)
+  staged,  ///< copied through pinned host buffers around every collective
 };
 
+/// What comm::mpi checks and how long it waits, set with designated initializers.
 struct mpi_options {
-  // The number of ranks the program was written for; 0 accepts any. A
-  // mismatch (a job started with the wrong -np) is a config_error.
+  /// The number of ranks the program was written for; 0 accepts any. A
+  /// mismatch (a job started with the wrong -np) is a config_error.
   int expected_size = 0;
-  // Before each collective the ranks compare the operation, the buffer size
-  // and the root or reduction with one tiny MPI_Allreduce, so a mismatch
-  // throws on every rank instead of hanging or corrupting memory. Turning it
-  // off saves that round trip per call (it matters only for small buffers)
-  // and makes non-blocking calls return without synchronizing the ranks.
+  /// Before each collective the ranks compare the operation, the buffer size
+  /// and the root or reduction with one tiny MPI_Allreduce, so a mismatch
+  /// throws on every rank instead of hanging or corrupting memory. Turning it
+  /// off saves that round trip per call (it matters only for small buffers)
+  /// and makes non-blocking calls return without synchronizing the ranks.
   bool check_arguments = true;
-  // The largest count handed to a single MPI call (MPI counts are int);
-  // longer buffers are split into several calls.
+  /// The largest count handed to a single MPI call (MPI counts are int);
+  /// longer buffers are split into several calls.
   std::size_t max_count_per_call = INT_MAX;
-  // Device buffers only (builds with CUDA).
+  /// Device buffers only (builds with CUDA).
   mpi_device_path device_path = mpi_device_path::detect;
-  // Bound on every wait for the other ranks: 1 ms to one year, or
-  // diloco::no_timeout (the default: MPI's own blocking calls, which wait
-  // as long as it takes). With a timeout every collective (the argument
-  // check included) is issued non-blocking and polled with MPI_Testall,
-  // backing off to short sleeps, and one not complete in time throws
-  // comm_error naming the operation, the rank and the timeout: a peer that
-  // died while mpirun keeps the job alive no longer hangs the others. Set it
-  // on every rank or on none (with check_arguments a mismatch is a
-  // comm_error). After a timeout the communicator is unusable: MPI cannot
-  // cancel a collective, so its buffers may still be written.
+  /// Bound on every wait for the other ranks: 1 ms to one year, or
+  /// diloco::no_timeout (the default: MPI's own blocking calls, which wait
+  /// as long as it takes). With a timeout every collective (the argument
+  /// check included) is issued non-blocking and polled with MPI_Testall,
+  /// backing off to short sleeps, and one not complete in time throws
+  /// comm_error naming the operation, the rank and the timeout: a peer that
+  /// died while mpirun keeps the job alive no longer hangs the others. Set it
+  /// on every rank or on none (with check_arguments a mismatch is a
+  /// comm_error). After a timeout the communicator is unusable: MPI cannot
+  /// cancel a collective, so its buffers may still be written.
   std::chrono::milliseconds timeout = no_timeout;
-  // With a timeout: call MPI_Abort on the communicator instead of throwing
-  // (after printing the message to stderr), which ends the whole job. Off by
-  // default, since the error then never reaches the program.
+  /// With a timeout: call MPI_Abort on the communicator instead of throwing
+  /// (after printing the message to stderr), which ends the whole job. Off by
+  /// default, since the error then never reaches the program.
   bool abort_on_timeout = false;
 };
 
@@ -280,13 +265,15 @@ class pinned_device_support final : public device_support {
 
 }  // namespace detail_mpi
 
-// The handle of a non-blocking MPI collective. wait() completes it (and
-// rethrows its error as comm_error); test() polls. The buffers must stay
-// alive and untouched until then. Destroying an unfinished request waits for
-// it (an error is dropped there: call wait() to see it).
+/// The handle of a non-blocking MPI collective. wait() completes it (and
+/// rethrows its error as comm_error); test() polls. The buffers must stay
+/// alive and untouched until then. Destroying an unfinished request waits for
+/// it (an error is dropped there: call wait() to see it).
 class mpi_request {
  public:
   mpi_request() = default;
+  ///@{
+  /// Moving hands the operation over; assigning to a request first waits for the one it holds.
   mpi_request(mpi_request&& other) noexcept
       : ctx_(std::move(other.ctx_)),
         operation_(other.operation_),
@@ -311,14 +298,17 @@ class mpi_request {
     }
     return *this;
   }
+  ///@}
   mpi_request(const mpi_request&) = delete;
   mpi_request& operator=(const mpi_request&) = delete;
   ~mpi_request() { drain(); }
 
+  /// False for a default-constructed or moved-from request.
   bool valid() const { return ctx_ != nullptr; }
 
-  // With comm::mpi's timeout set, waits at most that long (from this call)
-  // and then throws comm_error; the communicator is unusable afterwards.
+  /// Completes the operation, rethrowing its error as comm_error. With comm::mpi's timeout set,
+  /// waits at most that long (from this call) and then throws comm_error; the communicator is
+  /// unusable afterwards.
   void wait() {
     if (!ctx_) return;
     // A blocking call's deadline was set when it started.
@@ -330,6 +320,8 @@ class mpi_request {
     finish(rc, waited_with);
   }
 
+  /// True once the operation has completed (then as wait(), rethrowing its error); false while it
+  /// runs.
   bool test() {
     if (!ctx_) return true;
     int done = 0;
@@ -347,15 +339,15 @@ class mpi_request {
     pending_.add(r);
   }
 
-  // The MPI requests stay active (MPI cannot cancel or free a collective's):
-  // they, and the staging slot if any, are left to the failed communicator.
+  /// The MPI requests stay active (MPI cannot cancel or free a collective's):
+  /// they, and the staging slot if any, are left to the failed communicator.
   [[noreturn]] void time_out() {
     auto ctx = std::move(ctx_);
     pending_.clear();
     ctx->time_out(mpi_call_, operation_);
   }
 
-  // The request is spent afterwards, whether or not the operation failed.
+  /// The request is spent afterwards, whether or not the operation failed.
   void finish(int rc, const char* mpi_call) {
     auto ctx = std::move(ctx_);
     pending_.clear();
@@ -375,25 +367,41 @@ class mpi_request {
 
   std::shared_ptr<detail_mpi::context> ctx_;
   const char* operation_ = "";
-  const char* mpi_call_ = "";  // the (first) MPI call it posted, for messages
+  const char* mpi_call_ = "";  ///< the (first) MPI call it posted, for messages
   detail_mpi::request_set pending_;
   detail_mpi::completion then_;
-  // Set for the internal request of a blocking call with a timeout: its
-  // deadline runs from the start of the call.
+  /// Set for the internal request of a blocking call with a timeout: its
+  /// deadline runs from the start of the call.
   bool blocking_ = false;
   std::chrono::steady_clock::time_point deadline_{};
 };
 
+/// diloco::comm::mpi: the workers are the ranks of an MPI communicator the
+/// user created (diloco never calls MPI_Init or MPI_Finalize). Link the
+/// diloco::mpi CMake target to use it. With DILOCO_WITH_CUDA (the diloco::cuda
+/// target) or under nvcc it also takes device buffers: handed to MPI directly
+/// when the MPI library is CUDA-aware, staged through pinned host memory
+/// otherwise.
+///
+/// Every rank must call the same collectives in the same order, from one
+/// thread at a time (MPI_THREAD_FUNNELED is enough). The results are those of
+/// MPI's own reductions, which are deterministic for a given library, world
+/// size, message size and call (blocking or not).
+///
+/// Waits are MPI's own and unbounded by default; with options.timeout every
+/// collective is issued non-blocking and polled against it, so a dead peer
+/// (in a job mpirun keeps alive) is a comm_error instead of a hang.
 class mpi {
  public:
-  using options = mpi_options;
-  using request = mpi_request;
+  using options = mpi_options;  ///< expected size, argument checks, timeout, device path (mpi_options)
+  using request = mpi_request;  ///< what the non-blocking operations return
 
-  // Duplicates `comm` (collective over it): diloco's traffic never mixes
-  // with the caller's, and errors on the duplicate come back as codes
-  // (MPI_ERRORS_RETURN) that are thrown as comm_error. MPI must be
-  // initialized and stay so until this object and its requests are gone.
+  /// Duplicates `comm` (collective over it): diloco's traffic never mixes
+  /// with the caller's, and errors on the duplicate come back as codes
+  /// (MPI_ERRORS_RETURN) that are thrown as comm_error. MPI must be
+  /// initialized and stay so until this object and its requests are gone.
   explicit mpi(MPI_Comm comm) : mpi(comm, options{}) {}
+  /// Duplicates `comm` with these options; see mpi(MPI_Comm).
   mpi(MPI_Comm comm, options opts) : opts_(opts) {
     validate_environment(comm, opts_);
     int rank = 0, size = 0;
@@ -422,11 +430,11 @@ class mpi {
                      (opts_.device_path == mpi_device_path::detect && detail_mpi::library_is_cuda_aware());
   }
 
-  // `base` with its timeout taken from DILOCO_TIMEOUT_MS when that is set
-  // (milliseconds in [1, one year], or "none"), as comm::gloo::from_env
-  // reads it; a malformed value is a config_error. Unset, base is unchanged
-  // (no timeout by default). mpirun passes the variable to local ranks; use
-  // `-x DILOCO_TIMEOUT_MS` for remote ones.
+  /// `base` with its timeout taken from DILOCO_TIMEOUT_MS when that is set
+  /// (milliseconds in [1, one year], or "none"), as comm::gloo::from_env
+  /// reads it; a malformed value is a config_error. Unset, base is unchanged
+  /// (no timeout by default). mpirun passes the variable to local ranks; use
+  /// `-x DILOCO_TIMEOUT_MS` for remote ones.
   static options options_from_env(options base = {}) {
     if (const char* v = std::getenv("DILOCO_TIMEOUT_MS"))
       base.timeout = diloco::detail::parse_timeout_ms(v, "DILOCO_TIMEOUT_MS");
@@ -435,31 +443,40 @@ class mpi {
 
   mpi(const mpi&) = delete;
   mpi& operator=(const mpi&) = delete;
-  // A moved-from communicator may only be destroyed or assigned to.
+  ///@{
+  /// A moved-from communicator may only be destroyed or assigned to.
   mpi(mpi&&) noexcept = default;
   mpi& operator=(mpi&&) noexcept = default;
+  ///@}
   ~mpi() = default;
 
+  ///@{
+  /// This rank and the communicator's size.
   int rank() const { return ctx_->rank; }
   int size() const { return ctx_->size; }
-  // How many ranks of this communicator run on this host (sharing its cores).
+  ///@}
+  /// How many ranks of this communicator run on this host (sharing its cores).
   int workers_on_host() const { return workers_on_host_; }
+  /// The bytes this rank has sent and received, as core/comm_types.hpp models them.
   traffic_counters traffic() const { return traffic_; }
+  /// The options it was constructed with.
   const options& settings() const { return opts_; }
-  // The duplicated communicator diloco talks over.
+  /// The duplicated communicator diloco talks over.
   MPI_Comm native_handle() const { return ctx_->comm; }
-  // True when device buffers go to MPI as they are (no staging copies).
+  /// True when device buffers go to MPI as they are (no staging copies).
   bool passes_device_pointers() const { return direct_device_; }
 
   // ------------------------------------------------------------ blocking
-  // In-place all-reduce of fp32 buffers: MPI_Allreduce with MPI_SUM; mean
-  // divides the sum by the world size afterwards.
+  /// In-place all-reduce of fp32 buffers: MPI_Allreduce with MPI_SUM; mean
+  /// divides the sum by the world size afterwards.
   void all_reduce(std::span<float> buf, reduce_op op) {
     blocking("all_reduce", [&](request* out) {
       start_all_reduce(buf.data(), buf.size(), op, out);
     });
   }
-  // Copies root's buffer into every rank's buffer.
+  ///@{
+  /// Copies root's buffer into every rank's buffer.
+  /// Copies root's buffer into every rank's buffer.
   void broadcast(std::span<float> buf, int root) {
     blocking("broadcast", [&](request* out) {
       start_broadcast(detail_mpi::collective::broadcast_fp32, buf.data(), buf.size(), root, out);
@@ -470,24 +487,27 @@ class mpi {
       start_broadcast(detail_mpi::collective::broadcast_bytes, buf.data(), buf.size(), root, out);
     });
   }
-  // send holds M equal blocks, block k for rank k; recv receives block
-  // `rank` of every rank's send, in rank order.
+  ///@}
+  /// send holds M equal blocks, block k for rank k; recv receives block
+  /// `rank` of every rank's send, in rank order.
   void all_to_all(std::span<const std::byte> send, std::span<std::byte> recv) {
     blocking("all_to_all", [&](request* out) {
       start_exchange(detail_mpi::collective::all_to_all, send.data(), send.size(), recv.data(), recv.size(), out);
     });
   }
-  // recv receives every rank's send, in rank order (M blocks).
+  /// recv receives every rank's send, in rank order (M blocks).
   void all_gather(std::span<const std::byte> send, std::span<std::byte> recv) {
     blocking("all_gather", [&](request* out) {
       start_exchange(detail_mpi::collective::all_gather, send.data(), send.size(), recv.data(), recv.size(), out);
     });
   }
+  /// Returns once every rank has entered it.
   void barrier() { blocking("barrier", [&](request* out) { start_barrier(out); }); }
 
   // -------------------------------------------------------- non-blocking
-  // Each posts the MPI operation and returns; MPI progresses it. Buffers
-  // must stay untouched until wait() returns.
+  ///@{
+  /// Each posts the MPI operation and returns; MPI progresses it. Buffers
+  /// must stay untouched until wait() returns.
   request iall_reduce(std::span<float> buf, reduce_op op) {
     request r = make_request("all_reduce");
     start_all_reduce(buf.data(), buf.size(), op, &r);
@@ -518,12 +538,14 @@ class mpi {
     start_barrier(&r);
     return r;
   }
+  ///@}
 
 #if DILOCO_MPI_DEVICE_BUFFERS
   // ---------------------------------------------------- device buffers
-  // The same operations over device memory. The buffers must be ready
-  // (kernels writing them finished) when the call is made; staging copies
-  // use cudaMemcpy, which orders itself after the legacy default stream.
+  ///@{
+  /// The same operations over device memory. The buffers must be ready
+  /// (kernels writing them finished) when the call is made; staging copies
+  /// use cudaMemcpy, which orders itself after the legacy default stream.
   void all_reduce(device_view<float> buf, reduce_op op) {
     blocking("all_reduce", [&](request* out) {
       start_device_all_reduce(buf, op, out);
@@ -575,13 +597,14 @@ class mpi {
     start_device_exchange(detail_mpi::collective::all_gather, send, recv, &r);
     return r;
   }
+  ///@}
 #endif
 
  private:
   using collective = detail_mpi::collective;
 
-  // MPI_Comm_dup, or with a timeout MPI_Comm_idup polled against it (a rank
-  // that died before the constructor is a timeout, not a hang).
+  /// MPI_Comm_dup, or with a timeout MPI_Comm_idup polled against it (a rank
+  /// that died before the constructor is a timeout, not a hang).
   static void duplicate(MPI_Comm comm, detail_mpi::context& ctx) {
     if (!ctx.policy.timed()) {
       detail_mpi::check(MPI_Comm_dup(comm, &ctx.comm), "MPI_Comm_dup", "constructor", ctx.rank);
@@ -642,9 +665,9 @@ class mpi {
     return r;
   }
 
-  // A blocking call: without a timeout MPI's blocking form (out is null);
-  // with one the non-blocking form, waited for against a deadline that runs
-  // from here.
+  /// A blocking call: without a timeout MPI's blocking form (out is null);
+  /// with one the non-blocking form, waited for against a deadline that runs
+  /// from here.
   template <class Start>
   void blocking(const char* operation, Start&& start) {
     if (!ctx_->policy.timed()) {
@@ -660,9 +683,9 @@ class mpi {
 
   static bool nonblocking(const request* out) { return out != nullptr && !out->blocking_; }
 
-  // Agrees on the call across ranks (or, unchecked, reports a local problem
-  // at once). Nothing has moved when this throws. `out` is the request of a
-  // non-blocking call, or of a blocking one with a timeout, null otherwise.
+  /// Agrees on the call across ranks (or, unchecked, reports a local problem
+  /// at once). Nothing has moved when this throws. `out` is the request of a
+  /// non-blocking call, or of a blocking one with a timeout, null otherwise.
   void begin(detail_mpi::call c, const std::string& problem, const request* out) const {
     ctx_->check_usable(detail_mpi::name(c.op));
     c.timed = ctx_->policy.timed();
@@ -680,8 +703,8 @@ class mpi {
     }
   }
 
-  // A blocking call completes here; a non-blocking one hands what is left
-  // to its request.
+  /// A blocking call completes here; a non-blocking one hands what is left
+  /// to its request.
   void end(detail_mpi::completion then, request* out, const char* operation) {
     if (out)
       out->then_ = then;
@@ -747,9 +770,9 @@ class mpi {
     });
   }
 
-  // Blocks too large for one call travel in slices: slice [off, off + len)
-  // of every block at once, described by a byte type whose extent is the
-  // block, so it lands at the same offset of every rank's block.
+  /// Blocks too large for one call travel in slices: slice [off, off + len)
+  /// of every block at once, described by a byte type whose extent is the
+  /// block, so it lands at the same offset of every rank's block.
   void post_exchange(collective c, const std::byte* send, std::byte* recv, std::size_t block, request* out) {
     const bool to_all = c == collective::all_to_all;
     const char* op = detail_mpi::name(c);
@@ -826,13 +849,13 @@ class mpi {
 
 #if DILOCO_MPI_DEVICE_BUFFERS
   // ---------------------------------------------- device operations
-  // The pinned staging, made on first use.
+  /// The pinned staging, made on first use.
   detail_mpi::pinned_staging& staging() {
     if (!ctx_->device) ctx_->device = std::make_unique<detail_mpi::pinned_device_support>();
     return static_cast<detail_mpi::pinned_device_support&>(*ctx_->device).staging;
   }
 
-  // A staging slot owned until handed to a completion.
+  /// A staging slot owned until handed to a completion.
   struct staged_slot {
     detail_mpi::pinned_staging& staging;
     int slot;
@@ -929,8 +952,8 @@ class mpi {
 #endif
 
   // ------------------------------------------------ traffic accounting
-  // The models shared by every communicator (core/comm_types.hpp), whatever
-  // algorithm MPI picks.
+  /// The models shared by every communicator (core/comm_types.hpp), whatever
+  /// algorithm MPI picks.
   void account_all_reduce(std::size_t n) { traffic_.add_all_reduce(n * sizeof(float), size()); }
   void account_broadcast(std::size_t bytes, int root) { traffic_.add_broadcast(bytes, rank(), root, size()); }
   void account_exchange(std::size_t block) { traffic_.add_exchange(block, size()); }

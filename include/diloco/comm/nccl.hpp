@@ -1,18 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// NCCL communicator: one rank per CUDA device, every operation over device
-// memory, enqueued on the communicator's CUDA stream. Models
-// diloco::device_communicator. Use it through the diloco::nccl CMake target.
-//
-// Never a hang: the NCCL communicator is created non-blocking, every wait
-// polls its CUDA event together with ncclCommGetAsyncError, and an operation
-// (or the creation) that does not finish within options.timeout aborts the
-// communicator (ncclCommAbort) and throws comm_error. Ranks that disagree on
-// an operation's size, root or reduction get a comm_error before any data
-// moves (options.check_agreement). Like every diloco communicator, one
-// thread at a time uses a communicator and its requests.
-
 #include "diloco/core/require_cxx20.hpp"
 
 #include <cuda_runtime.h>
@@ -40,30 +28,31 @@
 
 namespace diloco::comm {
 
+/// The options of comm::nccl, set with designated initializers.
 struct nccl_options {
-  // CUDA device of this rank; -1: the device current on the constructing
-  // thread. One device per rank: NCCL does not support two ranks of one
-  // communicator on the same device.
+  /// CUDA device of this rank; -1: the device current on the constructing
+  /// thread. One device per rank: NCCL does not support two ranks of one
+  /// communicator on the same device.
   int device = -1;
-  // Stream every operation is enqueued on. nullptr: the communicator creates
-  // a non-blocking stream of its own (for the legacy default stream, pass
-  // cudaStreamLegacy); a stream passed in must belong to `device` and
-  // outlive the communicator. Work that produces the buffers on another
-  // stream must be ordered before the call (an event, or a synchronize).
+  /// Stream every operation is enqueued on. nullptr: the communicator creates
+  /// a non-blocking stream of its own (for the legacy default stream, pass
+  /// cudaStreamLegacy); a stream passed in must belong to `device` and
+  /// outlive the communicator. Work that produces the buffers on another
+  /// stream must be ordered before the call (an event, or a synchronize).
   cudaStream_t stream = nullptr;
-  // Longest the creation or one operation may take, counted from its issue;
-  // past it the communicator is aborted and comm_error thrown.
+  /// Longest the creation or one operation may take, counted from its issue;
+  /// past it the communicator is aborted and comm_error thrown.
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
-  // Bootstrap through a store (from_store): how long ranks wait for rank 0
-  // to publish the unique id, and the key it is published under (one key per
-  // communicator: a store shared by several needs one key each).
+  /// Bootstrap through a store (from_store): how long ranks wait for rank 0
+  /// to publish the unique id, and the key it is published under (one key per
+  /// communicator: a store shared by several needs one key each).
   std::chrono::milliseconds store_timeout = std::chrono::minutes(1);
-  std::string store_key = "diloco/nccl/unique_id";
-  // Before each operation the ranks all-gather (operation, size, root or
-  // reduction) and compare: a mismatch is a comm_error on every rank instead
-  // of a hang or garbage. It costs one small collective and a host round
-  // trip per operation, and issuing then waits for the operations before it.
-  // Must be the same on every rank.
+  std::string store_key = "diloco/nccl/unique_id";  ///< the store key rank 0 publishes the unique id under
+  /// Before each operation the ranks all-gather (operation, size, root or
+  /// reduction) and compare: a mismatch is a comm_error on every rank instead
+  /// of a hang or garbage. It costs one small collective and a host round
+  /// trip per operation, and issuing then waits for the operations before it.
+  /// Must be the same on every rank.
   bool check_agreement = true;
 };
 
@@ -326,22 +315,35 @@ struct mpi_bootstrap {
 
 }  // namespace detail_nccl
 
+/// NCCL communicator: one rank per CUDA device, every operation over device
+/// memory, enqueued on the communicator's CUDA stream. Models
+/// diloco::device_communicator. Use it through the diloco::nccl CMake target.
+///
+/// Never a hang: the NCCL communicator is created non-blocking, every wait
+/// polls its CUDA event together with ncclCommGetAsyncError, and an operation
+/// (or the creation) that does not finish within options.timeout aborts the
+/// communicator (ncclCommAbort) and throws comm_error. Ranks that disagree on
+/// an operation's size, root or reduction get a comm_error before any data
+/// moves (options.check_agreement). Like every diloco communicator, one
+/// thread at a time uses a communicator and its requests.
 class nccl {
   using shared_state = detail_nccl::shared_state;
   using clock = detail_nccl::clock;
 
  public:
-  using options = nccl_options;
+  using options = nccl_options;  ///< device, stream, timeouts, agreement check (nccl_options)
 
-  // The handle of an operation in flight: a CUDA event recorded on the
-  // stream after it. wait() polls the event and NCCL's asynchronous error
-  // state until the operation completes, fails, or times out; test() looks
-  // once. Buffers must stay alive and untouched until then. A request
-  // destroyed unwaited waits in its destructor (dropping any error: call
-  // wait() to see it).
+  /// The handle of an operation in flight: a CUDA event recorded on the
+  /// stream after it. wait() polls the event and NCCL's asynchronous error
+  /// state until the operation completes, fails, or times out; test() looks
+  /// once. Buffers must stay alive and untouched until then. A request
+  /// destroyed unwaited waits in its destructor (dropping any error: call
+  /// wait() to see it).
   class request {
    public:
     request() = default;
+    ///@{
+    /// Moving hands the operation over; assigning to a request first waits for the one it holds.
     request(request&& other) noexcept
         : state_(std::move(other.state_)),
           event_(std::exchange(other.event_, nullptr)),
@@ -357,12 +359,16 @@ class nccl {
       }
       return *this;
     }
+    ///@}
     request(const request&) = delete;
     request& operator=(const request&) = delete;
     ~request() { drain(); }
 
+    /// False for a default-constructed or moved-from request.
     bool valid() const { return state_ != nullptr; }
 
+    /// Blocks until the operation has completed; throws comm_error (and aborts the communicator)
+    /// on a failure or when options.timeout passes.
     void wait() {
       if (!state_) return;
       const auto state = std::move(state_);
@@ -371,6 +377,7 @@ class nccl {
       state->wait(lease.event, issued_, op_);
     }
 
+    /// True once the operation has completed; throws as wait() does when it failed.
     bool test() {
       if (!state_) return true;
       bool done = false;
@@ -394,7 +401,7 @@ class nccl {
     request(std::shared_ptr<shared_state> s, cudaEvent_t e, clock::time_point issued, const char* op)
         : state_(std::move(s)), event_(e), issued_(issued), op_(op) {}
 
-    // Returns the event to the pool however the wait ends.
+    /// Returns the event to the pool however the wait ends.
     struct event_lease {
       shared_state& state;
       cudaEvent_t event;
@@ -414,8 +421,8 @@ class nccl {
     const char* op_ = "";
   };
 
-  // Throws config_error for a rank outside [0, size), a size below 1, a
-  // device below -1 or a timeout that is not positive.
+  /// Throws config_error for a rank outside [0, size), a size below 1, a
+  /// device below -1 or a timeout that is not positive.
   static void validate(int rank, int size, const options& opts) {
     using diloco::detail::raise;
     if (size < 1) raise<config_error>("nccl: the world size must be at least 1, got ", size);
@@ -432,8 +439,8 @@ class nccl {
     if (opts.store_key.empty()) raise<config_error>("nccl: options.store_key must not be empty");
   }
 
-  // A fresh id for a new communicator; rank 0 makes it and hands it to the
-  // others (from_store and from_mpi do this). Needs no GPU.
+  /// A fresh id for a new communicator; rank 0 makes it and hands it to the
+  /// others (from_store and from_mpi do this). Needs no GPU.
   static ncclUniqueId make_unique_id() {
     ncclUniqueId id;
     const ncclResult_t r = ncclGetUniqueId(&id);
@@ -442,9 +449,9 @@ class nccl {
     return id;
   }
 
-  // Rank `rank` of `size` joining the communicator named by `id`; every rank
-  // calls this with the same id and size (collective; returns once all have
-  // joined, or throws comm_error after options.timeout).
+  /// Rank `rank` of `size` joining the communicator named by `id`; every rank
+  /// calls this with the same id and size (collective; returns once all have
+  /// joined, or throws comm_error after options.timeout).
   nccl(const ncclUniqueId& id, int rank, int size, options opts = {}) : state_(std::make_shared<shared_state>()) {
     using diloco::detail::raise;
     validate(rank, size, opts);
@@ -493,10 +500,10 @@ class nccl {
     s.settle(r, "ncclCommInitRankConfig", "initialization", issued);
   }
 
-  // Bootstrap through a key-value store the ranks share (Gloo's
-  // rendezvous::Store, see comm/nccl_gloo.hpp, or anything with its
-  // set/wait/get): rank 0 publishes the unique id under options.store_key,
-  // the others wait up to options.store_timeout for it.
+  /// Bootstrap through a key-value store the ranks share (Gloo's
+  /// rendezvous::Store, see comm/nccl_gloo.hpp, or anything with its
+  /// set/wait/get): rank 0 publishes the unique id under options.store_key,
+  /// the others wait up to options.store_timeout for it.
   template <unique_id_store Store>
   static nccl from_store(Store& store, int rank, int size, options opts = {}) {
     if (rank == 0) {
@@ -518,54 +525,65 @@ class nccl {
     return nccl(id, rank, size, std::move(opts));
   }
 
-  // Bootstrap over MPI: rank 0 of `comm` makes the id and MPI_Bcasts it.
-  // Needs comm/nccl_mpi.hpp (which defines it for MPI_Comm).
+  /// Bootstrap over MPI: rank 0 of `comm` makes the id and MPI_Bcasts it.
+  /// Needs comm/nccl_mpi.hpp (which defines it for MPI_Comm).
   template <class MpiComm>
   static nccl from_mpi(MpiComm comm, options opts = {}) {
     return detail_nccl::mpi_bootstrap<MpiComm>::create(comm, std::move(opts));
   }
 
+  ///@{
+  /// Movable (the state lives behind a pointer, shared with pending requests); not copyable.
   nccl(nccl&&) noexcept = default;
   nccl& operator=(nccl&&) noexcept = default;
+  ///@}
   nccl(const nccl&) = delete;
   nccl& operator=(const nccl&) = delete;
-  // Waits (up to options.timeout) for enqueued work, then finalizes and
-  // destroys the NCCL communicator; aborts it instead if that fails or it
-  // failed before. Never throws. Pending requests keep the state alive.
+  /// Waits (up to options.timeout) for enqueued work, then finalizes and
+  /// destroys the NCCL communicator; aborts it instead if that fails or it
+  /// failed before. Never throws. Pending requests keep the state alive.
   ~nccl() = default;
 
+  ///@{
+  /// This rank, the group's size, the CUDA device and stream it runs on, and the NCCL
+  /// communicator itself.
   int rank() const { return state().rank; }
   int size() const { return state().size; }
   int device() const { return state().device; }
   cudaStream_t stream() const { return state().stream; }
   ncclComm_t native_handle() const { return state().comm; }
-  // True once a failure, a timeout or abort() has aborted the communicator.
+  ///@}
+  /// True once a failure, a timeout or abort() has aborted the communicator.
   bool aborted() const { return state().aborted(); }
-  // Frees the NCCL communicator now (ncclCommAbort), without waiting for
-  // its peers or for the work enqueued on it; later operations, and
-  // requests still pending, throw comm_error naming `reason`. A group that
-  // re-forms without a dead peer (comm::regrouped) drops its communicator
-  // this way: finalizing would wait for the dead peer. Never throws.
+  /// Frees the NCCL communicator now (ncclCommAbort), without waiting for
+  /// its peers or for the work enqueued on it; later operations, and
+  /// requests still pending, throw comm_error naming `reason`. A group that
+  /// re-forms without a dead peer (comm::regrouped) drops its communicator
+  /// this way: finalizing would wait for the dead peer. Never throws.
   void abort(const std::string& reason) noexcept {
     if (state_) state_->abort(reason);
   }
+  /// The bytes this rank has sent and received, as core/comm_types.hpp models them.
   traffic_counters traffic() const { return traffic_; }
 
   // ------------------------------------------------------------ blocking
-  // In-place all-reduce of fp32 device buffers: sum, or mean (ncclAvg).
+  /// In-place all-reduce of fp32 device buffers: sum, or mean (ncclAvg).
   void all_reduce(device_view<float> buf, reduce_op op) { iall_reduce(buf, op).wait(); }
-  // Copies root's buffer into every rank's buffer.
+  ///@{
+  /// Copies root's buffer into every rank's buffer.
   void broadcast(device_view<float> buf, int root) { ibroadcast(buf, root).wait(); }
   void broadcast(device_view<std::byte> buf, int root) { ibroadcast(buf, root).wait(); }
-  // send holds M equal blocks, block k for rank k; recv receives block
-  // `rank` of every rank's send, in rank order.
+  ///@}
+  /// send holds M equal blocks, block k for rank k; recv receives block
+  /// `rank` of every rank's send, in rank order.
   void all_to_all(device_view<const std::byte> send, device_view<std::byte> recv) { iall_to_all(send, recv).wait(); }
-  // recv receives every rank's send, in rank order (M blocks).
+  /// recv receives every rank's send, in rank order (M blocks).
   void all_gather(device_view<const std::byte> send, device_view<std::byte> recv) { iall_gather(send, recv).wait(); }
+  /// Returns once every rank has reached it and this rank's earlier operations are done.
   void barrier() { ibarrier().wait(); }
 
-  // Host memory does not compile: NCCL reads and writes device memory only.
-  // Copy host data to the device, or use a host communicator.
+  /// Host memory does not compile: NCCL reads and writes device memory only.
+  /// Copy host data to the device, or use a host communicator.
   void all_reduce(std::span<float>, reduce_op) = delete;
   void broadcast(std::span<float>, int) = delete;
   void broadcast(std::span<std::byte>, int) = delete;
@@ -578,9 +596,10 @@ class nccl {
   request iall_gather(std::span<const std::byte>, std::span<std::byte>) = delete;
 
   // -------------------------------------------------------- non-blocking
-  // Each enqueues the operation on the stream and returns; operations run
-  // in issue order. With check_agreement on, issuing first waits for the
-  // operations issued before (the check reads its result on the host).
+  ///@{
+  /// Each enqueues the operation on the stream and returns; operations run
+  /// in issue order. With check_agreement on, issuing first waits for the
+  /// operations issued before (the check reads its result on the host).
   request iall_reduce(device_view<float> buf, reduce_op op) {
     check_memory(buf.data(), buf.size() * sizeof(float), "all_reduce", "the buffer");
     if (op != reduce_op::sum && op != reduce_op::mean)
@@ -652,8 +671,9 @@ class nccl {
     account_exchange(send.size());
     return req;
   }
-  // Completes once every rank has reached it and the operations issued
-  // before it on this rank are done.
+  ///@}
+  /// Completes once every rank has reached it and the operations issued
+  /// before it on this rank are done.
   request ibarrier() {
     return launch(detail_nccl::op_code::barrier, "barrier", 1, 0, [](shared_state& s, clock::time_point issued) {
       float* token = barrier_token(s);
@@ -673,8 +693,8 @@ class nccl {
     return reinterpret_cast<float*>(static_cast<std::uint64_t*>(s.device_scratch) + triples);
   }
 
-  // Checks, on this rank alone, that `bytes` at p are device memory of this
-  // communicator's device (or managed memory).
+  /// Checks, on this rank alone, that `bytes` at p are device memory of this
+  /// communicator's device (or managed memory).
   void check_memory(const void* p, std::size_t bytes, const char* op, const char* what) const {
     using diloco::detail::raise;
     const auto& s = state();
@@ -728,8 +748,8 @@ class nccl {
 
   void account_exchange(std::size_t block) { traffic_.add_exchange(block, size()); }
 
-  // Agreement check, then the operation's NCCL calls, then the event the
-  // request waits on.
+  /// Agreement check, then the operation's NCCL calls, then the event the
+  /// request waits on.
   template <class Issue>
   request launch(detail_nccl::op_code code, const char* op, std::uint64_t count, std::uint64_t arg, Issue&& issue) {
     shared_state& s = state();
@@ -741,9 +761,9 @@ class nccl {
     return request(state_, s.record(op), issued, op);
   }
 
-  // Every rank contributes (operation, count, arg); every rank receives all
-  // of them and runs the same comparison, so all reach the same verdict and
-  // none is left inside a mismatched collective.
+  /// Every rank contributes (operation, count, arg); every rank receives all
+  /// of them and runs the same comparison, so all reach the same verdict and
+  /// none is left inside a mismatched collective.
   static void agree(shared_state& s, detail_nccl::op_code code, std::uint64_t count, std::uint64_t arg,
                     const char* op, clock::time_point issued) {
     using diloco::detail::raise;

@@ -66,8 +66,8 @@ struct mpi_bootstrap<MPI_Comm> {
 
 }  // namespace detail_nccl
 
-// This process's rank among the processes of `comm` on the same node: the
-// usual CUDA device for it (options.device = node_local_rank(comm) % devices).
+/// This process's rank among the processes of `comm` on the same node: the
+/// usual CUDA device for it (options.device = node_local_rank(comm) % devices).
 inline int node_local_rank(MPI_Comm comm) {
   int rank = -1;
   detail_nccl::check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank", rank);

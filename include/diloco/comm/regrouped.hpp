@@ -1,26 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// An elastic device communicator made of two: comm::gloo (options.elastic)
-// keeps the group's membership (generations in the rendezvous store,
-// at_boundary, recover, join), and a data communicator that a factory makes
-// for each generation carries the collectives (NCCL in production:
-// comm/elastic_nccl.hpp). Whenever the group re-forms (a membership check
-// that changed it, recover(), join()) the old data communicator is aborted
-// (its abort(), when it has one: ncclCommAbort) and a new one is made for
-// the new generation: rank 0 of the generation makes an id and publishes it
-// under a key naming the run and the generation, the others read it
-// (bounded by the membership's timeout), and every member creates its data
-// communicator with its new rank and size. A member of a stale generation
-// reads only its own generation's key, so it never picks up another
-// generation's id. Link diloco::gloo (and what the factory needs).
-//
-//   diloco::comm::regrouped<F> comm(gloo_options, F{...});
-//   algorithm<..., diloco::comm::regrouped<F>, ...> t(device_params, comm, opts);
-//
-// A collective that fails (the data communicator's comm_error: a dead
-// peer, a timeout) leads the algorithm to recover(), as with comm::gloo.
-
 #include <chrono>
 #include <concepts>
 #include <cstdint>
@@ -40,24 +20,27 @@
 
 namespace diloco::comm {
 
-// What a factory is told when it makes the data communicator of a
-// generation. `timeout` (the membership's) must bound the creation and
-// every operation: recovery admits the live members that fail within it.
+/// What a factory is told when it makes the data communicator of a
+/// generation. `timeout` (the membership's) must bound the creation and
+/// every operation: recovery admits the live members that fail within it.
 struct data_group {
-  std::uint64_t generation = 0;
+  std::uint64_t generation = 0;  ///< the generation the communicator is for
+  ///@{
+  /// This member's rank in the generation, and the generation's size.
   int rank = 0;
   int size = 1;
-  std::string member{};  // the membership's id of this worker ("r2", "j0")
-  std::chrono::milliseconds timeout{};
+  ///@}
+  std::string member{};  ///< the membership's id of this worker ("r2", "j0")
+  std::chrono::milliseconds timeout{};  ///< bounds the creation and every operation
 };
 
-// Makes the data communicator of each generation. `name` names it in keys
-// and messages; make_id() (rank 0 of a generation only) returns the id the
-// others receive; create(id, group) makes this member's communicator
-// (collective over the generation's members; a member that does not come
-// is a comm_error within group.timeout). The communicator takes device
-// memory, non-blocking too, and may have abort(reason) (drop it without
-// waiting for peers).
+/// Makes the data communicator of each generation. `name` names it in keys
+/// and messages; make_id() (rank 0 of a generation only) returns the id the
+/// others receive; create(id, group) makes this member's communicator
+/// (collective over the generation's members; a member that does not come
+/// is a comm_error within group.timeout). The communicator takes device
+/// memory, non-blocking too, and may have abort(reason) (drop it without
+/// waiting for peers).
 template <class F>
 concept data_factory = requires(F& f, std::span<const char> id, const data_group& g) {
   typename F::communicator;
@@ -101,15 +84,36 @@ inline std::vector<char> decode_group_id(std::span<const char> record, const dat
 
 }  // namespace detail_regroup
 
+/// An elastic device communicator made of two: comm::gloo (options.elastic)
+/// keeps the group's membership (generations in the rendezvous store,
+/// at_boundary, recover, join), and a data communicator that a factory makes
+/// for each generation carries the collectives (NCCL in production:
+/// comm/elastic_nccl.hpp). Whenever the group re-forms (a membership check
+/// that changed it, recover(), join()) the old data communicator is aborted
+/// (its abort(), when it has one: ncclCommAbort) and a new one is made for
+/// the new generation: rank 0 of the generation makes an id and publishes it
+/// under a key naming the run and the generation, the others read it
+/// (bounded by the membership's timeout), and every member creates its data
+/// communicator with its new rank and size. A member of a stale generation
+/// reads only its own generation's key, so it never picks up another
+/// generation's id. Link diloco::gloo (and what the factory needs).
+///
+/// ```
+/// diloco::comm::regrouped<F> comm(gloo_options, F{...});
+/// algorithm<..., diloco::comm::regrouped<F>, ...> t(device_params, comm, opts);
+/// ```
+///
+/// A collective that fails (the data communicator's comm_error: a dead
+/// peer, a timeout) leads the algorithm to recover(), as with comm::gloo.
 template <data_factory Factory>
 class regrouped {
  public:
-  using data_communicator = typename Factory::communicator;
-  using request = typename data_communicator::request;
+  using data_communicator = typename Factory::communicator;  ///< what the factory makes for each generation
+  using request = typename data_communicator::request;  ///< its request type, returned by the non-blocking operations
 
-  // Joins the membership (comm::gloo's constructor: the first generation,
-  // or a joiner when this rank ran before in the run), then, as a member,
-  // makes generation 0's data communicator.
+  /// Joins the membership (comm::gloo's constructor: the first generation,
+  /// or a joiner when this rank ran before in the run), then, as a member,
+  /// makes generation 0's data communicator.
   explicit regrouped(gloo::options membership, Factory factory = {})
       : factory_(std::move(factory)),
         membership_(std::move(membership)),
@@ -117,34 +121,47 @@ class regrouped {
                diloco::detail::concat("comm::regrouped<", Factory::name, "> on rank ", membership_.rank())) {
     if (!membership_.joining()) regroup();
   }
-  // Membership options from the environment (comm::gloo::options_from_env).
+  /// Membership options from the environment (comm::gloo::options_from_env).
   static regrouped from_env(Factory factory = {}) { return regrouped(gloo::options_from_env(), std::move(factory)); }
 
   regrouped(const regrouped&) = delete;
   regrouped& operator=(const regrouped&) = delete;
 
+  ///@{
+  /// This worker's rank and the group's size (the membership's), and the ranks sharing this
+  /// host's cores.
   int rank() const { return membership_.rank(); }
   int size() const { return membership_.size(); }
   int workers_on_host() const { return membership_.workers_on_host(); }
-  // The bytes of every data communicator this member has had.
+  ///@}
+  /// The bytes of every data communicator this member has had.
   traffic_counters traffic() const {
     traffic_counters t = retired_;
     if (data_) add(t, data_->traffic());
     return t;
   }
+  /// The membership communicator (comm::gloo).
   const gloo& membership() const { return membership_; }
-  // The current generation's data communicator (null while joining, after
-  // leaving, or when making it failed).
+  /// The current generation's data communicator (null while joining, after
+  /// leaving, or when making it failed).
   data_communicator* data() { return data_ ? &*data_ : nullptr; }
 
   // ------------------------------------------------ elastic_communicator
+  ///@{
+  /// elastic_communicator, through the membership (comm::gloo): whether the group may change,
+  /// its generation, and whether this worker still waits to join.
   bool elastic() const { return membership_.elastic(); }
   std::uint64_t generation() const { return membership_.generation(); }
   bool joining() const { return membership_.joining(); }
+  ///@}
+  /// Joins the group (comm::gloo::join), then makes this generation's data communicator.
   void join() {
     membership_.join();
     regroup();
   }
+  /// The membership check (comm::gloo::at_boundary); when the group changed, the old data
+  /// communicator is retired and, unless this worker left, the new generation's is made. True
+  /// when the group changed.
   bool at_boundary(bool leave, boundary_kind kind) {
     const bool changed = membership_.at_boundary(leave, kind);
     if (!changed) return false;
@@ -156,6 +173,8 @@ class regrouped {
     }
     return true;
   }
+  /// After a failure: retires the data communicator (without waiting for peers), re-forms the
+  /// group through the membership and makes the new generation's data communicator.
   void recover() {
     retire("a collective failed; the group re-forms");
     try {
@@ -168,6 +187,9 @@ class regrouped {
   }
 
   // ----------------------------------------------------- collectives
+  ///@{
+  /// The collectives, run by the current generation's data communicator (state_error before
+  /// joining or after leaving, comm_error when making it failed).
   void all_reduce(device_view<float> buf, reduce_op op) { current("all_reduce").all_reduce(buf, op); }
   void broadcast(device_view<float> buf, int root) { current("broadcast").broadcast(buf, root); }
   void broadcast(device_view<std::byte> buf, int root) { current("broadcast").broadcast(buf, root); }
@@ -184,6 +206,7 @@ class regrouped {
   request iall_gather(device_view<const std::byte> send, device_view<std::byte> recv) {
     return current("all_gather").iall_gather(send, recv);
   }
+  ///@}
 
  private:
   data_communicator& current(const char* op) {
@@ -205,8 +228,8 @@ class regrouped {
             membership_.settings().timeout};
   }
 
-  // Drops the data communicator without waiting for its peers (one may be
-  // dead), keeping its traffic in the totals.
+  /// Drops the data communicator without waiting for its peers (one may be
+  /// dead), keeping its traffic in the totals.
   void retire(const std::string& reason) noexcept {
     if (!data_) return;
     add(retired_, data_->traffic());
@@ -214,11 +237,11 @@ class regrouped {
     data_.reset();
   }
 
-  // The data communicator of the current generation. A member that does
-  // not come (a death while the group re-formed) makes it fail with
-  // comm_error: the survivors form the next generation and try again. Two
-  // failures in a row with nobody dropped in between are not a missing
-  // peer: the last one is raised.
+  /// The data communicator of the current generation. A member that does
+  /// not come (a death while the group re-formed) makes it fail with
+  /// comm_error: the survivors form the next generation and try again. Two
+  /// failures in a row with nobody dropped in between are not a missing
+  /// peer: the last one is raised.
   void regroup() {
     using diloco::detail::raise;
     retire("the group re-formed");
@@ -242,8 +265,8 @@ class regrouped {
     }
   }
 
-  // This member's data communicator for generation g, or nothing (and
-  // failure_ says why) when a member was missing.
+  /// This member's data communicator for generation g, or nothing (and
+  /// failure_ says why) when a member was missing.
   std::optional<data_communicator> make(const data_group& g) {
     std::vector<char> record;
     try {
@@ -266,7 +289,7 @@ class regrouped {
   detail_gloo::rendezvous_store store_;
   std::optional<data_communicator> data_;
   traffic_counters retired_{};
-  std::string failure_;  // why the last data communicator could not be made
+  std::string failure_;  ///< why the last data communicator could not be made
   bool left_ = false;
 };
 

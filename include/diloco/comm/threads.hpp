@@ -1,10 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// In-process communicator: M workers as M threads of one process, exchanging
-// through shared memory. It is the embedded default and what the tests and
-// the demo use to simulate a group of machines on one.
-
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -156,21 +152,24 @@ class member {
 
 }  // namespace detail_threads
 
+/// In-process communicator: M workers as M threads of one process, exchanging
+/// through shared memory. It is the embedded default and what the tests and
+/// the demo use to simulate a group of machines on one.
 class threads {
  public:
-  using request = async_request;
-  // Whether a world's group may change while it trains.
+  using request = async_request;  ///< what the non-blocking operations return
+  /// Whether a world's group may change while it trains.
   enum class membership { fixed, elastic };
 
-  // A group of `size` workers living in this process.
+  /// A group of `size` workers living in this process.
   class world {
    public:
-    // `timeout` bounds every wait for the other ranks: 1 ms to one year, or
-    // diloco::no_timeout (milliseconds::max()) for none.
-    // `membership`: membership::elastic lets the group change while run()
-    // trains: a worker may leave (algorithm::leave()) and spawn() adds one,
-    // admitted at the next round end. Each change re-forms the group (the
-    // communicators' ranks and size change; the algorithm re-plans).
+    /// `timeout` bounds every wait for the other ranks: 1 ms to one year, or
+    /// diloco::no_timeout (milliseconds::max()) for none.
+    /// `membership`: membership::elastic lets the group change while run()
+    /// trains: a worker may leave (algorithm::leave()) and spawn() adds one,
+    /// admitted at the next round end. Each change re-forms the group (the
+    /// communicators' ranks and size change; the algorithm re-plans).
     explicit world(int size, std::chrono::milliseconds timeout = std::chrono::minutes(5),
                    membership kind = membership::fixed)
         : size_(size), timeout_(timeout), elastic_(kind == membership::elastic) {
@@ -180,10 +179,11 @@ class threads {
       group_ = std::make_shared<detail_threads::group>(size, timeout);
     }
 
-    // The workers run() starts.
+    /// The workers run() starts.
     int size() const { return size_; }
+    /// True for a world made with membership::elastic.
     bool elastic() const { return elastic_; }
-    // Elastic worlds: spawned workers waiting for a round end to admit them.
+    /// Elastic worlds: spawned workers waiting for a round end to admit them.
     int waiting_joiners() const {
       const auto r = roster_;
       if (!r) return 0;
@@ -191,10 +191,10 @@ class threads {
       return static_cast<int>(r->waiting.size());
     }
 
-    // Runs fn(comm) on `size` threads, one per rank, and waits for all of
-    // them. If a worker throws, the others are released from any collective
-    // with a comm_error and the first failure (the cause, not its echoes) is
-    // rethrown here once every thread has finished.
+    /// Runs fn(comm) on `size` threads, one per rank, and waits for all of
+    /// them. If a worker throws, the others are released from any collective
+    /// with a comm_error and the first failure (the cause, not its echoes) is
+    /// rethrown here once every thread has finished.
     template <class F>
     void run(F&& fn) {
       group_ = std::make_shared<detail_threads::group>(size_, timeout_);
@@ -227,10 +227,10 @@ class threads {
       if (group_->root_cause) std::rethrow_exception(group_->root_cause);
     }
 
-    // Elastic worlds, while run() is training: starts fn(comm) on a new
-    // thread whose communicator is joining; an algorithm constructed over
-    // it waits until the members reach a round end, which admits it (it
-    // takes the group's state from a live member). run() waits for it too.
+    /// Elastic worlds, while run() is training: starts fn(comm) on a new
+    /// thread whose communicator is joining; an algorithm constructed over
+    /// it waits until the members reach a round end, which admits it (it
+    /// takes the group's state from a live member). run() waits for it too.
     template <class F>
     void spawn(F&& fn) {
       if (!elastic_)
@@ -249,7 +249,7 @@ class threads {
     }
 
    private:
-    // One worker's life: fn, then the bookkeeping of its departure.
+    /// One worker's life: fn, then the bookkeeping of its departure.
     void work(std::unique_ptr<threads> comm, const std::function<void(threads&)>& fn) {
       try {
         fn(*comm);
@@ -314,18 +314,24 @@ class threads {
   threads(const threads&) = delete;
   threads& operator=(const threads&) = delete;
 
+  ///@{
+  /// This worker's rank and the group's size (0 while a spawned worker waits to join).
   int rank() const { return rank_; }
   int size() const { return group_ ? group_->size : 0; }
-  // How many workers share this host's cores: all of them.
+  ///@}
+  /// How many workers share this host's cores: all of them.
   int workers_on_host() const { return std::max(1, size()); }
 
   // ------------------------------------------------ elastic membership
-  // (elastic_communicator; see world's membership::elastic)
+  ///@{
+  /// elastic_communicator: whether this worker's world is elastic (membership::elastic), and
+  /// its group's generation (0 at the start, one more at each re-forming).
   bool elastic() const { return roster_ != nullptr; }
   std::uint64_t generation() const { return generation_; }
-  // A spawned worker not admitted yet.
+  ///@}
+  /// A spawned worker not admitted yet.
   bool joining() const { return roster_ && !group_; }
-  // Waits (within the world's timeout) until a round end admits this worker.
+  /// Waits (within the world's timeout) until a round end admits this worker.
   void join() {
     if (!joining()) diloco::detail::raise<state_error>("comm::threads::join: this worker is already a member");
     detail_threads::member me;
@@ -350,10 +356,10 @@ class threads {
     generation_ = roster_->generation;
   }
 
-  // Collective over the members: `leave` announces that this worker
-  // leaves; at a round end the workers waiting to join are admitted. The
-  // last member to arrive forms the next group (members in rank order,
-  // then joiners); true when it differs from this one.
+  /// Collective over the members: `leave` announces that this worker
+  /// leaves; at a round end the workers waiting to join are admitted. The
+  /// last member to arrive forms the next group (members in rank order,
+  /// then joiners); true when it differs from this one.
   bool at_boundary(bool leave, boundary_kind kind) {
     if (!roster_) diloco::detail::raise<config_error>("comm::threads: membership checks need an elastic world");
     bool changed = false;
@@ -361,7 +367,7 @@ class threads {
     return changed;
   }
 
-  // Threads have no recovery from a failed worker: its error ends run().
+  /// Threads have no recovery from a failed worker: its error ends run().
   void recover() {
     std::string why = "the group is broken";
     if (group_) {
@@ -371,18 +377,20 @@ class threads {
     diloco::detail::raise<comm_error>("comm::threads cannot re-form a group after a failure (", why,
                                       "); a worker that throws ends world::run");
   }
+  /// The bytes this rank has sent and received, as core/comm_types.hpp models them.
   traffic_counters traffic() const { return traffic_; }
 
   // ------------------------------------------------------------ blocking
-  // In-place all-reduce of fp32 buffers. Deterministic: rank r sums its
-  // 1/M slice of every buffer in rank order and writes the result back into
-  // all of them, so the bits never depend on thread timing.
+  /// In-place all-reduce of fp32 buffers. Deterministic: rank r sums its
+  /// 1/M slice of every buffer in rank order and writes the result back into
+  /// all of them, so the bits never depend on thread timing.
   void all_reduce(std::span<float> buf, reduce_op op) {
     require_member("all_reduce");
     account_all_reduce(buf.size());
     blocking([&] { do_all_reduce(buf, op); });
   }
-  // Copies root's buffer into every rank's buffer.
+  ///@{
+  /// Copies root's buffer into every rank's buffer.
   void broadcast(std::span<float> buf, int root) {
     require_member("broadcast");
     const std::string problem = root_problem(root);
@@ -395,29 +403,32 @@ class threads {
     if (problem.empty()) account_broadcast(buf.size(), root);
     blocking([&] { do_broadcast(buf.data(), buf.size(), root, problem); });
   }
-  // send holds M equal blocks, block k for rank k; recv receives block
-  // `rank` of every rank's send, in rank order.
+  ///@}
+  /// send holds M equal blocks, block k for rank k; recv receives block
+  /// `rank` of every rank's send, in rank order.
   void all_to_all(std::span<const std::byte> send, std::span<std::byte> recv) {
     require_member("all_to_all");
     const std::string problem = exchange_problem("all_to_all", send, recv, send.size());
     if (problem.empty()) account_exchange(send.size() / static_cast<std::size_t>(size()));
     blocking([&] { do_all_to_all(send, recv, problem); });
   }
-  // recv receives every rank's send, in rank order (M blocks).
+  /// recv receives every rank's send, in rank order (M blocks).
   void all_gather(std::span<const std::byte> send, std::span<std::byte> recv) {
     require_member("all_gather");
     const std::string problem = exchange_problem("all_gather", send, recv, send.size() * static_cast<std::size_t>(size()));
     if (problem.empty()) account_exchange(send.size());
     blocking([&] { do_all_gather(send, recv, problem); });
   }
+  /// Returns once every member has entered it.
   void barrier() {
     require_member("barrier");
     blocking([&] { group_->arrive_and_wait(rank_, "barrier"); });
   }
 
   // -------------------------------------------------------- non-blocking
-  // Each returns at once; the operation runs on this rank's progress thread
-  // in issue order. Buffers must stay untouched until wait() returns.
+  ///@{
+  /// Each returns at once; the operation runs on this rank's progress thread
+  /// in issue order. Buffers must stay untouched until wait() returns.
   request iall_reduce(std::span<float> buf, reduce_op op) {
     require_member("iall_reduce");
     account_all_reduce(buf.size());
@@ -455,13 +466,14 @@ class threads {
     require_member("ibarrier");
     return queue_.submit([this] { group_->arrive_and_wait(rank_, "barrier"); });
   }
+  ///@}
 
  private:
   threads(std::shared_ptr<detail_threads::group> g, int rank, std::shared_ptr<detail_threads::roster> r,
           std::chrono::milliseconds timeout)
       : group_(std::move(g)), rank_(rank), roster_(std::move(r)), timeout_(timeout) {}
 
-  // Collectives need a member: not a joiner before join(), not a leaver.
+  /// Collectives need a member: not a joiner before join(), not a leaver.
   void require_member(const char* op) const {
     if (!group_)
       diloco::detail::raise<state_error>("comm::threads ", op, ": this worker is not a member of the group (",
@@ -527,16 +539,16 @@ class threads {
     return true;
   }
 
-  // A blocking operation never overtakes pending non-blocking ones.
+  /// A blocking operation never overtakes pending non-blocking ones.
   template <class F>
   void blocking(F&& f) {
     queue_.run_in_order(std::forward<F>(f));
   }
 
-  // Local argument checks. They do not throw here: the rank still enters the
-  // collective with its problem, so every rank learns of it at once (this
-  // rank gets a config_error, the others a comm_error naming it) instead of
-  // waiting for a rank that left.
+  /// Local argument checks. They do not throw here: the rank still enters the
+  /// collective with its problem, so every rank learns of it at once (this
+  /// rank gets a config_error, the others a comm_error naming it) instead of
+  /// waiting for a rank that left.
   std::string root_problem(int root) const {
     if (root >= 0 && root < size()) return {};
     return diloco::detail::concat("diloco: threads broadcast: root ", root, " is not a rank of a world of ", size());
@@ -558,7 +570,7 @@ class threads {
     return {};
   }
 
-  // The traffic models shared by every communicator (core/comm_types.hpp).
+  /// The traffic models shared by every communicator (core/comm_types.hpp).
   void account_all_reduce(std::size_t n) { traffic_.add_all_reduce(n * sizeof(float), size()); }
   void account_broadcast(std::size_t bytes, int root) { traffic_.add_broadcast(bytes, rank(), root, size()); }
   void account_exchange(std::size_t block) { traffic_.add_exchange(block, size()); }
@@ -620,11 +632,11 @@ class threads {
     group_->arrive_and_wait(rank_, "all_gather");
   }
 
-  // Publishes this rank's arguments, waits for the others, and checks that
-  // all ranks entered the same operation with the same sizes and valid
-  // arguments. Every rank judges the same published slots, so all reach the
-  // same verdict; on a bad one they meet once more (so no slot is reused
-  // while another rank still reads it) and all throw.
+  /// Publishes this rank's arguments, waits for the others, and checks that
+  /// all ranks entered the same operation with the same sizes and valid
+  /// arguments. Every rank judges the same published slots, so all reach the
+  /// same verdict; on a bad one they meet once more (so no slot is reused
+  /// while another rank still reads it) and all throw.
   void enter(const char* op, const void* send, void* data, std::size_t count, int arg,
              const std::string& problem = {}) {
     auto& g = *group_;
@@ -667,13 +679,13 @@ class threads {
 
   std::shared_ptr<detail_threads::group> group_;
   int rank_ = 0;
-  std::shared_ptr<detail_threads::roster> roster_;  // elastic worlds only
+  std::shared_ptr<detail_threads::roster> roster_;  ///< elastic worlds only
   std::chrono::milliseconds timeout_ = std::chrono::minutes(5);
   std::uint64_t generation_ = 0;
-  bool left_running_ = false;  // left the group: no longer counted as a running member
+  bool left_running_ = false;  ///< left the group: no longer counted as a running member
   traffic_counters traffic_{};
-  // Last member: destroyed first, so its thread is joined while the rest of
-  // the communicator is still alive.
+  /// Last member: destroyed first, so its thread is joined while the rest of
+  /// the communicator is still alive.
   detail::progress_queue queue_;
 };
 

@@ -16,19 +16,22 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress {
 
-// Block-wise quantization: per block of B elements one fp32 factor (the
-// block's largest magnitude, amax) and B codes of Format::bits bits
-// (compress/formats.hpp; kernels/grids.hpp rounds onto each format's
-// values). Sub-byte codes are packed from the low bits: element j sits at
-// bit (j % (8 / bits)) * bits of byte j / (8 / bits), e.g. int4's element
-// 2i in the low nibble. Bytes per parameter: (4 + B * bits / 8) / B, e.g.
-// 1.03 for int8/fp8, 0.53 for int4/fp4 and 0.28 for int2 at B = 128.
+/// Block-wise quantization: per block of B elements one fp32 factor (the
+/// block's largest magnitude, amax) and B codes of Format::bits bits
+/// (compress/formats.hpp; kernels/grids.hpp rounds onto each format's
+/// values). Sub-byte codes are packed from the low bits: element j sits at
+/// bit (j % (8 / bits)) * bits of byte j / (8 / bits), e.g. int4's element
+/// 2i in the low nibble. Bytes per parameter: (4 + B * bits / 8) / B, e.g.
+/// 1.03 for int8/fp8, 0.53 for int4/fp4 and 0.28 for int2 at B = 128.
 template <class Format, std::size_t B, class Rounding>
 struct blockwise_codec {
   static_assert(Format::bits == 8 || Format::bits == 4 || Format::bits == 2,
                 "blockwise: Format must be int8, int4, int2, fp8_e4m3, fp8_e5m2 or fp4_e3m0");
   static_assert(B >= 2 && B % 2 == 0 && B <= 4096, "blockwise: block size B must be even and in [2, 4096]");
   static_assert(Format::bits != 2 || B % 4 == 0, "blockwise: int2 needs a block size B that is a multiple of 4");
+  ///@{
+  /// The layout: elements per block, the codec's id in segment headers, bits per code, codes
+  /// per byte, bytes of codes per block, the format's largest magnitude, a code's bit mask.
   static constexpr std::size_t block = B;
   static constexpr codec_id id = format_id<Format>();
   static constexpr int bits = Format::bits;
@@ -36,9 +39,14 @@ struct blockwise_codec {
   static constexpr std::size_t value_bytes = B / per_byte;
   static constexpr float levels = Format::levels;
   static constexpr unsigned mask = (1u << Format::bits) - 1u;
+  ///@}
 
+  /// Bytes of an encoded block: the factor, then the codes (a partial block keeps it,
+  /// zero-padded).
   DILOCO_HD static constexpr std::size_t stride() { return 4 + value_bytes; }
 
+  /// Encodes v[0, len) against its amax into out and writes what decode gives into dq;
+  /// `stream` and `index0 + j` seed stochastic rounding of element j.
   DILOCO_HD void encode(const float* v, std::size_t len, std::byte* out, float* dq, std::uint64_t stream,
                         std::uint64_t index0) const {
     len = len < B ? len : B;  // blocks never exceed B; saying so bounds the padding loops for the compiler
@@ -72,6 +80,7 @@ struct blockwise_codec {
     }
   }
 
+  /// Decodes a block into dq[0, len).
   DILOCO_HD void decode(const std::byte* in, std::size_t len, float* dq) const {
     len = len < B ? len : B;
     float amax;
@@ -99,25 +108,25 @@ struct blockwise_codec {
     }
   }
 
-  // Codes the format never writes (int8's -128, int4's -8, fp8 NaN and inf)
-  // are refused, and padding beyond a partial block must be zero.
+  /// Codes the format never writes (int8's -128, int4's -8, fp8 NaN and inf)
+  /// are refused, and padding beyond a partial block must be zero.
   DILOCO_HD const char* check(const std::byte* in, std::size_t len) const {
     for (std::size_t p = 0; p < value_bytes; ++p)
       if (const char* why = byte_problem(in + 4, len, p)) return why;
     return nullptr;
   }
-  // Thread t of `threads`' share of check(), for a team scanning one block
-  // (kernels::check_blocks): value bytes t, t + threads, ... check() finds
-  // a problem iff some share does; which one it is, check() says.
+  /// Thread t of `threads`' share of check(), for a team scanning one block
+  /// (kernels::check_blocks): value bytes t, t + threads, ... check() finds
+  /// a problem iff some share does; which one it is, check() says.
   DILOCO_HD bool share_malformed(const std::byte* in, std::size_t len, std::size_t t, std::size_t threads) const {
     for (std::size_t p = t; p < value_bytes; p += threads)
       if (byte_problem(in + 4, len, p)) return true;
     return false;
   }
-  // What is wrong with value byte p of a block of len elements, if anything:
-  // its codes must be valid below len and zero from len on. Invalid codes
-  // only sit below the partial byte and padding from it on, so the first
-  // bad byte names the problem check() has always named first.
+  /// What is wrong with value byte p of a block of len elements, if anything:
+  /// its codes must be valid below len and zero from len on. Invalid codes
+  /// only sit below the partial byte and padding from it on, so the first
+  /// bad byte names the problem check() has always named first.
   DILOCO_HD static const char* byte_problem(const std::byte* q, std::size_t len, std::size_t p) {
     constexpr auto g = kernels::grid<Format>();
     const auto byte = static_cast<unsigned>(q[p]);
@@ -130,7 +139,7 @@ struct blockwise_codec {
     return nullptr;
   }
 
-  // The code of element j.
+  /// The code of element j.
   DILOCO_HD static unsigned code(const std::byte* q, std::size_t j) {
     if constexpr (Format::bits == 8)
       return static_cast<unsigned>(q[j]);
@@ -139,32 +148,42 @@ struct blockwise_codec {
   }
 };
 
+/// The options of a stateless codec policy (blockwise, cast).
 struct codec_options {
-  std::uint64_t seed = 0;  // stochastic rounding stream
+  std::uint64_t seed = 0;  ///< stochastic rounding stream
+  /// Every field by name (core/options.hpp's visit_options customisation point).
   template <class F>
   friend void visit_options(const codec_options& o, F&& f) {
     f("seed", o.seed);
   }
 };
 
-// What a lossy compressor without state of its own declares: its codec,
-// no error feedback, rounding from the codec's policy, options that need
-// no validation. blockwise and cast derive from it and add their name.
+/// What a lossy compressor without state of its own declares: its codec,
+/// no error feedback, rounding from the codec's policy, options that need
+/// no validation. blockwise and cast derive from it and add their name.
 template <class Codec, class Rounding>
 struct stateless_codec_policy {
+  /// The rounding seed.
   using options = codec_options;
+  /// The block codec.
   using codec = Codec;
+  /// Values change on the way.
   static constexpr bool lossless = false;
+  /// No residual: wrap it in error_feedback.
   static constexpr bool has_error_feedback = false;
+  /// Whether the rounding is stochastic.
   static constexpr bool stochastic = Rounding::stochastic;
+  /// Nothing to validate.
   static void validate(const options&) {}
+  /// The codec (stateless: nothing from the options).
   static codec make_codec(const options&) { return {}; }
 };
 
-// The compressor policy: blockwise<int8, 128>, blockwise<fp8_e4m3>,
-// blockwise<int4, 64, stochastic_rounding>.
+/// The compressor policy: blockwise<int8, 128>, blockwise<fp8_e4m3>,
+/// blockwise<int4, 64, stochastic_rounding>.
 template <class Format, std::size_t B = 128, class Rounding = round_nearest>
 struct blockwise : stateless_codec_policy<blockwise_codec<Format, B, Rounding>, Rounding> {
+  /// The compressor's name in checkpoint headers, messages and reports.
   static constexpr const char* name = Format::blockwise_name;
 };
 

@@ -17,21 +17,26 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress {
 
-// fp32 -> 16-bit float (bf16 or fp16), 2 bytes per parameter, each element
-// rounded to nearest even (error <= half an ulp of the format) or
-// stochastically. fp16 values beyond 65504 become inf, which the round's
-// finiteness checks reject; prefer bf16 (fp32's range) for pseudo-gradients.
-// Blocks of 64 elements keep the padding at a tensor's end small.
+/// fp32 -> 16-bit float (bf16 or fp16), 2 bytes per parameter, each element
+/// rounded to nearest even (error <= half an ulp of the format) or
+/// stochastically. fp16 values beyond 65504 become inf, which the round's
+/// finiteness checks reject; prefer bf16 (fp32's range) for pseudo-gradients.
+/// Blocks of 64 elements keep the padding at a tensor's end small.
 template <class Format, class Rounding, std::size_t B = 64>
 struct cast_codec {
   static_assert(std::is_same_v<Format, bf16> || std::is_same_v<Format, fp16>,
                 "cast: Format must be diloco::bf16 or diloco::fp16");
+  /// The bit-level conversions of the format (kernels/float_formats.hpp).
   using bits_format = std::conditional_t<std::is_same_v<Format, bf16>, kernels::bf16_format, kernels::fp16_format>;
-  static constexpr std::size_t block = B;
+  static constexpr std::size_t block = B;  ///< elements per block
+  /// The codec's id in segment headers.
   static constexpr codec_id id = std::is_same_v<Format, bf16> ? codec_id::bf16 : codec_id::fp16;
 
+  /// Bytes of an encoded block: 2 per element (a partial block keeps it, zero-padded).
   DILOCO_HD static constexpr std::size_t stride() { return 2 * B; }
 
+  /// Encodes v[0, len) into out (zero padding after a partial block) and writes what decode
+  /// gives into dq; `stream` and `index0 + j` seed stochastic rounding of element j.
   DILOCO_HD void encode(const float* v, std::size_t len, std::byte* out, float* dq, std::uint64_t stream,
                         std::uint64_t index0) const {
     if constexpr (std::is_same_v<Format, bf16> && !Rounding::stochastic) {
@@ -51,6 +56,7 @@ struct cast_codec {
     if (len < B) std::memset(out + 2 * len, 0, 2 * (B - len));
   }
 
+  /// Decodes a block into dq[0, len).
   DILOCO_HD void decode(const std::byte* in, std::size_t len, float* dq) const {
     for (std::size_t j = 0; j < len; ++j) {
       std::uint16_t h;
@@ -59,13 +65,14 @@ struct cast_codec {
     }
   }
 
+  /// nullptr when the block's bytes are well formed (zero padding), else what is wrong.
   DILOCO_HD const char* check(const std::byte* in, std::size_t len) const {
     for (std::size_t b = 2 * len; b < stride(); ++b)
       if (in[b] != std::byte{0}) return "non-zero padding after a partial block";
     return nullptr;
   }
-  // Thread t of `threads`' share of check() (kernels::check_blocks): padding
-  // bytes 2 len + t, 2 len + t + threads, ...
+  /// Thread t of `threads`' share of check() (kernels::check_blocks): padding
+  /// bytes 2 len + t, 2 len + t + threads, ...
   DILOCO_HD bool share_malformed(const std::byte* in, std::size_t len, std::size_t t, std::size_t threads) const {
     for (std::size_t b = 2 * len + t; b < stride(); b += threads)
       if (in[b] != std::byte{0}) return true;
@@ -73,9 +80,10 @@ struct cast_codec {
   }
 };
 
-// The compressor policy: cast<bf16> or cast<fp16, stochastic_rounding>.
+/// The compressor policy: cast<bf16> or cast<fp16, stochastic_rounding>.
 template <class Format, class Rounding = round_nearest>
 struct cast : stateless_codec_policy<cast_codec<Format, Rounding>, Rounding> {
+  /// The compressor's name in checkpoint headers, messages and reports.
   static constexpr const char* name = std::is_same_v<Format, bf16> ? "cast bf16" : "cast fp16";
 };
 

@@ -1,33 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// SparseLoCo's compressor (arXiv 2508.15706): per chunk of `Chunk`
-// consecutive elements keep the K largest magnitudes, their values
-// quantized to `Values` (int2, int4, int8, fp8_e4m3, ...) against the
-// chunk's largest magnitude, their positions packed in ceil(log2 Chunk)
-// bits. With error_feedback (options.decay = beta, SparseLoCo uses 0.95)
-// what is not sent is carried over: r <- beta (r + delta - sent).
-//
-// Chunk layout (the codec block), fixed stride:
-//   offset 0            fp32 amax: the chunk's largest magnitude (always kept)
-//   4                   K value codes, Values::bits each, packed from the low bits
-//   4 + ceil(K*vb/8)    K positions, I = ceil(log2 Chunk) bits each, packed
-//                       from the low bits, strictly increasing
-// A partial chunk of len < K elements sends len entries; unused entries
-// and padding bits are zero. Bytes per parameter at Chunk 4096, K 64, int2:
-// (4 + 16 + 96) / 4096 = 0.0283.
-//
-// Which elements: the K largest |v|, ties to the lower index; NaN counts as
-// the largest magnitude so it is never hidden (the chunk's amax is then
-// NaN and the round is refused). Aggregation is sparse: the reducer
-// all-gathers every rank's segment and each rank sums the decoded chunks in
-// fp32 in rank order (reduce/gathered.hpp); re-encoding a mean of sparse
-// vectors would only lose more.
-//
-// Encoding on the host selects with nth_element over the chunk; the device
-// form (kernels/topk_blocks.hpp) runs a radix select in shared memory per
-// chunk and gives the same bytes.
-
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -84,28 +57,60 @@ struct no_draw {
 
 }  // namespace detail_bits
 
+/// SparseLoCo's compressor (arXiv 2508.15706): per chunk of `Chunk`
+/// consecutive elements keep the K largest magnitudes, their values
+/// quantized to `Values` (int2, int4, int8, fp8_e4m3, ...) against the
+/// chunk's largest magnitude, their positions packed in ceil(log2 Chunk)
+/// bits. With error_feedback (options.decay = beta, SparseLoCo uses 0.95)
+/// what is not sent is carried over: r <- beta (r + delta - sent).
+///
+/// Chunk layout (the codec block), fixed stride:
+/// ```
+/// offset 0            fp32 amax: the chunk's largest magnitude (always kept)
+/// 4                   K value codes, Values::bits each, packed from the low bits
+/// 4 + ceil(K*vb/8)    K positions, I = ceil(log2 Chunk) bits each, packed
+///                     from the low bits, strictly increasing
+/// ```
+/// A partial chunk of len < K elements sends len entries; unused entries
+/// and padding bits are zero. Bytes per parameter at Chunk 4096, K 64, int2:
+/// (4 + 16 + 96) / 4096 = 0.0283.
+///
+/// Which elements: the K largest |v|, ties to the lower index; NaN counts as
+/// the largest magnitude so it is never hidden (the chunk's amax is then
+/// NaN and the round is refused). Aggregation is sparse: the reducer
+/// all-gathers every rank's segment and each rank sums the decoded chunks in
+/// fp32 in rank order (reduce/gathered.hpp); re-encoding a mean of sparse
+/// vectors would only lose more.
+///
+/// Encoding on the host selects with nth_element over the chunk; the device
+/// form (kernels/topk_blocks.hpp) runs a radix select in shared memory per
+/// chunk and gives the same bytes.
 template <std::size_t Chunk, std::size_t K, class Values, class Rounding>
 struct chunk_topk_codec {
   static_assert(Chunk >= 2 && Chunk <= 16384, "chunk_topk: Chunk must be in [2, 16384]");
   static_assert(K >= 1 && K <= Chunk, "chunk_topk: K must be in [1, Chunk]");
   static_assert(Values::bits == 8 || Values::bits == 4 || Values::bits == 2,
                 "chunk_topk: Values must be int8, int4, int2, fp8_e4m3, fp8_e5m2 or fp4_e3m0");
-  static constexpr std::size_t block = Chunk;
-  static constexpr std::size_t k = K;
-  static constexpr const char* values_name = Values::name;
+  static constexpr std::size_t block = Chunk;  ///< elements per chunk (the codec block)
+  static constexpr std::size_t k = K;  ///< entries a full chunk sends
+  static constexpr const char* values_name = Values::name;  ///< the values' format, by name
+  /// The codec's id in segment headers: chunk_topk + the values' format id.
   static constexpr codec_id id = static_cast<codec_id>(static_cast<unsigned>(codec_id::chunk_topk) +
                                                        static_cast<unsigned>(format_id<Values>()));
-  static constexpr int value_bits = Values::bits;
-  static constexpr int index_bits = detail_bits::ceil_log2(Chunk);
-  static constexpr std::size_t value_bytes = (K * Values::bits + 7) / 8;
-  static constexpr std::size_t index_bytes = (K * index_bits + 7) / 8;
-  static constexpr float levels = Values::levels;
-  static constexpr bool stochastic = Rounding::stochastic;
+  static constexpr int value_bits = Values::bits;  ///< bits per value code
+  static constexpr int index_bits = detail_bits::ceil_log2(Chunk);  ///< bits per position: ceil(log2 Chunk)
+  static constexpr std::size_t value_bytes = (K * Values::bits + 7) / 8;  ///< bytes of the packed value codes
+  static constexpr std::size_t index_bytes = (K * index_bits + 7) / 8;  ///< bytes of the packed positions
+  static constexpr float levels = Values::levels;  ///< the values' format's largest magnitude
+  static constexpr bool stochastic = Rounding::stochastic;  ///< whether the values' rounding is stochastic
 
+  /// Bytes of an encoded chunk: the amax, the value codes, the positions.
   DILOCO_HD static constexpr std::size_t stride() { return 4 + value_bytes + index_bytes; }
-  // Entries a chunk of len elements sends.
+  /// Entries a chunk of len elements sends.
   DILOCO_HD static constexpr std::size_t entries(std::size_t len) { return len < K ? len : K; }
 
+  /// Encodes the chunk's K largest magnitudes (ties to the lower index, NaN first) against its
+  /// amax; dq receives decode(out). `stream` and `index0 + j` seed stochastic rounding.
   void encode(const float* v, std::size_t len, std::byte* out, float* dq, std::uint64_t stream,
               std::uint64_t index0) const {
     len = std::min(len, Chunk);
@@ -143,6 +148,7 @@ struct chunk_topk_codec {
     }
   }
 
+  /// Decodes a chunk into dq[0, len): the sent values, zeros elsewhere.
   DILOCO_HD void decode(const std::byte* in, std::size_t len, float* dq) const {
     len = len < Chunk ? len : Chunk;
     const float amax = factor(in);
@@ -154,22 +160,24 @@ struct chunk_topk_codec {
     }
   }
 
-  // Element-level access, for the device passes (kernels/topk_blocks.hpp),
-  // which give a chunk's elements to the threads of a team: the same float
-  // operations as encode() and decode() per element, so the same bits.
+  /// Element-level access, for the device passes (kernels/topk_blocks.hpp),
+  /// which give a chunk's elements to the threads of a team: the same float
+  /// operations as encode() and decode() per element, so the same bits.
   DILOCO_HD static float factor(const std::byte* in) {
     float amax;
     std::memcpy(&amax, in, 4);
     return amax;
   }
+  /// Entry e's position in the chunk.
   DILOCO_HD static unsigned position(const std::byte* in, std::size_t e) {
     return detail_bits::get_field(in + 4 + value_bytes, e, index_bits);
   }
+  /// Entry e's value code.
   DILOCO_HD static unsigned value_code(const std::byte* in, std::size_t e) {
     return detail_bits::get_field(in + 4, e, value_bits);
   }
-  // A selected value against the chunk's amax, as encode() quantizes it (u:
-  // its draw under stochastic rounding).
+  /// A selected value against the chunk's amax, as encode() quantizes it (u:
+  /// its draw under stochastic rounding).
   DILOCO_HD static void encode_value(float v, float amax, float u, unsigned& code, float& dq) {
     constexpr auto g = kernels::grid<Values>();
     float q;
@@ -179,6 +187,7 @@ struct chunk_topk_codec {
       kernels::quantize_block<false>(&v, 1, amax, g, &q, &dq, [](std::size_t) { return 0.0f; });
     code = g.code(q);
   }
+  /// The value a code stands for against the chunk's amax, as decode() computes it.
   DILOCO_HD static float decode_value(unsigned code, float amax) {
     constexpr auto g = kernels::grid<Values>();
     const float x = g.value(code);
@@ -186,23 +195,25 @@ struct chunk_topk_codec {
     return kernels::dequantize(x, amax, levels);
   }
 
+  /// nullptr when the chunk's bytes are well formed (positions in range and increasing, unused
+  /// entries and padding zero), else what is wrong.
   DILOCO_HD const char* check(const std::byte* in, std::size_t len) const {
     for (std::size_t e = 0; e < K; ++e)
       if (const char* why = entry_problem(in, len, e)) return why;
     return padding_problem(in);
   }
-  // Thread t of `threads`' share of check(), for a team scanning one chunk
-  // (kernels::check_blocks): entries t, t + threads, ..., and thread 0 the
-  // padding bits. check() finds a problem iff some share does.
+  /// Thread t of `threads`' share of check(), for a team scanning one chunk
+  /// (kernels::check_blocks): entries t, t + threads, ..., and thread 0 the
+  /// padding bits. check() finds a problem iff some share does.
   DILOCO_HD bool share_malformed(const std::byte* in, std::size_t len, std::size_t t, std::size_t threads) const {
     for (std::size_t e = t; e < K; e += threads)
       if (entry_problem(in, len, e)) return true;
     return t == 0 && padding_problem(in) != nullptr;
   }
-  // What is wrong with entry e, if anything: the first entries(len) hold a
-  // valid code at a position inside the chunk, above the previous entry's
-  // (check() reaches entry e only when the earlier ones are fine, so that
-  // is its previous position); the rest are empty.
+  /// What is wrong with entry e, if anything: the first entries(len) hold a
+  /// valid code at a position inside the chunk, above the previous entry's
+  /// (check() reaches entry e only when the earlier ones are fine, so that
+  /// is its previous position); the rest are empty.
   DILOCO_HD static const char* entry_problem(const std::byte* in, std::size_t len, std::size_t e) {
     constexpr auto g = kernels::grid<Values>();
     const unsigned code = value_code(in, e);
@@ -214,7 +225,7 @@ struct chunk_topk_codec {
     if (!g.valid(code)) return g.invalid;
     return nullptr;
   }
-  // Padding bits after the last value and the last position.
+  /// Padding bits after the last value and the last position.
   DILOCO_HD static const char* padding_problem(const std::byte* in) {
     if (const std::size_t used = K * value_bits; used % 8 != 0 && (static_cast<unsigned>(in[4 + used / 8]) >> (used % 8)) != 0)
       return "non-zero padding bits after the chunk_topk values";
@@ -225,9 +236,11 @@ struct chunk_topk_codec {
   }
 };
 
+/// The options of chunk_topk.
 struct chunk_topk_options {
-  std::uint64_t seed = 0;  // stochastic rounding of the values
-  float decay = 1.0f;      // error feedback: r <- decay * (r + delta - sent), in (0, 1]
+  std::uint64_t seed = 0;  ///< stochastic rounding of the values
+  float decay = 1.0f;      ///< error feedback: r <- decay * (r + delta - sent), in (0, 1]
+  /// Every field by name (core/options.hpp's visit_options customisation point).
   template <class F>
   friend void visit_options(const chunk_topk_options& o, F&& f) {
     f("seed", o.seed);
@@ -235,23 +248,27 @@ struct chunk_topk_options {
   }
 };
 
-// The compressor policy: chunk_topk<> is SparseLoCo's 64 of every 4096 as
-// int2; wrap it in error_feedback (SparseLoCo always does).
+/// The compressor policy: chunk_topk<> is SparseLoCo's 64 of every 4096 as
+/// int2; wrap it in error_feedback (SparseLoCo always does).
 template <std::size_t Chunk = 4096, std::size_t K = 64, class Values = int2, class Rounding = round_nearest>
 struct chunk_topk {
-  using options = chunk_topk_options;
+  using options = chunk_topk_options;  ///< the rounding seed and the error-feedback decay
+  /// The codec: chunks of Chunk, K entries, values in Values.
   using codec = chunk_topk_codec<Chunk, K, Values, Rounding>;
+  /// The compressor's name in checkpoint headers, messages and reports.
   static constexpr const char* name = "chunk_topk";
-  static constexpr bool lossless = false;
-  static constexpr bool has_error_feedback = false;
-  static constexpr bool stochastic = Rounding::stochastic;
-  // Sparse aggregation: all-gather the segments, sum in rank order
-  // (reduce/gathered.hpp) instead of reducing shards and re-encoding.
+  static constexpr bool lossless = false;  ///< values change on the way
+  static constexpr bool has_error_feedback = false;  ///< no residual: wrap it in error_feedback
+  static constexpr bool stochastic = Rounding::stochastic;  ///< whether the values' rounding is stochastic
+  /// Sparse aggregation: all-gather the segments, sum in rank order
+  /// (reduce/gathered.hpp) instead of reducing shards and re-encoding.
   static constexpr bool gathered = true;
+  /// Throws config_error unless decay is in (0, 1].
   static void validate(const options& o) {
     if (!(o.decay > 0.0f && o.decay <= 1.0f))
       detail::raise<config_error>("chunk_topk: decay must lie in (0, 1], got ", o.decay);
   }
+  /// The codec (it takes nothing from the options: the seed and decay are the reducer's).
   static codec make_codec(const options& o) {
     validate(o);
     return {};

@@ -1,20 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// The shape every lossy codec has. A codec works on blocks: a block of up to
-// `block` consecutive elements of one tensor is encoded into a fixed
-// `stride` of bytes (a partial block at a tensor's end keeps the stride), so
-// any block's bytes are found by index, blocks encode in parallel, and the
-// CUDA backend can give each block to a thread block.
-//
-//   codec.encode(v, len, out, dq, stream, index0)  v[0, len) -> out[0, stride);
-//                                                   dq receives decode(out)
-//   codec.decode(in, len, dq)                       in -> dq[0, len)
-//   codec.check(in, len) -> const char*             nullptr if the block's
-//                                                   bytes are well formed,
-//                                                   else what is wrong
-// `stream` and `index0 + j` seed stochastic rounding of element j.
-
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -27,6 +13,21 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress {
 
+/// The shape every lossy codec has. A codec works on blocks: a block of up to
+/// `block` consecutive elements of one tensor is encoded into a fixed
+/// `stride` of bytes (a partial block at a tensor's end keeps the stride), so
+/// any block's bytes are found by index, blocks encode in parallel, and the
+/// CUDA backend can give each block to a thread block.
+///
+/// ```
+/// codec.encode(v, len, out, dq, stream, index0)  v[0, len) -> out[0, stride);
+///                                                 dq receives decode(out)
+/// codec.decode(in, len, dq)                       in -> dq[0, len)
+/// codec.check(in, len) -> const char*             nullptr if the block's
+///                                                 bytes are well formed,
+///                                                 else what is wrong
+/// ```
+/// `stream` and `index0 + j` seed stochastic rounding of element j.
 template <class C>
 concept block_codec = std::is_trivially_copyable_v<C> &&
                       requires(const C& c, const float* v, float* dq, std::byte* out, const std::byte* in,
@@ -39,11 +40,11 @@ concept block_codec = std::is_trivially_copyable_v<C> &&
                         { c.check(in, n) } -> std::convertible_to<const char*>;
                       };
 
-// A lossy compressor policy: options, validation, its block codec type
-// `codec` and the codec built from the options, whether its rounding is
-// stochastic (the wire header says so), and whether it keeps an error-feedback
-// residual (error_feedback<C> sets `has_error_feedback`). This is everything
-// the compressed and gathered means use of a compressor.
+/// A lossy compressor policy: options, validation, its block codec type
+/// `codec` and the codec built from the options, whether its rounding is
+/// stochastic (the wire header says so), and whether it keeps an error-feedback
+/// residual (error_feedback<C> sets `has_error_feedback`). This is everything
+/// the compressed and gathered means use of a compressor.
 template <class C>
 concept lossy_compressor = requires(const typename C::options& o) {
   requires !C::lossless;
@@ -55,8 +56,8 @@ concept lossy_compressor = requires(const typename C::options& o) {
   { C::make_codec(o) } -> std::convertible_to<typename C::codec>;
 };
 
-// Whether a compressor declares a reducer of its own (factored or
-// switching) rather than travelling as block codec segments.
+/// Whether a compressor declares a reducer of its own (factored or
+/// switching) rather than travelling as block codec segments.
 template <class C>
 constexpr bool own_reducer_v = [] {
   if constexpr (requires { C::factored; })
@@ -69,35 +70,44 @@ constexpr bool own_reducer_v = [] {
 namespace stand_in {
 // Types that satisfy block_codec and lossy_compressor (declared only, for
 // the concepts' unevaluated checks).
+
+/// A block codec in name only (block_codec's requirements, declared).
 struct any_block_codec {
-  static constexpr std::size_t block = 1;
-  static constexpr codec_id id = codec_id::none;
+  static constexpr std::size_t block = 1;         ///< elements per block
+  static constexpr codec_id id = codec_id::none;  ///< a codec id
+  ///@{
+  /// block_codec's operations, declared only.
   std::size_t stride() const;
   void encode(const float*, std::size_t, std::byte*, float*, std::uint64_t, std::uint64_t) const;
   void decode(const std::byte*, std::size_t, float*) const;
   const char* check(const std::byte*, std::size_t) const;
+  ///@}
 };
+/// A lossy compressor in name only (lossy_compressor's requirements, declared).
 struct any_lossy_compressor {
   struct options {};
+  ///@{
+  /// lossy_compressor's members, declared only.
   using codec = any_block_codec;
   static constexpr bool lossless = false;
   static constexpr bool has_error_feedback = false;
   static constexpr bool stochastic = false;
   static void validate(const options&);
   static codec make_codec(const options&);
+  ///@}
 };
 }  // namespace stand_in
 
-// What the compressor concept checks against lossy_compressor: C itself when
-// it travels as block codec segments, the stand-in otherwise (lossless, or a
-// reducer of its own). So the concept is a conjunction, and a compiler names
-// the requirement a lossy compressor misses instead of reporting that "no
-// operand of the disjunction is satisfied".
+/// What the compressor concept checks against lossy_compressor: C itself when
+/// it travels as block codec segments, the stand-in otherwise (lossless, or a
+/// reducer of its own). So the concept is a conjunction, and a compiler names
+/// the requirement a lossy compressor misses instead of reporting that "no
+/// operand of the disjunction is satisfied".
 template <class C>
 using block_codec_policy_t = std::conditional_t<!C::lossless && !own_reducer_v<C>, C, stand_in::any_lossy_compressor>;
 
-// A compressor with a reducer of its own instead of a block codec
-// (low_rank: factors exchanged over several collectives).
+/// A compressor with a reducer of its own instead of a block codec
+/// (low_rank: factors exchanged over several collectives).
 template <class C>
 concept factored_compressor = requires(const typename C::options& o) {
   requires !C::lossless;
@@ -105,8 +115,8 @@ concept factored_compressor = requires(const typename C::options& o) {
   { C::validate(o) };
 };
 
-// A compressor that runs one of several compressors per round, with a
-// reducer of its own over theirs (adaptive<C...>).
+/// A compressor that runs one of several compressors per round, with a
+/// reducer of its own over theirs (adaptive<C...>).
 template <class C>
 concept switching_compressor = requires(const typename C::options& o) {
   requires !C::lossless;
@@ -114,8 +124,8 @@ concept switching_compressor = requires(const typename C::options& o) {
   { C::validate(o) };
 };
 
-// Whether a compressor's reducer all-gathers its segments (sparse
-// aggregation) rather than reducing shards.
+/// Whether a compressor's reducer all-gathers its segments (sparse
+/// aggregation) rather than reducing shards.
 template <class C>
 constexpr bool gathered_v = [] {
   if constexpr (requires { C::gathered; })
@@ -124,7 +134,7 @@ constexpr bool gathered_v = [] {
     return false;
 }();
 
-// The error-feedback decay of a compressor's options (1 when it has none).
+/// The error-feedback decay of a compressor's options (1 when it has none).
 template <class Options>
 float feedback_decay(const Options& o) {
   if constexpr (requires { o.decay; })

@@ -1,19 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// The mean of the workers' pseudo-gradients under a lossy codec, without
-// ever adding quantized values that have different scales:
-//   1. each rank encodes its pseudo-gradient (plus error-feedback residual)
-//      shard by shard: shard k is meant for rank k            (fused pass)
-//   2. all-to-all: rank r receives every rank's encoding of shard r
-//   3+4. rank r decodes them, sums in fp32 in rank order, divides by M, and
-//      re-encodes its reduced shard                          (fused pass)
-//   5. all-gather: every rank receives every reduced shard
-//   6. agreement: a tiny all-reduce of each rank's verdict (corrupt bytes,
-//      non-finite values), so all ranks apply or reject the round together
-//   7. decode + outer step + copy-back                       (fused pass)
-// Traffic per rank: 2 (M-1)/M times the encoded size, plus headers.
-
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -42,14 +29,14 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress {
 
-// What a round's exchange found.
+/// What a round's exchange found.
 struct exchange_result {
-  bool accepted = true;
-  bool corrupt = false;        // rejected for bad bytes (format_error) rather than bad numbers
-  std::string problem;         // why it was rejected
-  double delta_norm = 0.0;     // this rank's ||pseudo-gradient||
-  double error_norm = 0.0;     // this rank's ||v - decode(encode(v))|| in stage 1
-  std::size_t encoded_bytes = 0;  // this rank's stage-1 segments, headers included
+  bool accepted = true;  ///< false when the round is rejected (every rank agrees)
+  bool corrupt = false;        ///< rejected for bad bytes (format_error) rather than bad numbers
+  std::string problem;         ///< why it was rejected
+  double delta_norm = 0.0;     ///< this rank's ||pseudo-gradient||
+  double error_norm = 0.0;     ///< this rank's ||v - decode(encode(v))|| in stage 1
+  std::size_t encoded_bytes = 0;  ///< this rank's stage-1 segments, headers included
 };
 
 }  // namespace diloco::compress
@@ -210,13 +197,27 @@ class host_feedback {
 
 namespace diloco::compress {
 
+/// The mean of the workers' pseudo-gradients under a lossy codec, without
+/// ever adding quantized values that have different scales:
+/// ```
+/// 1. each rank encodes its pseudo-gradient (plus error-feedback residual)
+///    shard by shard: shard k is meant for rank k            (fused pass)
+/// 2. all-to-all: rank r receives every rank's encoding of shard r
+/// 3+4. rank r decodes them, sums in fp32 in rank order, divides by M, and
+///    re-encodes its reduced shard                          (fused pass)
+/// 5. all-gather: every rank receives every reduced shard
+/// 6. agreement: a tiny all-reduce of each rank's verdict (corrupt bytes,
+///    non-finite values), so all ranks apply or reject the round together
+/// 7. decode + outer step + copy-back                       (fused pass)
+/// ```
+/// Traffic per rank: 2 (M-1)/M times the encoded size, plus headers.
 template <class Compressor, class Space>
 class compressed_mean : public diloco::detail::host_ballot, public diloco::detail::host_feedback<Compressor> {
  public:
-  using codec_type = typename Compressor::codec;
+  using codec_type = typename Compressor::codec;  ///< the compressor's block codec
 
-  // `fragment`: the sync schedule's fragment these parameters form (carried
-  // in every segment header; 0 for the whole model).
+  /// `fragment`: the sync schedule's fragment these parameters form (carried
+  /// in every segment header; 0 for the whole model).
   compressed_mean(const parameter_set<float, Space>& params, int world, int rank,
                   const typename Compressor::options& opts, std::uint32_t fragment = 0)
       : host_ballot(world),
@@ -245,7 +246,9 @@ class compressed_mean : public diloco::detail::host_ballot, public diloco::detai
     received_.assign(m, nullptr);
   }
 
+  /// The codec blocks of the fragment and their shards (shard k is reduced by rank k).
   const block_layout& layout() const { return layout_; }
+  /// The size of one segment slot: the header and the largest shard's payload, rounded up to 64.
   std::size_t slot_bytes() const { return slot_; }
   // residual() and visit_state(): the error-feedback residual is the state
   // (diloco::detail::host_feedback); the rest is scratch.
@@ -259,7 +262,7 @@ class compressed_mean : public diloco::detail::host_ballot, public diloco::detai
   // A world of one copies instead (self_all_to_all, self_all_gather). The
   // buffers stay untouched between the stages.
 
-  // 1. encode every shard (shard k is meant for rank k).
+  /// 1. encode every shard (shard k is meant for rank k).
   template <class Exec>
   void encode(Exec& exec, const float* global, std::uint64_t round) {
     open_round();
@@ -286,7 +289,8 @@ class compressed_mean : public diloco::detail::host_ballot, public diloco::detai
       out_.encoded_bytes += wire::header_bytes + payload;
     }
   }
-  // 2. shard r of every rank to rank r.
+  ///@{
+  /// 2. shard r of every rank to rank r.
   const std::byte* send_data() const { return send_.data(); }
   std::byte* recv_data() { return recv_.data(); }
   std::size_t exchange_bytes() const { return send_.size(); }
@@ -294,8 +298,9 @@ class compressed_mean : public diloco::detail::host_ballot, public diloco::detai
   void self_all_to_all(Exec&) {
     std::memcpy(recv_.data(), send_.data(), slot_);
   }
+  ///@}
 
-  // 3+4. validate, reduce and re-encode this rank's shard.
+  /// 3+4. validate, reduce and re-encode this rank's shard.
   template <class Exec>
   void reduce(Exec& exec) {
     std::uint32_t status = 0;
@@ -328,15 +333,17 @@ class compressed_mean : public diloco::detail::host_ballot, public diloco::detai
                                          status == 0 ? my_payload : 0, round_, static_cast<float>(reduced_norm),
                                          status, fragment_});
   }
-  // 5. every reduced shard to every rank.
+  ///@{
+  /// 5. every reduced shard to every rank.
   const std::byte* reduced_data() const { return reduced_.data(); }
   std::byte* gathered_data() { return gathered_.data(); }
   template <class Exec>
   void self_all_gather(Exec&) {
     std::memcpy(gathered_.data(), reduced_.data(), slot_);
   }
+  ///@}
 
-  // Validates the gathered shards and casts this rank's vote.
+  /// Validates the gathered shards and casts this rank's vote.
   template <class Exec>
   void check_gathered(Exec&) {
     for (int k = 0; k < world_ && found_.local_problem.empty(); ++k) {
@@ -358,8 +365,8 @@ class compressed_mean : public diloco::detail::host_ballot, public diloco::detai
   // 6. agree on the round: vote_data() summed over the ranks, then result()
   // (diloco::detail::host_ballot).
 
-  // Stage 7: decode the mean, outer step, copy-back; then keep the new
-  // error-feedback residual.
+  /// Stage 7: decode the mean, outer step, copy-back; then keep the new
+  /// error-feedback residual.
   template <class Exec, class Update, class Merge = kernels::merge::overwrite>
   void apply(Exec& exec, const Update& update, float* global, float* state, std::size_t state_stride,
              const Merge& merge = {}) {
@@ -398,7 +405,7 @@ class compressed_mean : public diloco::detail::host_ballot, public diloco::detai
   std::size_t slot_ = 0;
   host_buffer<std::byte> send_, recv_, reduced_, gathered_;
   std::vector<const std::byte*> received_;
-  std::uint64_t round_ = 0;  // of the exchange in progress
+  std::uint64_t round_ = 0;  ///< of the exchange in progress
 };
 
 }  // namespace diloco::compress

@@ -1,29 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// compress::compressed_mean for device tensors: the protocol of
-// compressed_mean.hpp, stage for stage, with every buffer in device memory.
-// The same bytes go on the wire as on the host (same layout, same codes,
-// same headers, norms included), the same validation runs before anything
-// is decoded, and the agreement and rejection rules are the host's. What
-// differs is only where the work runs:
-//   - the fused passes are team programs (kernels/compressed_blocks.hpp):
-//     a warp or block per codec block, the block max a CUB reduction;
-//   - payload checksums are computed on the device (a wrapping sum, so any
-//     order gives the host's value) and each block's structure is checked
-//     there (the first bad block per segment, found with an atomic min);
-//     only the 64-byte headers, the checksum sums, the first bad block
-//     indices and the norms' lane sums come to the host, where headers are
-//     written and validated (wire_format.hpp, segment.hpp);
-//   - segments travel through detail::wire_transport: device views to a
-//     device communicator, pinned host staging for a host one.
-// The executor runs team programs (run_teams), payload checksums
-// (checksum_segments) and element-wise functors (for_each): exec::cuda on a
-// GPU, a thread-by-thread replay in the host tests.
-//
-// Device memory beyond the segments and residuals: 32 bytes per codec block
-// (its descriptor and its norm sums) and a few bytes per rank.
-
 #include <algorithm>
 #include <cmath>
 #include <concepts>
@@ -61,9 +38,32 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress {
 
-// Space is a parameter (constrained to device_space) so that the device
-// buffer types stay dependent: buffer<T, device_space> is defined by the
-// CUDA backend (tensor/device_buffer.hpp), which may be included later.
+/// The compressed mean for device tensors: the protocol of
+/// compressed_mean.hpp, stage for stage, with every buffer in device memory.
+/// The same bytes go on the wire as on the host (same layout, same codes,
+/// same headers, norms included), the same validation runs before anything
+/// is decoded, and the agreement and rejection rules are the host's. What
+/// differs is only where the work runs:
+///   - the fused passes are team programs (kernels/compressed_blocks.hpp):
+///     a warp or block per codec block, the block max a CUB reduction;
+///   - payload checksums are computed on the device (a wrapping sum, so any
+///     order gives the host's value) and each block's structure is checked
+///     there (the first bad block per segment, found with an atomic min);
+///     only the 64-byte headers, the checksum sums, the first bad block
+///     indices and the norms' lane sums come to the host, where headers are
+///     written and validated (wire_format.hpp, segment.hpp);
+///   - segments travel through detail::wire_transport: device views to a
+///     device communicator, pinned host staging for a host one.
+/// The executor runs team programs (run_teams), payload checksums
+/// (checksum_segments) and element-wise functors (for_each): exec::cuda on a
+/// GPU, a thread-by-thread replay in the host tests.
+///
+/// Device memory beyond the segments and residuals: 32 bytes per codec block
+/// (its descriptor and its norm sums) and a few bytes per rank.
+///
+/// Space is a parameter (constrained to device_space) so that the device
+/// buffer types stay dependent: buffer<T, device_space> is defined by the
+/// CUDA backend (tensor/device_buffer.hpp), which may be included later.
 template <class Compressor, class Space>
   requires std::same_as<Space, device_space>
 class compressed_mean<Compressor, Space> : public device_detail::device_ballot<Space> {
@@ -71,15 +71,15 @@ class compressed_mean<Compressor, Space> : public device_detail::device_ballot<S
   using device_buffer = buffer<T, Space>;
 
  public:
-  using codec_type = typename Compressor::codec;
-  using elements = kernels::codec_elements<codec_type>;
+  using codec_type = typename Compressor::codec;         ///< the compressor's block codec
+  using elements = kernels::codec_elements<codec_type>;  ///< the codec's element-level form, for the team programs
   static_assert(elements::supported,
                 "diloco: compress::topk runs on host tensors only; for device tensors use "
                 "compress::blockwise<format, B>, compress::cast<bf16|fp16> or "
                 "compress::chunk_topk<Chunk <= 4096, K, V>, optionally inside compress::error_feedback, "
                 "or compress::low_rank");
 
-  // Uploads the layout's tables with `exec`; every buffer is sized here.
+  /// Uploads the layout's tables with `exec`; every buffer is sized here.
   template <class Exec>
   compressed_mean(const parameter_set<float, device_space>& params, int world, int rank,
                   const typename Compressor::options& opts, Exec& exec, std::uint32_t fragment = 0)
@@ -145,12 +145,14 @@ class compressed_mean<Compressor, Space> : public device_detail::device_ballot<S
     segments_ = device_detail::device_segments<codec_type, Space>(codec_, m, slot_, max_payload_);
   }
 
+  /// The codec blocks of the fragment and their shards (shard k is reduced by rank k).
   const block_layout& layout() const { return layout_; }
+  /// The size of one segment slot: the header and the largest shard's payload, rounded up to 64.
   std::size_t slot_bytes() const { return slot_; }
-  // The error-feedback residual in the flat (padded) layout, in device
-  // memory; empty without error feedback.
+  /// The error-feedback residual in the flat (padded) layout, in device
+  /// memory; empty without error feedback.
   tensor_view<const float, device_space> residual() const { return {residual_.data(), residual_.size()}; }
-  // The error-feedback residual is state (the rest is scratch).
+  /// The error-feedback residual is state (the rest is scratch).
   template <class Visitor>
   void visit_state(Visitor& v, std::string_view prefix) {
     diloco::detail::visit_residual<Compressor>(v, prefix, residual_, true);
@@ -163,8 +165,8 @@ class compressed_mean<Compressor, Space> : public device_detail::device_ballot<S
   // through the engine's detail::wire_transport, with
   // reserve_bytes(world * slot_bytes()) done.
 
-  // 1. encode every shard, then its checksum and the norms; `global` is the
-  // point the pseudo-gradient is taken from, in the flat device layout.
+  /// 1. encode every shard, then its checksum and the norms; `global` is the
+  /// point the pseudo-gradient is taken from, in the flat device layout.
   template <class Exec>
   void encode(Exec& exec, const float* global, std::uint64_t round) {
     device_detail::require_aligned16(global, "the point the pseudo-gradient is taken from");
@@ -196,8 +198,9 @@ class compressed_mean<Compressor, Space> : public device_detail::device_ballot<S
     segments_.put_headers(exec, send_.data(), m);
   }
 
-  // 2. shard r of every rank to rank r: the M slots of send_data() to
-  // recv_data() (exchange_bytes() in all); a world of one copies.
+  ///@{
+  /// 2. shard r of every rank to rank r: the M slots of send_data() to
+  /// recv_data() (exchange_bytes() in all); a world of one copies.
   const std::byte* send_data() const { return send_.data(); }
   std::byte* recv_data() { return recv_.data(); }
   std::size_t exchange_bytes() const { return static_cast<std::size_t>(world_) * slot_; }
@@ -205,8 +208,9 @@ class compressed_mean<Compressor, Space> : public device_detail::device_ballot<S
   void self_all_to_all(Exec& exec) {
     exec.copy(recv_.data(), send_.data(), slot_);
   }
+  ///@}
 
-  // 3+4. validate, reduce and re-encode this rank's shard.
+  /// 3+4. validate, reduce and re-encode this rank's shard.
   template <class Exec>
   void reduce(Exec& exec) {
     const auto m = static_cast<std::size_t>(world_);
@@ -244,17 +248,19 @@ class compressed_mean<Compressor, Space> : public device_detail::device_ballot<S
     segments_.put_headers(exec, reduced_.data(), 1);
   }
 
-  // 5. every reduced shard (slot_bytes() from reduced_data()) to every rank
-  // (gathered_data()); a world of one copies.
+  ///@{
+  /// 5. every reduced shard (slot_bytes() from reduced_data()) to every rank
+  /// (gathered_data()); a world of one copies.
   const std::byte* reduced_data() const { return reduced_.data(); }
   std::byte* gathered_data() { return gathered_.data(); }
   template <class Exec>
   void self_all_gather(Exec& exec) {
     exec.copy(gathered_.data(), reduced_.data(), slot_);
   }
+  ///@}
 
-  // Validates the gathered shards and casts this rank's vote into
-  // vote_data() (device memory, one slot per rank).
+  /// Validates the gathered shards and casts this rank's vote into
+  /// vote_data() (device memory, one slot per rank).
   template <class Exec>
   void check_gathered(Exec& exec) {
     segments_.inspect(exec, gathered_.data(), gathered_segments_.data(), layout_.block_count(), blocks_.data());
@@ -275,8 +281,8 @@ class compressed_mean<Compressor, Space> : public device_detail::device_ballot<S
   // 6. the votes, summed over the ranks (an fp32 all-reduce of vote_count(),
   // device_ballot), then result().
 
-  // Stage 7: decode the mean, outer step, copy-back; then keep the new
-  // error-feedback residual.
+  /// Stage 7: decode the mean, outer step, copy-back; then keep the new
+  /// error-feedback residual.
   template <class Exec, class Update, class Merge = kernels::merge::overwrite>
   void apply(Exec& exec, const Update& update, float* global, float* state, std::size_t state_stride,
              const Merge& merge = {}) {
@@ -309,8 +315,8 @@ class compressed_mean<Compressor, Space> : public device_detail::device_ballot<S
 
   std::byte* segment(device_buffer<std::byte>& slots, std::size_t k) const { return slots.data() + k * slot_; }
 
-  // validate_segment for segment k of `slots` (carrying shard `shard`),
-  // from what segments_.inspect() brought to the host.
+  /// validate_segment for segment k of `slots` (carrying shard `shard`),
+  /// from what segments_.inspect() brought to the host.
   template <class Exec>
   wire::header check_segment(Exec& exec, std::size_t k, device_buffer<std::byte>& slots,
                              const wire::expectation& want, int shard, const char* what, bool allow_status) {
@@ -329,7 +335,7 @@ class compressed_mean<Compressor, Space> : public device_detail::device_ballot<S
   std::size_t stride_ = 0;
   std::size_t slot_ = 0;
   std::size_t max_payload_ = 0;
-  bool vector_ = false;  // 16-byte accesses to the replica's tensors
+  bool vector_ = false;  ///< 16-byte accesses to the replica's tensors
   device_buffer<std::byte> send_, recv_, reduced_, gathered_;
   device_buffer<float> residual_, next_residual_;
   device_buffer<compress::block_ref> blocks_;
@@ -339,7 +345,7 @@ class compressed_mean<Compressor, Space> : public device_detail::device_ballot<S
   device_buffer<kernels::segment_ref> send_segments_, recv_segments_, gathered_segments_, reduced_segment_;
   device_detail::device_norms<Space> norms_;
   device_detail::device_segments<codec_type, Space> segments_;
-  // The exchange in progress.
+  /// The exchange in progress.
   std::uint64_t round_ = 0;
   using device_detail::device_ballot<Space>::out_;
   using device_detail::device_ballot<Space>::found_;

@@ -17,6 +17,9 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress {
 
+/// The compressor as checkpoint headers and agreement checks name it: its name and what
+/// changes its wire format (block or chunk size, k and the values' format, rounding, error
+/// feedback; each rung of adaptive<C...>).
 template <class Compressor>
 std::string fingerprint() {
   if constexpr (Compressor::lossless || factored_compressor<Compressor>) {

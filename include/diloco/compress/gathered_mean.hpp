@@ -1,22 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// The mean of the workers' pseudo-gradients under a sparse codec
-// (chunk_topk), aggregated sparsely:
-//   1. each rank encodes its pseudo-gradient (plus error-feedback residual)
-//      into one segment                                        (fused pass)
-//   2. all-gather: every rank receives every rank's segment
-//   3. every rank validates all M segments and casts its vote
-//   4. agreement: a tiny all-reduce of the votes (round_findings), so all
-//      ranks apply or reject the round together
-//   5. decode the M segments block by block, sum in fp32 in rank order,
-//      divide by M, outer step, copy-back                      (fused pass)
-// Every rank computes the same sums in the same order: the replicas stay
-// bitwise equal. Traffic per rank: (M - 1) segments received. Unlike the
-// compressed mean (compressed_mean.hpp) nothing is re-encoded, so a sparse
-// codec's mean is exactly the mean of the decoded segments. Device tensors:
-// gathered_mean_device.hpp (the same bytes).
-
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -44,8 +28,8 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress {
 
-// The header of a gathered segment (host and device engines): one segment
-// per rank carrying the whole fragment.
+/// The header of a gathered segment (host and device engines): one segment
+/// per rank carrying the whole fragment.
 template <class Compressor>
 wire::header gathered_header(std::uint64_t elements, std::uint64_t payload, std::uint64_t round,
                              std::uint32_t fragment, int sender, float norm) {
@@ -54,11 +38,30 @@ wire::header gathered_header(std::uint64_t elements, std::uint64_t payload, std:
           static_cast<std::uint32_t>(sender), elements, payload, round, norm, 0, fragment};
 }
 
+/// The mean of the workers' pseudo-gradients under a sparse codec
+/// (chunk_topk), aggregated sparsely:
+/// ```
+/// 1. each rank encodes its pseudo-gradient (plus error-feedback residual)
+///    into one segment                                        (fused pass)
+/// 2. all-gather: every rank receives every rank's segment
+/// 3. every rank validates all M segments and casts its vote
+/// 4. agreement: a tiny all-reduce of the votes (round_findings), so all
+///    ranks apply or reject the round together
+/// 5. decode the M segments block by block, sum in fp32 in rank order,
+///    divide by M, outer step, copy-back                      (fused pass)
+/// ```
+/// Every rank computes the same sums in the same order: the replicas stay
+/// bitwise equal. Traffic per rank: (M - 1) segments received. Unlike the
+/// compressed mean (compressed_mean.hpp) nothing is re-encoded, so a sparse
+/// codec's mean is exactly the mean of the decoded segments. Device tensors:
+/// gathered_mean_device.hpp (the same bytes).
 template <class Compressor, class Space>
 class gathered_mean : public diloco::detail::host_ballot, public diloco::detail::host_feedback<Compressor> {
  public:
-  using codec_type = typename Compressor::codec;
+  using codec_type = typename Compressor::codec;  ///< the compressor's block codec
 
+  /// The engine of one fragment over `params` (host memory), rank `rank` of `world`; `fragment`
+  /// goes into every segment header.
   gathered_mean(const parameter_set<float, Space>& params, int world, int rank, const typename Compressor::options& opts,
                 std::uint32_t fragment = 0)
       : host_ballot(world),
@@ -85,10 +88,11 @@ class gathered_mean : public diloco::detail::host_ballot, public diloco::detail:
     payloads_.assign(m, nullptr);
   }
 
+  /// The size of one segment slot: the header and the payload, rounded up to 64.
   std::size_t slot_bytes() const { return slot_; }
   // residual() and visit_state(): diloco::detail::host_feedback.
 
-  // 1. encode the whole fragment into this rank's segment.
+  /// 1. encode the whole fragment into this rank's segment.
   template <class Exec>
   void encode(Exec& exec, const float* global, std::uint64_t round) {
     open_round();
@@ -106,15 +110,17 @@ class gathered_mean : public diloco::detail::host_ballot, public diloco::detail:
     out_.encoded_bytes = wire::header_bytes + payload_;
   }
 
-  // 2. every rank's segment to every rank.
+  ///@{
+  /// 2. every rank's segment to every rank.
   const std::byte* send_data() const { return send_.data(); }
   std::byte* gathered_data() { return gathered_.data(); }
   template <class Exec>
   void self_all_gather(Exec&) {
     std::memcpy(gathered_.data(), send_.data(), slot_);
   }
+  ///@}
 
-  // 3. validate every segment and cast this rank's vote.
+  /// 3. validate every segment and cast this rank's vote.
   template <class Exec>
   void check_gathered(Exec&) {
     double total = 0.0;
@@ -140,8 +146,8 @@ class gathered_mean : public diloco::detail::host_ballot, public diloco::detail:
   }
   // 4. agree on the round: vote_data() summed over the ranks, then result().
 
-  // 5. decode and sum in rank order, outer step, copy-back; keep the new
-  // residual.
+  /// 5. decode and sum in rank order, outer step, copy-back; keep the new
+  /// residual.
   template <class Exec, class Update, class Merge = kernels::merge::overwrite>
   void apply(Exec& exec, const Update& update, float* global, float* state, std::size_t state_stride,
              const Merge& merge = {}) {

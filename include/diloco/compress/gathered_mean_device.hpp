@@ -1,21 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// compress::gathered_mean for device tensors: the protocol of
-// gathered_mean.hpp, stage for stage, with every buffer in device memory and
-// the same bytes on the wire (headers and norms included):
-//   - the two fused passes are team programs (kernels/topk_blocks.hpp): the
-//     chunk's selection as a radix select in shared memory, the decode a
-//     binary search of each sender's positions per thread;
-//   - the M gathered segments are checked on the device (checksums, each
-//     chunk's structure) and only their headers and a few numbers come to
-//     the host, where they are validated as on the host
-//     (device_segments.hpp);
-//   - segments travel through the reducer's detail::wire_transport: device
-//     views to a device communicator, pinned host staging for a host one.
-// Device memory beyond the M + 1 segment slots and the residuals: 32 bytes
-// per chunk (its descriptor and its norm sums) and a few bytes per rank.
-
 #include <cmath>
 #include <concepts>
 #include <cstddef>
@@ -44,6 +29,20 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress {
 
+/// The gathered mean for device tensors: the protocol of
+/// gathered_mean.hpp, stage for stage, with every buffer in device memory and
+/// the same bytes on the wire (headers and norms included):
+///   - the two fused passes are team programs (kernels/topk_blocks.hpp): the
+///     chunk's selection as a radix select in shared memory, the decode a
+///     binary search of each sender's positions per thread;
+///   - the M gathered segments are checked on the device (checksums, each
+///     chunk's structure) and only their headers and a few numbers come to
+///     the host, where they are validated as on the host
+///     (device_segments.hpp);
+///   - segments travel through the reducer's detail::wire_transport: device
+///     views to a device communicator, pinned host staging for a host one.
+/// Device memory beyond the M + 1 segment slots and the residuals: 32 bytes
+/// per chunk (its descriptor and its norm sums) and a few bytes per rank.
 template <class Compressor, class Space>
   requires std::same_as<Space, device_space>
 class gathered_mean<Compressor, Space> : public device_detail::device_ballot<Space> {
@@ -51,11 +50,13 @@ class gathered_mean<Compressor, Space> : public device_detail::device_ballot<Spa
   using device_buffer = buffer<T, Space>;
 
  public:
-  using codec_type = typename Compressor::codec;
+  using codec_type = typename Compressor::codec;  ///< the compressor's block codec
   static_assert(kernels::topk_device_form<codec_type>,
                 "compress::chunk_topk over device tensors takes chunks of at most 4096 elements (the chunk's "
                 "selection runs in shared memory); use a smaller Chunk or keep the parameters in host memory");
 
+  /// The engine of one fragment over `params` (device memory), rank `rank` of `world`; `exec`
+  /// uploads its tables, `fragment` goes into every segment header.
   template <class Exec>
   gathered_mean(const parameter_set<float, device_space>& params, int world, int rank,
                 const typename Compressor::options& opts, Exec& exec, std::uint32_t fragment = 0)
@@ -107,17 +108,19 @@ class gathered_mean<Compressor, Space> : public device_detail::device_ballot<Spa
     segments_ = device_detail::device_segments<codec_type, Space>(codec_, m, slot_, payload_);
   }
 
+  /// The size of one segment slot: the header and the payload, rounded up to 64.
   std::size_t slot_bytes() const { return slot_; }
-  // The error-feedback residual in the flat (padded) layout, in device
-  // memory; empty without error feedback.
+  /// The error-feedback residual in the flat (padded) layout, in device
+  /// memory; empty without error feedback.
   tensor_view<const float, device_space> residual() const { return {residual_.data(), residual_.size()}; }
+  /// The error-feedback residual is state (the rest is scratch).
   template <class Visitor>
   void visit_state(Visitor& v, std::string_view prefix) {
     diloco::detail::visit_residual<Compressor>(v, prefix, residual_, true);
   }
 
-  // 1. encode the whole fragment into this rank's segment, its checksum and
-  // header.
+  /// 1. encode the whole fragment into this rank's segment, its checksum and
+  /// header.
   template <class Exec>
   void encode(Exec& exec, const float* global, std::uint64_t round) {
     device_detail::require_aligned16(global, "the point the pseudo-gradient is taken from");
@@ -139,16 +142,18 @@ class gathered_mean<Compressor, Space> : public device_detail::device_ballot<Spa
     out_.encoded_bytes = wire::header_bytes + payload_;
   }
 
-  // 2. every rank's segment to every rank; a world of one copies.
+  ///@{
+  /// 2. every rank's segment to every rank; a world of one copies.
   const std::byte* send_data() const { return send_.data(); }
   std::byte* gathered_data() { return gathered_.data(); }
   template <class Exec>
   void self_all_gather(Exec& exec) {
     exec.copy(gathered_.data(), send_.data(), slot_);
   }
+  ///@}
 
-  // 3. validate every segment and cast this rank's vote into vote_data()
-  // (device memory, one slot per rank).
+  /// 3. validate every segment and cast this rank's vote into vote_data()
+  /// (device memory, one slot per rank).
   template <class Exec>
   void check_gathered(Exec& exec) {
     const auto m = static_cast<std::size_t>(world_);
@@ -174,8 +179,8 @@ class gathered_mean<Compressor, Space> : public device_detail::device_ballot<Spa
   // 4. the votes, summed over the ranks (an fp32 all-reduce of vote_count(),
   // device_ballot), then result().
 
-  // 5. decode and sum in rank order, outer step, copy-back; keep the new
-  // residual.
+  /// 5. decode and sum in rank order, outer step, copy-back; keep the new
+  /// residual.
   template <class Exec, class Update, class Merge = kernels::merge::overwrite>
   void apply(Exec& exec, const Update& update, float* global, float* state, std::size_t state_stride,
              const Merge& merge = {}) {
@@ -201,7 +206,7 @@ class gathered_mean<Compressor, Space> : public device_detail::device_ballot<Spa
   std::uint32_t fragment_;
   block_layout layout_;
   std::size_t payload_ = 0, slot_ = 0;
-  bool vector_ = false;  // 16-byte accesses to the replica's tensors
+  bool vector_ = false;  ///< 16-byte accesses to the replica's tensors
   device_buffer<std::byte> send_, gathered_;
   device_buffer<float> residual_, next_residual_;
   device_buffer<compress::block_ref> blocks_;

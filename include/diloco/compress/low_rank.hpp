@@ -1,36 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// PowerSGD-style low-rank compression (Vogels et al. 2019; hivemind and
-// DiLoCoX use it for pseudo-gradients). For every 2-D tensor (tensor_traits
-// rows x cols) with rank r < min(rows, cols), each worker w holds
-//   M_w = delta_w + e_w                     (error feedback, always on)
-// and one round is
-//   1. P_w = M_w Q                  rows x r    (Q: warm-started, the same on every rank)
-//   2. P = mean_w P_w               all-gather of the P_w, summed in rank order
-//   3. P^ = orthonormalise(P)       modified Gram-Schmidt, in double, the same on every rank
-//   4. Q_w = M_w^T P^               cols x r
-//   5. Q = mean_w Q_w               all-gather, summed in rank order
-//   6. the mean pseudo-gradient is P^ Q^T; e_w <- M_w - P^ Q_w^T; Q is the next round's start
-// Tensors that are vectors (or too small for the rank) travel exactly, in
-// fp32, in the first exchange (the fallback). Both exchanges are segments
-// with the wire header (codec id low_rank, block size = r) and checksum,
-// validated before use; the round ends with the usual vote.
-// Bytes per round and worker: 4 r (rows + cols) per matrix plus 4 n per vector.
-//
-// One engine for host and device tensors (low_rank_mean<Space>): every pass
-// is a DILOCO_HD functor of kernels/low_rank_passes.hpp run by the
-// executor, the orthonormalisation included, with every buffer in the
-// parameters' memory space. Only the segments' headers differ by space: on
-// the host they are written and read in place; on the device the payload
-// checksums are computed there and only the 64-byte headers, the checksum
-// sums and the norms' partials come to the host (device_segments.hpp's
-// device_headers), which writes and validates the same headers. So host and
-// device workers put the same bytes on the wire and can share a round.
-// Memory beyond the three replica-sized buffers (M, two residuals): the
-// segments (M + 1 slots per exchange), the mean P and Q, Q, 8 r rows per
-// matrix (the columns in double) and 1.5 KB per matrix (the lane sums).
-
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -64,9 +34,11 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress {
 
+/// The options of low_rank.
 struct low_rank_options {
-  std::uint32_t rank = 4;  // r: columns of P and Q, >= 1
-  std::uint64_t seed = 0;  // Q's first value (a normal draw per element)
+  std::uint32_t rank = 4;  ///< r: columns of P and Q, >= 1
+  std::uint64_t seed = 0;  ///< Q's first value (a normal draw per element)
+  /// Every field by name (core/options.hpp's visit_options customisation point).
   template <class F>
   friend void visit_options(const low_rank_options& o, F&& f) {
     f("rank", o.rank);
@@ -74,14 +46,48 @@ struct low_rank_options {
   }
 };
 
-// The policy. Error feedback is built in (PowerSGD needs it).
+/// PowerSGD-style low-rank compression (Vogels et al. 2019; hivemind and
+/// DiLoCoX use it for pseudo-gradients). For every 2-D tensor (tensor_traits
+/// rows x cols) with rank r < min(rows, cols), each worker w holds
+/// ```
+/// M_w = delta_w + e_w                     (error feedback, always on)
+/// ```
+/// and one round is
+/// ```
+/// 1. P_w = M_w Q                  rows x r    (Q: warm-started, the same on every rank)
+/// 2. P = mean_w P_w               all-gather of the P_w, summed in rank order
+/// 3. P^ = orthonormalise(P)       modified Gram-Schmidt, in double, the same on every rank
+/// 4. Q_w = M_w^T P^               cols x r
+/// 5. Q = mean_w Q_w               all-gather, summed in rank order
+/// 6. the mean pseudo-gradient is P^ Q^T; e_w <- M_w - P^ Q_w^T; Q is the next round's start
+/// ```
+/// Tensors that are vectors (or too small for the rank) travel exactly, in
+/// fp32, in the first exchange (the fallback). Both exchanges are segments
+/// with the wire header (codec id low_rank, block size = r) and checksum,
+/// validated before use; the round ends with the usual vote.
+/// Bytes per round and worker: 4 r (rows + cols) per matrix plus 4 n per vector.
+///
+/// One engine for host and device tensors (low_rank_mean<Space>): every pass
+/// is a DILOCO_HD functor of kernels/low_rank_passes.hpp run by the
+/// executor, the orthonormalisation included, with every buffer in the
+/// parameters' memory space. Only the segments' headers differ by space: on
+/// the host they are written and read in place; on the device the payload
+/// checksums are computed there and only the 64-byte headers, the checksum
+/// sums and the norms' partials come to the host (device_segments.hpp's
+/// device_headers), which writes and validates the same headers. So host and
+/// device workers put the same bytes on the wire and can share a round.
+/// Memory beyond the three replica-sized buffers (M, two residuals): the
+/// segments (M + 1 slots per exchange), the mean P and Q, Q, 8 r rows per
+/// matrix (the columns in double) and 1.5 KB per matrix (the lane sums).
 struct low_rank {
-  using options = low_rank_options;
+  using options = low_rank_options;  ///< the rank r and Q's seed
+  /// The compressor's name in checkpoint headers, messages and reports.
   static constexpr const char* name = "low_rank";
-  static constexpr bool lossless = false;
-  static constexpr bool has_error_feedback = true;
-  static constexpr bool stochastic = false;
-  static constexpr bool factored = true;  // its own reducer (reduce/factored.hpp), no block codec
+  static constexpr bool lossless = false;  ///< values change on the way
+  static constexpr bool has_error_feedback = true;  ///< the residual is built in
+  static constexpr bool stochastic = false;  ///< deterministic
+  static constexpr bool factored = true;  ///< its own reducer (reduce/factored.hpp), no block codec
+  /// Throws config_error unless rank is in [1, 4096].
   static void validate(const options& o) {
     if (o.rank < 1 || o.rank > 4096) detail::raise<config_error>("low_rank: rank must lie in [1, 4096], got ", o.rank);
   }
@@ -102,6 +108,8 @@ using ballot = std::conditional_t<std::is_same_v<Space, host_space>, diloco::det
 
 }  // namespace detail_low_rank
 
+/// The engine of the low-rank round over tensors in memory space Space (the steps of
+/// low_rank's description), run by reduce::factored.
 template <class Space>
 class low_rank_mean : public detail_low_rank::ballot<Space> {
   static constexpr bool on_device = !std::is_same_v<Space, host_space>;
@@ -110,7 +118,7 @@ class low_rank_mean : public detail_low_rank::ballot<Space> {
   using space_buffer = buffer<T, Space>;
 
  public:
-  // The host form (reduce::staged builds host engines without an executor).
+  /// The host form (reduce::staged builds host engines without an executor).
   low_rank_mean(const parameter_set<float, Space>& params, int world, int rank, const low_rank_options& opts,
                 std::uint32_t fragment = 0)
     requires(!on_device)
@@ -118,7 +126,7 @@ class low_rank_mean : public detail_low_rank::ballot<Space> {
     exec::host uploads(1);
     build(params, opts, uploads);
   }
-  // Any space: `exec` uploads the tables and Q's first value.
+  /// Any space: `exec` uploads the tables and Q's first value.
   template <class Exec>
   low_rank_mean(const parameter_set<float, Space>& params, int world, int rank, const low_rank_options& opts,
                 Exec& exec, std::uint32_t fragment = 0)
@@ -126,22 +134,23 @@ class low_rank_mean : public detail_low_rank::ballot<Space> {
     build(params, opts, exec);
   }
 
+  /// The larger of the two exchanges' slots: a rank's segment, header included.
   std::size_t slot_bytes() const { return std::max(slot1_, slot2_); }
-  // The residual in the flat layout, in the parameters' space.
+  /// The residual in the flat layout, in the parameters' space.
   auto residual() const {
     if constexpr (on_device)
       return tensor_view<const float, Space>{residual_.data(), residual_.size()};
     else
       return std::span<const float>{residual_.data(), residual_.size()};
   }
-  // The residual and the warm-started Q are state.
+  /// The residual and the warm-started Q are state.
   template <class Visitor>
   void visit_state(Visitor& v, std::string_view prefix) {
     v.buffer(std::string(prefix) + ".residual", residual_.data(), residual_.size(), on_device);
     v.buffer(std::string(prefix) + ".low_rank_q", q_.data(), q_.size(), on_device);
   }
 
-  // 1. M = delta + residual; P_w = M Q; vectors' deltas; segment 1.
+  /// 1. M = delta + residual; P_w = M Q; vectors' deltas; segment 1.
   template <class Exec>
   void encode(Exec& exec, const float* global, std::uint64_t round) {
     namespace lr = kernels::low_rank;
@@ -162,6 +171,9 @@ class low_rank_mean : public detail_low_rank::ballot<Space> {
     seal(exec, 1, header(1, rank_, static_cast<float>(out_.delta_norm)));
     out_.encoded_bytes = wire::header_bytes + 4 * p_floats_;
   }
+  ///@{
+  /// Exchange 1: this rank's segment (P and the vectors), the M gathered slots, the slot size;
+  /// in a world of one the segment is copied to the gathered slot.
   const std::byte* send1() const { return send1_.data(); }
   std::byte* gathered1() { return gathered1_.data(); }
   std::size_t slot1() const { return slot1_; }
@@ -169,8 +181,9 @@ class low_rank_mean : public detail_low_rank::ballot<Space> {
   void self_gather1(Exec& exec) {
     exec.copy(gathered1_.data(), send1_.data(), slot1_);
   }
+  ///@}
 
-  // 2-4. validate and average the P's, orthonormalise, Q_w = M^T P^; segment 2.
+  /// 2-4. validate and average the P's, orthonormalise, Q_w = M^T P^; segment 2.
   template <class Exec>
   void second(Exec& exec) {
     namespace lr = kernels::low_rank;
@@ -194,6 +207,9 @@ class low_rank_mean : public detail_low_rank::ballot<Space> {
     seal(exec, 2, header(2, rank_, static_cast<float>(out_.delta_norm)));
     out_.encoded_bytes += wire::header_bytes + 4 * q_floats_;
   }
+  ///@{
+  /// Exchange 2: this rank's segment (Q), the M gathered slots, the slot size; in a world of one
+  /// the segment is copied to the gathered slot.
   const std::byte* send2() const { return send2_.data(); }
   std::byte* gathered2() { return gathered2_.data(); }
   std::size_t slot2() const { return slot2_; }
@@ -201,8 +217,9 @@ class low_rank_mean : public detail_low_rank::ballot<Space> {
   void self_gather2(Exec& exec) {
     exec.copy(gathered2_.data(), send2_.data(), slot2_);
   }
+  ///@}
 
-  // 5. validate and average the Q's; cast the vote.
+  /// 5. validate and average the Q's; cast the vote.
   template <class Exec>
   void check_gathered(Exec& exec) {
     mean_of(exec, 2);
@@ -218,8 +235,8 @@ class low_rank_mean : public detail_low_rank::ballot<Space> {
   }
   // Then vote_data() summed over the ranks, and result().
 
-  // 6. the mean P^ Q^T (and the vectors' mean), outer step, merge; keep the
-  // residual and warm-start Q with the mean Q.
+  /// 6. the mean P^ Q^T (and the vectors' mean), outer step, merge; keep the
+  /// residual and warm-start Q with the mean Q.
   template <class Exec, class Update, class Merge = kernels::merge::overwrite>
   void apply(Exec& exec, const Update& update, float* global, float* state, std::size_t state_stride,
              const Merge& merge = {}) {
@@ -240,7 +257,7 @@ class low_rank_mean : public detail_low_rank::ballot<Space> {
     std::size_t tensor, rows, cols, offset;
     float* local;
     std::size_t p_at, q_at;
-    std::size_t norm_at = 0;  // its first partial of a norm
+    std::size_t norm_at = 0;  ///< its first partial of a norm
   };
   struct vector_part {
     std::size_t tensor, n, offset;
@@ -324,8 +341,8 @@ class low_rank_mean : public detail_low_rank::ballot<Space> {
     }
   }
 
-  // The first `count` norm partials (kernels::low_rank::square_partials),
-  // added in order on the host.
+  /// The first `count` norm partials (kernels::low_rank::square_partials),
+  /// added in order on the host.
   template <class Exec>
   double sum_partials(Exec& exec, std::size_t count) {
     exec.to_host(host_partials_.data(), partials_.data(), count);
@@ -336,17 +353,17 @@ class low_rank_mean : public detail_low_rank::ballot<Space> {
 
   static float* payload(std::byte* seg) { return reinterpret_cast<float*>(seg + wire::header_bytes); }
 
-  // Exchange 1 carries P (and the vectors), exchange 2 carries Q; the
-  // exchange number goes into the round field's top bit so a segment of
-  // the other exchange is refused.
+  /// Exchange 1 carries P (and the vectors), exchange 2 carries Q; the
+  /// exchange number goes into the round field's top bit so a segment of
+  /// the other exchange is refused.
   wire::header header(int exchange, int sender, float norm) const {
     const std::uint64_t floats = exchange == 1 ? p_floats_ : q_floats_;
     return {codec_id::low_rank, wire::flag_error_feedback, r_, static_cast<std::uint32_t>(sender), total_elements_,
             4 * floats, round_ | (exchange == 2 ? (std::uint64_t{1} << 63) : 0), norm, 0, fragment_};
   }
 
-  // Writes the header, with its checksum, of this rank's segment of
-  // `exchange`, whose payload is in place.
+  /// Writes the header, with its checksum, of this rank's segment of
+  /// `exchange`, whose payload is in place.
   template <class Exec>
   void seal(Exec& exec, int exchange, const wire::header& h) {
     std::byte* seg = exchange == 1 ? send1_.data() : send2_.data();
@@ -362,9 +379,9 @@ class low_rank_mean : public detail_low_rank::ballot<Space> {
     }
   }
 
-  // Validates the M segments of an exchange and sums their floats in rank
-  // order, divided by M, into the mean P or Q; zeros once this rank has
-  // found bad bytes.
+  /// Validates the M segments of an exchange and sums their floats in rank
+  /// order, divided by M, into the mean P or Q; zeros once this rank has
+  /// found bad bytes.
   template <class Exec>
   void mean_of(Exec& exec, int exchange) {
     const bool first = exchange == 1;
@@ -412,9 +429,9 @@ class low_rank_mean : public detail_low_rank::ballot<Space> {
   space_buffer<double> partials_, basis_, before_, sums_;
   host_buffer<double> host_partials_;
   space_buffer<kernels::low_rank::factor_matrix> factors_;
-  space_buffer<const float*> sources1_, sources2_;  // the M payloads of each exchange
-  // Device only: the segments' headers and checksums, and the payloads of
-  // the M gathered segments and this rank's (last) of each exchange.
+  space_buffer<const float*> sources1_, sources2_;  ///< the M payloads of each exchange
+  /// Device only: the segments' headers and checksums, and the payloads of
+  /// the M gathered segments and this rank's (last) of each exchange.
   device_detail::device_headers<Space> heads1_, heads2_;
   space_buffer<kernels::segment_ref> refs1_, refs2_;
   std::uint64_t round_ = 0;

@@ -20,18 +20,18 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress {
 
-// What a pass over a segment's codec blocks found: the first malformed
-// block and what is wrong with it, or index == the block count.
+/// What a pass over a segment's codec blocks found: the first malformed
+/// block and what is wrong with it, or index == the block count.
 struct bad_block {
-  std::size_t index;
-  const char* problem;
+  std::size_t index;    ///< the first malformed block, or the block count when none is
+  const char* problem;  ///< what is wrong with it (null when none is)
 };
 
-// The checks of validate_segment for a segment whose header was copied to
-// `head` (from a slot of `slot_bytes` bytes) and whose payload may live
-// elsewhere: payload_sum(n) gives wire::detail::payload_words_sum of its
-// first n bytes, first_bad() the first malformed block (only called for a
-// segment that carries data). The device path computes both on the GPU.
+/// The checks of validate_segment for a segment whose header was copied to
+/// `head` (from a slot of `slot_bytes` bytes) and whose payload may live
+/// elsewhere: payload_sum(n) gives wire::detail::payload_words_sum of its
+/// first n bytes, first_bad() the first malformed block (only called for a
+/// segment that carries data). The device path computes both on the GPU.
 template <class PayloadSum, class FirstBad>
 wire::header validate_segment_parts(const std::byte* head, std::size_t slot_bytes, wire::expectation want,
                                     std::size_t nblocks, const char* where, bool allow_status, int world,
@@ -54,8 +54,8 @@ wire::header validate_segment_parts(const std::byte* head, std::size_t slot_byte
   return h;
 }
 
-// validate_segment_parts for a segment of plain values (no codec blocks)
-// that never carries a status: low_rank's factors. payload_sum as above.
+/// validate_segment_parts for a segment of plain values (no codec blocks)
+/// that never carries a status: low_rank's factors. payload_sum as above.
 template <class PayloadSum>
 wire::header validate_plain_segment(const std::byte* head, std::size_t slot_bytes, const wire::expectation& want,
                                     const char* where, PayloadSum&& payload_sum) {
@@ -63,9 +63,9 @@ wire::header validate_plain_segment(const std::byte* head, std::size_t slot_byte
                                 []() { return bad_block{0, nullptr}; });
 }
 
-// Validates `slot` as a segment of `nblocks` codec blocks (their lengths in
-// `blocks`) and returns its header; format_error otherwise. With
-// `allow_status`, a segment may carry a non-zero status and then no payload.
+/// Validates `slot` as a segment of `nblocks` codec blocks (their lengths in
+/// `blocks`) and returns its header; format_error otherwise. With
+/// `allow_status`, a segment may carry a non-zero status and then no payload.
 template <block_codec Codec>
 wire::header validate_segment(const Codec& codec, std::span<const std::byte> slot, wire::expectation want,
                               const block_ref* blocks, std::size_t nblocks, const char* where, bool allow_status,

@@ -1,32 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// The wire format of a compressed segment: a 64-byte header, then the
-// codec's payload. Every segment is validated in full before any of its
-// payload is decoded; anything that does not match what the receiver
-// expects is a format_error saying which field and what was expected.
-//
-//   offset size field
-//        0    4 magic "DLCW" (0x57434c44, little-endian)
-//        4    2 version (1)
-//        6    1 codec id (compress::codec_id)
-//        7    1 flags (bit 0: stochastic rounding; bit 1: error feedback)
-//        8    4 block size (elements per codec block)
-//       12    4 sender rank
-//       16    8 element count
-//       24    8 payload length in bytes
-//       32    8 round (1-based outer round the segment belongs to)
-//       40    4 norm (fp32: the sender's pseudo-gradient norm in stage 1,
-//                the decoded reduced shard's norm in stage 2)
-//       44    4 status (0 = ok; 1 + r = the sender got a corrupt segment
-//                from rank r and sends no data)
-//       48    8 checksum of the 64 header bytes (this field as zero) and
-//                the payload (diloco/core/checksum.hpp)
-//       56    4 fragment (the sync schedule's fragment the segment belongs
-//                to; 0 for a whole-model round)
-//       60    4 reserved, zero
-// All multi-byte fields are little-endian.
-
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -42,24 +16,52 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::wire {
 
-inline constexpr std::uint32_t magic = 0x57434c44u;
-inline constexpr std::uint16_t version = 1;
-inline constexpr std::size_t header_bytes = 64;
-inline constexpr std::uint8_t flag_stochastic = 1u;
-inline constexpr std::uint8_t flag_error_feedback = 2u;
-inline constexpr std::uint8_t known_flags = flag_stochastic | flag_error_feedback;
+inline constexpr std::uint32_t magic = 0x57434c44u;  ///< the segment's first 4 bytes, "DLCW" little-endian
+inline constexpr std::uint16_t version = 1;  ///< the format version this reader writes and accepts
+inline constexpr std::size_t header_bytes = 64;  ///< the header's size; the payload follows it
+inline constexpr std::uint8_t flag_stochastic = 1u;  ///< flags bit: stochastic rounding
+inline constexpr std::uint8_t flag_error_feedback = 2u;  ///< flags bit: error feedback
+inline constexpr std::uint8_t known_flags = flag_stochastic | flag_error_feedback;  ///< every flag a reader accepts
 
+/// A segment header. The wire format of a compressed segment is a 64-byte header, then
+/// the codec's payload. Every segment is validated in full before any of its
+/// payload is decoded; anything that does not match what the receiver
+/// expects is a format_error saying which field and what was expected.
+///
+/// ```
+/// offset size field
+///      0    4 magic "DLCW" (0x57434c44, little-endian)
+///      4    2 version (1)
+///      6    1 codec id (compress::codec_id)
+///      7    1 flags (bit 0: stochastic rounding; bit 1: error feedback)
+///      8    4 block size (elements per codec block)
+///     12    4 sender rank
+///     16    8 element count
+///     24    8 payload length in bytes
+///     32    8 round (1-based outer round the segment belongs to)
+///     40    4 norm (fp32: the sender's pseudo-gradient norm in stage 1,
+///              the decoded reduced shard's norm in stage 2)
+///     44    4 status (0 = ok; 1 + r = the sender got a corrupt segment
+///              from rank r and sends no data)
+///     48    8 checksum of the 64 header bytes (this field as zero) and
+///              the payload (diloco/core/checksum.hpp)
+///     56    4 fragment (the sync schedule's fragment the segment belongs
+///              to; 0 for a whole-model round)
+///     60    4 reserved, zero
+/// ```
+/// All multi-byte fields are little-endian. The magic, version, checksum and reserved bytes
+/// are the writer's (write_header).
 struct header {
-  compress::codec_id codec = compress::codec_id::none;
-  std::uint8_t flags = 0;
-  std::uint32_t block_size = 0;
-  std::uint32_t sender = 0;
-  std::uint64_t elements = 0;
-  std::uint64_t payload_bytes = 0;
-  std::uint64_t round = 0;
-  float norm = 0.0f;
-  std::uint32_t status = 0;
-  std::uint32_t fragment = 0;
+  compress::codec_id codec = compress::codec_id::none;  ///< the codec of the payload
+  std::uint8_t flags = 0;  ///< flag_stochastic, flag_error_feedback
+  std::uint32_t block_size = 0;  ///< elements per codec block
+  std::uint32_t sender = 0;  ///< the sender's rank
+  std::uint64_t elements = 0;  ///< elements the payload encodes
+  std::uint64_t payload_bytes = 0;  ///< the payload's length in bytes
+  std::uint64_t round = 0;  ///< the 1-based outer round the segment belongs to
+  float norm = 0.0f;  ///< the sender's pseudo-gradient norm (stage 1) or the decoded reduced shard's (stage 2)
+  std::uint32_t status = 0;  ///< 0, or 1 + r: the sender got a corrupt segment from rank r and sends no data
+  std::uint32_t fragment = 0;  ///< the schedule's fragment (0 for a whole-model round)
 };
 
 namespace detail {
@@ -110,23 +112,25 @@ inline void write_fields(std::byte* seg, const header& h) {
 }
 }  // namespace detail
 
-// Writes the header of a segment whose payload is already in place after it.
+/// Writes the header of a segment whose payload is already in place after it.
 inline void write_header(std::byte* seg, const header& h) {
   detail::write_fields(seg, h);
   detail::put<std::uint64_t>(seg + 48, detail::segment_checksum(seg, h.payload_bytes));
 }
 
-// Writes the 64 header bytes of a segment whose payload lies elsewhere (in
-// device memory), given detail::payload_words_sum of that payload.
+/// Writes the 64 header bytes of a segment whose payload lies elsewhere (in
+/// device memory), given detail::payload_words_sum of that payload.
 inline void write_header(std::byte* head, const header& h, std::uint64_t payload_sum) {
   detail::write_fields(head, h);
   detail::put<std::uint64_t>(head + 48,
                              detail::finish_checksum(detail::header_words_sum(head), payload_sum, h.payload_bytes));
 }
 
-// What the receiver knows a segment must say. The norm and status are read,
-// not expected.
+/// What the receiver knows a segment must say. The norm and status are read,
+/// not expected.
 struct expectation {
+  ///@{
+  /// The header fields a receiver checks: each must be as expected.
   compress::codec_id codec;
   std::uint8_t flags;
   std::uint32_t block_size;
@@ -135,22 +139,23 @@ struct expectation {
   std::uint64_t payload_bytes;
   std::uint64_t round;
   std::uint32_t fragment = 0;
+  ///@}
 
-  // What a receiver expects of a segment it would itself write as `h`.
+  /// What a receiver expects of a segment it would itself write as `h`.
   static expectation of(const header& h) {
     return {h.codec, h.flags, h.block_size, h.sender, h.elements, h.payload_bytes, h.round, h.fragment};
   }
 };
 
-// Validates `bytes` (a received slot: the segment and any padding after it)
-// against `want` and returns the header. Throws format_error naming the
-// first field that is wrong. A segment with a non-zero status carries no
-// payload (payload length 0).
-//
-// This form reads the header at `s` of a received slot of `slot_bytes`
-// bytes whose payload may live elsewhere: payload_sum(n) returns
-// detail::payload_words_sum of its first n bytes (called once the length
-// field has been checked).
+/// Validates `bytes` (a received slot: the segment and any padding after it)
+/// against `want` and returns the header. Throws format_error naming the
+/// first field that is wrong. A segment with a non-zero status carries no
+/// payload (payload length 0).
+///
+/// This form reads the header at `s` of a received slot of `slot_bytes`
+/// bytes whose payload may live elsewhere: payload_sum(n) returns
+/// detail::payload_words_sum of its first n bytes (called once the length
+/// field has been checked).
 template <class PayloadSum>
 header read_header(const std::byte* s, std::size_t slot_bytes, const expectation& want, const char* where,
                    PayloadSum&& payload_sum) {
@@ -192,7 +197,7 @@ header read_header(const std::byte* s, std::size_t slot_bytes, const expectation
   return h;
 }
 
-// The usual form: the slot, payload included, in host memory.
+/// The usual form: the slot, payload included, in host memory.
 inline header read_header(std::span<const std::byte> bytes, const expectation& want, const char* where) {
   return read_header(bytes.data(), bytes.size(), want, where, [&](std::uint64_t payload_bytes) {
     return detail::payload_words_sum(bytes.data() + header_bytes, payload_bytes);

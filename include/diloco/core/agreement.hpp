@@ -23,11 +23,11 @@
 
 namespace diloco {
 
-// A per-rank option whose value differs between ranks: its value on each
-// rank, in rank order.
+/// A per-rank option whose value differs between ranks: its value on each
+/// rank, in rank order.
 struct per_rank_option {
-  std::string name;
-  std::vector<std::string> values;
+  std::string name;                 ///< the option's name, as visit_options gives it
+  std::vector<std::string> values;  ///< its value on each rank, in rank order
 };
 
 namespace detail {

@@ -9,13 +9,13 @@
 
 namespace diloco {
 
-// The checksum of wire buffers: the wrapping sum over 64-bit little-endian
-// words w_i (the tail zero-padded) of mix64(w_i + (i + 1) * golden), mixed
-// once more with the length. Every term is a bijection of its word, so any
-// change to a single word changes the sum; the position in the term catches
-// reordered words. Being a sum, it is computed in any order: by OpenMP
-// threads or GPU blocks alike. Not cryptographic: it detects accidents, not
-// attackers.
+/// The checksum of wire buffers: the wrapping sum over 64-bit little-endian
+/// words w_i (the tail zero-padded) of mix64(w_i + (i + 1) * golden), mixed
+/// once more with the length. Every term is a bijection of its word, so any
+/// change to a single word changes the sum; the position in the term catches
+/// reordered words. Being a sum, it is computed in any order: by OpenMP
+/// threads or GPU blocks alike. Not cryptographic: it detects accidents, not
+/// attackers.
 inline std::uint64_t checksum_words(const std::byte* data, std::size_t bytes, std::uint64_t first_word_index = 0) {
   constexpr std::uint64_t golden = 0x9e3779b97f4a7c15ULL;
   std::uint64_t acc[4] = {0, 0, 0, 0};  // independent lanes, so the loop pipelines
@@ -28,6 +28,7 @@ inline std::uint64_t checksum_words(const std::byte* data, std::size_t bytes, st
   return acc[0] + acc[1] + acc[2] + acc[3];
 }
 
+/// Finishes a checksum: the sum of checksum_words over a whole buffer, mixed with its length in bytes.
 inline std::uint64_t checksum_finish(std::uint64_t sum, std::uint64_t total_bytes) {
   return kernels::mix64(sum ^ kernels::mix64(total_bytes));
 }

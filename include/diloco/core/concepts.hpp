@@ -21,8 +21,8 @@
 namespace diloco {
 
 // ---------------------------------------------------------------- tensors
-// A type whose tensor_traits give a contiguous buffer of elements in a known
-// memory space.
+/// A type whose tensor_traits give a contiguous buffer of elements in a known
+/// memory space.
 template <class T>
 concept tensor = requires(std::remove_cvref_t<T>& t) {
   typename tensor_traits_of<T>::value_type;
@@ -31,49 +31,50 @@ concept tensor = requires(std::remove_cvref_t<T>& t) {
   { tensor_traits_of<T>::size(t) } -> std::convertible_to<std::size_t>;
 } && is_memory_space_v<typename tensor_traits_of<T>::memory_space>;
 
-// Parameters and gradients are fp32: that is the precision the outer state
-// and the inner optimizers keep.
+/// Parameters and gradients are fp32: that is the precision the outer state
+/// and the inner optimizers keep.
 template <class T>
 concept float_tensor = tensor<T> && std::same_as<tensor_value_t<T>, float>;
 
-// A tensor whose elements can be written (parameters are updated in place):
-// a const std::vector<float> is not one; a tensor_view<float> is, const or
-// not (a view does not own its elements).
+/// A tensor whose elements can be written (parameters are updated in place):
+/// a const std::vector<float> is not one; a tensor_view<float> is, const or
+/// not (a view does not own its elements).
 template <class T>
 concept mutable_float_tensor = float_tensor<T> && requires(std::remove_reference_t<T>& t) {
   { tensor_traits_of<T>::data(t) } -> std::convertible_to<float*>;
 };
 
-// A list of tensors (a model's parameters or gradients).
+/// A list of tensors (a model's parameters or gradients).
 template <class R>
 concept tensor_range = std::ranges::forward_range<R> && float_tensor<std::ranges::range_reference_t<R>>;
 
-// A tensor or a list of tensors of any element type: what the parameter and
-// gradient arguments accept, so that the element type and constness are
-// checked by static_asserts that name the rule (tensor/argument_checks.hpp)
-// rather than by a constraint the compiler reports as "not satisfied".
+/// A list of tensors of any element type (tensor_argument's list form).
 template <class R>
 concept any_tensor_range = std::ranges::forward_range<R> && tensor<std::ranges::range_reference_t<R>>;
+/// A tensor or a list of tensors of any element type: what the parameter and
+/// gradient arguments accept, so that the element type and constness are
+/// checked by static_asserts that name the rule (tensor/argument_checks.hpp)
+/// rather than by a constraint the compiler reports as "not satisfied".
 template <class T>
 concept tensor_argument = tensor<T> || any_tensor_range<T>;
 
 // ------------------------------------------------------------ optimizers
-// The per-element update of an optimizer: p is the parameter, g its gradient
-// (already scaled by any clipping), s points at the element's first state
-// slot, slot k at s[k * stride]. Trivially copyable so it can be passed by
-// value to a CUDA kernel.
+/// The per-element update of an optimizer: p is the parameter, g its gradient
+/// (already scaled by any clipping), s points at the element's first state
+/// slot, slot k at s[k * stride]. Trivially copyable so it can be passed by
+/// value to a CUDA kernel.
 template <class U>
 concept update_functor =
     std::is_trivially_copyable_v<U> && requires(const U& u, float& p, float g, float* s, std::size_t stride) {
       { u(p, g, s, stride) };
     };
 
-// An optimizer policy: an options struct of hyper-parameters with a learning
-// rate `lr` (set_inner_lr / optimizer::set_lr write it), validation that
-// throws config_error, the number of fp32 state slots per parameter, and a
-// factory for the step's update functor of type `update` (step counts from
-// 1). This is everything the library uses of an optimizer: a type that has
-// these compiles.
+/// An optimizer policy: an options struct of hyper-parameters with a learning
+/// rate `lr` (set_inner_lr / optimizer::set_lr write it), validation that
+/// throws config_error, the number of fp32 state slots per parameter, and a
+/// factory for the step's update functor of type `update` (step counts from
+/// 1). This is everything the library uses of an optimizer: a type that has
+/// these compiles.
 template <class O>
 concept optimizer_policy =
     requires(const typename O::options& o, typename O::options& writable, std::uint64_t step, float lr) {
@@ -88,7 +89,7 @@ concept optimizer_policy =
       writable.lr = lr;
     };
 
-// An optimizer policy's role (core/optimizer_role.hpp): its `role`, or any.
+/// An optimizer policy's role (core/optimizer_role.hpp): its `role`, or any.
 template <class O>
 consteval optimizer_role optimizer_role_of() {
   if constexpr (requires { { O::role } -> std::convertible_to<optimizer_role>; })
@@ -97,33 +98,34 @@ consteval optimizer_role optimizer_role_of() {
     return optimizer_role::any;
 }
 
-// The optimizer each worker runs on its replica between rounds.
+/// The optimizer each worker runs on its replica between rounds.
 template <class O>
 concept inner_optimizer = optimizer_policy<O>;
 
-// The optimizer applied to the global parameters with the averaged
-// pseudo-gradient as its gradient.
+/// The optimizer applied to the global parameters with the averaged
+/// pseudo-gradient as its gradient.
 template <class O>
 concept outer_optimizer = optimizer_policy<O>;
 
-// O in the inner (as_inner) or outer (as_outer) slot, whatever its role:
-// algorithm<inner::adamw, as_outer<inner::adamw>, ...> runs AdamW as the
-// outer optimizer (with AdamW's defaults: set the outer options).
+/// O in the inner (as_inner) or outer (as_outer) slot, whatever its role:
+/// algorithm<inner::adamw, as_outer<inner::adamw>, ...> runs AdamW as the
+/// outer optimizer (with AdamW's defaults: set the outer options).
 template <optimizer_policy O>
 struct as_inner : O {
-  static constexpr optimizer_role role = optimizer_role::inner;
+  static constexpr optimizer_role role = optimizer_role::inner;  ///< the slot it is forced into
 };
+/// O forced into the outer slot (see as_inner).
 template <optimizer_policy O>
 struct as_outer : O {
-  static constexpr optimizer_role role = optimizer_role::outer;
+  static constexpr optimizer_role role = optimizer_role::outer;  ///< the slot it is forced into
 };
 
 // ----------------------------------------------------------- compressors
-// What a pseudo-gradient becomes before it travels. `lossless` codecs are
-// reduced with the communicator's own all-reduce; lossy ones provide a block
-// codec (compress/codec.hpp) and travel through the compressed mean (or
-// all-gathered, chunk_topk), or have a reducer of their own (low_rank's
-// factors, adaptive's rungs).
+/// What a pseudo-gradient becomes before it travels. `lossless` codecs are
+/// reduced with the communicator's own all-reduce; lossy ones provide a block
+/// codec (compress/codec.hpp) and travel through the compressed mean (or
+/// all-gathered, chunk_topk), or have a reducer of their own (low_rank's
+/// factors, adaptive's rungs).
 template <class C>
 concept compressor = requires {
   typename C::options;
@@ -134,21 +136,21 @@ concept compressor = requires {
                       compress::switching_compressor<C>);
 
 // ---------------------------------------------------------- communicators
-// The handle of a non-blocking collective. wait() blocks until it has
-// completed (rethrowing its error), test() polls. A default-constructed
-// request is complete, and so is one already waited on: wait() returns at
-// once and test() is true.
+/// The handle of a non-blocking collective. wait() blocks until it has
+/// completed (rethrowing its error), test() polls. A default-constructed
+/// request is complete, and so is one already waited on: wait() returns at
+/// once and test() is true.
 template <class R>
 concept comm_request = std::movable<R> && requires(R& r) {
   { r.wait() };
   { r.test() } -> std::convertible_to<bool>;
 };
 
-// The operations of a communicator over buffers of the given kinds (fp32
-// values, bytes, read-only bytes) that the library calls: fp32 all-reduce
-// (sum or mean) and broadcast; byte all-to-all and all-gather, where
-// compressed payloads travel. traffic() counts this rank's bytes. A
-// communicator with these blocking operations alone runs sync::blocking.
+/// The operations of a communicator over buffers of the given kinds (fp32
+/// values, bytes, read-only bytes) that the library calls: fp32 all-reduce
+/// (sum or mean) and broadcast; byte all-to-all and all-gather, where
+/// compressed payloads travel. traffic() counts this rank's bytes. A
+/// communicator with these blocking operations alone runs sync::blocking.
 template <class C, class Floats, class Bytes, class ConstBytes>
 concept communicator_over = requires(C& c, const C& cc, Floats f, Bytes b, ConstBytes cb, reduce_op op) {
   { cc.rank() } -> std::convertible_to<int>;
@@ -160,10 +162,10 @@ concept communicator_over = requires(C& c, const C& cc, Floats f, Bytes b, Const
   { c.all_gather(cb, b) };
 };
 
-// The same operations non-blocking (i-prefixed), each returning a request
-// to wait() on: what the overlapping schedules (sync::streaming,
-// sync::one_step_delay, sync::eager) need to keep a reduction in flight
-// while inner steps run.
+/// The same operations non-blocking (i-prefixed), each returning a request
+/// to wait() on: what the overlapping schedules (sync::streaming,
+/// sync::one_step_delay, sync::eager) need to keep a reduction in flight
+/// while inner steps run.
 template <class C, class Floats, class Bytes, class ConstBytes>
 concept async_communicator_over =
     communicator_over<C, Floats, Bytes, ConstBytes> && requires(C& c, Floats f, Bytes b, ConstBytes cb, reduce_op op) {
@@ -174,59 +176,61 @@ concept async_communicator_over =
       { c.iall_gather(cb, b) } -> std::same_as<typename C::request>;
     };
 
-// A member of a group of workers exchanging host buffers (std::span).
+/// A member of a group of workers exchanging host buffers (std::span).
 template <class C>
 concept communicator = communicator_over<C, std::span<float>, std::span<std::byte>, std::span<const std::byte>>;
 
-// A communicator that takes device memory: the same operations over
-// tensor_view<..., device_space> (NCCL natively; MPI when CUDA-aware or
-// staging through pinned host memory). A communicator may model both.
+/// A communicator that takes device memory: the same operations over
+/// tensor_view<..., device_space> (NCCL natively; MPI when CUDA-aware or
+/// staging through pinned host memory). A communicator may model both.
 template <class C>
 concept device_communicator = communicator_over<C, tensor_view<float, device_space>, tensor_view<std::byte, device_space>,
                                                 tensor_view<const std::byte, device_space>>;
 
 
-// A communicator of host memory, of device memory, or of both: the
-// algorithm hands it the buffers of the parameters' space, staging device
-// buffers through host memory when it only takes host memory.
+/// A communicator of host memory, of device memory, or of both: the
+/// algorithm hands it the buffers of the parameters' space, staging device
+/// buffers through host memory when it only takes host memory.
 template <class C>
 concept any_communicator = communicator<C> || device_communicator<C>;
 
-// A communicator whose collectives also run non-blocking, over host
-// buffers (async_host_communicator) or device buffers.
+/// A communicator whose collectives over host buffers also run non-blocking.
 template <class C>
 concept async_host_communicator =
     async_communicator_over<C, std::span<float>, std::span<std::byte>, std::span<const std::byte>>;
+/// A communicator whose collectives over device buffers also run non-blocking.
 template <class C>
 concept async_device_communicator =
     async_communicator_over<C, tensor_view<float, device_space>, tensor_view<std::byte, device_space>,
                             tensor_view<const std::byte, device_space>>;
+/// A communicator whose collectives also run non-blocking, over host
+/// buffers (async_host_communicator) or device buffers.
 template <class C>
 concept async_communicator = async_host_communicator<C> || async_device_communicator<C>;
 
-// Where a worker stands when it takes part in a membership check
-// (elastic_communicator::at_boundary).
+/// Where a worker stands when it takes part in a membership check
+/// (elastic_communicator::at_boundary).
 enum class boundary_kind {
-  round_start,  // before a round's first collective: leaves only
-  round_end,    // after a round was applied, nothing in flight: leaves and joins
+  round_start,  ///< before a round's first collective: leaves only
+  round_end,    ///< after a round was applied, nothing in flight: leaves and joins
 };
 
-// A communicator whose group may change while training runs (comm::threads
-// over an elastic world, comm::gloo with options.elastic). The algorithm
-// drives it; users only construct it and call algorithm::leave().
-//   elastic()            whether membership may change (a run-time choice);
-//   generation()         how many times the group has re-formed;
-//   joining(), join()    a worker that is not a member yet: join() blocks
-//                        until the running group admits it at a round end
-//                        (rank() and size() are valid afterwards);
-//   at_boundary(l, k)    collective over the members at a point where no
-//                        reduction is in flight: `l` announces that this
-//                        worker leaves; true when the group changed (this
-//                        worker's rank and size may differ afterwards; a
-//                        leaver is no longer a member);
-//   recover()            after a comm_error: forms the next generation from
-//                        the members still alive; throws comm_error when
-//                        this worker was dropped or too few remain.
+/// A communicator whose group may change while training runs (comm::threads
+/// over an elastic world, comm::gloo with options.elastic). The algorithm
+/// drives it; users only construct it and call algorithm::leave().
+///   elastic()            whether membership may change (a run-time choice);
+///   generation()         how many times the group has re-formed;
+///   joining(), join()    a worker that is not a member yet: join() blocks
+///                        until the running group admits it at a round end
+///                        (rank() and size() are valid afterwards);
+///   at_boundary(l, k)    collective over the members at a point where no
+///                        reduction is in flight: `l` announces that this
+///                        worker leaves; true when the group changed (this
+///                        worker's rank and size may differ afterwards; a
+///                        leaver is no longer a member);
+///   recover()            after a comm_error: forms the next generation from
+///                        the members still alive; throws comm_error when
+///                        this worker was dropped or too few remain.
 template <class C>
 concept elastic_communicator = requires(C& c, const C& cc, bool leave, boundary_kind k) {
   { cc.elastic() } -> std::convertible_to<bool>;

@@ -9,42 +9,42 @@
 
 namespace diloco {
 
-// Every failure the library reports is a diloco::error. The subclasses say
-// which side was wrong, so callers can react differently to a bad option
-// (fix the code), a lost peer (restart the round) or corrupt bytes.
+/// Every failure the library reports is a diloco::error. The subclasses say
+/// which side was wrong, so callers can react differently to a bad option
+/// (fix the code), a lost peer (restart the round) or corrupt bytes.
 class error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
 
-// An option, policy argument or tensor that does not fit what was expected.
+/// An option, policy argument or tensor that does not fit what was expected.
 class config_error : public error {
  public:
   using error::error;
 };
 
-// A collective that could not complete: a peer vanished, timed out, or the
-// ranks disagree about the operation's arguments.
+/// A collective that could not complete: a peer vanished, timed out, or the
+/// ranks disagree about the operation's arguments.
 class comm_error : public error {
  public:
   using error::error;
 };
 
-// Bytes that crossed a process boundary (wire buffers, checkpoints) and do
-// not decode: wrong magic, version, sizes or checksum, truncation.
+/// Bytes that crossed a process boundary (wire buffers, checkpoints) and do
+/// not decode: wrong magic, version, sizes or checksum, truncation.
 class format_error : public error {
  public:
   using error::error;
 };
 
-// An operation that is not valid in the object's current state.
+/// An operation that is not valid in the object's current state.
 class state_error : public error {
  public:
   using error::error;
 };
 
-// Non-finite values (NaN/Inf) where finite numbers are required, such as a
-// pseudo-gradient. The round that produced them is rejected.
+/// Non-finite values (NaN/Inf) where finite numbers are required, such as a
+/// pseudo-gradient. The round that produced them is rejected.
 class numeric_error : public error {
  public:
   using error::error;

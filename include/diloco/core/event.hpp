@@ -28,13 +28,15 @@
 
 namespace diloco {
 
+/// What an event reports (the fields each kind fills are listed by field).
 enum class event_kind : std::uint8_t {
-  round,       // a reduction was applied (an outer step on theta_global)
-  rejected,    // a reduction was refused (non-finite pseudo-gradient, corrupt bytes); the call raises
-  aborted,     // reductions in flight were dropped because a collective failed (elastic groups)
-  membership,  // the group re-formed (a leave, a join, a recovery from a dead peer), or this worker left
+  round,       ///< a reduction was applied (an outer step on theta_global)
+  rejected,    ///< a reduction was refused (non-finite pseudo-gradient, corrupt bytes); the call raises
+  aborted,     ///< reductions in flight were dropped because a collective failed (elastic groups)
+  membership,  ///< the group re-formed (a leave, a join, a recovery from a dead peer), or this worker left
 };
 
+/// The kind's name ("round", "rejected", ...), as event_json_line writes it.
 inline const char* to_string(event_kind k) {
   switch (k) {
     case event_kind::round: return "round";
@@ -45,55 +47,68 @@ inline const char* to_string(event_kind k) {
   return "unknown";
 }
 
+/// One report to the user's hook (algorithm_options::on_event): a round applied or rejected,
+/// reductions aborted, or the group re-formed. One struct for every kind; a hook switches on
+/// `kind`; each field says which kinds fill it.
 struct event {
-  event_kind kind = event_kind::round;
-  // Every kind: this worker's rank and the group's size (after a membership
-  // change, the new ones; -1 and 0 once this worker has left), and the inner
-  // steps it has taken.
+  event_kind kind = event_kind::round;  ///< what happened
+  ///@{
+  /// Every kind: this worker's rank and the group's size (after a membership
+  /// change, the new ones; -1 and 0 once this worker has left), and the inner
+  /// steps it has taken.
   int rank = 0;
   int world = 0;
   std::uint64_t inner_step = 0;
+  ///@}
 
-  // round, rejected: `round` is stats().rounds once this reduction is
-  // applied (1, 2, ... over the run; a rejected one would have been that
-  // number); `fragment` the schedule's fragment (0 for whole-model
-  // schedules) and `fragment_round` its own outer step number. aborted:
-  // `round` is the round that was in progress.
+  ///@{
+  /// round, rejected: `round` is stats().rounds once this reduction is
+  /// applied (1, 2, ... over the run; a rejected one would have been that
+  /// number); `fragment` the schedule's fragment (0 for whole-model
+  /// schedules) and `fragment_round` its own outer step number. aborted:
+  /// `round` is the round that was in progress.
   std::uint64_t round = 0;
   std::size_t fragment = 0;
   std::uint64_t fragment_round = 0;
-  // round, rejected: this reduction, as stats() accounts it.
+  ///@}
+  ///@{
+  /// round, rejected: this reduction, as stats() accounts it.
   std::uint64_t bytes_sent = 0;
   std::uint64_t bytes_received = 0;
-  double pseudo_gradient_norm = 0.0;    // this worker's ||pseudo-gradient||
-  double compression_error_norm = 0.0;  // lossy compressors: ||v - decode(encode(v))||; 0 otherwise
-  double blocked_seconds = 0.0;         // this worker's time on it outside inner steps
-  double hidden_seconds = 0.0;          // time it was in flight while inner steps ran
-  // round, compress::adaptive only: the rung used and the one chosen next.
+  ///@}
+  double pseudo_gradient_norm = 0.0;    ///< this worker's ||pseudo-gradient||
+  double compression_error_norm = 0.0;  ///< lossy compressors: ||v - decode(encode(v))||; 0 otherwise
+  double blocked_seconds = 0.0;         ///< this worker's time on it outside inner steps
+  double hidden_seconds = 0.0;          ///< time it was in flight while inner steps ran
+  /// round, compress::adaptive only: the rung used and the one chosen next.
   std::optional<compression_choice> compression;
 
-  // rejected: why (the message the call raises), and whether it was for
-  // corrupt bytes (format_error) rather than non-finite numbers
-  // (numeric_error). aborted: the failure that aborted the reductions.
+  ///@{
+  /// rejected: why (the message the call raises), and whether it was for
+  /// corrupt bytes (format_error) rather than non-finite numbers
+  /// (numeric_error). aborted: the failure that aborted the reductions.
   std::string problem;
   bool corrupt = false;
+  ///@}
 
-  // membership: the communicator's generation after the change; this
-  // worker's rank and the group's size before it (-1 and 0 for a worker
-  // joining now); the ranks, in this worker's previous group, of the
-  // workers that are gone; the ranks, in the new group, of the workers that
-  // joined; whether a failed collective (a dead or stalled peer) forced it.
+  ///@{
+  /// membership: the communicator's generation after the change; this
+  /// worker's rank and the group's size before it (-1 and 0 for a worker
+  /// joining now); the ranks, in this worker's previous group, of the
+  /// workers that are gone; the ranks, in the new group, of the workers that
+  /// joined; whether a failed collective (a dead or stalled peer) forced it.
   std::uint64_t generation = 0;
   int previous_rank = 0;
   int previous_world = 0;
   std::vector<int> left;
   std::vector<int> joined;
   bool after_failure = false;
+  ///@}
 };
 
-// The hook: called on the worker's own thread, in the order events happen.
-// With comm::threads, every worker thread calls its own algorithm's hook:
-// a hook shared between workers must be thread-safe.
+/// The hook: called on the worker's own thread, in the order events happen.
+/// With comm::threads, every worker thread calls its own algorithm's hook:
+/// a hook shared between workers must be thread-safe.
 using event_hook = std::function<void(const event&)>;
 
 }  // namespace diloco

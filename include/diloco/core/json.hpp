@@ -37,12 +37,15 @@
 
 namespace diloco {
 
+/// `x` as a JSON number, or null when it is NaN or infinite (which JSON cannot write).
 inline nlohmann::json json_number(double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); }
 
+/// The inverse of json_number: a number, or NaN for null.
 inline double number_from_json(const nlohmann::json& j) {
   return j.is_null() ? std::numeric_limits<double>::quiet_NaN() : j.get<double>();
 }
 
+/// compress::adaptive's choice by field name (nlohmann's ADL customisation point).
 inline void to_json(nlohmann::json& j, const compression_choice& c) {
   j = {{"used", c.used},
        {"next", c.next},
@@ -54,6 +57,7 @@ inline void to_json(nlohmann::json& j, const compression_choice& c) {
        {"predicted_seconds", json_number(c.predicted_seconds)}};
 }
 
+/// An algorithm's statistics by field name, so that `nlohmann::json j = algo.stats();` works.
 inline void to_json(nlohmann::json& j, const stats& s) {
   j = {{"inner_steps", s.inner_steps},
        {"rounds", s.rounds},
@@ -81,11 +85,11 @@ inline void to_json(nlohmann::json& j, const stats& s) {
        {"compression_choices", s.compression_choices}};
 }
 
-// One option's value as its JSON type: booleans, integers, numbers, text.
-// Most options are floats, held as doubles: a value that is exactly a float
-// is written as the float's shortest decimal (lr 0.1f as 0.1, not
-// 0.10000000149011612), which reads back as the same float; other doubles
-// as nlohmann writes them (the shortest decimal that reads back exactly).
+/// One option's value as its JSON type: booleans, integers, numbers, text.
+/// Most options are floats, held as doubles: a value that is exactly a float
+/// is written as the float's shortest decimal (lr 0.1f as 0.1, not
+/// 0.10000000149011612), which reads back as the same float; other doubles
+/// as nlohmann writes them (the shortest decimal that reads back exactly).
 inline void to_json(nlohmann::json& j, const option_value& v) {
   switch (v.type) {
     case option_value::kind::boolean: j = v.bits != 0; return;
@@ -108,8 +112,8 @@ inline void to_json(nlohmann::json& j, const option_value& v) {
   j = nullptr;
 }
 
-// Every option of `o` by name, nested at the dots of the names
-// visit_options gives ("inner.lr" is j["inner"]["lr"]).
+/// Every option of `o` by name, nested at the dots of the names
+/// visit_options gives ("inner.lr" is j["inner"]["lr"]).
 template <class Options>
 nlohmann::json options_json(const Options& o) {
   nlohmann::json out = nlohmann::json::object();
@@ -130,6 +134,7 @@ nlohmann::json options_json(const Options& o) {
   return out;
 }
 
+/// An event as one JSON object, with only the fields its kind fills.
 inline void to_json(nlohmann::json& j, const event& e) {
   j = {{"event", to_string(e.kind)}, {"rank", e.rank}, {"world", e.world}, {"inner_step", e.inner_step}};
   switch (e.kind) {
@@ -165,8 +170,8 @@ inline void to_json(nlohmann::json& j, const event& e) {
   }
 }
 
-// An event as one line of JSON Lines (no newline inside; the caller adds
-// one): `out << diloco::event_json_line(e) << '\n';` in a hook.
+/// An event as one line of JSON Lines (no newline inside; the caller adds
+/// one): `out << diloco::event_json_line(e) << '\n';` in a hook.
 inline std::string event_json_line(const event& e) { return nlohmann::json(e).dump(); }
 
 }  // namespace diloco

@@ -29,33 +29,41 @@
 
 namespace diloco {
 
-// Whether ranks may differ in an option. across_ranks: H, the outer
-// optimizer's, the compressor's and the schedule's options, the parameter
-// layout; ranks that differ pair rounds wrongly or drift apart. per_rank:
-// the inner optimizer's options and host_threads (heterogeneous workers).
+/// Whether ranks may differ in an option. across_ranks: H, the outer
+/// optimizer's, the compressor's and the schedule's options, the parameter
+/// layout; ranks that differ pair rounds wrongly or drift apart. per_rank:
+/// the inner optimizer's options and host_threads (heterogeneous workers).
 enum class agreement : std::uint8_t { across_ranks, per_rank };
 
+/// "across ranks" or "per rank", for messages.
 inline const char* to_string(agreement a) { return a == agreement::across_ranks ? "across ranks" : "per rank"; }
 
-// One option's value, type-erased: what a header stores and a message prints.
+/// One option's value, type-erased: what a header stores and a message prints.
 struct option_value {
+  /// The C++ type an option had.
   enum class kind : std::uint8_t { boolean = 1, signed_integer = 2, unsigned_integer = 3, floating = 4, text = 5 };
-  kind type = kind::unsigned_integer;
-  std::uint64_t bits = 0;  // bool 0/1, integers (two's complement), floating: the IEEE double's bits
-  std::string str;         // text
+  kind type = kind::unsigned_integer;  ///< which of bits and str holds the value, and how to read it
+  std::uint64_t bits = 0;  ///< bool 0/1, integers (two's complement), floating: the IEEE double's bits
+  std::string str;         ///< text
 
+  /// The value of a bool option.
   static option_value of_bool(bool b) { return {kind::boolean, b ? 1u : 0u, {}}; }
+  /// The value of a signed integer option.
   static option_value of_signed(std::int64_t v) { return {kind::signed_integer, static_cast<std::uint64_t>(v), {}}; }
+  /// The value of an unsigned integer option.
   static option_value of_unsigned(std::uint64_t v) { return {kind::unsigned_integer, v, {}}; }
+  /// The value of a floating-point option (float options widened to double).
   static option_value of_double(double v) { return {kind::floating, std::bit_cast<std::uint64_t>(v), {}}; }
+  /// The value of a text option (enums through their to_string).
   static option_value of_text(std::string s) { return {kind::text, 0, std::move(s)}; }
 
-  // Values compare by kind and bits: a float option stored from the same
-  // float compares equal, and NaN options compare equal to themselves.
+  /// Values compare by kind and bits: a float option stored from the same
+  /// float compares equal, and NaN options compare equal to themselves.
   friend bool operator==(const option_value& a, const option_value& b) {
     return a.type == b.type && a.bits == b.bits && a.str == b.str;
   }
 
+  /// The value as a message prints it: true/false, the number, or the text in quotes.
   std::string to_string() const {
     switch (type) {
       case kind::boolean: return bits ? "true" : "false";
@@ -76,6 +84,7 @@ struct option_value {
   }
 };
 
+/// The kind's name, for messages ("bool", "signed integer", ...).
 inline const char* to_string(option_value::kind k) {
   switch (k) {
     case option_value::kind::boolean: return "bool";
@@ -87,8 +96,8 @@ inline const char* to_string(option_value::kind k) {
   return "unknown";
 }
 
-// A field's value as an option_value: bool, integers, floating point, text,
-// and enums that have a to_string found by argument-dependent lookup.
+/// A field's value as an option_value: bool, integers, floating point, text,
+/// and enums that have a to_string found by argument-dependent lookup.
 template <class T>
 option_value to_option_value(const T& v) {
   if constexpr (std::is_same_v<T, bool>) {
@@ -113,16 +122,16 @@ option_value to_option_value(const T& v) {
   }
 }
 
-// A named field, type-erased, with whether ranks must agree on it.
+/// A named field, type-erased, with whether ranks must agree on it.
 struct option_field {
-  std::string name;
-  option_value value;
-  agreement agree = agreement::across_ranks;
+  std::string name;  ///< dotted for nested options ("inner.lr")
+  option_value value;  ///< its value
+  agreement agree = agreement::across_ranks;  ///< whether ranks must agree on it
 };
 
-// Calls f(name, value) for every field of a policy's options struct: its
-// visit_options, found by argument-dependent lookup; nothing for an empty
-// struct. A non-empty struct without one is a compile error that says so.
+/// Calls f(name, value) for every field of a policy's options struct: its
+/// visit_options, found by argument-dependent lookup; nothing for an empty
+/// struct. A non-empty struct without one is a compile error that says so.
 template <class Options, class F>
 void visit_policy_options(const Options& o, F&& f) {
   if constexpr (requires { visit_options(o, f); }) {
@@ -154,6 +163,7 @@ struct option_field_collector {
 };
 }  // namespace detail
 
+/// Every field of `o` as an option_field (visit_policy_options), each tagged `agree`.
 template <class Options>
 std::vector<option_field> option_fields(const Options& o, agreement agree = agreement::across_ranks) {
   std::vector<option_field> out;

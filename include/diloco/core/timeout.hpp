@@ -16,11 +16,11 @@
 
 namespace diloco {
 
-// Wait without a bound.
+/// Wait without a bound.
 inline constexpr std::chrono::milliseconds no_timeout = std::chrono::milliseconds::max();
 
-// The longest finite timeout accepted: one year (365 days). Anything longer
-// is almost certainly a unit mistake; say no_timeout (or "none") instead.
+/// The longest finite timeout accepted: one year (365 days). Anything longer
+/// is almost certainly a unit mistake; say no_timeout (or "none") instead.
 inline constexpr std::chrono::milliseconds max_finite_timeout = std::chrono::hours(24 * 365);
 
 namespace detail {

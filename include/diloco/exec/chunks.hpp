@@ -36,36 +36,39 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::exec {
 
-// Elements per chunk, and lanes per chunk: part of every multi-tensor
-// reduction's definition (and the GPU's block size for these passes).
+///@{
+/// Elements per chunk, and lanes per chunk: part of every multi-tensor
+/// reduction's definition (and the GPU's block size for these passes).
 inline constexpr std::size_t chunk_elements = 8192;
 inline constexpr unsigned chunk_lanes = 256;
+///@}
 static_assert(chunk_elements % chunk_lanes == 0 && (chunk_lanes & (chunk_lanes - 1)) == 0);
 
-// The part of tensor `tensor` in one chunk: its elements [begin, begin +
-// count), at positions [position, position + count) of the chunk.
+/// The part of tensor `tensor` in one chunk: its elements [begin, begin +
+/// count), at positions [position, position + count) of the chunk.
 struct piece {
-  std::uint32_t tensor = 0;
-  std::uint32_t position = 0;
-  std::size_t begin = 0;
-  std::size_t count = 0;
+  std::uint32_t tensor = 0;    ///< the tensor's index in the list
+  std::uint32_t position = 0;  ///< where its elements start in the chunk
+  std::size_t begin = 0;       ///< its first element in the chunk, counted from the tensor's start
+  std::size_t count = 0;       ///< how many of its elements the chunk holds
 };
 
-// A chunk table as a pass reads it (host or device memory): chunk c's
-// pieces are pieces[first[c]] .. pieces[first[c + 1] - 1].
+/// A chunk table as a pass reads it (host or device memory): chunk c's
+/// pieces are pieces[first[c]] .. pieces[first[c + 1] - 1].
 struct chunk_view {
-  const piece* pieces = nullptr;
-  const std::uint32_t* first = nullptr;
-  std::size_t chunks = 0;
-  std::size_t elements = 0;
+  const piece* pieces = nullptr;         ///< every chunk's pieces, chunk by chunk
+  const std::uint32_t* first = nullptr;  ///< chunk c's first piece; first[chunks] ends the last chunk's
+  std::size_t chunks = 0;                ///< the number of chunks
+  std::size_t elements = 0;              ///< the number of elements over all tensors
 };
 
-// The pieces of a list of tensors of the given sizes. Empty tensors have
-// none. Built on the host; a device pass uses a copy in device memory
-// (tensor/tensor_list.hpp).
+/// The pieces of a list of tensors of the given sizes. Empty tensors have
+/// none. Built on the host; a device pass uses a copy in device memory
+/// (tensor/tensor_list.hpp).
 class chunk_table {
  public:
   chunk_table() { first_.push_back(0); }
+  /// The chunks of tensors of these sizes, in list order.
   explicit chunk_table(std::span<const std::size_t> sizes) {
     first_.push_back(0);
     std::size_t position = 0;  // in the current chunk
@@ -87,11 +90,15 @@ class chunk_table {
     if (position > 0) first_.push_back(static_cast<std::uint32_t>(pieces_.size()));
   }
 
+  ///@{
+  /// The number of chunks and of elements; the pieces and each chunk's first piece (host
+  /// memory); all of it as a chunk_view.
   std::size_t chunks() const { return first_.size() - 1; }
   std::size_t elements() const { return elements_; }
   const std::vector<piece>& pieces() const { return pieces_; }
   const std::vector<std::uint32_t>& first() const { return first_; }
   chunk_view view() const { return {pieces_.data(), first_.data(), chunks(), elements_}; }
+  ///@}
 
  private:
   std::vector<piece> pieces_;
@@ -99,11 +106,12 @@ class chunk_table {
   std::size_t elements_ = 0;
 };
 
-// What a multi-tensor reduction sums for functor F: as double when tensor
-// k's functor returns a number, else as that functor's own type (a struct
-// of sums with += and a zero default).
+/// The functor a multi-tensor pass M gives for one tensor (m.bind(k)).
 template <class M>
 using bound_t = decltype(std::declval<const M&>().bind(std::size_t{0}));
+/// What a multi-tensor reduction sums for functor M: as double when tensor
+/// k's functor returns a number, else as that functor's own type (a struct
+/// of sums with += and a zero default).
 template <class M>
 using chunk_sum_t = std::conditional_t<std::is_arithmetic_v<std::invoke_result_t<const bound_t<M>&, std::size_t>>,
                                        double, std::invoke_result_t<const bound_t<M>&, std::size_t>>;
@@ -112,10 +120,10 @@ using chunk_sum_t = std::conditional_t<std::is_arithmetic_v<std::invoke_result_t
 // What thread `lane` of the block of chunk c does, on the GPU and in the
 // host tests' replay.
 
-// Element-wise: the lane's share of every piece, 4 elements at a time where
-// the bound functor has a 4-wide path and its pointers allow it (a scalar
-// head up to the first element whose index is a multiple of 4, groups of 4,
-// a scalar tail).
+/// Element-wise: the lane's share of every piece, 4 elements at a time where
+/// the bound functor has a 4-wide path and its pointers allow it (a scalar
+/// head up to the first element whose index is a multiple of 4, groups of 4,
+/// a scalar tail).
 template <class M>
 DILOCO_HD DILOCO_FORCEINLINE void chunk_for_each_lane(const M& m, const chunk_view& t, std::size_t c, unsigned lane) {
   for (std::uint32_t p = t.first[c]; p < t.first[c + 1]; ++p) {
@@ -136,7 +144,7 @@ DILOCO_HD DILOCO_FORCEINLINE void chunk_for_each_lane(const M& m, const chunk_vi
   }
 }
 
-// Reduction: the sum of the lane's elements of chunk c, in position order.
+/// Reduction: the sum of the lane's elements of chunk c, in position order.
 template <class M>
 DILOCO_HD DILOCO_FORCEINLINE chunk_sum_t<M> chunk_reduce_lane(const M& m, const chunk_view& t, std::size_t c,
                                                               unsigned lane) {
@@ -152,9 +160,9 @@ DILOCO_HD DILOCO_FORCEINLINE chunk_sum_t<M> chunk_reduce_lane(const M& m, const 
   return sum;
 }
 
-// One level of the lanes' pairwise sum over s[0, 2w): lane t < w adds
-// s[t + w] into s[t]. Levels w = chunk_lanes/2, ..., 1 (a barrier after
-// each on the GPU); s[0] is the chunk's sum.
+/// One level of the lanes' pairwise sum over s[0, 2w): lane t < w adds
+/// s[t + w] into s[t]. Levels w = chunk_lanes/2, ..., 1 (a barrier after
+/// each on the GPU); s[0] is the chunk's sum.
 template <class R>
 DILOCO_HD DILOCO_FORCEINLINE void chunk_tree_step(R* s, unsigned lane, unsigned width) {
   if (lane < width) s[lane] += s[lane + width];

@@ -25,29 +25,34 @@
 
 namespace diloco::exec {
 
-// Bound to one stream (default: the default stream). Element-wise passes and
-// device-to-device copies are queued and return at once; reductions,
-// to_host and from_host wait for the stream, since their results (or the
-// host source) are used as soon as they return. Not thread-safe: one
-// executor per worker.
+/// Bound to one stream (default: the default stream). Element-wise passes and
+/// device-to-device copies are queued and return at once; reductions,
+/// to_host and from_host wait for the stream, since their results (or the
+/// host source) are used as soon as they return. Not thread-safe: one
+/// executor per worker.
 class cuda {
  public:
-  using memory_space = device_space;
-  // Host memory that device data is staged through (to a host communicator).
+  using memory_space = device_space;  ///< the memory its passes read and write
+  /// Host memory that device data is staged through (to a host communicator).
   template <class T>
   using staging_buffer = pinned_buffer<T>;
 
+  /// Queues every pass and copy on `stream` (nullptr: the legacy default stream).
   explicit cuda(cudaStream_t stream = nullptr) : stream_(stream) {}
-  // From algorithm_options::device_stream (a cudaStream_t held as void*).
+  /// From algorithm_options::device_stream (a cudaStream_t held as void*).
   static cuda on_stream(void* stream) { return cuda(static_cast<cudaStream_t>(stream)); }
 
+  /// The stream the passes are queued on.
   cudaStream_t stream() const { return stream_; }
 
+  /// f(i) for every i in [0, n), queued (4 elements at a time where the functor allows it).
   template <class F>
   void for_each(std::size_t n, const F& f) const {
     launch_for_each(n, f, stream_);
   }
 
+  /// The sum of f(i) over [0, n), as double, in a fixed order (the grid depends only on n and
+  /// alignment); waits for the stream.
   template <class F>
   double transform_reduce(std::size_t n, const F& f) {
     if (n == 0) return 0.0;
@@ -59,12 +64,14 @@ class cuda {
     return launch_transform_reduce(n, f, device_partials_.data(), host_partials_.data(), stream_);
   }
 
-  // Multi-tensor passes (exec/chunks.hpp): one launch over every tensor of
-  // a chunk table in device memory (tensor/tensor_list.hpp).
+  /// Multi-tensor passes (exec/chunks.hpp): one launch over every tensor of
+  /// a chunk table in device memory (tensor/tensor_list.hpp).
   template <class M>
   void for_each_chunked(const chunk_view& t, const M& m) const {
     launch_for_each_chunked(t, m, stream_);
   }
+  /// The sum over every element of every tensor of t, in exec/chunks.hpp's order; waits for the
+  /// stream.
   template <class M>
   chunk_sum_t<M> transform_reduce_chunked(const chunk_view& t, const M& m) {
     using R = chunk_sum_t<M>;
@@ -78,24 +85,27 @@ class cuda {
                                            reinterpret_cast<R*>(chunk_partials_host_.data()), stream_);
   }
 
-  // The compression passes (compress/compressed_mean_device.hpp): a team
-  // program over n codec blocks, and the checksum sums of `count` payloads.
-  // Both are queued and return at once.
+  /// The compression passes (compress/compressed_mean_device.hpp): a team
+  /// program over n codec blocks, and the checksum sums of `count` payloads.
+  /// Both are queued and return at once.
   template <class P>
   void run_teams(std::size_t n, const P& p) const {
     launch_teams(n, p, stream_);
   }
+  /// Queues the checksum sums of `count` payloads (kernels::segment_ref) into sums[0, count).
   void checksum_segments(const kernels::segment_ref* segments, std::size_t count, std::size_t max_payload_bytes,
                          std::uint64_t* sums) const {
     launch_checksums(segments, count, max_payload_bytes, sums, stream_);
   }
 
+  /// Copies n elements between device buffers, queued.
   template <class T>
   void copy(T* dst, const T* src, std::size_t n) const {
     if (n == 0) return;
     detail::cuda_check(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToDevice, stream_),
                        "cudaMemcpyAsync", " (device to device, ", n * sizeof(T), " bytes)");
   }
+  /// Copies n elements from device to host memory; returns once they are there.
   template <class T>
   void to_host(T* dst, const T* src, std::size_t n) const {
     if (n == 0) return;
@@ -103,6 +113,8 @@ class cuda {
                        " (device to host, ", n * sizeof(T), " bytes)");
     synchronize();
   }
+  /// Copies n elements from host to device memory; returns once the host source is no longer
+  /// needed.
   template <class T>
   void from_host(T* dst, const T* src, std::size_t n) const {
     if (n == 0) return;
@@ -110,6 +122,7 @@ class cuda {
                        " (host to device, ", n * sizeof(T), " bytes)");
     synchronize();
   }
+  /// Waits for everything queued on the stream; throws cuda_error if any of it failed.
   void synchronize() const { detail::cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
 
  private:

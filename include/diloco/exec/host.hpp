@@ -20,45 +20,46 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::exec {
 
-// Runs DILOCO_HD element functors on the CPU: serially, or with OpenMP when
-// the library is built with it (target diloco::diloco links OpenMP when the
-// DILOCO_ENABLE_OPENMP option finds it).
-//
-// The executor interface the engine relies on (exec::cuda has the same):
-//   for_each(n, f)            f(i) for i in [0, n)
-//   transform_reduce(n, f)    the same, returning the sum of f(i) as double
-//   copy(dst, src, n)         within the executor's memory space
-//   to_host(dst, src, n)      from the executor's space into host memory
-//   from_host(dst, src, n)    from host memory into the executor's space
-//   synchronize()             wait for everything issued so far
-//   for_each_chunked(t, m)    m.bind(k)(i) for every element of every tensor
-//                             of chunk table t (exec/chunks.hpp): one
-//                             parallel region for a whole tensor list
-//   transform_reduce_chunked(t, m)   the same, returning the sum in the
-//                             fixed chunk/lane order exec/chunks.hpp defines
-//
-// Reductions are deterministic: the index range is cut into fixed chunks
-// whose partial sums are combined in chunk order, so the result is the same
-// bits whatever the number of threads.
+/// Runs DILOCO_HD element functors on the CPU: serially, or with OpenMP when
+/// the library is built with it (target diloco::diloco links OpenMP when the
+/// DILOCO_ENABLE_OPENMP option finds it).
+///
+/// The executor interface the engine relies on (exec::cuda has the same):
+///   for_each(n, f)            f(i) for i in [0, n)
+///   transform_reduce(n, f)    the same, returning the sum of f(i) as double
+///   copy(dst, src, n)         within the executor's memory space
+///   to_host(dst, src, n)      from the executor's space into host memory
+///   from_host(dst, src, n)    from host memory into the executor's space
+///   synchronize()             wait for everything issued so far
+///   for_each_chunked(t, m)    m.bind(k)(i) for every element of every tensor
+///                             of chunk table t (exec/chunks.hpp): one
+///                             parallel region for a whole tensor list
+///   transform_reduce_chunked(t, m)   the same, returning the sum in the
+///                             fixed chunk/lane order exec/chunks.hpp defines
+///
+/// Reductions are deterministic: the index range is cut into fixed chunks
+/// whose partial sums are combined in chunk order, so the result is the same
+/// bits whatever the number of threads.
 class host {
  public:
-  // What transform_reduce accumulates for a functor F.
+  /// What transform_reduce accumulates for a functor F.
   template <class F>
   using sum_type = std::conditional_t<std::is_arithmetic_v<std::invoke_result_t<const F&, std::size_t>>, double,
                                       std::invoke_result_t<const F&, std::size_t>>;
 
-  // Below this many elements a pass runs on the calling thread: starting a
-  // parallel region costs more than it saves.
+  /// Below this many elements a pass runs on the calling thread: starting a
+  /// parallel region costs more than it saves.
   static constexpr std::size_t parallel_threshold = std::size_t{1} << 15;
-  // Elements per reduction chunk; part of the reduction's definition.
+  /// Elements per reduction chunk; part of the reduction's definition.
   static constexpr std::size_t reduce_chunk = 8192;
-  // Independent accumulators inside a chunk (lets the compiler vectorize
-  // the sum without reassociating it).
+  /// Independent accumulators inside a chunk (lets the compiler vectorize
+  /// the sum without reassociating it).
   static constexpr std::size_t reduce_lanes = 8;
 
-  // threads == 0: OpenMP's default team size.
+  /// threads == 0: OpenMP's default team size.
   explicit host(int threads = 0) : threads_(threads) {}
 
+  /// The threads a parallel pass uses (1 without OpenMP).
   int threads() const {
 #if defined(_OPENMP)
     return threads_ > 0 ? threads_ : omp_get_max_threads();
@@ -66,9 +67,10 @@ class host {
     return 1;
 #endif
   }
+  /// Sets the team size of later passes (0: OpenMP's default).
   void set_threads(int threads) { threads_ = threads; }
 
-  // f(i) for every i in [0, n).
+  /// f(i) for every i in [0, n).
   template <class F>
   void for_each(std::size_t n, const F& functor) const {
     // A local copy: its fields (flags, scalars, pointers) cannot alias the
@@ -91,10 +93,10 @@ class host {
     for (std::size_t i = 0; i < n; ++i) f(i);
   }
 
-  // Runs f(i) for every i in [0, n) and returns the sum of what it returns:
-  // as double when f returns a number, else as f's own type (a struct of
-  // several sums with += and a zero default). f may also write: this is how
-  // a pass fuses its side effects with its norms.
+  /// Runs f(i) for every i in [0, n) and returns the sum of what it returns:
+  /// as double when f returns a number, else as f's own type (a struct of
+  /// several sums with += and a zero default). f may also write: this is how
+  /// a pass fuses its side effects with its norms.
   template <class F>
   auto transform_reduce(std::size_t n, const F& functor) {
     using R = sum_type<F>;
@@ -132,9 +134,9 @@ class host {
     return total;
   }
 
-  // m.bind(k)(i) for every element i of every piece of t, chunk by chunk:
-  // one parallel region whatever the number of tensors (the chunks are
-  // equal, so a static schedule balances them).
+  /// m.bind(k)(i) for every element i of every piece of t, chunk by chunk:
+  /// one parallel region whatever the number of tensors (the chunks are
+  /// equal, so a static schedule balances them).
   template <class M>
   void for_each_chunked(const chunk_view& t, const M& multi) const {
     const M m = multi;  // see for_each
@@ -150,9 +152,9 @@ class host {
     for (std::size_t c = 0; c < t.chunks; ++c) run_chunk(m, t, c);
   }
 
-  // The sum of m.bind(k)(i) over every element, in exec/chunks.hpp's order
-  // (lanes within a chunk, added pairwise; chunks in order): the same bits
-  // as the GPU's, for any layout of the same elements.
+  /// The sum of m.bind(k)(i) over every element, in exec/chunks.hpp's order
+  /// (lanes within a chunk, added pairwise; chunks in order): the same bits
+  /// as the GPU's, for any layout of the same elements.
   template <class M>
   auto transform_reduce_chunked(const chunk_view& t, const M& multi) {
     using R = chunk_sum_t<M>;
@@ -183,6 +185,9 @@ class host {
     return total;
   }
 
+  ///@{
+  /// Copies n elements (memcpy: host memory is the executor's memory, so every direction is a
+  /// plain copy).
   template <class T>
   static void copy(T* dst, const T* src, std::size_t n) {
     if (n) std::memcpy(dst, src, n * sizeof(T));
@@ -195,15 +200,17 @@ class host {
   static void from_host(T* dst, const T* src, std::size_t n) {
     copy(dst, src, n);
   }
+  ///@}
+  /// Nothing to wait for: every host pass has completed when it returns.
   static void synchronize() {}
 
-  // The fixed-order sum of f over [lo, hi): lane l accumulates the indices
-  // congruent to l modulo reduce_lanes, then the lanes are added pairwise.
-  // A functor returning float is summed in float lanes within the chunk
-  // (each lane adds reduce_chunk / reduce_lanes = 1024 terms, so the
-  // relative error stays near 1e-4 at worst) and chunks in double: the
-  // lanes then vectorize as wide as the data, which a float-to-double
-  // conversion per element would halve. Other types sum as they are.
+  /// The fixed-order sum of f over [lo, hi): lane l accumulates the indices
+  /// congruent to l modulo reduce_lanes, then the lanes are added pairwise.
+  /// A functor returning float is summed in float lanes within the chunk
+  /// (each lane adds reduce_chunk / reduce_lanes = 1024 terms, so the
+  /// relative error stays near 1e-4 at worst) and chunks in double: the
+  /// lanes then vectorize as wide as the data, which a float-to-double
+  /// conversion per element would halve. Other types sum as they are.
   template <class F>
   static sum_type<F> chunk_sum(std::size_t lo, std::size_t hi, const F& functor) {
     const F f = functor;  // a local copy, as in for_each: its pointers cannot alias the stores
@@ -229,8 +236,8 @@ class host {
     }
   }
 
-  // Chunk c's sum: lane l adds the elements at positions congruent to l in
-  // position order, then the lanes are added pairwise (exec/chunks.hpp).
+  /// Chunk c's sum: lane l adds the elements at positions congruent to l in
+  /// position order, then the lanes are added pairwise (exec/chunks.hpp).
   template <class M>
   static chunk_sum_t<M> sum_chunk(const M& m, const chunk_view& t, std::size_t c) {
     using R = chunk_sum_t<M>;

@@ -70,7 +70,7 @@ inline std::string bytes_text(std::uint64_t b) {
 
 }  // namespace detail
 
-// A fixed-width table: one line per row, tags last.
+/// Writes a fixed-width table for people: one line per row, tags last.
 inline void write_table(std::FILE* out, const std::vector<row>& rows) {
   std::size_t width = 7;
   for (const auto& r : rows) width = std::max(width, r.variant.size());
@@ -90,7 +90,7 @@ inline void write_table(std::FILE* out, const std::vector<row>& rows) {
   }
 }
 
-// One line per row: the summary columns (no curve).
+/// Writes CSV, one line per row: the summary columns (no curve).
 inline void write_csv(std::ostream& out, const std::vector<row>& rows) {
   const auto tags = detail::tag_names(rows);
   out << "variant,kind,inner,outer,compressor,sync,workers,inner_steps,steps";
@@ -107,8 +107,8 @@ inline void write_csv(std::ostream& out, const std::vector<row>& rows) {
   }
 }
 
-// One line per curve point: the row's identity (variant, workers, H, tags)
-// and the point.
+/// Writes CSV, one line per curve point: the row's identity (variant, workers, H, tags)
+/// and the point.
 inline void write_curves_csv(std::ostream& out, const std::vector<row>& rows) {
   const auto tags = detail::tag_names(rows);
   out << "variant,workers,inner_steps";
@@ -122,7 +122,8 @@ inline void write_curves_csv(std::ostream& out, const std::vector<row>& rows) {
     }
 }
 
-// nlohmann-json's ADL customisation points: json j = rows; rows = j.get<std::vector<row>>().
+///@{
+/// nlohmann-json's ADL customisation points: json j = rows; rows = j.get<std::vector<row>>().
 inline void to_json(nlohmann::json& j, const curve_point& p) {
   j = {{"step", p.step}, {"train_loss", json_number(p.train_loss)}, {"held_out_loss", json_number(p.held_out_loss)}};
 }
@@ -173,14 +174,15 @@ inline void from_json(const nlohmann::json& j, row& r) {
   r.hidden_seconds = number_from_json(j.at("hidden_seconds"));
   j.at("curve").get_to(r.curve);
 }
+///@}
 
-// {"rows": [...]}, indented.
+/// Writes the rows as JSON, `{"rows": [...]}`, indented.
 inline void write_json(std::ostream& out, const std::vector<row>& rows) {
   out << nlohmann::json{{"rows", rows}}.dump(2) << '\n';
 }
 
-// DIR/STEM.csv, DIR/STEM_curves.csv and DIR/STEM.json (DIR created if
-// missing); throws diloco::error if a file cannot be written.
+/// Writes DIR/STEM.csv, DIR/STEM_curves.csv and DIR/STEM.json (DIR created if
+/// missing); throws diloco::error if a file cannot be written.
 inline void write_files(const std::filesystem::path& dir, const std::string& stem, const std::vector<row>& rows) {
   std::filesystem::create_directories(dir);
   auto open = [&](const std::string& name) {

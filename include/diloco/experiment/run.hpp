@@ -46,14 +46,21 @@
 
 namespace diloco::experiment {
 
-// Who a model is built for: worker `rank` of `size` (a single_worker
-// baseline is worker 0 of the size it mirrors).
+/// Who a model is built for: worker `rank` of `size` (a single_worker
+/// baseline is worker 0 of the size it mirrors).
 struct worker {
+  ///@{
+  /// The worker's rank, the group's size and the run's seed.
   int rank = 0;
   int size = 1;
   std::uint64_t seed = 1;
+  ///@}
 };
 
+/// What a problem builds for a worker: parameters() (the replica, a range of
+/// writable fp32 host tensors), gradients() (fp32 tensors that train() fills),
+/// train(step) (returns the training loss of this worker's data of global
+/// step `step`) and evaluate() (the held-out loss of the parameters now).
 template <class M>
 concept trainable_model = requires(M& m, std::uint64_t step) {
   requires tensor_range<decltype(m.parameters())>;
@@ -63,46 +70,52 @@ concept trainable_model = requires(M& m, std::uint64_t step) {
   { m.evaluate() } -> std::convertible_to<double>;
 };
 
-// A name=value label copied into every row (the problem's settings: shards,
-// batch, context, ...), written as a column of the CSV.
+/// A name=value label copied into every row (the problem's settings: shards,
+/// batch, context, ...), written as a column of the CSV.
 using tag = std::pair<std::string, std::string>;
 
+/// How long and how each variant trains, the same for every variant.
 struct settings {
-  std::uint64_t steps = 1000;      // global steps; every worker takes one inner step per global step
-  std::size_t inner_steps = 100;   // DiLoCo's H (the variant's options.inner_steps before configure)
-  std::uint64_t eval_every = 0;    // a curve point (held-out loss) every N steps; 0: only at the end
-  std::uint64_t seed = 1;          // passed to the problem
-  std::function<float(std::uint64_t step)> lr{};  // the inner lr of each step; empty: the options' lr
-  std::FILE* log = nullptr;        // a progress line per curve point (worker 0), or quiet
-  std::vector<tag> tags{};
+  std::uint64_t steps = 1000;      ///< global steps; every worker takes one inner step per global step
+  std::size_t inner_steps = 100;   ///< DiLoCo's H (the variant's options.inner_steps before configure)
+  std::uint64_t eval_every = 0;    ///< a curve point (held-out loss) every N steps; 0: only at the end
+  std::uint64_t seed = 1;          ///< passed to the problem
+  std::function<float(std::uint64_t step)> lr{};  ///< the inner lr of each step; empty: the options' lr
+  std::FILE* log = nullptr;        ///< a progress line per curve point (worker 0), or quiet
+  std::vector<tag> tags{};  ///< name=value labels copied into every row
 };
 
+/// One point of a row's learning curve.
 struct curve_point {
-  std::uint64_t step = 0;       // steps done
-  double train_loss = 0.0;      // worker 0's mean training loss since the previous point
-  double held_out_loss = 0.0;   // of theta_global (DiLoCo) or the replica (baselines)
+  std::uint64_t step = 0;       ///< steps done
+  double train_loss = 0.0;      ///< worker 0's mean training loss since the previous point
+  double held_out_loss = 0.0;   ///< of theta_global (DiLoCo) or the replica (baselines)
 };
 
+/// One variant's results: what it was, how it trained, what it cost (worker 0's view).
 struct row {
-  std::string variant;      // the variant's label
-  std::string kind;         // diloco, data_parallel, single_worker
-  std::string inner, outer, compressor, sync;  // the policies ("-" where none)
-  int workers = 0;          // the group the data is split over (single_worker: the one it mirrors)
-  std::size_t inner_steps = 0;  // H (DiLoCo); 0 for the baselines
-  std::uint64_t steps = 0;
-  std::vector<tag> tags;
-  double final_loss = 0.0;        // held-out, after the last step (and the last round)
-  double final_train_loss = 0.0;  // the last curve point's
-  std::uint64_t bytes_sent = 0;   // by worker 0 over the run
-  std::uint64_t rounds = 0;       // outer rounds (DiLoCo), all-reduces (data parallel)
-  double seconds = 0.0;           // worker 0's training wall time, evaluations excluded
-  double blocked_seconds = 0.0;   // of which blocked in communication (stats().blocked_seconds, or the all-reduces)
-  double hidden_seconds = 0.0;    // exchange time hidden behind inner steps (overlapping schedules)
-  std::vector<curve_point> curve;
+  std::string variant;      ///< the variant's label
+  std::string kind;         ///< diloco, data_parallel, single_worker
+  ///@{
+  /// The policies ("-" where none).
+  std::string inner, outer, compressor, sync;
+  ///@}
+  int workers = 0;          ///< the group the data is split over (single_worker: the one it mirrors)
+  std::size_t inner_steps = 0;  ///< H (DiLoCo); 0 for the baselines
+  std::uint64_t steps = 0;  ///< global steps taken
+  std::vector<tag> tags;  ///< the settings' tags
+  double final_loss = 0.0;        ///< held-out, after the last step (and the last round)
+  double final_train_loss = 0.0;  ///< the last curve point's
+  std::uint64_t bytes_sent = 0;   ///< by worker 0 over the run
+  std::uint64_t rounds = 0;       ///< outer rounds (DiLoCo), all-reduces (data parallel)
+  double seconds = 0.0;           ///< worker 0's training wall time, evaluations excluded
+  double blocked_seconds = 0.0;   ///< of which blocked in communication (stats().blocked_seconds, or the all-reduces)
+  double hidden_seconds = 0.0;    ///< exchange time hidden behind inner steps (overlapping schedules)
+  std::vector<curve_point> curve;  ///< the learning curve, one point per evaluation
 };
 
-// Every variant's rows are equal in these, whatever the timing: what two
-// runs that must be bitwise equal agree on.
+/// Every variant's rows are equal in these, whatever the timing: what two
+/// runs that must be bitwise equal agree on.
 inline bool same_results(const row& a, const row& b) {
   if (a.curve.size() != b.curve.size()) return false;
   for (std::size_t i = 0; i < a.curve.size(); ++i)
@@ -115,11 +128,13 @@ inline bool same_results(const row& a, const row& b) {
 
 // ------------------------------------------------------------ launchers
 
-// M workers as threads of this process (comm::threads), a new world per variant.
+/// M workers as threads of this process (comm::threads), a new world per variant.
 struct on_threads {
-  int workers = 1;
-  std::chrono::milliseconds timeout = std::chrono::minutes(10);
+  int workers = 1;  ///< M, the group's size
+  std::chrono::milliseconds timeout = std::chrono::minutes(10);  ///< bounds every wait for another worker
+  /// The group's size.
   int size() const { return workers; }
+  /// Runs per_worker(comm) on every worker of a new world, one thread each, and waits for all.
   template <class F>
   void operator()(F&& per_worker) const {
     comm::threads::world world(workers, timeout);
@@ -127,20 +142,24 @@ struct on_threads {
   }
 };
 
-// This process is one worker of `comm` (comm::mpi, comm::gloo, ...).
+/// This process is one worker of `comm` (comm::mpi, comm::gloo, ...).
 template <class Comm>
 struct on_communicator {
-  Comm* comm = nullptr;
+  Comm* comm = nullptr;  ///< the communicator this process is a worker of
+  /// Over `c`, which must outlive the launcher.
   explicit on_communicator(Comm& c) : comm(&c) {}
+  /// The group's size.
   int size() const { return comm->size(); }
+  /// Runs per_worker(comm) for this process's worker.
   template <class F>
   void operator()(F&& per_worker) const {
     per_worker(*comm);
   }
 };
 
-// The configure callable that changes nothing.
+/// The configure callable that changes nothing.
 struct keep_options {
+  /// Changes nothing.
   template <class Options>
   void operator()(Options&, std::string_view) const {}
 };
@@ -366,10 +385,10 @@ row run_variant(Problem& problem, Launch& launch, const settings& s, Configure& 
 
 }  // namespace detail
 
-// Runs every variant of `Variants` (a variants<...> list) in order and
-// returns their rows. `configure(options, label)` may change each
-// variant's options after the defaults (options.inner_steps =
-// s.inner_steps for DiLoCo variants) are set.
+/// Runs every variant of `Variants` (a variants<...> list) in order and
+/// returns their rows. `configure(options, label)` may change each
+/// variant's options after the defaults (options.inner_steps =
+/// s.inner_steps for DiLoCo variants) are set.
 template <class Variants, class Problem, class Launch, class Configure = keep_options>
 std::vector<row> run(Problem&& problem, Launch&& launch, const settings& s, Configure&& configure = {}) {
   if (s.steps == 0) diloco::detail::raise<config_error>("diloco::experiment::run: settings.steps must be >= 1");

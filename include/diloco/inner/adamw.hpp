@@ -14,20 +14,21 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::inner {
 
-// AdamW with PyTorch's semantics (torch.optim.AdamW, amsgrad=False). The
-// defaults are DiLoCo's inner optimizer: lr 4e-4, betas (0.9, 0.95),
-// weight decay 0.1, eps 1e-8.
+/// AdamW with PyTorch's semantics (torch.optim.AdamW, amsgrad=False). The
+/// defaults are DiLoCo's inner optimizer: lr 4e-4, betas (0.9, 0.95),
+/// weight decay 0.1, eps 1e-8.
 struct adamw {
+  /// The hyper-parameters, set with designated initializers ({.lr = 1e-3f}).
   struct options {
-    float lr = 4e-4f;
-    float beta1 = 0.9f;
-    float beta2 = 0.95f;
-    float eps = 1e-8f;
-    float weight_decay = 0.1f;
-    // Global-norm gradient clipping as torch.nn.utils.clip_grad_norm_ does
-    // it, over all parameters of the worker; 0 disables it.
+    float lr = 4e-4f;           ///< learning rate
+    float beta1 = 0.9f;         ///< decay rate of the first-moment (mean) estimate
+    float beta2 = 0.95f;        ///< decay rate of the second-moment (uncentered variance) estimate
+    float eps = 1e-8f;          ///< added to the second moment's square root in the denominator
+    float weight_decay = 0.1f;  ///< decoupled weight decay: p <- p - lr * weight_decay * p before the Adam step
+    /// Global-norm gradient clipping as torch.nn.utils.clip_grad_norm_ does
+    /// it, over all parameters of the worker; 0 disables it.
     float max_grad_norm = 0.0f;
-    // Every field by name (core/options.hpp's visit_options customisation point).
+    /// Every field by name (core/options.hpp's visit_options customisation point).
     template <class F>
     friend void visit_options(const options& o, F&& f) {
       f("lr", o.lr);
@@ -39,10 +40,12 @@ struct adamw {
     }
   };
 
-  static constexpr const char* name = "adamw";
+  static constexpr const char* name = "adamw";  ///< the policy's name in checkpoint headers and reports
+  /// The slot it is written for (inner; diloco::as_outer moves it).
   static constexpr optimizer_role role = optimizer_role::inner;
-  using update = kernels::adamw_update;
+  using update = kernels::adamw_update;  ///< the per-element step the executor runs
 
+  /// Throws config_error naming the first option out of range.
   static void validate(const options& o) {
     detail::require_non_negative(o.lr, "adamw: lr");
     detail::require_unit_interval(o.beta1, "adamw: beta1");
@@ -52,9 +55,10 @@ struct adamw {
     detail::require_non_negative(o.max_grad_norm, "adamw: max_grad_norm");
   }
 
+  /// Two state slots per parameter: the first and second moment estimates.
   static std::size_t state_slots(const options&) { return 2; }
 
-  // `step` counts this optimizer's steps from 1.
+  /// `step` counts this optimizer's steps from 1.
   static update make_update(const options& o, std::uint64_t step) {
     const double t = static_cast<double>(step);
     const double lr = o.lr;

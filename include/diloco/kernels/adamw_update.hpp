@@ -10,27 +10,28 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::kernels {
 
-// One element of torch.optim.AdamW's step (decoupled weight decay), written
-// as PyTorch's single-tensor implementation computes it:
-//   p <- p * (1 - lr*wd)
-//   m <- m + (1-beta1) * (g - m)                   (lerp)
-//   v <- beta2*v + (1-beta2) * g*g
-//   p <- p - (lr / (1-beta1^t)) * m / (sqrt(v) / sqrt(1-beta2^t) + eps)
-// The step-dependent scalars are computed once per step on the host in
-// double precision. State: slot 0 = m (exp_avg), slot 1 = v (exp_avg_sq).
+/// One element of torch.optim.AdamW's step (decoupled weight decay), written
+/// as PyTorch's single-tensor implementation computes it:
+///   p <- p * (1 - lr*wd)
+///   m <- m + (1-beta1) * (g - m)                   (lerp)
+///   v <- beta2*v + (1-beta2) * g*g
+///   p <- p - (lr / (1-beta1^t)) * m / (sqrt(v) / sqrt(1-beta2^t) + eps)
+/// The step-dependent scalars are computed once per step on the host in
+/// double precision. State: slot 0 = m (exp_avg), slot 1 = v (exp_avg_sq).
 struct adamw_update {
-  // Both slots are read and written on every call (the 4-wide path moves
-  // them with 16-byte accesses; see vec4.hpp).
+  /// Both slots are read and written on every call (the 4-wide path moves
+  /// them with 16-byte accesses; see vec4.hpp).
   static constexpr std::size_t vector_state_slots = 2;
 
-  float decay = 1.0f;           // 1 - lr * weight_decay
-  float one_minus_beta1 = 0.1f;
-  float beta2 = 0.95f;
-  float one_minus_beta2 = 0.05f;
-  float step_size = 0.0f;       // lr / (1 - beta1^t)
-  float bias_correction2_sqrt = 1.0f;
-  float eps = 1e-8f;
+  float decay = 1.0f;           ///< 1 - lr * weight_decay
+  float one_minus_beta1 = 0.1f;  ///< 1 - beta1
+  float beta2 = 0.95f;          ///< decay rate of the second moment
+  float one_minus_beta2 = 0.05f;  ///< 1 - beta2
+  float step_size = 0.0f;       ///< lr / (1 - beta1^t)
+  float bias_correction2_sqrt = 1.0f;  ///< sqrt(1 - beta2^t)
+  float eps = 1e-8f;            ///< added to the denominator
 
+  /// One element: p and its gradient g; the first moment at s[0], the second at s[stride].
   DILOCO_HD DILOCO_FORCEINLINE void operator()(float& p, float g, float* s, std::size_t stride) const {
     // Each operation rounded on its own (kernels/exact_float.hpp), so the
     // GPU gives the host's bits.

@@ -51,8 +51,8 @@ struct word_of<8> {
 
 }  // namespace detail
 
-// N bytes (N = 1, 2, 4, 8) as one access on the device, where `p` must be
-// N-byte aligned; byte copies on the host (same bytes, no alignment rules).
+/// N bytes (N = 1, 2, 4, 8) as one access on the device, where `p` must be
+/// N-byte aligned; byte copies on the host (same bytes, no alignment rules).
 template <std::size_t N>
 DILOCO_HD DILOCO_FORCEINLINE void store_bytes(std::byte* p, const unsigned char (&bytes)[N]) {
 #if defined(__CUDA_ARCH__)
@@ -64,6 +64,7 @@ DILOCO_HD DILOCO_FORCEINLINE void store_bytes(std::byte* p, const unsigned char 
 #endif
 }
 
+/// The load of store_bytes: N bytes as one access on the device (p N-byte aligned there).
 template <std::size_t N>
 DILOCO_HD DILOCO_FORCEINLINE void load_bytes(const std::byte* p, unsigned char (&bytes)[N]) {
 #if defined(__CUDA_ARCH__)
@@ -74,7 +75,7 @@ DILOCO_HD DILOCO_FORCEINLINE void load_bytes(const std::byte* p, unsigned char (
 #endif
 }
 
-// An fp32 at `p`, which is 4-byte aligned when Aligned (else read bytewise).
+/// An fp32 at `p`, which is 4-byte aligned when Aligned (else read bytewise).
 template <bool Aligned>
 DILOCO_HD DILOCO_FORCEINLINE float load_float(const std::byte* p) {
   float x;
@@ -87,6 +88,7 @@ DILOCO_HD DILOCO_FORCEINLINE float load_float(const std::byte* p) {
   }
   return x;
 }
+/// The store of load_float: an fp32 to `p`, 4-byte aligned when Aligned.
 template <bool Aligned>
 DILOCO_HD DILOCO_FORCEINLINE void store_float(std::byte* p, float x) {
   if constexpr (Aligned) {
@@ -98,22 +100,28 @@ DILOCO_HD DILOCO_FORCEINLINE void store_float(std::byte* p, float x) {
   }
 }
 
-// Codecs without an element-level form (top-k selects per block) have
-// supported == false; the device compressed mean refuses them.
+/// Codecs without an element-level form (top-k selects per block) have
+/// supported == false; the device compressed mean refuses them.
 template <class Codec>
 struct codec_elements {
+  /// No element-level form.
   static constexpr bool supported = false;
 };
 
-// blockwise<Format, B>: a 4-byte factor (the block's amax), then the codes
-// (Format::bits each, packed from the low bits of each byte).
+/// blockwise<Format, B>: a 4-byte factor (the block's amax), then the codes
+/// (Format::bits each, packed from the low bits of each byte).
 template <class Format, std::size_t B, class Rounding>
 struct codec_elements<compress::blockwise_codec<Format, B, Rounding>> {
+  ///@{
+  /// The codec, and its element-level layout: that it has one, the block size, elements per
+  /// group, whether codes need the block's amax, whether rounding is stochastic, the block's
+  /// bytes, where the codes start, a group's bytes, the format's levels and bits, and a code's
+  /// type.
   using codec = compress::blockwise_codec<Format, B, Rounding>;
   static constexpr bool supported = true;
   static constexpr std::size_t block = B;
   static constexpr std::size_t group = B % 4 == 0 ? 4 : 2;
-  static constexpr bool scaled = true;  // codes depend on the block's amax (a team max)
+  static constexpr bool scaled = true;  ///< codes depend on the block's amax (a team max)
   static constexpr bool stochastic = Rounding::stochastic;
   static constexpr std::size_t stride = codec::stride();
   static constexpr std::size_t values_offset = 4;
@@ -121,15 +129,19 @@ struct codec_elements<compress::blockwise_codec<Format, B, Rounding>> {
   static constexpr float levels = Format::levels;
   static constexpr int bits = Format::bits;
   using code = unsigned;
+  ///@}
   static_assert(group * Format::bits % 8 == 0, "a group's codes must fill whole bytes");
   static_assert(stride % group_bytes == 0 && values_offset % group_bytes == 0,
                 "every group's codes must be aligned to their size");
 
+  ///@{
+  /// The block's factor (its amax), read and written.
   DILOCO_HD static float factor(const std::byte* blk) { return load_float<stride % 4 == 0>(blk); }
   DILOCO_HD static void put_factor(std::byte* blk, float amax) { store_float<stride % 4 == 0>(blk, amax); }
+  ///@}
 
-  // q and dq of one element against the block's amax, as quantize_block
-  // computes them for it; u is the element's draw (stochastic rounding).
+  /// q and dq of one element against the block's amax, as quantize_block
+  /// computes them for it; u is the element's draw (stochastic rounding).
   DILOCO_HD static void encode(float v, float amax, float u, code& q, float& dq) {
     constexpr auto g = grid<Format>();
     float qf;
@@ -140,14 +152,14 @@ struct codec_elements<compress::blockwise_codec<Format, B, Rounding>> {
     q = g.code(qf);
   }
 
-  // blockwise_codec::decode for one element.
+  /// blockwise_codec::decode for one element.
   DILOCO_HD static float decode(code q, float amax) {
     constexpr auto g = grid<Format>();
     if (scale_is_normal(amax, levels) || !(amax - amax == 0.0f)) return g.value(q) * (amax / levels);
     return dequantize(g.value(q), amax, levels);
   }
 
-  // The codes of elements [j0, j0 + group), j0 a multiple of group.
+  /// The codes of elements [j0, j0 + group), j0 a multiple of group.
   DILOCO_HD static void put_codes(std::byte* blk, std::size_t j0, const code (&q)[group]) {
     constexpr std::size_t per_byte = 8 / bits;
     unsigned char bytes[group_bytes];
@@ -158,6 +170,7 @@ struct codec_elements<compress::blockwise_codec<Format, B, Rounding>> {
     }
     store_bytes<group_bytes>(blk + values_offset + j0 * bits / 8, bytes);
   }
+  /// Reads the codes of elements [j0, j0 + group) (put_codes' inverse).
   DILOCO_HD static void codes(const std::byte* blk, std::size_t j0, code (&q)[group]) {
     constexpr std::size_t per_byte = 8 / bits;
     unsigned char bytes[group_bytes];
@@ -167,9 +180,13 @@ struct codec_elements<compress::blockwise_codec<Format, B, Rounding>> {
   }
 };
 
-// cast<bf16|fp16>: 2 bytes per element, no factor.
+/// cast<bf16|fp16>: 2 bytes per element, no factor.
 template <class Format, class Rounding, std::size_t B>
 struct codec_elements<compress::cast_codec<Format, Rounding, B>> {
+  ///@{
+  /// The codec, and its element-level layout: the 16-bit format's bit conversions, that it has
+  /// one, the block size, elements per group, no amax, whether rounding is stochastic, the
+  /// block's bytes, where the codes start, a group's bytes, and a code's type.
   using codec = compress::cast_codec<Format, Rounding, B>;
   using bits_format = typename codec::bits_format;
   static constexpr bool supported = true;
@@ -181,17 +198,26 @@ struct codec_elements<compress::cast_codec<Format, Rounding, B>> {
   static constexpr std::size_t values_offset = 0;
   static constexpr std::size_t group_bytes = 2 * group;
   using code = std::uint16_t;
+  ///@}
   static_assert(B % 2 == 0, "device casts need an even block size");
 
+  ///@{
+  /// No factor: reads 0, writes nothing.
   DILOCO_HD static float factor(const std::byte*) { return 0.0f; }
   DILOCO_HD static void put_factor(std::byte*, float) {}
+  ///@}
 
+  /// h and dq of one element, as cast_codec::encode rounds it; u is the element's draw
+  /// (stochastic rounding).
   DILOCO_HD static void encode(float v, float /*amax*/, float u, code& h, float& dq) {
     h = encode_float16<bits_format>(v, stochastic ? u : -1.0f);
     dq = bits_format::decode(h);
   }
+  /// cast_codec::decode for one element.
   DILOCO_HD static float decode(code h, float /*amax*/) { return bits_format::decode(h); }
 
+  ///@{
+  /// The codes of elements [j0, j0 + group), j0 a multiple of group, written and read.
   DILOCO_HD static void put_codes(std::byte* blk, std::size_t j0, const code (&h)[group]) {
     unsigned char bytes[group_bytes];
     for (std::size_t i = 0; i < group; ++i) std::memcpy(bytes + 2 * i, &h[i], 2);
@@ -202,6 +228,7 @@ struct codec_elements<compress::cast_codec<Format, Rounding, B>> {
     load_bytes<group_bytes>(blk + 2 * j0, bytes);
     for (std::size_t i = 0; i < group; ++i) std::memcpy(&h[i], bytes + 2 * i, 2);
   }
+  ///@}
 };
 
 }  // namespace diloco::kernels

@@ -43,44 +43,47 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::kernels {
 
-// Tensor t as the device passes see it.
+/// Tensor t as the device passes see it.
 struct device_tensor {
-  float* local;          // the user's replica
-  std::uint64_t offset;  // in the library's flat buffers (padded on the device)
-  std::uint64_t index0;  // in the packed order of the host engine: seeds
-                         // stochastic rounding, so both draw the same numbers
+  float* local;          ///< the user's replica
+  std::uint64_t offset;  ///< in the library's flat buffers (padded on the device)
+  std::uint64_t index0;  ///< in the packed order of the host engine: seeds
+                         ///< stochastic rounding, so both draw the same numbers
 };
 
-// Threads per team: the block's groups rounded up to a power of two, at
-// least 8 (the norms' lanes) and at most 256 (larger blocks loop).
+/// Threads per team: the block's groups rounded up to a power of two, at
+/// least 8 (the norms' lanes) and at most 256 (larger blocks loop).
 constexpr unsigned team_threads(std::size_t groups) {
   unsigned t = 8;
   while (t < groups && t < 256) t *= 2;
   return t;
 }
 
+/// How a team covers a block of E::block elements in groups of E::group.
 template <class E>
 struct team_shape {
-  static constexpr std::size_t groups = E::block / E::group;
-  static constexpr unsigned threads = team_threads(groups);
-  static constexpr std::size_t groups_per_thread = (groups + threads - 1) / threads;
-  // First element of a thread's k-th group: consecutive threads take
-  // consecutive groups, so a warp's accesses are contiguous.
+  static constexpr std::size_t groups = E::block / E::group;  ///< groups per block
+  static constexpr unsigned threads = team_threads(groups);  ///< threads per team (team_threads)
+  static constexpr std::size_t groups_per_thread = (groups + threads - 1) / threads;  ///< groups each thread owns
+  /// First element of a thread's k-th group: consecutive threads take
+  /// consecutive groups, so a warp's accesses are contiguous.
   DILOCO_HD static constexpr std::size_t first(unsigned t, std::size_t k) { return (t + k * threads) * E::group; }
 };
 
-// What a team shares: the squares of its block's elements for N norms, and
-// their lanes, summed as lane_squares<norm_lanes(B)> sums them: thread
-// t < lanes adds elements t, t + lanes, ... in order (consecutive threads
-// read consecutive words: no bank conflicts), then the team runs
-// lane_tree's levels, one per barrier (tree_step(t, w) for w = lanes / 2,
-// ..., 1).
+/// What a team shares: the squares of its block's elements for N norms, and
+/// their lanes, summed as lane_squares<norm_lanes(B)> sums them: thread
+/// t < lanes adds elements t, t + lanes, ... in order (consecutive threads
+/// read consecutive words: no bank conflicts), then the team runs
+/// lane_tree's levels, one per barrier (tree_step(t, w) for w = lanes / 2,
+/// ..., 1).
 template <std::size_t B, std::size_t N>
 struct norm_scratch {
+  /// Threads that sum the lanes: norm_lanes(B).
   static constexpr unsigned lanes = static_cast<unsigned>(norm_lanes(B));
-  float sq[N][B];
-  float lane[N][lanes];
+  float sq[N][B];        ///< sq[n][j]: norm n's square of element j
+  float lane[N][lanes];  ///< lane[n][l]: norm n's lane l
 
+  /// Thread t's lane of every norm (t < lanes): elements t, t + lanes, ... below len, in order.
   DILOCO_HD void sum_lanes(unsigned t, std::size_t len) {
     for (std::size_t n = 0; n < N; ++n) {
       float acc = 0.0f;
@@ -88,18 +91,20 @@ struct norm_scratch {
       lane[n][t] = acc;
     }
   }
+  /// One level of the lanes' tree: lane t (t < w) adds lane t + w.
   DILOCO_HD void tree_step(unsigned t, unsigned w) {
     if (t < w)
       for (std::size_t n = 0; n < N; ++n) lane[n][t] = add_rn(lane[n][t], lane[n][t + w]);
   }
+  /// Norm n's block sum, once the tree is done.
   DILOCO_HD double total(std::size_t n) const { return static_cast<double>(lane[n][0]); }
 };
 template <std::size_t B>
 struct norm_scratch<B, 0> {};
 
-// Four floats written once and read back only in a later pass (the next
-// round's residual): a streaming 16-byte store (st.global.cs.v4, through an
-// intrinsic the compiler keeps whole) on the device.
+/// Four floats written once and read back only in a later pass (the next
+/// round's residual): a streaming 16-byte store (st.global.cs.v4, through an
+/// intrinsic the compiler keeps whole) on the device.
 DILOCO_HD DILOCO_FORCEINLINE void store4_streaming(float* p, const vec4f& v) {
 #if defined(__CUDA_ARCH__)
   __stcs(reinterpret_cast<float4*>(p), make_float4(v[0], v[1], v[2], v[3]));
@@ -108,9 +113,9 @@ DILOCO_HD DILOCO_FORCEINLINE void store4_streaming(float* p, const vec4f& v) {
 #endif
 }
 
-// W floats of p[j0, j0 + W), zeros past len; one 16-byte load when W is 4,
-// the group is whole and `vector` says p is 16-byte aligned (and the
-// store's mirror image).
+/// W floats of p[j0, j0 + W), zeros past len; one 16-byte load when W is 4,
+/// the group is whole and `vector` says p is 16-byte aligned (and the
+/// store's mirror image).
 template <std::size_t W>
 DILOCO_HD DILOCO_FORCEINLINE void load_group(const float* p, std::size_t j0, std::size_t len, bool vector,
                                              float (&x)[W]) {
@@ -123,6 +128,8 @@ DILOCO_HD DILOCO_FORCEINLINE void load_group(const float* p, std::size_t j0, std
   }
   for (std::size_t i = 0; i < W; ++i) x[i] = j0 + i < len ? p[j0 + i] : 0.0f;
 }
+/// The store of load_group: p[j0, j0 + W) below len, with one streaming 16-byte store when W
+/// is 4, the group whole and p aligned.
 template <std::size_t W>
 DILOCO_HD DILOCO_FORCEINLINE void store_group_streaming(float* p, std::size_t j0, std::size_t len, bool vector,
                                                         const float (&x)[W]) {
@@ -135,46 +142,51 @@ DILOCO_HD DILOCO_FORCEINLINE void store_group_streaming(float* p, std::size_t j0
   for (std::size_t i = 0; i < W && j0 + i < len; ++i) p[j0 + i] = x[i];
 }
 
+/// |x|'s bits as an int32 (ordered like |x| for non-negative floats: the team max runs on
+/// them).
 DILOCO_HD DILOCO_FORCEINLINE std::int32_t magnitude_bits(float x) {
   return static_cast<std::int32_t>(float_bits(x) & 0x7fffffffu);
 }
 
-// Stage 1, per block of a shard: v = (global - local) + residual, encoded
-// into the shard's segment; the new residual v - decode(encode(v)) with
-// error feedback. Sums: (||delta||^2, ||v - decoded||^2) of the block.
-// Bytes per element, int8 with error feedback: read 12 (global, local,
-// residual: 16-byte loads), write 5 + 4/B (code, new residual: 16-byte
-// streaming stores, the factor); int4: 4.5 + 4/B written; bf16/fp16: 6
-// written. Without error feedback: read 8, write 1 + 4/B (int8).
+/// Stage 1, per block of a shard: v = (global - local) + residual, encoded
+/// into the shard's segment; the new residual v - decode(encode(v)) with
+/// error feedback. Sums: (||delta||^2, ||v - decoded||^2) of the block.
+/// Bytes per element, int8 with error feedback: read 12 (global, local,
+/// residual: 16-byte loads), write 5 + 4/B (code, new residual: 16-byte
+/// streaming stores, the factor); int4: 4.5 + 4/B written; bf16/fp16: 6
+/// written. Without error feedback: read 8, write 1 + 4/B (int8).
 template <class E>
 struct encode_blocks {
-  using shape = team_shape<E>;
-  static constexpr unsigned team = shape::threads;
-  static constexpr bool team_max = E::scaled;
-  static constexpr std::size_t norms = 2;
-  static constexpr std::size_t W = E::group;
+  using shape = team_shape<E>;  ///< how the team covers a block
+  static constexpr unsigned team = shape::threads;  ///< threads per team
+  static constexpr bool team_max = E::scaled;  ///< whether load()'s values meet in a team max (the block's amax)
+  static constexpr std::size_t norms = 2;  ///< norms summed per block: ||delta||^2 and ||v - decoded||^2
+  static constexpr std::size_t W = E::group;  ///< elements per group
   // load_group(global/residual, ..., true): blocks start at multiples of B.
   static_assert(W != vec_width || E::block % vec_width == 0, "16-byte groups need blocks of a multiple of 4");
+  /// What a thread keeps between load() and store().
   struct registers {
-    compress::block_ref blk;
-    std::uint64_t offset;  // of the block in the flat buffers
-    std::uint64_t index;   // of its first element in the packed order
-    float v[shape::groups_per_thread * W];
+    compress::block_ref blk;  ///< the block
+    std::uint64_t offset;  ///< of the block in the flat buffers
+    std::uint64_t index;   ///< of its first element in the packed order
+    float v[shape::groups_per_thread * W];  ///< v of the thread's groups
   };
-  using shared = norm_scratch<E::block, norms>;
-  static constexpr unsigned lane_count = shared::lanes;
+  using shared = norm_scratch<E::block, norms>;          ///< the team's shared memory: the norms' squares and lanes
+  static constexpr unsigned lane_count = shared::lanes;  ///< threads that sum the norms' lanes
   static_assert(lane_count <= team, "every norm lane needs a thread of the team");
 
-  const compress::block_ref* blocks;  // the shard's first block
-  const device_tensor* tensors;
-  const float* global;
-  const float* residual;  // nullptr without error feedback
-  float* new_residual;    // nullptr without error feedback
-  std::byte* payload;     // the shard's payload; block b at b * E::stride
-  std::uint64_t stream;
-  sums2* sums;            // block b's sums at sums[b]
-  bool vector;            // the replica's tensors are 16-byte aligned (and W == 4)
+  const compress::block_ref* blocks;  ///< the shard's first block
+  const device_tensor* tensors;  ///< the replica's tensors
+  const float* global;  ///< theta_global, flat
+  const float* residual;  ///< nullptr without error feedback
+  float* new_residual;    ///< nullptr without error feedback
+  std::byte* payload;     ///< the shard's payload; block b at b * E::stride
+  std::uint64_t stream;  ///< the stochastic rounding stream
+  sums2* sums;            ///< block b's sums at sums[b]
+  bool vector;            ///< the replica's tensors are 16-byte aligned (and W == 4)
 
+  /// Thread t's part of block b: v and its squares; returns its share of the team max (|v|
+  /// bits).
   DILOCO_HD std::int32_t load(std::size_t b, unsigned t, shared& sh, registers& r) const {
     r.blk = blocks[b];
     const device_tensor tt = tensors[r.blk.tensor];
@@ -206,6 +218,8 @@ struct encode_blocks {
     return m;
   }
 
+  /// Thread t's part of block b's output: the codes (and the factor, thread 0) against the
+  /// block's amax, and the new residual.
   DILOCO_HD void store(std::size_t b, unsigned t, shared& sh, registers& r, std::int32_t max_bits) const {
     const std::size_t len = r.blk.len;
     const float amax = bits_float(static_cast<std::uint32_t>(max_bits));
@@ -234,41 +248,47 @@ struct encode_blocks {
     }
   }
 
+  /// Thread t's lane of the norms.
   DILOCO_HD void lanes(unsigned t, shared& sh, const registers& r) const { sh.sum_lanes(t, r.blk.len); }
+  /// One level of the lanes' tree (width w).
   DILOCO_HD void lanes_step(unsigned t, unsigned w, shared& sh) const { sh.tree_step(t, w); }
+  /// Block b's sums (thread 0).
   DILOCO_HD void publish(std::size_t b, const shared& sh) const { sums[b] = {sh.total(0), sh.total(1)}; }
 };
 
-// Stages 3 and 4, per block of this rank's shard: decode the M received
-// encodings, sum them in rank order, divide by M, re-encode into the
-// reduced segment. Sums: (||decoded mean||^2, 0).
-// Bytes per element, int8: read M (codes) + 4M/B (factors), write 1 + 4/B.
+/// Stages 3 and 4, per block of this rank's shard: decode the M received
+/// encodings, sum them in rank order, divide by M, re-encode into the
+/// reduced segment. Sums: (||decoded mean||^2, 0).
+/// Bytes per element, int8: read M (codes) + 4M/B (factors), write 1 + 4/B.
 template <class E>
 struct reduce_blocks {
-  using shape = team_shape<E>;
-  static constexpr unsigned team = shape::threads;
-  static constexpr bool team_max = E::scaled;
-  static constexpr std::size_t norms = 1;
-  static constexpr std::size_t W = E::group;
+  using shape = team_shape<E>;  ///< how the team covers a block
+  static constexpr unsigned team = shape::threads;  ///< threads per team
+  static constexpr bool team_max = E::scaled;  ///< whether load()'s values meet in a team max (the block's amax)
+  static constexpr std::size_t norms = 1;  ///< norms summed per block: ||decoded mean||^2
+  static constexpr std::size_t W = E::group;  ///< elements per group
   // load_group(global/residual, ..., true): blocks start at multiples of B.
   static_assert(W != vec_width || E::block % vec_width == 0, "16-byte groups need blocks of a multiple of 4");
+  /// What a thread keeps between load() and store().
   struct registers {
-    compress::block_ref blk;
-    std::uint64_t index;
-    float v[shape::groups_per_thread * W];
+    compress::block_ref blk;  ///< the block
+    std::uint64_t index;  ///< its first element in the packed order
+    float v[shape::groups_per_thread * W];  ///< the mean of the thread's groups
   };
-  using shared = norm_scratch<E::block, norms>;
-  static constexpr unsigned lane_count = shared::lanes;
+  using shared = norm_scratch<E::block, norms>;          ///< the team's shared memory: the norm's squares and lanes
+  static constexpr unsigned lane_count = shared::lanes;  ///< threads that sum the norm's lanes
   static_assert(lane_count <= team, "every norm lane needs a thread of the team");
 
-  const compress::block_ref* blocks;  // this rank's shard's first block
-  const device_tensor* tensors;
-  const std::byte* const* received;   // the M payloads of this shard, in rank order
-  int world;
-  std::byte* payload;                 // the reduced segment's payload
-  std::uint64_t stream;
-  sums2* sums;
+  const compress::block_ref* blocks;  ///< this rank's shard's first block
+  const device_tensor* tensors;       ///< the replica's tensors
+  const std::byte* const* received;   ///< the M payloads of this shard, in rank order
+  int world;                          ///< M
+  std::byte* payload;                 ///< the reduced segment's payload
+  std::uint64_t stream;               ///< the stochastic rounding stream
+  sums2* sums;                        ///< block b's sums at sums[b]
 
+  /// Thread t's part of block b: the mean of the M decoded encodings; returns its share of the
+  /// team max (|mean| bits).
   DILOCO_HD std::int32_t load(std::size_t b, unsigned t, shared&, registers& r) const {
     r.blk = blocks[b];
     r.index = tensors[r.blk.tensor].index0 + r.blk.start;
@@ -302,6 +322,7 @@ struct reduce_blocks {
     return m;
   }
 
+  /// Thread t's part of block b's output: the re-encoded mean (and the factor, thread 0).
   DILOCO_HD void store(std::size_t b, unsigned t, shared& sh, registers& r, std::int32_t max_bits) const {
     const std::size_t len = r.blk.len;
     const float amax = bits_float(static_cast<std::uint32_t>(max_bits));
@@ -325,41 +346,46 @@ struct reduce_blocks {
     }
   }
 
+  /// Thread t's lane of the norm.
   DILOCO_HD void lanes(unsigned t, shared& sh, const registers& r) const { sh.sum_lanes(t, r.blk.len); }
+  /// One level of the lanes' tree (width w).
   DILOCO_HD void lanes_step(unsigned t, unsigned w, shared& sh) const { sh.tree_step(t, w); }
+  /// Block b's sums (thread 0).
   DILOCO_HD void publish(std::size_t b, const shared& sh) const { sums[b] = {sh.total(0), 0.0}; }
 };
 
-// Stage 7, per block of one shard's reduced segment: decode the averaged
-// pseudo-gradient, apply the outer optimizer to theta_global, copy it into
-// the replica. No team work: every group is independent.
-// Bytes per element, int8 and Nesterov: read 9 + 4/B (code, global,
-// momentum: 16-byte loads), write 12 (global, momentum, local: 16-byte
-// stores).
+/// Stage 7, per block of one shard's reduced segment: decode the averaged
+/// pseudo-gradient, apply the outer optimizer to theta_global, copy it into
+/// the replica. No team work: every group is independent.
+/// Bytes per element, int8 and Nesterov: read 9 + 4/B (code, global,
+/// momentum: 16-byte loads), write 12 (global, momentum, local: 16-byte
+/// stores).
 template <class E, class Update, class Merge = merge::overwrite>
 struct decode_apply_blocks {
-  using shape = team_shape<E>;
-  static constexpr unsigned team = shape::threads;
-  static constexpr bool team_max = false;
-  static constexpr std::size_t norms = 0;
-  static constexpr std::size_t W = E::group;
+  using shape = team_shape<E>;  ///< how the team covers a block
+  static constexpr unsigned team = shape::threads;  ///< threads per team
+  static constexpr bool team_max = false;  ///< no team max
+  static constexpr std::size_t norms = 0;  ///< no norms
+  static constexpr std::size_t W = E::group;  ///< elements per group
   // load_group(global/residual, ..., true): blocks start at multiples of B.
   static_assert(W != vec_width || E::block % vec_width == 0, "16-byte groups need blocks of a multiple of 4");
   struct registers {};
-  using shared = norm_scratch<E::block, norms>;
+  using shared = norm_scratch<E::block, norms>;  ///< no shared memory
 
-  Update update;
-  const compress::block_ref* blocks;  // the shard's first block
-  const device_tensor* tensors;
-  const std::byte* payload;           // the shard's reduced payload
-  float* global;
-  float* state;                       // nullptr when the outer optimizer keeps none
-  std::size_t state_stride;
-  bool vector;                        // replica, global and state all allow 16-byte accesses (and W == 4)
-  Merge merge{};                      // how theta_global reaches the replica (kernels/merge.hpp)
+  Update update;                      ///< the outer optimizer's element step
+  const compress::block_ref* blocks;  ///< the shard's first block
+  const device_tensor* tensors;       ///< the replica's tensors
+  const std::byte* payload;           ///< the shard's reduced payload
+  float* global;                      ///< theta_global, flat
+  float* state;                       ///< nullptr when the outer optimizer keeps none
+  std::size_t state_stride;           ///< elements between an element's slots
+  bool vector;                        ///< replica, global and state all allow 16-byte accesses (and W == 4)
+  Merge merge{};                      ///< how theta_global reaches the replica (kernels/merge.hpp)
 
+  /// Nothing to load: every group is independent.
   DILOCO_HD std::int32_t load(std::size_t, unsigned, shared&, registers&) const { return 0; }
 
+  /// Thread t's groups of block b: decode, outer step, merge into the replica.
   DILOCO_HD void store(std::size_t b, unsigned t, shared&, registers&, std::int32_t) const {
     const compress::block_ref blk = blocks[b];
     const device_tensor tt = tensors[blk.tensor];
@@ -395,8 +421,11 @@ struct decode_apply_blocks {
     }
   }
 
+  ///@{
+  /// No norms.
   DILOCO_HD void lanes(unsigned, shared&, const registers&) const {}
   DILOCO_HD void publish(std::size_t, const shared&) const {}
+  ///@}
 };
 
 }  // namespace diloco::kernels

@@ -18,19 +18,19 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::kernels {
 
-// Lanes of a codec block's sums of squares: a power of two, about one per
-// 16 elements (8 up to B = 255, 64 at B = 1024, 256 from B = 4096 on), so
-// that on the device a team's threads add ~16 squares each and then meet in
-// a tree of log2(lanes) levels instead of 8 threads adding B / 8 each.
+/// Lanes of a codec block's sums of squares: a power of two, about one per
+/// 16 elements (8 up to B = 255, 64 at B = 1024, 256 from B = 4096 on), so
+/// that on the device a team's threads add ~16 squares each and then meet in
+/// a tree of log2(lanes) levels instead of 8 threads adding B / 8 each.
 DILOCO_HD constexpr std::size_t norm_lanes(std::size_t block) {
   std::size_t lanes = 8;
   while (lanes < 256 && 32 * lanes <= block) lanes *= 2;
   return lanes;
 }
 
-// acc[0] = the sum of acc[0, Lanes), added as a tree: acc[l] += acc[l + w]
-// for w = Lanes / 2, ..., 1 (at 8 lanes ((a0 + a4) + (a2 + a6)) + ((a1 + a5)
-// + (a3 + a7))). The device team runs the same levels, one per barrier.
+/// acc[0] = the sum of acc[0, Lanes), added as a tree: acc[l] += acc[l + w]
+/// for w = Lanes / 2, ..., 1 (at 8 lanes ((a0 + a4) + (a2 + a6)) + ((a1 + a5)
+/// + (a3 + a7))). The device team runs the same levels, one per barrier.
 template <std::size_t Lanes>
 DILOCO_HD DILOCO_FORCEINLINE float lane_tree(float* acc) {
   static_assert(Lanes > 0 && (Lanes & (Lanes - 1)) == 0, "the lane tree halves a power of two");
@@ -39,12 +39,12 @@ DILOCO_HD DILOCO_FORCEINLINE float lane_tree(float* acc) {
   return acc[0];
 }
 
-// The sum of squares of f(j) over j in [0, len), in Lanes fixed fp32 lanes
-// (element j in lane j % Lanes, in order; so the loop vectorizes without
-// reassociating anything: deterministic), the lanes added by lane_tree,
-// returned in double. The codec passes use norm_lanes(B) lanes, as the
-// device's team programs do (kernels/compressed_blocks.hpp). f may write as
-// it goes: this is how a block's pass fuses its stores with its norms.
+/// The sum of squares of f(j) over j in [0, len), in Lanes fixed fp32 lanes
+/// (element j in lane j % Lanes, in order; so the loop vectorizes without
+/// reassociating anything: deterministic), the lanes added by lane_tree,
+/// returned in double. The codec passes use norm_lanes(B) lanes, as the
+/// device's team programs do (kernels/compressed_blocks.hpp). f may write as
+/// it goes: this is how a block's pass fuses its stores with its norms.
 template <std::size_t Lanes, class F>
 DILOCO_HD DILOCO_FORCEINLINE double lane_squares(std::size_t len, F&& f) {
   float acc[Lanes] = {};
@@ -61,10 +61,14 @@ DILOCO_HD DILOCO_FORCEINLINE double lane_squares(std::size_t len, F&& f) {
   return static_cast<double>(lane_tree<Lanes>(acc));
 }
 
-// Two sums from one pass.
+/// Two sums from one pass.
 struct sums2 {
+  ///@{
+  /// The two sums.
   double a = 0.0;
   double b = 0.0;
+  ///@}
+  /// Adds o's sums to these.
   DILOCO_HD sums2& operator+=(const sums2& o) {
     a += o.a;
     b += o.b;
@@ -72,31 +76,41 @@ struct sums2 {
   }
 };
 
-// Where tensor t's elements live: the user's replica, and offset t in the
-// library's flat buffers (global parameters, outer state, residuals).
+/// Where tensor t's elements live: the user's replica, and offset t in the
+/// library's flat buffers (global parameters, outer state, residuals).
 struct tensor_table {
+  ///@{
+  /// local[t]: tensor t's first element in the replica; offset[t]: where it starts in the
+  /// flat buffers.
   float* const* local;
   const std::size_t* offset;
+  ///@}
 };
 
-// Stage 1, per block: v = (global - local) + residual, encoded into the
-// segment; the new residual v - decode(encode(v)) when error feedback is on.
-// Returns (||delta||^2, ||v - decoded||^2) of the block.
-// Bytes per element, int8 with error feedback: read 12 (global, local,
-// residual), write ~5 (1 value + 4 new residual, plus 4/B of block factor).
+/// Stage 1, per block: v = (global - local) + residual, encoded into the
+/// segment; the new residual v - decode(encode(v)) when error feedback is on.
+/// Returns (||delta||^2, ||v - decoded||^2) of the block.
+/// Bytes per element, int8 with error feedback: read 12 (global, local,
+/// residual), write ~5 (1 value + 4 new residual, plus 4/B of block factor).
 template <class Codec>
 struct encode_pseudo_gradient {
+  ///@{
+  /// The pass's inputs and outputs: the codec, the shard's blocks, the replica's tensors,
+  /// theta_global (flat), the residuals, the payload, the bytes between blocks in it (the
+  /// codec's stride), the stochastic rounding stream, the error-feedback decay.
   Codec codec;
-  const compress::block_ref* blocks;  // the shard's first block
+  const compress::block_ref* blocks;  ///< the shard's first block
   tensor_table tensors;
   const float* global;
-  const float* residual;  // nullptr without error feedback
-  float* new_residual;    // nullptr without error feedback
-  std::byte* payload;     // the shard's payload; block b at b * stride
+  const float* residual;  ///< nullptr without error feedback
+  float* new_residual;    ///< nullptr without error feedback
+  std::byte* payload;     ///< the shard's payload; block b at b * stride
   std::size_t stride;
   std::uint64_t stream;
-  float decay = 1.0f;     // error feedback: the new residual is decay * (v - decoded)
+  float decay = 1.0f;     ///< error feedback: the new residual is decay * (v - decoded)
+  ///@}
 
+  /// Block b: encodes it; returns (||delta||^2, ||v - decoded||^2).
   DILOCO_HD sums2 operator()(std::size_t b) const {
     const compress::block_ref blk = blocks[b];
     const std::size_t off = tensors.offset[blk.tensor] + blk.start;
@@ -137,21 +151,27 @@ struct encode_pseudo_gradient {
   }
 };
 
-// Stages 3 and 4 fused, per block of this rank's shard: decode the M
-// received encodings, sum them in rank order (deterministic), divide by M,
-// re-encode the mean into this rank's reduced segment. Returns the squared
-// norm of the decoded reduced block (its finiteness is checked by everyone).
+/// Stages 3 and 4 fused, per block of this rank's shard: decode the M
+/// received encodings, sum them in rank order (deterministic), divide by M,
+/// re-encode the mean into this rank's reduced segment. Returns the squared
+/// norm of the decoded reduced block (its finiteness is checked by everyone).
 template <class Codec>
 struct reduce_shard {
+  ///@{
+  /// The pass's inputs and outputs: the codec, this rank's shard's blocks, the tensors' flat
+  /// offsets, the M received payloads, M, the reduced segment's payload, the bytes between
+  /// blocks (the codec's stride), the stochastic rounding stream.
   Codec codec;
   const compress::block_ref* blocks;
-  const std::size_t* offset;           // flat offset per tensor (stochastic rounding index)
-  const std::byte* const* received;    // M payloads of this shard, in rank order
+  const std::size_t* offset;           ///< flat offset per tensor (stochastic rounding index)
+  const std::byte* const* received;    ///< M payloads of this shard, in rank order
   int world;
   std::byte* payload;
   std::size_t stride;
   std::uint64_t stream;
+  ///@}
 
+  /// Block b: the decoded mean, re-encoded; returns its squared norm.
   DILOCO_HD double operator()(std::size_t b) const {
     const compress::block_ref blk = blocks[b];
     float acc[Codec::block];
@@ -170,26 +190,33 @@ struct reduce_shard {
   }
 };
 
-// The gathered (sparse) aggregation's last pass, per block: decode every
-// rank's encoding of the block, sum in rank order (deterministic), divide
-// by M, apply the outer optimizer and copy into the replica.
-// Bytes per element, chunk_topk 64/4096 int2 and Nesterov: read
-// M * 0.028 (the segments) + 8 (state, global), write 12 (state, global,
-// local). Its encode is encode_pseudo_gradient's: read 12, write 4 + 0.028.
+/// The gathered (sparse) aggregation's last pass, per block: decode every
+/// rank's encoding of the block, sum in rank order (deterministic), divide
+/// by M, apply the outer optimizer and copy into the replica.
+/// Bytes per element, chunk_topk 64/4096 int2 and Nesterov: read
+/// M * 0.028 (the segments) + 8 (state, global), write 12 (state, global,
+/// local). Its encode is encode_pseudo_gradient's: read 12, write 4 + 0.028.
 template <class Codec, class Update, class Merge = merge::overwrite>
 struct gathered_decode_apply {
+  ///@{
+  /// The pass's inputs: the codec, the outer optimizer's element step, the blocks, the replica's
+  /// tensors, the M payloads, M, the bytes between blocks (the codec's stride), theta_global
+  /// (flat), the outer optimizer's slots and their stride, the merge into the replica.
   Codec codec;
   Update update;
   const compress::block_ref* blocks;
   tensor_table tensors;
-  const std::byte* const* payloads;  // M payloads, in rank order; block b at b * stride
+  const std::byte* const* payloads;  ///< M payloads, in rank order; block b at b * stride
   int world;
   std::size_t stride;
   float* global;
   float* state;
   std::size_t state_stride;
   Merge merge{};
+  ///@}
 
+  /// Block b: decoded from every payload, summed in rank order, divided by M, then the outer
+  /// step and the merge.
   DILOCO_HD void operator()(std::size_t b) const {
     const compress::block_ref blk = blocks[b];
     const std::size_t off = tensors.offset[blk.tensor] + blk.start;
@@ -212,12 +239,17 @@ struct gathered_decode_apply {
   }
 };
 
-// Stage 6, per block: decode the averaged pseudo-gradient, apply the outer
-// optimizer to the global parameters and copy them into the replica.
-// Bytes per element, int8 and Nesterov: read ~9 (1 value, state, global),
-// write 12 (state, global, local).
+/// Stage 6, per block: decode the averaged pseudo-gradient, apply the outer
+/// optimizer to the global parameters and copy them into the replica.
+/// Bytes per element, int8 and Nesterov: read ~9 (1 value, state, global),
+/// write 12 (state, global, local).
 template <class Codec, class Update, class Merge = merge::overwrite>
 struct decode_apply {
+  ///@{
+  /// The pass's inputs: the codec, the outer optimizer's element step, the shard's blocks, the
+  /// replica's tensors, the reduced payload, the bytes between blocks (the codec's stride),
+  /// theta_global (flat), the outer optimizer's slots and their stride, the merge into the
+  /// replica.
   Codec codec;
   Update update;
   const compress::block_ref* blocks;
@@ -225,10 +257,12 @@ struct decode_apply {
   const std::byte* payload;
   std::size_t stride;
   float* global;
-  float* state;  // nullptr when the outer optimizer keeps none
+  float* state;  ///< nullptr when the outer optimizer keeps none
   std::size_t state_stride;
-  Merge merge{};  // how theta_global reaches the replica (kernels/merge.hpp)
+  Merge merge{};  ///< how theta_global reaches the replica (kernels/merge.hpp)
+  ///@}
 
+  /// Block b: decoded, then the outer step and the merge.
   DILOCO_HD void operator()(std::size_t b) const {
     const compress::block_ref blk = blocks[b];
     const std::size_t off = tensors.offset[blk.tensor] + blk.start;

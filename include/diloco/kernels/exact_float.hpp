@@ -22,10 +22,11 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::kernels {
 
-// float or double: the types these operations are spelt for.
+/// float or double: the types these operations are spelt for.
 template <class T>
 concept rounded_float = std::is_same_v<T, float> || std::is_same_v<T, double>;
 
+/// a + b, rounded once (never fused with a product).
 template <rounded_float T>
 DILOCO_HD DILOCO_FORCEINLINE T add_rn(T a, T b) {
 #if defined(__CUDA_ARCH__)
@@ -38,6 +39,7 @@ DILOCO_HD DILOCO_FORCEINLINE T add_rn(T a, T b) {
 #endif
 }
 
+/// a - b, rounded once (never fused with a product).
 template <rounded_float T>
 DILOCO_HD DILOCO_FORCEINLINE T sub_rn(T a, T b) {
 #if defined(__CUDA_ARCH__)
@@ -50,6 +52,7 @@ DILOCO_HD DILOCO_FORCEINLINE T sub_rn(T a, T b) {
 #endif
 }
 
+/// a * b, rounded once (never fused into a multiply-add).
 template <rounded_float T>
 DILOCO_HD DILOCO_FORCEINLINE T mul_rn(T a, T b) {
 #if defined(__CUDA_ARCH__)
@@ -62,6 +65,7 @@ DILOCO_HD DILOCO_FORCEINLINE T mul_rn(T a, T b) {
 #endif
 }
 
+/// a / b, correctly rounded whatever the compiler's flags.
 template <rounded_float T>
 DILOCO_HD DILOCO_FORCEINLINE T div_rn(T a, T b) {
 #if defined(__CUDA_ARCH__)
@@ -74,6 +78,7 @@ DILOCO_HD DILOCO_FORCEINLINE T div_rn(T a, T b) {
 #endif
 }
 
+/// sqrt(a), correctly rounded whatever the compiler's flags.
 template <rounded_float T>
 DILOCO_HD DILOCO_FORCEINLINE T sqrt_rn(T a) {
 #if defined(__CUDA_ARCH__)

@@ -16,31 +16,35 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::kernels {
 
+/// The bits of a float.
 DILOCO_HD DILOCO_FORCEINLINE std::uint32_t float_bits(float x) {
   std::uint32_t u;
   std::memcpy(&u, &x, sizeof u);
   return u;
 }
+/// The float of these bits.
 DILOCO_HD DILOCO_FORCEINLINE float bits_float(std::uint32_t u) {
   float x;
   std::memcpy(&x, &u, sizeof x);
   return x;
 }
 
-// bfloat16: the top 16 bits of an fp32.
+/// bfloat16: the top 16 bits of an fp32.
 struct bf16_format {
-  static constexpr std::uint16_t inf = 0x7f80;
-  static constexpr std::uint16_t quiet_nan = 0x7fc0;
+  static constexpr std::uint16_t inf = 0x7f80;        ///< +infinity's code
+  static constexpr std::uint16_t quiet_nan = 0x7fc0;  ///< a quiet NaN's code
+  /// The float a code stands for (exact).
   DILOCO_HD static float decode(std::uint16_t h) { return bits_float(static_cast<std::uint32_t>(h) << 16); }
-  // |x| (finite, non-negative bits) truncated toward zero.
+  /// |x| (finite, non-negative bits) truncated toward zero.
   DILOCO_HD static std::uint16_t truncate(std::uint32_t abs_bits) { return static_cast<std::uint16_t>(abs_bits >> 16); }
 };
 
-// IEEE binary16: 5 exponent bits (bias 15), 10 mantissa bits, subnormals
-// down to 2^-24, largest finite 65504.
+/// IEEE binary16: 5 exponent bits (bias 15), 10 mantissa bits, subnormals
+/// down to 2^-24, largest finite 65504.
 struct fp16_format {
-  static constexpr std::uint16_t inf = 0x7c00;
-  static constexpr std::uint16_t quiet_nan = 0x7e00;
+  static constexpr std::uint16_t inf = 0x7c00;        ///< +infinity's code
+  static constexpr std::uint16_t quiet_nan = 0x7e00;  ///< a quiet NaN's code
+  /// The float a code stands for (exact: subnormals included).
   DILOCO_HD static float decode(std::uint16_t h) {
     const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
     const std::uint32_t exp = (h >> 10) & 0x1fu;
@@ -52,8 +56,8 @@ struct fp16_format {
     if (exp == 31) return bits_float(sign | 0x7f800000u | (mant << 13));
     return bits_float(sign | ((exp + 112u) << 23) | (mant << 13));
   }
-  // |x| (finite, non-negative bits) truncated toward zero; inf when |x| is
-  // at or beyond 65536, the first value past the last binade.
+  /// |x| (finite, non-negative bits) truncated toward zero; inf when |x| is
+  /// at or beyond 65536, the first value past the last binade.
   DILOCO_HD static std::uint16_t truncate(std::uint32_t abs_bits) {
     if (abs_bits >= 0x47800000u) return inf;
     if (abs_bits >= 0x38800000u) {  // normal in fp16: |x| >= 2^-14
@@ -65,12 +69,12 @@ struct fp16_format {
   }
 };
 
-// bf16 round-to-nearest-even on the bit pattern: adding 0x7fff plus the
-// kept part's lowest bit and truncating is IEEE's rounding for every finite
-// value and subnormal (the carry moves into the exponent exactly when it
-// should, and past the largest finite value into inf); NaN is kept quiet.
-// Branch-free, so it vectorizes; encode_float16<bf16_format> gives the same
-// result for every input.
+/// bf16 round-to-nearest-even on the bit pattern: adding 0x7fff plus the
+/// kept part's lowest bit and truncating is IEEE's rounding for every finite
+/// value and subnormal (the carry moves into the exponent exactly when it
+/// should, and past the largest finite value into inf); NaN is kept quiet.
+/// Branch-free, so it vectorizes; encode_float16<bf16_format> gives the same
+/// result for every input.
 DILOCO_HD DILOCO_FORCEINLINE std::uint16_t bf16_round_nearest(float x) {
   const std::uint32_t u = float_bits(x);
   const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
@@ -78,9 +82,9 @@ DILOCO_HD DILOCO_FORCEINLINE std::uint16_t bf16_round_nearest(float x) {
   return static_cast<std::uint16_t>(nan ? ((u >> 16) & 0x8000u) | 0x7fc0u : rounded);
 }
 
-// Rounds x to the format. `u` in [0, 1) selects stochastic rounding; a
-// negative `u` selects round-to-nearest-even. NaN stays NaN; values beyond
-// the format's range become +-inf (the caller's finiteness checks see them).
+/// Rounds x to the format. `u` in [0, 1) selects stochastic rounding; a
+/// negative `u` selects round-to-nearest-even. NaN stays NaN; values beyond
+/// the format's range become +-inf (the caller's finiteness checks see them).
 template <class Format>
 DILOCO_HD DILOCO_FORCEINLINE std::uint16_t encode_float16(float x, float u) {
   const std::uint32_t bits = float_bits(x);

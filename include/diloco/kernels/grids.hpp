@@ -29,26 +29,31 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::kernels {
 
-// Round to nearest even by the 1.5 * 2^23 trick: exact for |y| < 2^22, and
-// plain adds, so loops vectorize on any SIMD level and host and device agree
-// bit for bit. The first add is add_rn so that nvcc cannot fuse it with the
-// product that usually computes y (kernels/exact_float.hpp).
+/// Round to nearest even by the 1.5 * 2^23 trick: exact for |y| < 2^22, and
+/// plain adds, so loops vectorize on any SIMD level and host and device agree
+/// bit for bit. The first add is add_rn so that nvcc cannot fuse it with the
+/// product that usually computes y (kernels/exact_float.hpp).
 DILOCO_HD DILOCO_FORCEINLINE float round_even(float y) {
   constexpr float magic = 12582912.0f;
   return add_rn(y, magic) - magic;
 }
 
-// floor(z) for |z| < 2^22, from round_even.
+/// floor(z) for |z| < 2^22, from round_even.
 DILOCO_HD DILOCO_FORCEINLINE float floor_small(float z) {
   const float r = round_even(z);
   return r > z ? r - 1.0f : r;
 }
 
-// Symmetric integers in [-L, L], two's complement codes of `Bits` bits
-// (int8: L = 127, int4: L = 7; the code -L - 1 is never written).
+/// Symmetric integers in [-L, L], two's complement codes of `Bits` bits
+/// (int8: L = 127, int4: L = 7; the code -L - 1 is never written).
 template <int Bits>
 struct int_grid {
+  /// The largest |q|: 127 for int8, 7 for int4.
   float levels;
+  ///@{
+  /// The grid's operations (the table atop kernels/grids.hpp): the grid value for y, the code
+  /// of a grid value, the value of a code, whether a code is ever written, and what a code
+  /// never written is.
   template <bool Stochastic>
   DILOCO_HD DILOCO_FORCEINLINE float round(float y, float u) const {
     float r = Stochastic ? floor_small(add_rn(y, u)) : round_even(y);
@@ -64,11 +69,17 @@ struct int_grid {
   }
   DILOCO_HD bool valid(unsigned c) const { return value(c) >= -levels; }
   static constexpr const char* invalid = "quantized value out of range";
+  ///@}
 };
 
-// int2: the four levels -3, -1, +1, +3 (codes 0..3, value 2c - 3).
+/// int2: the four levels -3, -1, +1, +3 (codes 0..3, value 2c - 3).
 struct int2_grid {
+  /// The largest |q|.
   static constexpr float levels = 3.0f;
+  ///@{
+  /// The grid's operations (the table atop kernels/grids.hpp): the grid value for y, the code
+  /// of a grid value, the value of a code, whether a code is ever written (all are), and what a
+  /// code never written is (none).
   template <bool Stochastic>
   DILOCO_HD DILOCO_FORCEINLINE static float round(float y, float u) {
     if constexpr (Stochastic) {
@@ -91,21 +102,26 @@ struct int2_grid {
   DILOCO_HD static float value(unsigned c) { return static_cast<float>(2 * static_cast<int>(c & 3u) - 3); }
   DILOCO_HD static bool valid(unsigned) { return true; }
   static constexpr const char* invalid = "";
+  ///@}
 };
 
-// Sign-magnitude small floats (fp8_e4m3, fp8_e5m2, fp4_e3m0): the top bit
-// is the sign, then the exponent field, then the mantissa.
+/// Sign-magnitude small floats (fp8_e4m3, fp8_e5m2, fp4_e3m0): the top bit
+/// is the sign, then the exponent field, then the mantissa.
 template <class Format>
 struct minifloat_grid {
+  ///@{
+  /// The format's exponent and mantissa bits, exponent bias, largest magnitude, and the sign
+  /// bit of a code.
   static constexpr int E = Format::exponent_bits;
   static constexpr int M = Format::mantissa_bits;
   static constexpr int bias = Format::bias;
   static constexpr float levels = Format::levels;
   static constexpr unsigned sign_bit = 1u << (E + M);
+  ///@}
   static_assert(E + M + 1 == Format::bits, "minifloat: sign, exponent and mantissa must fill the format");
 
-  // The value of magnitude code c (no sign): exponent field 0 holds
-  // m * 2^(1 - bias - M), the others (1 + m / 2^M) * 2^(e - bias).
+  /// The value of magnitude code c (no sign): exponent field 0 holds
+  /// m * 2^(1 - bias - M), the others (1 + m / 2^M) * 2^(e - bias).
   DILOCO_HD DILOCO_FORCEINLINE static float magnitude(unsigned c) {
     const unsigned e = c >> M;
     const unsigned m = c & ((1u << M) - 1u);
@@ -114,7 +130,7 @@ struct minifloat_grid {
     const float normal = bits_float(((e + 127u - static_cast<unsigned>(bias)) << 23) | (m << (23 - M)));
     return e == 0 ? sub : normal;
   }
-  // The magnitude code of the largest grid value <= a, for 0 <= a < levels.
+  /// The magnitude code of the largest grid value <= a, for 0 <= a < levels.
   DILOCO_HD DILOCO_FORCEINLINE static unsigned truncate(float a) {
     const std::uint32_t b = float_bits(a);
     const std::uint32_t min_normal = static_cast<std::uint32_t>(127 + 1 - bias) << 23;
@@ -126,6 +142,10 @@ struct minifloat_grid {
     return static_cast<unsigned>(a * bits_float(static_cast<std::uint32_t>(127 - 1 + bias + M) << 23));
   }
 
+  ///@{
+  /// The grid's operations (the table atop kernels/grids.hpp): the grid value for y, the code
+  /// of a grid value, the value of a code, whether a code is ever written, and what a code
+  /// never written is.
   template <bool Stochastic>
   DILOCO_HD DILOCO_FORCEINLINE static float round(float y, float u) {
     const float a = bits_float(float_bits(y) & 0x7fffffffu);  // |y|, and +0 for -0
@@ -160,6 +180,7 @@ struct minifloat_grid {
   }
   DILOCO_HD static bool valid(unsigned c) { return (c & (sign_bit - 1u)) <= Format::max_code; }
   static constexpr const char* invalid = "NaN or infinity code (the format saturates and never writes one)";
+  ///@}
 };
 
 namespace detail {
@@ -185,9 +206,10 @@ struct grid_of<diloco::int2> {
 };
 }  // namespace detail
 
-// The grid of a block-wise format.
+/// The grid of a block-wise format.
 template <class Format>
 using grid_t = typename detail::grid_of<Format>::type;
+/// The grid of a block-wise format, ready to use.
 template <class Format>
 DILOCO_HD constexpr grid_t<Format> grid() {
   return detail::grid_of<Format>::make();

@@ -21,33 +21,36 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::kernels::low_rank {
 
-// Elements per partial sum of a norm: partial c covers [c * chunk, ...) of a
-// tensor, summed in order in double (a float times a float is exact in
-// double, so a fused multiply-add gives the same sum); the partials are
-// added in order by the caller.
+/// Elements per partial sum of a norm: partial c covers [c * chunk, ...) of a
+/// tensor, summed in order in double (a float times a float is exact in
+/// double, so a fused multiply-add gives the same sum); the partials are
+/// added in order by the caller.
 inline constexpr std::size_t norm_chunk = 4096;
+/// The number of partials of a norm over n elements.
 constexpr std::size_t norm_chunks(std::size_t n) { return (n + norm_chunk - 1) / norm_chunk; }
 
-// M = (global - local) + residual, element by element (the residual may be
-// null: vectors take their delta only): read 12 (8), write 4.
+/// M = (global - local) + residual, element by element (the residual may be
+/// null: vectors take their delta only): read 12 (8), write 4.
 struct form_m {
-  const float* global;
-  const float* local;
-  const float* residual;
-  float* out;
+  const float* global;    ///< theta_global (the tensor's)
+  const float* local;     ///< the replica
+  const float* residual;  ///< the residual (null: none)
+  float* out;             ///< M, written
+  /// Element i.
   DILOCO_HD void operator()(std::size_t i) const {
     const float d = sub_rn(global[i], local[i]);
     out[i] = residual ? add_rn(d, residual[i]) : d;
   }
 };
 
-// Partial c of sum (a - b)^2 over [0, n) (b may be null: sum a^2): read
-// 8 (4) per element, write 8 per partial.
+/// Partial c of sum (a - b)^2 over [0, n) (b may be null: sum a^2): read
+/// 8 (4) per element, write 8 per partial.
 struct square_partials {
-  const float* a;
-  const float* b;
-  std::size_t n;
-  double* out;
+  const float* a;  ///< a
+  const float* b;  ///< b (null: sum a^2)
+  std::size_t n;   ///< the elements
+  double* out;     ///< out[c]: partial c, written
+  /// Partial c.
   DILOCO_HD void operator()(std::size_t c) const {
     const std::size_t end = (c + 1) * norm_chunk < n ? (c + 1) * norm_chunk : n;
     double s = 0.0;
@@ -59,15 +62,19 @@ struct square_partials {
   }
 };
 
-// P = M Q: item o = (i, c) sums M[i][j] Q[j][c] over j in order: read
-// 8 cols (row i of M, column c of Q), write 4. The r outputs of a row read
-// the same row of M, and neighbouring rows' outputs the same Q, so caches
-// serve most of it: memory traffic is about 4 rows cols + 4 cols r.
+/// P = M Q: item o = (i, c) sums M[i][j] Q[j][c] over j in order: read
+/// 8 cols (row i of M, column c of Q), write 4. The r outputs of a row read
+/// the same row of M, and neighbouring rows' outputs the same Q, so caches
+/// serve most of it: memory traffic is about 4 rows cols + 4 cols r.
 struct times_q {
-  const float* m;
-  const float* q;
-  float* p;
+  const float* m;  ///< M, rows x cols
+  const float* q;  ///< Q, cols x r
+  float* p;        ///< P, rows x r, written
+  ///@{
+  /// Columns of M, and the rank r.
   std::size_t cols, r;
+  ///@}
+  /// Output o = (i, c) = (o / r, o % r).
   DILOCO_HD void operator()(std::size_t o) const {
     const std::size_t i = o / r, c = o % r;
     float s = 0.0f;
@@ -76,13 +83,17 @@ struct times_q {
   }
 };
 
-// Q = M^T P: item o = (j, c) sums M[i][j] P[i][c] over i in order: read
-// 8 rows, write 4 (neighbouring items read neighbouring columns of M).
+/// Q = M^T P: item o = (j, c) sums M[i][j] P[i][c] over i in order: read
+/// 8 rows, write 4 (neighbouring items read neighbouring columns of M).
 struct times_p {
-  const float* m;
-  const float* p;
-  float* q;
+  const float* m;  ///< M, rows x cols
+  const float* p;  ///< P, rows x r
+  float* q;        ///< Q, cols x r, written
+  ///@{
+  /// M's shape, and the rank r.
   std::size_t rows, cols, r;
+  ///@}
+  /// Output o = (j, c) = (o / r, o % r).
   DILOCO_HD void operator()(std::size_t o) const {
     const std::size_t j = o / r, c = o % r;
     float s = 0.0f;
@@ -91,7 +102,7 @@ struct times_p {
   }
 };
 
-// (P Q^T)[i][j], summed over c in order.
+/// (P Q^T)[i][j], summed over c in order.
 DILOCO_HD DILOCO_FORCEINLINE float outer_product_at(const float* p, const float* q, std::size_t i, std::size_t j,
                                                     std::size_t r) {
   float a = 0.0f;
@@ -99,23 +110,28 @@ DILOCO_HD DILOCO_FORCEINLINE float outer_product_at(const float* p, const float*
   return a;
 }
 
-// The new residual e = M - P^ Q_w^T: read 4 + 8 r (P and Q rows, cached),
-// write 4.
+/// The new residual e = M - P^ Q_w^T: read 4 + 8 r (P and Q rows, cached),
+/// write 4.
 struct residual_of {
-  const float* m;
-  const float* p;
-  const float* q;
-  float* out;
+  const float* m;  ///< M, rows x cols
+  const float* p;  ///< P^, rows x r
+  const float* q;  ///< Q_w, cols x r
+  float* out;      ///< the new residual, written
+  ///@{
+  /// Columns of M, and the rank r.
   std::size_t cols, r;
+  ///@}
+  /// Element o of the matrix (row o / cols, column o % cols).
   DILOCO_HD void operator()(std::size_t o) const { out[o] = sub_rn(m[o], outer_product_at(p, q, o / cols, o % cols, r)); }
 };
 
-// mean[i] = (x_0[i] + x_1[i] + ... + x_{M-1}[i]) / M, in rank order: read
-// 4 M, write 4.
+/// mean[i] = (x_0[i] + x_1[i] + ... + x_{M-1}[i]) / M, in rank order: read
+/// 4 M, write 4.
 struct segment_mean {
-  const float* const* x;  // M payloads
-  int world;
-  float* mean;
+  const float* const* x;  ///< M payloads
+  int world;              ///< M
+  float* mean;            ///< the mean, written
+  /// Element i.
   DILOCO_HD void operator()(std::size_t i) const {
     float s = x[0][i];
     for (int k = 1; k < world; ++k) s = add_rn(s, x[k][i]);
@@ -123,22 +139,26 @@ struct segment_mean {
   }
 };
 
-// The outer step with the mean pseudo-gradient P^ Q^T of a matrix (q
-// non-null) or a vector's mean (q null: p[i]), then the merge into the
-// replica. `offset`: the tensor's place in the flat buffers. Read 8 + 8 r
-// (P and Q rows, cached) + the update's state, write 8 + the state.
+/// The outer step with the mean pseudo-gradient P^ Q^T of a matrix (q
+/// non-null) or a vector's mean (q null: p[i]), then the merge into the
+/// replica. `offset`: the tensor's place in the flat buffers. Read 8 + 8 r
+/// (P and Q rows, cached) + the update's state, write 8 + the state.
 template <class Update, class Merge>
 struct apply_mean {
-  Update update;
-  Merge merge;
-  const float* p;
-  const float* q;
+  Update update;   ///< the outer optimizer's element step
+  Merge merge;     ///< how theta_global reaches the replica, indexed in the flat layout
+  const float* p;  ///< the mean P^ (or a vector's mean)
+  const float* q;  ///< the mean Q (null: a vector)
+  ///@{
+  /// Columns of the matrix, and the rank r.
   std::size_t cols, r;
-  float* global;  // the tensor's, as are local and state
-  float* local;
-  float* state;
-  std::size_t state_stride;
-  std::size_t offset;
+  ///@}
+  float* global;  ///< the tensor's, as are local and state
+  float* local;   ///< the replica
+  float* state;   ///< the outer optimizer's slots (null when it keeps none)
+  std::size_t state_stride;  ///< elements between an element's slots
+  std::size_t offset;  ///< the tensor's place in the flat buffers (the merge's index)
+  /// Element o of the tensor.
   DILOCO_HD void operator()(std::size_t o) const {
     const float mean = q ? outer_product_at(p, q, o / cols, o % cols, r) : p[o];
     float g = global[o];
@@ -167,43 +187,52 @@ struct apply_mean {
 // previous pass's total from its lanes (deterministic, no extra launch).
 // Passes per round: r (r + 5) / 2, whatever the number of matrices.
 
+/// Lanes of every sum over a matrix's rows (a pass's items per matrix).
 inline constexpr std::size_t gram_schmidt_lanes = 64;
 
-// One matrix's P in the orthonormalisation.
+/// One matrix's P in the orthonormalisation.
 struct factor_matrix {
-  std::uint64_t rows;
-  std::uint64_t p_at;      // its P (rows x r, row-major) in the mean P
-  std::uint64_t basis_at;  // its columns in double: column c at basis_at + c rows
+  std::uint64_t rows;      ///< rows of the matrix
+  std::uint64_t p_at;      ///< its P (rows x r, row-major) in the mean P
+  std::uint64_t basis_at;  ///< its columns in double: column c at basis_at + c rows
 };
 
-// What the passes share: P, the columns in double, and three lane sums per
-// matrix (|column|^2 as loaded, and two for the running sums, used in turn).
+/// What the passes share: P, the columns in double, and three lane sums per
+/// matrix (|column|^2 as loaded, and two for the running sums, used in turn).
 struct gram_schmidt {
-  const factor_matrix* mats;
-  float* p;
-  double* basis;
-  double* before;  // matrices x lanes
-  double* sums;    // 2 x matrices x lanes
+  const factor_matrix* mats;  ///< the matrices
+  float* p;        ///< the mean P of every matrix
+  double* basis;   ///< every matrix's columns, in double
+  double* before;  ///< matrices x lanes
+  double* sums;    ///< 2 x matrices x lanes
+  ///@{
+  /// The number of matrices, and the rank r.
   std::size_t matrices, r;
+  ///@}
 
-  // A pass's item: lane l of matrix k.
+  /// A pass's item: lane l of matrix k.
   struct lane {
+    ///@{
+    /// The matrix and the lane.
     std::size_t k, l;
-    factor_matrix m;
+    ///@}
+    factor_matrix m;  ///< matrix k
   };
+  /// The lane an item stands for.
   DILOCO_HD DILOCO_FORCEINLINE lane lane_of(std::size_t item) const {
     return {item / gram_schmidt_lanes, item % gram_schmidt_lanes, mats[item / gram_schmidt_lanes]};
   }
+  /// Column c of matrix m, in double.
   DILOCO_HD DILOCO_FORCEINLINE double* column(const factor_matrix& m, std::size_t c) const {
     return basis + m.basis_at + c * m.rows;
   }
-  // Running-sum buffer `buf` (0 or 1) of matrix k.
+  /// Running-sum buffer `buf` (0 or 1) of matrix k.
   DILOCO_HD DILOCO_FORCEINLINE double* lanes_of(std::size_t buf, std::size_t k) const {
     return sums + (buf * matrices + k) * gram_schmidt_lanes;
   }
 };
 
-// The lanes of a sum added pairwise: lanes/2 sums of two, then of four, ...
+/// The lanes of a sum added pairwise: lanes/2 sums of two, then of four, ...
 DILOCO_HD DILOCO_FORCEINLINE double lane_total(const double* lane) {
   double s[gram_schmidt_lanes];
   for (std::size_t l = 0; l < gram_schmidt_lanes; ++l) s[l] = lane[l];
@@ -212,11 +241,12 @@ DILOCO_HD DILOCO_FORCEINLINE double lane_total(const double* lane) {
   return s[0];
 }
 
-// Column c of P into the basis (double), and its lane of |column|^2: read 4,
-// write 8 per row; write 8 per item.
+/// Column c of P into the basis (double), and its lane of |column|^2: read 4,
+/// write 8 per row; write 8 per item.
 struct load_column {
-  gram_schmidt g;
-  std::size_t c;
+  gram_schmidt g;  ///< what the passes share
+  std::size_t c;   ///< the column
+  /// Item: one lane of one matrix.
   DILOCO_HD void operator()(std::size_t item) const {
     const auto [k, l, m] = g.lane_of(item);
     double* x = g.column(m, c);
@@ -230,14 +260,18 @@ struct load_column {
   }
 };
 
-// Step j of column c: subtract the projection onto q_{j-1} (its dot product
-// is the previous step's lanes, in buffer (j - 1) % 2), then this lane of
-// q_j . x (j < c) or of |x|^2 (j == c) into buffer j % 2. Read 16 and
-// write 8 per row to subtract, read 16 (8) per row to sum; read 64 lanes x 8
-// and write 8 per item.
+/// Step j of column c: subtract the projection onto q_{j-1} (its dot product
+/// is the previous step's lanes, in buffer (j - 1) % 2), then this lane of
+/// q_j . x (j < c) or of |x|^2 (j == c) into buffer j % 2. Read 16 and
+/// write 8 per row to subtract, read 16 (8) per row to sum; read 64 lanes x 8
+/// and write 8 per item.
 struct gram_schmidt_step {
-  gram_schmidt g;
+  gram_schmidt g;  ///< what the passes share
+  ///@{
+  /// The column c, and the step j.
   std::size_t c, j;
+  ///@}
+  /// Item: one lane of one matrix.
   DILOCO_HD void operator()(std::size_t item) const {
     const auto [k, l, m] = g.lane_of(item);
     double* x = g.column(m, c);
@@ -253,12 +287,13 @@ struct gram_schmidt_step {
   }
 };
 
-// q_c = x / |x| into the basis and P (as float), or zeros when x is
-// (numerically) in the span of the columns before it. Read 8, write 12 per
-// row; read 2 x 64 lanes x 8 per item.
+/// q_c = x / |x| into the basis and P (as float), or zeros when x is
+/// (numerically) in the span of the columns before it. Read 8, write 12 per
+/// row; read 2 x 64 lanes x 8 per item.
 struct scale_column {
-  gram_schmidt g;
-  std::size_t c;
+  gram_schmidt g;  ///< what the passes share
+  std::size_t c;   ///< the column
+  /// Item: one lane of one matrix.
   DILOCO_HD void operator()(std::size_t item) const {
     const auto [k, l, m] = g.lane_of(item);
     const double norm = sqrt_rn(lane_total(g.lanes_of(c % 2, k)));
@@ -273,7 +308,7 @@ struct scale_column {
   }
 };
 
-// Runs the orthonormalisation's passes on `exec`.
+/// Runs the orthonormalisation's passes on `exec`.
 template <class Exec>
 void orthonormalise(Exec& exec, const gram_schmidt& g) {
   const std::size_t items = g.matrices * gram_schmidt_lanes;

@@ -12,23 +12,24 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::kernels {
 
-// Pass 2 of a round: the outer optimizer step fused with the copy-back.
-// Reads the reduced pseudo-gradient sum, scales it to the mean, updates the
-// outer state and global parameters, and writes the new global value into
-// the worker's replica.
-// Bytes per element with one state slot (Nesterov): read 12 (wire, state,
-// global), write 12 (state, global, local) = 24.
+/// Pass 2 of a round: the outer optimizer step fused with the copy-back.
+/// Reads the reduced pseudo-gradient sum, scales it to the mean, updates the
+/// outer state and global parameters, and writes the new global value into
+/// the worker's replica.
+/// Bytes per element with one state slot (Nesterov): read 12 (wire, state,
+/// global), write 12 (state, global, local) = 24.
 template <class Update, class Merge = merge::overwrite>
 struct outer_apply {
-  Update update;
-  const float* DILOCO_RESTRICT reduced;
-  float scale;  // 1/M: the wire holds the sum over workers
-  float* DILOCO_RESTRICT global;
-  float* DILOCO_RESTRICT state;  // nullptr when the optimizer keeps none
-  std::size_t stride;
-  float* DILOCO_RESTRICT local;
-  Merge merge{};  // how theta_global reaches the replica (kernels/merge.hpp)
+  Update update;  ///< the outer optimizer's element step
+  const float* DILOCO_RESTRICT reduced;  ///< the reduced pseudo-gradient sum (the wire)
+  float scale;  ///< 1/M: the wire holds the sum over workers
+  float* DILOCO_RESTRICT global;  ///< theta_global
+  float* DILOCO_RESTRICT state;  ///< nullptr when the optimizer keeps none
+  std::size_t stride;  ///< elements between an element's slots
+  float* DILOCO_RESTRICT local;  ///< the replica
+  Merge merge{};  ///< how theta_global reaches the replica (kernels/merge.hpp)
 
+  /// Element i.
   DILOCO_HD DILOCO_FORCEINLINE void operator()(std::size_t i) const {
     float g = global[i];
     float l = local[i];
@@ -38,7 +39,7 @@ struct outer_apply {
     local[i] = l;
   }
 
-  // Elements [i, i + 4) with 16-byte accesses (see vec4.hpp).
+  /// Elements [i, i + 4) with 16-byte accesses (see vec4.hpp).
   DILOCO_HD DILOCO_FORCEINLINE void vec4(std::size_t i) const
     requires(vectorizable_update<Update> && Merge::is_overwrite)
   {
@@ -49,6 +50,7 @@ struct outer_apply {
     store4(global + i, g);
     store4(local + i, g);
   }
+  /// Whether the pointers allow 16-byte accesses (and the slot stride keeps them aligned).
   DILOCO_HD bool vec4_aligned() const
     requires(vectorizable_update<Update> && Merge::is_overwrite)
   {
@@ -56,18 +58,19 @@ struct outer_apply {
   }
 };
 
-// The same step for a world of one: the pseudo-gradient is computed in the
-// pass itself, nothing travels. Bytes per element with one state slot:
-// read 12 (global, local, state), write 12 (state, global, local) = 24.
+/// The same step for a world of one: the pseudo-gradient is computed in the
+/// pass itself, nothing travels. Bytes per element with one state slot:
+/// read 12 (global, local, state), write 12 (state, global, local) = 24.
 template <class Update, class Merge = merge::overwrite>
 struct outer_apply_local {
-  Update update;
-  float* DILOCO_RESTRICT global;
-  float* DILOCO_RESTRICT state;
-  std::size_t stride;
-  float* DILOCO_RESTRICT local;
-  Merge merge{};
+  Update update;  ///< the outer optimizer's element step
+  float* DILOCO_RESTRICT global;  ///< theta_global
+  float* DILOCO_RESTRICT state;  ///< the outer optimizer's slots (null when it keeps none)
+  std::size_t stride;  ///< elements between an element's slots
+  float* DILOCO_RESTRICT local;  ///< the replica
+  Merge merge{};  ///< how theta_global reaches the replica (kernels/merge.hpp)
 
+  /// Element i.
   DILOCO_HD DILOCO_FORCEINLINE void operator()(std::size_t i) const {
     float g = global[i];
     float l = local[i];
@@ -76,6 +79,7 @@ struct outer_apply_local {
     local[i] = l;
   }
 
+  /// Elements [i, i + 4) with 16-byte accesses (see vec4.hpp).
   DILOCO_HD DILOCO_FORCEINLINE void vec4(std::size_t i) const
     requires(vectorizable_update<Update> && Merge::is_overwrite)
   {
@@ -87,6 +91,7 @@ struct outer_apply_local {
     store4(global + i, g);
     store4(local + i, g);
   }
+  /// Whether the pointers allow 16-byte accesses (and the slot stride keeps them aligned).
   DILOCO_HD bool vec4_aligned() const
     requires(vectorizable_update<Update> && Merge::is_overwrite)
   {

@@ -21,10 +21,10 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::kernels {
 
-// The largest magnitude of v[0, len), NaN if any element is NaN. Taken on
-// the bit patterns with the sign cleared: for IEEE floats their integer
-// order is the order of magnitudes, NaN patterns sort above infinity, and an
-// integer max vectorizes where a float max with NaN rules does not.
+/// The largest magnitude of v[0, len), NaN if any element is NaN. Taken on
+/// the bit patterns with the sign cleared: for IEEE floats their integer
+/// order is the order of magnitudes, NaN patterns sort above infinity, and an
+/// integer max vectorizes where a float max with NaN rules does not.
 DILOCO_HD DILOCO_FORCEINLINE float block_amax(const float* v, std::size_t len) {
   std::int32_t m = 0;
   for (std::size_t j = 0; j < len; ++j) {
@@ -38,24 +38,25 @@ DILOCO_HD DILOCO_FORCEINLINE float block_amax(const float* v, std::size_t len) {
   return out;
 }
 
-// Dequantization factor for a block: q * scale, with scale = amax / L. When
-// that scale is subnormal it has lost most of its bits; then the value is
-// (q * amax) / L instead (q * amax is exact there), see dequantize().
+/// Dequantization factor for a block: q * scale, with scale = amax / L. When
+/// that scale is subnormal it has lost most of its bits; then the value is
+/// (q * amax) / L instead (q * amax is exact there), see dequantize().
 DILOCO_HD DILOCO_FORCEINLINE bool scale_is_normal(float amax, float levels) {
   return amax / levels >= 1.17549435e-38f;
 }
 
+/// q * (amax / L), or (q * amax) / L where that scale is subnormal (see scale_is_normal).
 DILOCO_HD DILOCO_FORCEINLINE float dequantize(float q, float amax, float levels) {
   const float scale = amax / levels;
   return scale >= 1.17549435e-38f ? q * scale : (q * amax) / levels;
 }
 
-// Quantizes v[0, len) against `amax` into q[0, len) (as floats holding grid
-// values in [-L, L]) and writes the dequantized values into dq.
-// Stochastic: the grid's stochastic rounding with random(j) in [0, 1);
-// otherwise round to nearest, ties to even.
-// A zero, infinite or NaN amax gives q = 0 and dq = value(code(0)) * (amax / L),
-// i.e. 0, or inf/NaN: non-finite blocks stay visibly non-finite.
+/// Quantizes v[0, len) against `amax` into q[0, len) (as floats holding grid
+/// values in [-L, L]) and writes the dequantized values into dq.
+/// Stochastic: the grid's stochastic rounding with random(j) in [0, 1);
+/// otherwise round to nearest, ties to even.
+/// A zero, infinite or NaN amax gives q = 0 and dq = value(code(0)) * (amax / L),
+/// i.e. 0, or inf/NaN: non-finite blocks stay visibly non-finite.
 template <bool Stochastic, class Grid, class Random>
 DILOCO_HD DILOCO_FORCEINLINE void quantize_block(const float* v, std::size_t len, float amax, const Grid& grid, float* q,
                                                  float* dq, const Random& random) {
@@ -91,11 +92,17 @@ DILOCO_HD DILOCO_FORCEINLINE void quantize_block(const float* v, std::size_t len
   }
 }
 
-// Kept for callers that quantize one value at a time (tests, references).
+/// Kept for callers that quantize one value at a time (tests, references).
 struct quant_scale {
+  ///@{
+  /// The block's amax and the format's levels L (127: int8).
   float amax = 0.0f;
   float levels = 127.0f;
+  ///@}
+  /// The scale of a block with this amax and L.
   DILOCO_HD static quant_scale make(float amax, float levels) { return {amax, levels}; }
+  /// The quantized value q of v (an 8-bit integer grid with these levels): to the nearest, or
+  /// with u >= 0 stochastically, u being the draw.
   DILOCO_HD int quantize(float v, float u) const {
     float q, dq;
     const int_grid<8> g{levels};

@@ -11,9 +11,9 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::kernels {
 
-// What inner::sgd, outer::sgd and outer::nesterov share: PyTorch's SGD
-// checks and the update functor built from an options struct with the
-// fields lr, momentum, dampening, weight_decay, nesterov.
+/// What inner::sgd, outer::sgd and outer::nesterov share: PyTorch's SGD
+/// checks and the update functor built from an options struct with the
+/// fields lr, momentum, dampening, weight_decay, nesterov.
 template <class Options>
 void validate_sgd(const Options& o, const char* who) {
   detail::require_non_negative(o.lr, detail::concat(who, ": lr").c_str());
@@ -25,6 +25,7 @@ void validate_sgd(const Options& o, const char* who) {
                                 o.momentum, ", dampening ", o.dampening, ")");
 }
 
+/// The element step for step number `step` (from 1) of an SGD policy's options.
 template <class Options>
 sgd_update make_sgd_update(const Options& o, std::uint64_t step) {
   sgd_update u;

@@ -10,32 +10,37 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::kernels {
 
-// One element of torch.optim.SGD's step (PyTorch's documented algorithm):
-//   g <- g + wd * p                               (weight_decay != 0)
-//   b <- g on the first step, else mu*b + (1-dampening)*g   (momentum != 0)
-//   g <- g + mu*b if nesterov, else b
-//   p <- p - lr * g
-// State: slot 0 holds the momentum buffer b when momentum != 0.
+/// One element of torch.optim.SGD's step (PyTorch's documented algorithm):
+///   g <- g + wd * p                               (weight_decay != 0)
+///   b <- g on the first step, else mu*b + (1-dampening)*g   (momentum != 0)
+///   g <- g + mu*b if nesterov, else b
+///   p <- p - lr * g
+/// State: slot 0 holds the momentum buffer b when momentum != 0.
 struct sgd_update {
-  // The momentum slot, when there is state at all (no momentum: no state
-  // and a null pointer).
+  /// The momentum slot, when there is state at all (no momentum: no state
+  /// and a null pointer).
   static constexpr std::size_t vector_state_slots = 1;
 
-  float lr = 0.0f;
-  float momentum = 0.0f;
-  float one_minus_dampening = 1.0f;
-  float weight_decay = 0.0f;
-  // Derived per step by make_sgd_update, so the element math has no
-  // data-dependent branches and vectorizes:
-  //   b = carry * b_old + gain * g        (carry 0, gain 1 on the first step:
-  //                                        b = g, the zeroed slot times 0)
-  //   g = keep * g + through * b          (Nesterov: keep 1, through mu;
-  //                                        plain momentum: keep 0, through 1)
+  float lr = 0.0f;  ///< learning rate
+  float momentum = 0.0f;  ///< momentum factor mu (0: no state)
+  float one_minus_dampening = 1.0f;  ///< 1 - dampening
+  float weight_decay = 0.0f;  ///< L2 penalty added to the gradient
+  ///@{
+  /// Derived per step by make_sgd_update, so the element math has no
+  /// data-dependent branches and vectorizes:
+  /// ```
+  /// b = carry * b_old + gain * g        (carry 0, gain 1 on the first step:
+  ///                                      b = g, the zeroed slot times 0)
+  /// g = keep * g + through * b          (Nesterov: keep 1, through mu;
+  ///                                      plain momentum: keep 0, through 1)
+  /// ```
   float carry = 0.0f;
   float gain = 1.0f;
   float keep = 0.0f;
   float through = 1.0f;
+  ///@}
 
+  /// One element: p and its gradient g; s is the momentum slot (null without momentum).
   DILOCO_HD DILOCO_FORCEINLINE void operator()(float& p, float g, float* s, std::size_t /*stride*/) const {
     // Each operation rounded on its own (kernels/exact_float.hpp), so the
     // GPU gives the host's bits.

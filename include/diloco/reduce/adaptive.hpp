@@ -1,22 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// The reducer of compress::adaptive<C...>: one reducer per rung (each its
-// compressor's own: compressed, gathered or factored), built at construction
-// so no round allocates, and one of them runs each round. Around it:
-//   begin: notes the compute time since the fragment's previous round
-//          (outside this reducer's calls) and starts the active rung;
-//   poll/wait: the rung's; the first moment it is found complete ends the
-//          round's link time;
-//   wait:  on an accepted round, one all-reduce (sum) of {link seconds,
-//          relative error, compute seconds} gives every rank the means, and
-//          compress::adaptive_rule picks the next rung from them: the same
-//          rung on every rank, since the inputs and the rule are the same;
-//   apply: the rung's decode-apply; then, if the next rung differs, its
-//          residual absorbs the one just committed (error feedback loses
-//          nothing on a switch).
-// A refused or aborted round changes nothing (the choice is not updated).
-
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -49,6 +33,21 @@ struct rung_reducers<std::tuple<C...>, Comm, Space, Exec> {
 };
 }  // namespace detail_adaptive
 
+/// The reducer of compress::adaptive<C...>: one reducer per rung (each its
+/// compressor's own: compressed, gathered or factored), built at construction
+/// so no round allocates, and one of them runs each round. Around it:
+///   begin: notes the compute time since the fragment's previous round
+///          (outside this reducer's calls) and starts the active rung;
+///   poll/wait: the rung's; the first moment it is found complete ends the
+///          round's link time;
+///   wait:  on an accepted round, one all-reduce (sum) of {link seconds,
+///          relative error, compute seconds} gives every rank the means, and
+///          compress::adaptive_rule picks the next rung from them: the same
+///          rung on every rank, since the inputs and the rule are the same;
+///   apply: the rung's decode-apply; then, if the next rung differs, its
+///          residual absorbs the one just committed (error feedback loses
+///          nothing on a switch).
+/// A refused or aborted round changes nothing (the choice is not updated).
 template <class Compressor, class Comm, class Space, class Exec>
 class adaptive {
   using ladder = typename Compressor::ladder;
@@ -56,8 +55,10 @@ class adaptive {
   using clock = std::chrono::steady_clock;
 
  public:
+  /// How the rungs' collectives reach the communicator (direct, or staged through host memory).
   using transport = diloco::detail::wire_transport<Comm, Space, Exec>;
 
+  /// One reducer per rung, built now so that no round allocates.
   adaptive(const parameter_set<float, Space>& params, int world, int rank, const typename Compressor::options& opts,
            std::uint32_t fragment, Exec& exec)
       : settings_(opts.rule), world_(world) {
@@ -69,16 +70,17 @@ class adaptive {
     agreed_ = buffer<float, Space>(3);
   }
 
+  /// The largest slot of any rung (what the transport must be able to stage per rank).
   std::size_t slot_bytes() const {
     std::size_t most = 0;
     for (std::size_t j = 0; j < rungs; ++j) most = std::max(most, on(j, [](const auto& r) { return r.slot_bytes(); }));
     return most;
   }
-  // The active rung's residual: it holds all of it (a switch moves it).
+  /// The active rung's residual: it holds all of it (a switch moves it).
   auto residual() const { return active_residual(); }
 
-  // Each rung's state under "<prefix>.rung<j>", then the rule's memory
-  // under "<prefix>.adaptive." (the same on every rank).
+  /// Each rung's state under "<prefix>.rung<j>", then the rule's memory
+  /// under "<prefix>.adaptive." (the same on every rank).
   template <class Visitor>
   void visit_state(Visitor& v, std::string_view prefix) {
     const std::string p(prefix);
@@ -96,6 +98,8 @@ class adaptive {
       v.scalar(diloco::detail::concat(a, "seconds_per_byte.", w), memory_.seconds_per_byte[w]);
   }
 
+  /// Notes the compute time since the fragment's previous round and starts the active rung's
+  /// reduction (reduce::staged::begin).
   void begin(Exec& exec, Comm& comm, transport& link, const float* ref, std::uint64_t round, bool overlap) {
     if (memory_.active >= rungs || memory_.reason > static_cast<std::uint64_t>(compress::adaptive_reason::error_bound) ||
         memory_.samples > (std::uint64_t{1} << 62))
@@ -112,11 +116,13 @@ class adaptive {
     note(t0);
   }
 
+  /// Drops the active rung's reduction in flight (elastic recovery).
   void abort() {
     on(used_, [](auto& r) { r.abort(); });
     begun_before_ = false;  // the next interval is not one phase of compute
   }
 
+  /// Lets the active rung's reduction progress; true once it has completed.
   bool poll(Exec& exec, Comm& comm, transport& link) {
     const auto t0 = clock::now();
     const bool complete = on(used_, [&](auto& r) { return r.poll(exec, comm, link); });
@@ -125,6 +131,8 @@ class adaptive {
     return complete;
   }
 
+  /// Completes the active rung's reduction; on an accepted round, agrees the round's measurements
+  /// across ranks and picks the next rung (compress::adaptive_rule).
   verdict wait(Exec& exec, Comm& comm, transport& link) {
     const auto t0 = clock::now();
     verdict v = on(used_, [&](auto& r) { return r.wait(exec, comm, link); });
@@ -156,6 +164,8 @@ class adaptive {
     return v;
   }
 
+  /// The active rung's decode-apply; then, if the next rung differs, its residual absorbs the one
+  /// just committed.
   template <class Update, class Merge>
   void apply(Exec& exec, const Update& update, float* global, float* state, std::size_t stride, const Merge& merge) {
     on(used_, [&](auto& r) { r.apply(exec, update, global, state, stride, merge); });
@@ -171,9 +181,11 @@ class adaptive {
     }
   }
 
-  // The last applied round and the next round's rung, for stats().
+  /// The last applied round and the next round's rung, for stats().
   const compression_choice& choice() const { return choice_; }
+  /// The rung the next round uses.
   std::size_t active() const { return static_cast<std::size_t>(memory_.active); }
+  /// Each rung's link bytes per round (reduce::staged::link_bytes), which the rule's prediction scales.
   std::span<const std::size_t> link_bytes() const { return link_bytes_; }
 
  private:
@@ -185,7 +197,7 @@ class adaptive {
      ...);
   }
 
-  // f(rung j's reducer), for a j known only at run time.
+  /// f(rung j's reducer), for a j known only at run time.
   template <class F>
   decltype(auto) on(std::size_t j, F&& f) {
     return dispatch<0>(*this, j, f);
@@ -206,7 +218,7 @@ class adaptive {
     return on(static_cast<std::size_t>(memory_.active), [](const auto& r) { return r.residual(); });
   }
 
-  // Rung j's residual buffer, found by its visited name.
+  /// Rung j's residual buffer, found by its visited name.
   std::pair<float*, std::size_t> residual_of(std::size_t j) {
     struct find final : state_visitor {
       std::pair<float*, std::size_t> out{nullptr, 0};
@@ -219,8 +231,8 @@ class adaptive {
     return f.out;
   }
 
-  // A call of this reducer ran from t0 to now: it counts as blocked time,
-  // and ends the link time the first time the rung is complete.
+  /// A call of this reducer ran from t0 to now: it counts as blocked time,
+  /// and ends the link time the first time the rung is complete.
   void note(clock::time_point t0) {
     const auto now = clock::now();
     blocked_ += seconds(t0, now);
@@ -237,13 +249,13 @@ class adaptive {
   buffer<float, Space> agreed_;
   int world_;
   std::size_t used_ = 0;
-  // Timing of the round in flight.
+  /// Timing of the round in flight.
   clock::time_point last_begin_{};
   bool begun_before_ = false;
   bool done_ = false;
-  double blocked_ = 0.0;       // seconds inside this reducer's calls this round
-  double compute_ = 0.0;       // seconds between the previous round's begin and this one's, outside it
-  double link_seconds_ = 0.0;  // begin to the first call that found the rung complete
+  double blocked_ = 0.0;       ///< seconds inside this reducer's calls this round
+  double compute_ = 0.0;       ///< seconds between the previous round's begin and this one's, outside it
+  double link_seconds_ = 0.0;  ///< begin to the first call that found the rung complete
   compression_choice choice_;
 };
 

@@ -1,12 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// The reducer for lossy codecs: the compressed mean's protocol (encode,
-// all-to-all, reduce the shard, all-gather, vote; compress/compressed_mean.hpp
-// says why) on reduce::staged's state machine, over the per-space operations
-// of compress::compressed_mean<C, host_space> (fused host passes) and
-// <C, device_space> (team programs, device checksums).
-
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -18,6 +12,11 @@
 
 namespace diloco::reduce {
 
+/// The reducer for lossy codecs: the compressed mean's protocol (encode,
+/// all-to-all, reduce the shard, all-gather, vote; compress/compressed_mean.hpp
+/// says why) on reduce::staged's state machine, over the per-space operations
+/// of compress::compressed_mean<C, host_space> (fused host passes) and
+/// <C, device_space> (team programs, device checksums).
 template <class Compressor, class Comm, class Space, class Exec>
 class compressed
     : public staged<compressed<Compressor, Comm, Space, Exec>, compress::compressed_mean<Compressor, Space>, Comm, Space,
@@ -27,16 +26,16 @@ class compressed
   friend base;
 
  public:
-  // The fragment id goes into every segment header and seeds the
-  // fragment's stochastic-rounding streams (diloco::detail::stream_seed).
+  /// The fragment id goes into every segment header and seeds the
+  /// fragment's stochastic-rounding streams (diloco::detail::stream_seed).
   compressed(const parameter_set<float, Space>& params, int world, int rank, const typename Compressor::options& opts,
              std::uint32_t fragment, Exec& exec)
       : base(base::make_engine(params, world, rank, opts, fragment, exec), world) {}
 
  private:
 
-  // all-to-all of the encoded shards, then reduce; all-gather of the
-  // reduced shards, then check them.
+  /// all-to-all of the encoded shards, then reduce; all-gather of the
+  /// reduced shards, then check them.
   static constexpr std::size_t exchanges = 2;
   collective exchange(std::size_t i) {
     engine_type& e = *this->engine_;

@@ -1,12 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// The reducer for low-rank compression (compress/low_rank.hpp) on
-// reduce::staged's state machine: encode P, all-gather, orthonormalise and
-// compute Q, all-gather, validate and vote, over compress::low_rank_mean<Space>
-// (host or device memory: the passes are DILOCO_HD functors,
-// kernels/low_rank_passes.hpp, run by the executor).
-
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -17,6 +11,11 @@
 
 namespace diloco::reduce {
 
+/// The reducer for low-rank compression (compress/low_rank.hpp) on
+/// reduce::staged's state machine: encode P, all-gather, orthonormalise and
+/// compute Q, all-gather, validate and vote, over compress::low_rank_mean<Space>
+/// (host or device memory: the passes are DILOCO_HD functors,
+/// kernels/low_rank_passes.hpp, run by the executor).
 template <class Compressor, class Comm, class Space, class Exec>
 class factored : public staged<factored<Compressor, Comm, Space, Exec>, compress::low_rank_mean<Space>, Comm, Space, Exec> {
   using engine_type = compress::low_rank_mean<Space>;
@@ -24,12 +23,14 @@ class factored : public staged<factored<Compressor, Comm, Space, Exec>, compress
   friend base;
 
  public:
+  /// The reducer of one fragment (`fragment`, carried in its headers) over `params`, rank `rank`
+  /// of `world`; `exec` uploads a device engine's tables.
   factored(const parameter_set<float, Space>& params, int world, int rank, const typename Compressor::options& opts,
            std::uint32_t fragment, Exec& exec)
       : base(base::make_engine(params, world, rank, opts, fragment, exec), world) {}
 
  private:
-  // The P segments, then the Q segments.
+  /// The P segments, then the Q segments.
   static constexpr std::size_t exchanges = 2;
   collective exchange(std::size_t i) {
     engine_type& e = *this->engine_;

@@ -1,20 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// The reducer for lossless pseudo-gradients: the mean travels as fp32
-// through the communicator's all-reduce (sum).
-//   begin: one pass writes Δ = ref − local into the wire and its squares
-//          into this rank's norm slot (M slots behind the values: every rank
-//          learns every norm, so all refuse a bad round together), then the
-//          all-reduce starts (non-blocking when the schedule overlaps);
-//   wait:  completes it and checks the norms;
-//   apply: one pass of outer step + merge over all the fragment's tensors.
-// Both passes run over the fragment's tensor list (exec/chunks.hpp): one
-// parallel region on the host, one launch on the GPU, whatever the number of
-// tensors.
-// A world of one with nothing to overlap keeps no wire: the norm is taken
-// at begin and the apply pass computes Δ itself (outer_apply_local).
-
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -33,15 +19,29 @@
 
 namespace diloco::reduce {
 
+/// The reducer for lossless pseudo-gradients: the mean travels as fp32
+/// through the communicator's all-reduce (sum).
+///   begin: one pass writes Δ = ref − local into the wire and its squares
+///          into this rank's norm slot (M slots behind the values: every rank
+///          learns every norm, so all refuse a bad round together), then the
+///          all-reduce starts (non-blocking when the schedule overlaps);
+///   wait:  completes it and checks the norms;
+///   apply: one pass of outer step + merge over all the fragment's tensors.
+/// Both passes run over the fragment's tensor list (exec/chunks.hpp): one
+/// parallel region on the host, one launch on the GPU, whatever the number of
+/// tensors.
+/// A world of one with nothing to overlap keeps no wire: the norm is taken
+/// at begin and the apply pass computes Δ itself (outer_apply_local).
 template <class Comm, class Space, class Exec>
 class fp32_mean {
  public:
+  /// How the all-reduce reaches the communicator (direct, or staged through host memory).
   using transport = detail::wire_transport<Comm, Space, Exec>;
 
-  // `params`: the fragment's tensors, offsets from the fragment's start;
-  // `list`: the same as a tensor list of the engine's executor.
-  // `snapshot`: the pseudo-gradient must be kept from begin to apply
-  // (inner steps run in between), so even a world of one needs a wire.
+  /// `params`: the fragment's tensors, offsets from the fragment's start;
+  /// `list`: the same as a tensor list of the engine's executor.
+  /// `snapshot`: the pseudo-gradient must be kept from begin to apply
+  /// (inner steps run in between), so even a world of one needs a wire.
   fp32_mean(const parameter_set<float, Space>& params, const tensor_list<Space>& list, int world, int rank,
             bool snapshot)
       : params_(&params), list_(&list), world_(world), rank_(rank), local_only_(world == 1 && !snapshot) {
@@ -49,9 +49,12 @@ class fp32_mean {
     norms_.assign(static_cast<std::size_t>(world), 0.0f);
   }
 
-  // Floats the transport must be able to stage.
+  /// Floats the transport must be able to stage.
   std::size_t wire_floats() const { return wire_.size(); }
 
+  /// Starts a reduction: Δ = ref − local and its norm into the wire, then the all-reduce
+  /// (non-blocking when `overlap` and the transport allows it). `ref` is the point the
+  /// pseudo-gradient is taken from.
   void begin(Exec& exec, Comm& comm, transport& link, const float* ref, bool overlap) {
     out_ = {};
     if (local_only_) {
@@ -75,13 +78,14 @@ class fp32_mean {
     link.all_reduce(comm, exec, wire_.data(), wire_.size(), reduce_op::sum);
   }
 
-  // Drops the reduction in flight (elastic recovery): its collective is
-  // waited for (a failed group fails it at once) and its result ignored.
+  /// Drops the reduction in flight (elastic recovery): its collective is
+  /// waited for (a failed group fails it at once) and its result ignored.
   void abort() { pending_ = {}; }
 
-  // True once the reduction has completed (it makes progress here).
+  /// True once the reduction has completed (it makes progress here).
   bool poll() { return pending_.test(); }
 
+  /// Completes the all-reduce and checks every rank's norm: the verdict, the same on every rank.
   verdict wait(Exec& exec) {
     pending_.wait();
     verdict out = out_;
@@ -97,8 +101,8 @@ class fp32_mean {
     return out;
   }
 
-  // Outer step on `global` (the fragment's theta_global) with the mean,
-  // then the merge into the replica.
+  /// Outer step on `global` (the fragment's theta_global) with the mean,
+  /// then the merge into the replica.
   template <class Update, class Merge>
   void apply(Exec& exec, const Update& update, float* global, float* state, std::size_t stride, const Merge& merge) {
     if (local_only_)

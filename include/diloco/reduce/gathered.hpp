@@ -1,11 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// The reducer for sparse codecs (chunk_topk): the gathered mean's protocol
-// (encode, all-gather, validate and vote; compress/gathered_mean.hpp says
-// why) on reduce::staged's state machine, over compress::gathered_mean<C,
-// host_space> (fused host passes) or <C, device_space> (team programs).
-
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -17,6 +12,10 @@
 
 namespace diloco::reduce {
 
+/// The reducer for sparse codecs (chunk_topk): the gathered mean's protocol
+/// (encode, all-gather, validate and vote; compress/gathered_mean.hpp says
+/// why) on reduce::staged's state machine, over compress::gathered_mean<C,
+/// host_space> (fused host passes) or <C, device_space> (team programs).
 template <class Compressor, class Comm, class Space, class Exec>
 class gathered
     : public staged<gathered<Compressor, Comm, Space, Exec>, compress::gathered_mean<Compressor, Space>, Comm, Space,
@@ -26,13 +25,15 @@ class gathered
   friend base;
 
  public:
+  /// The reducer of one fragment (`fragment`, carried in its headers) over `params`, rank `rank`
+  /// of `world`; `exec` uploads a device engine's tables.
   gathered(const parameter_set<float, Space>& params, int world, int rank, const typename Compressor::options& opts,
            std::uint32_t fragment, Exec& exec)
       : base(base::make_engine(params, world, rank, opts, fragment, exec), world) {}
 
  private:
 
-  // One all-gather of every rank's segment, then validate them all.
+  /// One all-gather of every rank's segment, then validate them all.
   static constexpr std::size_t exchanges = 1;
   collective exchange(std::size_t) {
     engine_type& e = *this->engine_;

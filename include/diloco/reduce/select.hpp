@@ -16,7 +16,7 @@
 
 namespace diloco::reduce {
 
-// A lossy compressor's own reducer (adaptive's rungs are these).
+/// A lossy compressor's own reducer (adaptive's rungs are these).
 template <class Compressor, class Comm, class Space, class Exec>
 using lossy_reducer_t = std::conditional_t<
     compress::factored_compressor<Compressor>, factored<Compressor, Comm, Space, Exec>,
@@ -26,6 +26,8 @@ using lossy_reducer_t = std::conditional_t<
 template <class Compressor, class Comm, class Space, class Exec>
 class adaptive;
 
+/// The reducer a compressor's pseudo-gradients travel through: fp32_mean for lossless
+/// compressors, adaptive for switching ones, else the compressor's own (lossy_reducer_t).
 template <class Compressor, class Comm, class Space, class Exec>
 using reducer_t = std::conditional_t<
     Compressor::lossless, fp32_mean<Comm, Space, Exec>,

@@ -1,27 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// The state machine every engine-backed reducer runs (reduce::compressed,
-// reduce::gathered, reduce::factored): encode, then a fixed list of
-// collectives, each followed by the engine's operations on what arrived,
-// then the vote (a tiny all-reduce of each rank's verdict) and the result.
-// When the transport runs the communicator's collectives non-blocking (an
-// async host communicator, for device buffers staged through host memory
-// too, or an async device communicator) and the schedule overlaps, each
-// collective is started non-blocking and the next stage runs when poll()
-// finds it complete, between inner steps; otherwise begin() runs every stage
-// at once through the engine's transport, which gives the same bits. A world
-// of one copies instead of calling the communicator.
-//
-// A reducer derives from staged<Derived, Engine, Comm, Space, Exec> and says
-// its protocol:
-//   static constexpr std::size_t exchanges;     collectives before the vote
-//   collective exchange(std::size_t i);         the i-th one's buffers
-//   void alone(std::size_t i, Exec&);           its copy in a world of one
-//   void after(std::size_t i, Exec&);           the operations once it completed
-// The engine provides encode(exec, ref, round), vote_data(), vote_count(),
-// result(exec), apply(...), slot_bytes(), residual(), visit_state(...).
-
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -38,24 +17,50 @@
 
 namespace diloco::reduce {
 
-// One byte collective of a protocol: an all-to-all of `bytes` in total, or
-// an all-gather of `bytes` per rank.
+/// One byte collective of a protocol: an all-to-all of `bytes` in total, or
+/// an all-gather of `bytes` per rank.
 struct collective {
+  ///@{
+  /// Which collective.
   enum class kind { all_to_all, all_gather } op;
-  const std::byte* send;
-  std::byte* recv;
-  std::size_t bytes;
+  ///@}
+  const std::byte* send;  ///< this rank's send buffer
+  std::byte* recv;        ///< its receive buffer
+  std::size_t bytes;      ///< the all-to-all's whole buffer, or the all-gather's block per rank
 };
 
+/// The state machine every engine-backed reducer runs (reduce::compressed,
+/// reduce::gathered, reduce::factored): encode, then a fixed list of
+/// collectives, each followed by the engine's operations on what arrived,
+/// then the vote (a tiny all-reduce of each rank's verdict) and the result.
+/// When the transport runs the communicator's collectives non-blocking (an
+/// async host communicator, for device buffers staged through host memory
+/// too, or an async device communicator) and the schedule overlaps, each
+/// collective is started non-blocking and the next stage runs when poll()
+/// finds it complete, between inner steps; otherwise begin() runs every stage
+/// at once through the engine's transport, which gives the same bits. A world
+/// of one copies instead of calling the communicator.
+///
+/// A reducer derives from staged<Derived, Engine, Comm, Space, Exec> and says
+/// its protocol:
+///   static constexpr std::size_t exchanges;     collectives before the vote
+///   collective exchange(std::size_t i);         the i-th one's buffers
+///   void alone(std::size_t i, Exec&);           its copy in a world of one
+///   void after(std::size_t i, Exec&);           the operations once it completed
+/// The engine provides encode(exec, ref, round), vote_data(), vote_count(),
+/// result(exec), apply(...), slot_bytes(), residual(), visit_state(...).
 template <class Derived, class Engine, class Comm, class Space, class Exec>
 class staged {
  public:
+  /// How the collectives reach the communicator (direct, or staged through host memory).
   using transport = detail::wire_transport<Comm, Space, Exec>;
 
+  /// The size of one rank's slot in the engine's exchange buffers (the transport stages M of
+  /// them).
   std::size_t slot_bytes() const { return engine_->slot_bytes(); }
-  // The bytes one rank's collectives carry in a round (the vote aside): an
-  // all-to-all of B bytes sends (M-1)/M of them, an all-gather of B bytes
-  // per rank brings (M-1) B. adaptive<C...> predicts link time from it.
+  /// The bytes one rank's collectives carry in a round (the vote aside): an
+  /// all-to-all of B bytes sends (M-1)/M of them, an all-gather of B bytes
+  /// per rank brings (M-1) B. adaptive<C...> predicts link time from it.
   std::size_t link_bytes() {
     const auto m = static_cast<std::size_t>(world_);
     std::size_t total = 0;
@@ -65,12 +70,17 @@ class staged {
     }
     return total;
   }
+  /// The error-feedback residual in the flat layout, in the parameters' memory space.
   auto residual() const { return engine_->residual(); }
+  /// The engine's state (the error-feedback residual, ...) under `prefix`, for checkpoints.
   template <class Visitor>
   void visit_state(Visitor& v, std::string_view prefix) {
     engine_->visit_state(v, prefix);
   }
 
+  /// Encodes this rank's pseudo-gradient (Δ = ref − local; `round` seeds stochastic rounding)
+  /// and starts the first collective: non-blocking when `overlap` and the transport allows it,
+  /// else the whole exchange runs now.
   void begin(Exec& exec, Comm& comm, transport& link, const float* ref, std::uint64_t round, bool overlap) {
     async_ = transport::async && overlap;
     engine_->encode(exec, ref, round);
@@ -78,15 +88,15 @@ class staged {
     start(exec, comm, link);
   }
 
-  // Drops the exchange in flight (elastic recovery): the pending collective
-  // is waited for and its result ignored; the residual was not committed.
+  /// Drops the exchange in flight (elastic recovery): the pending collective
+  /// is waited for and its result ignored; the residual was not committed.
   void abort() {
     pending_ = {};
     stage_ = done;
   }
 
-  // Runs every stage whose collective has completed; true when the whole
-  // exchange has.
+  /// Runs every stage whose collective has completed; true when the whole
+  /// exchange has.
   bool poll(Exec& exec, Comm& comm, transport& link) {
     while (stage_ != done) {
       if (!pending_.test()) return false;
@@ -95,6 +105,7 @@ class staged {
     return true;
   }
 
+  /// Runs the remaining stages to the end and returns the verdict, the same on every rank.
   verdict wait(Exec& exec, Comm& comm, transport& link) {
     while (stage_ != done) {
       pending_.wait();
@@ -103,15 +114,18 @@ class staged {
     return out_;
   }
 
+  /// The outer step on `global` with the decoded mean (`state`: the outer optimizer's slots,
+  /// `stride` apart), merged into the replica by `merge`; commits the new residual.
   template <class Update, class Merge>
   void apply(Exec& exec, const Update& update, float* global, float* state, std::size_t stride, const Merge& merge) {
     engine_->apply(exec, update, global, state, stride, merge);
   }
 
  protected:
+  /// A reducer over `engine`, in a group of `world` ranks.
   staged(std::unique_ptr<Engine> engine, int world) : engine_(std::move(engine)), world_(world) {}
-  // The engine for Space: a host engine takes no executor, a device engine
-  // uploads its tables with it.
+  /// The engine for Space: a host engine takes no executor, a device engine
+  /// uploads its tables with it.
   template <class Options>
   static std::unique_ptr<Engine> make_engine(const parameter_set<float, Space>& params, int world, int rank,
                                              const Options& opts, std::uint32_t fragment, Exec& exec) {
@@ -120,18 +134,18 @@ class staged {
     else
       return std::make_unique<Engine>(params, world, rank, opts, exec, fragment);
   }
-  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Engine> engine_;  ///< the per-space operations of the protocol
 
  private:
-  // stage_ names the collective in flight (or just done): exchanges 0..n-1,
-  // then the vote, then done.
+  /// stage_ names the collective in flight (or just done): exchanges 0..n-1,
+  /// then the vote, then done.
   static constexpr std::size_t vote = Derived::exchanges;
   static constexpr std::size_t done = vote + 1;
 
   Derived& self() { return static_cast<Derived&>(*this); }
 
-  // Starts the current stage's collective: non-blocking when overlapping
-  // (poll/wait finish it), else blocking through the transport.
+  /// Starts the current stage's collective: non-blocking when overlapping
+  /// (poll/wait finish it), else blocking through the transport.
   void start(Exec& exec, Comm& comm, transport& link) {
     if (stage_ == done) return;
     const bool alone = comm.size() == 1;
@@ -162,8 +176,8 @@ class staged {
     advance(exec, comm, link);
   }
 
-  // The current stage's collective has completed: run the operations after
-  // it and start the next collective.
+  /// The current stage's collective has completed: run the operations after
+  /// it and start the next collective.
   void advance(Exec& exec, Comm& comm, transport& link) {
     if (stage_ == done) return;
     if (stage_ == vote) {

@@ -15,11 +15,11 @@
 
 namespace diloco::reduce {
 
-// accepted/corrupt/problem, this rank's norms and encoded bytes.
+/// accepted/corrupt/problem, this rank's norms and encoded bytes.
 using verdict = compress::exchange_result;
 
-// The fp32 check every rank makes of the norms all ranks sent: the round is
-// refused when any is not finite or their sum overflows.
+/// The fp32 check every rank makes of the norms all ranks sent: the round is
+/// refused when any is not finite or their sum overflows.
 inline void check_norms(std::span<const float> norms, verdict& out) {
   double total = 0.0;
   std::string bad;

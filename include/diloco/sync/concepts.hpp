@@ -1,22 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// What a synchronisation schedule (the fifth policy of diloco::algorithm)
-// must provide. A schedule decides, after each inner step, which fragments
-// begin a reduction and which apply one; the engine does the work.
-//
-//   options          runtime numbers, designated-initializer defaults
-//   name             for messages and experiment rows
-//   overlaps         true when a reduction may stay in flight while inner
-//                    steps run: the communicator must then model
-//                    async_communicator
-//   kind             periodic: fragments reduced at fixed steps of each
-//                    round (blocking, streaming); delayed: the whole model's
-//                    round r reduction is applied at the end of round r+1
-//                    (one-step delay, eager)
-//   validate(o, H, tensor count)   config_error naming the option and range
-//   plan(o, H, sizes)              the fragments and their steps (periodic)
-
 #include <concepts>
 #include <cstddef>
 #include <span>
@@ -25,8 +9,28 @@
 
 namespace diloco::sync {
 
+/// When a schedule's reductions are applied. periodic: fragments reduced at fixed steps of each
+/// round (blocking, streaming); delayed: the whole model's round r reduction is applied at the
+/// end of round r+1 (one-step delay, eager).
 enum class schedule_kind { periodic, delayed };
 
+/// What a synchronisation schedule (the fifth policy of diloco::algorithm)
+/// must provide. A schedule decides, after each inner step, which fragments
+/// begin a reduction and which apply one; the engine does the work.
+///
+/// ```
+/// options          runtime numbers, designated-initializer defaults
+/// name             for messages and experiment rows
+/// overlaps         true when a reduction may stay in flight while inner
+///                  steps run: the communicator must then model
+///                  async_communicator
+/// kind             periodic: fragments reduced at fixed steps of each
+///                  round (blocking, streaming); delayed: the whole model's
+///                  round r reduction is applied at the end of round r+1
+///                  (one-step delay, eager)
+/// validate(o, H, tensor count)   config_error naming the option and range
+/// plan(o, H, sizes)              the fragments and their steps (periodic)
+/// ```
 template <class S>
 concept sync_policy = requires(const typename S::options& o, std::size_t h, std::span<const std::size_t> sizes) {
   typename S::options;

@@ -18,38 +18,43 @@
 
 namespace diloco::sync {
 
-// How tensors are split into fragments.
-//   contiguous: model order, cut where the running size first reaches
-//               (p+1)/P of the total (each fragment keeps at least one tensor);
-//   strided:    tensor i in fragment i mod P (the Streaming DiLoCo paper's
-//               assignment of layers).
+/// How tensors are split into fragments.
+///   contiguous: model order, cut where the running size first reaches
+///               (p+1)/P of the total (each fragment keeps at least one tensor);
+///   strided:    tensor i in fragment i mod P (the Streaming DiLoCo paper's
+///               assignment of layers).
 enum class fragment_assignment { contiguous, strided };
 
+/// "contiguous" or "strided", for option listings.
 inline const char* to_string(fragment_assignment a) {
   return a == fragment_assignment::contiguous ? "contiguous" : "strided";
 }
 
+/// The fragments of a model and the steps at which each one's reduction begins and is applied:
+/// what every schedule hands the engine. Fragment p is applied after every step t ≡ s_p
+/// (mod H), first at t = s_p, and its reduction begins τ steps earlier.
 struct fragment_plan {
-  std::size_t inner_steps = 1;                 // H
-  std::size_t delay = 0;                       // τ
-  std::vector<std::size_t> apply_step;         // s_p in [1, H]
-  std::vector<std::vector<std::size_t>> tensors;  // model indices of each fragment, ascending
+  std::size_t inner_steps = 1;                 ///< H
+  std::size_t delay = 0;                       ///< τ
+  std::vector<std::size_t> apply_step;         ///< s_p in [1, H]
+  std::vector<std::vector<std::size_t>> tensors;  ///< model indices of each fragment, ascending
 
+  /// P, the number of fragments.
   std::size_t fragments() const { return apply_step.size(); }
 
-  // Fragment p's reduction is applied after step t (t >= 1).
+  /// Fragment p's reduction is applied after step t (t >= 1).
   bool applies_after(std::size_t p, std::uint64_t t) const {
     return t >= apply_step[p] && (t - apply_step[p]) % inner_steps == 0;
   }
-  // Fragment p's reduction begins after step t (t >= 1).
+  /// Fragment p's reduction begins after step t (t >= 1).
   bool begins_after(std::size_t p, std::uint64_t t) const {
     const std::uint64_t first = apply_step[p] - delay;  // >= 1 by validation
     return t >= first && (t - first) % inner_steps == 0;
   }
 
-  // The plan for P fragments over tensors of the given sizes. Validates
-  // 1 <= P <= min(H, tensor count) and 0 <= τ <= floor(H/P) - 1, the range
-  // in which at most one reduction is in flight at any time.
+  /// The plan for P fragments over tensors of the given sizes. Validates
+  /// 1 <= P <= min(H, tensor count) and 0 <= τ <= floor(H/P) - 1, the range
+  /// in which at most one reduction is in flight at any time.
   static fragment_plan make(std::size_t H, std::size_t P, std::size_t delay, fragment_assignment assign,
                             std::span<const std::size_t> sizes, const char* who) {
     const std::size_t n = sizes.size();

@@ -14,54 +14,60 @@
 
 namespace diloco {
 
-// Where a tensor may start in the library's flat buffers, in bytes. On the
-// device every tensor starts on a 64-byte boundary, so the fused kernels can
-// use 16-byte vector accesses at every tensor; on the host tensors are
-// packed (unaligned vector loads cost the CPU nothing).
+/// Where a tensor may start in the library's flat buffers, in bytes. On the
+/// device every tensor starts on a 64-byte boundary, so the fused kernels can
+/// use 16-byte vector accesses at every tensor; on the host tensors are
+/// packed (unaligned vector loads cost the CPU nothing).
 template <class Space>
 inline constexpr std::size_t flat_alignment_bytes = std::is_same_v<Space, device_space> ? 64 : 1;
 
-// A model's parameters: many tensors of different sizes, addressed as one
-// flat index space. Tensor k occupies [offset(k), offset(k) + size(k)) of
-// every flat buffer the library keeps per parameter (global copy, optimizer
-// state, communication buffer), so one offset table serves them all.
-//
-// In device space offsets (and the total) are rounded up to a multiple of
-// `alignment()` elements. The gaps are padding: zero in every buffer (they
-// are zero-filled and no pass writes outside a tensor's range), so they add
-// 0 - 0 to the pseudo-gradient and nothing to any norm. `elements()` counts
-// the parameters, `total()` the flat length including padding.
+/// A model's parameters: many tensors of different sizes, addressed as one
+/// flat index space. Tensor k occupies [offset(k), offset(k) + size(k)) of
+/// every flat buffer the library keeps per parameter (global copy, optimizer
+/// state, communication buffer), so one offset table serves them all.
+///
+/// In device space offsets (and the total) are rounded up to a multiple of
+/// `alignment()` elements. The gaps are padding: zero in every buffer (they
+/// are zero-filled and no pass writes outside a tensor's range), so they add
+/// 0 - 0 to the pseudo-gradient and nothing to any norm. `elements()` counts
+/// the parameters, `total()` the flat length including padding.
 template <class T, class Space>
 class parameter_set {
  public:
-  using view_type = tensor_view<T, Space>;
+  using view_type = tensor_view<T, Space>;  ///< how a tensor of the set is viewed
 
   parameter_set() = default;
 
-  // Offsets are multiples of this many elements.
+  /// Offsets are multiples of this many elements.
   static constexpr std::size_t alignment() {
     return flat_alignment_bytes<Space> > sizeof(T) ? flat_alignment_bytes<Space> / sizeof(T) : 1;
   }
 
+  /// Views every tensor of a range of tensors, in order (the tensors must outlive the set).
   template <class R>
   explicit parameter_set(R&& tensors) {
     for (auto&& t : tensors) add(t);
   }
 
+  /// Number of tensors.
   std::size_t count() const { return views_.size(); }
-  // Length of a flat buffer over the set: the elements plus any padding.
+  /// Length of a flat buffer over the set: the elements plus any padding.
   std::size_t total() const { return total_; }
-  // Number of parameters (the tensors' sizes added up).
+  /// Number of parameters (the tensors' sizes added up).
   std::size_t elements() const { return elements_; }
+  /// Where tensor k starts in a flat buffer over the set (a multiple of alignment()).
   std::size_t offset(std::size_t k) const { return offsets_[k]; }
-  // Tensor k's shape (tensor_traits' rows and cols; a vector is n x 1).
+  /// Tensor k's shape (tensor_traits' rows and cols; a vector is n x 1).
   const tensor_shape& shape(std::size_t k) const { return shapes_[k]; }
+  ///@{
+  /// Tensor k's view, and the views in order.
   const view_type& operator[](std::size_t k) const { return views_[k]; }
   auto begin() const { return views_.begin(); }
   auto end() const { return views_.end(); }
+  ///@}
 
-  // Replaces the views, keeping capacity: per-step gradient lists reuse it
-  // without allocating.
+  /// Replaces the views, keeping capacity: per-step gradient lists reuse it
+  /// without allocating.
   template <class R>
   void assign(R&& tensors) {
     views_.clear();
@@ -71,8 +77,8 @@ class parameter_set {
     for (auto&& t : tensors) add(t);
   }
 
-  // Checks that `other` has the same tensor count and sizes; `what` names
-  // the other list in the message.
+  /// Checks that `other` has the same tensor count and sizes; `what` names
+  /// the other list in the message.
   template <class U, class S>
   void require_same_shape(const parameter_set<U, S>& other, const char* what) const {
     if (other.count() != count())

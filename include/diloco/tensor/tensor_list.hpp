@@ -25,6 +25,10 @@
 
 namespace diloco {
 
+/// A list of tensors as the multi-tensor passes read it (exec/chunks.hpp,
+/// kernels/tensor_passes.hpp): the chunk table of their elements and every tensor's data
+/// pointer and offset in the flat buffers, in the memory of the executor that runs the passes.
+/// Uploaded once, when it is made.
 template <class Space>
 class tensor_list {
   static constexpr bool host = std::is_same_v<Space, host_space>;
@@ -32,8 +36,8 @@ class tensor_list {
  public:
   tensor_list() = default;
 
-  // Tensor k of `set` at offsets[k] of the flat buffers (the set's own
-  // offsets when `offsets` is empty).
+  /// Tensor k of `set` at offsets[k] of the flat buffers (the set's own
+  /// offsets when `offsets` is empty).
   template <class Exec>
   tensor_list(const parameter_set<float, Space>& set, Exec& exec, std::span<const std::size_t> offsets = {}) {
     std::vector<std::size_t> sizes;
@@ -57,22 +61,26 @@ class tensor_list {
     }
   }
 
+  ///@{
+  /// The number of tensors, and of their elements.
   std::size_t count() const { return data_.size(); }
   std::size_t elements() const { return table_.elements(); }
-  // The chunk table in the executor's memory.
+  ///@}
+  /// The chunk table in the executor's memory.
   exec::chunk_view chunks() const {
     if constexpr (host)
       return table_.view();
     else
       return {device_pieces_.data(), device_first_.data(), table_.chunks(), table_.elements()};
   }
+  /// Every tensor's data pointer and offset, in the executor's memory.
   kernels::tensor_ptrs ptrs() const {
     if constexpr (host)
       return {data_.data(), offsets_.data()};
     else
       return {device_data_.data(), device_offsets_.data()};
   }
-  // The host's copy of the table (the same pieces).
+  /// The host's copy of the table (the same pieces).
   const exec::chunk_table& table() const { return table_; }
 
  private:
@@ -85,19 +93,20 @@ class tensor_list {
   buffer<std::size_t, Space> device_offsets_;
 };
 
-// The gradients of a step as a pointer array in the executor's memory.
+/// The gradients of a step as a pointer array in the executor's memory.
 template <class Space>
 class gradient_list {
   static constexpr bool host = std::is_same_v<Space, host_space>;
 
  public:
   gradient_list() = default;
+  /// `count` gradients; nothing is uploaded until the first update().
   explicit gradient_list(std::size_t count) : host_(count, nullptr) {
     if constexpr (!host) device_ = buffer<const float*, Space>(count);
   }
 
-  // Takes this step's pointers (data(k) for k < count()); returns the array
-  // the passes read.
+  /// Takes this step's pointers (data(k) for k < count()); returns the array
+  /// the passes read.
   template <class Exec, class Data>
   const float* const* update(Exec& exec, Data&& data) {
     bool changed = !uploaded_;

@@ -88,11 +88,15 @@ inline std::size_t torch_cols(const at::Tensor& t) {
 
 }  // namespace detail
 
-// A CPU tensor. data() checks the tensor each time the library takes its
-// pointer (at construction for parameters, every step for gradients).
+/// A CPU tensor. data() checks the tensor each time the library takes its
+/// pointer (at construction for parameters, every step for gradients).
 template <>
 struct tensor_traits<at::Tensor> {
-  static constexpr const char* name = "diloco::tensor_traits<torch::Tensor>";
+  static constexpr const char* name = "diloco::tensor_traits<torch::Tensor>";  ///< names the checker in messages
+  ///@{
+  /// The customization point's members (see tensor_traits); data() and size() check the tensor,
+  /// rows() and cols() give PyTorch's matrix view of it (shape[0] rows, the rest flattened into
+  /// columns).
   using value_type = float;
   using memory_space = host_space;
   static float* data(const at::Tensor& t) {
@@ -105,26 +109,32 @@ struct tensor_traits<at::Tensor> {
   }
   static std::size_t rows(const at::Tensor& t) { return detail::torch_rows(t); }
   static std::size_t cols(const at::Tensor& t) { return detail::torch_cols(t); }
+  ///@}
 };
 
-// A CUDA tensor as device memory. Training over device tensors runs the
-// CUDA engine, which is instantiated only in nvcc-compiled code that
-// includes diloco/cuda.hpp (diloco::cuda). Two ways there:
-//   - torch_device_tensor in the nvcc translation unit itself: needs a
-//     libtorch whose headers nvcc accepts at C++20 (libtorch 2.x; Debian's
-//     1.13 headers do not compile under nvcc 13 at C++20);
-//   - torch_device_views() in host code (g++), handing plain
-//     device_view<float>s to an nvcc translation unit that never includes
-//     libtorch: works with any CUDA build of libtorch.
-// Either way the tensors must be on a CUDA device at run time; Debian's
-// libtorch is CPU only, so here both are exercised only by their refusals.
+/// A CUDA tensor as device memory. Training over device tensors runs the
+/// CUDA engine, which is instantiated only in nvcc-compiled code that
+/// includes diloco/cuda.hpp (diloco::cuda). Two ways there:
+///   - torch_device_tensor in the nvcc translation unit itself: needs a
+///     libtorch whose headers nvcc accepts at C++20 (libtorch 2.x; Debian's
+///     1.13 headers do not compile under nvcc 13 at C++20);
+///   - torch_device_views() in host code (g++), handing plain
+///     device_view<float>s to an nvcc translation unit that never includes
+///     libtorch: works with any CUDA build of libtorch.
+/// Either way the tensors must be on a CUDA device at run time; Debian's
+/// libtorch is CPU only, so here both are exercised only by their refusals.
 struct torch_device_tensor {
-  at::Tensor tensor;
+  at::Tensor tensor;  ///< the CUDA tensor
 };
 
+/// A wrapped CUDA tensor is a device tensor.
 template <>
 struct tensor_traits<torch_device_tensor> {
-  static constexpr const char* name = "diloco::torch_device_tensor";
+  static constexpr const char* name = "diloco::torch_device_tensor";  ///< names the checker in messages
+  ///@{
+  /// The customization point's members (see tensor_traits); data() and size() check the tensor,
+  /// rows() and cols() give PyTorch's matrix view of it (shape[0] rows, the rest flattened into
+  /// columns).
   using value_type = float;
   using memory_space = device_space;
   static float* data(const torch_device_tensor& t) {
@@ -137,9 +147,10 @@ struct tensor_traits<torch_device_tensor> {
   }
   static std::size_t rows(const torch_device_tensor& t) { return detail::torch_rows(t.tensor); }
   static std::size_t cols(const torch_device_tensor& t) { return detail::torch_cols(t.tensor); }
+  ///@}
 };
 
-// Wraps each tensor of a list (parameters or gradients) as device memory.
+/// Wraps each tensor of a list (parameters or gradients) as device memory.
 inline std::vector<torch_device_tensor> torch_device_tensors(const std::vector<at::Tensor>& tensors) {
   std::vector<torch_device_tensor> out;
   out.reserve(tensors.size());
@@ -147,9 +158,9 @@ inline std::vector<torch_device_tensor> torch_device_tensors(const std::vector<a
   return out;
 }
 
-// The tensors as plain device views (pointer and size), each checked to be
-// a CUDA fp32 contiguous tensor: for an nvcc translation unit that does not
-// include libtorch. The views alias the tensors' storage.
+/// The tensors as plain device views (pointer and size), each checked to be
+/// a CUDA fp32 contiguous tensor: for an nvcc translation unit that does not
+/// include libtorch. The views alias the tensors' storage.
 inline std::vector<device_view<float>> torch_device_views(const std::vector<at::Tensor>& tensors) {
   std::vector<device_view<float>> out;
   out.reserve(tensors.size());
@@ -161,18 +172,18 @@ inline std::vector<device_view<float>> torch_device_views(const std::vector<at::
   return out;
 }
 
-// A module's trainable parameters (those with requires_grad, in
-// named_parameters() order) and their gradients. Every parameter is checked
-// at construction (fp32, dense, contiguous), named in the message; where it
-// lives is checked where the list is used: bare, a CPU list; through
-// torch_device_tensors(), a CUDA list. gradients() collects the .grad()
-// of each after a backward pass: every trainable parameter must have one
-// (diloco steps all of them; torch.optim would skip a parameter without
-// one), else config_error names the parameter.
+/// A module's trainable parameters (those with requires_grad, in
+/// named_parameters() order) and their gradients. Every parameter is checked
+/// at construction (fp32, dense, contiguous), named in the message; where it
+/// lives is checked where the list is used: bare, a CPU list; through
+/// torch_device_tensors(), a CUDA list. gradients() collects the .grad()
+/// of each after a backward pass: every trainable parameter must have one
+/// (diloco steps all of them; torch.optim would skip a parameter without
+/// one), else config_error names the parameter.
 class torch_parameters {
  public:
-  // `module`: a torch::nn::Module or a module holder (torch::nn::Linear,
-  // a TORCH_MODULE type).
+  /// `module`: a torch::nn::Module or a module holder (torch::nn::Linear,
+  /// a TORCH_MODULE type).
   template <class Module>
     requires requires(const Module& m) { m.named_parameters(); } ||
              requires(const Module& m) { m->named_parameters(); }
@@ -183,26 +194,29 @@ class torch_parameters {
       take(module->named_parameters());
   }
 
-  // A list of tensors (names default to "parameter <k>").
+  /// A list of tensors (names default to "parameter <k>").
   explicit torch_parameters(std::vector<at::Tensor> tensors) {
     for (auto& t : tensors) add("parameter " + std::to_string(names_.size()), std::move(t));
   }
 
-  // For diloco::algorithm / diloco::optimizer: the parameters themselves.
+  /// For diloco::algorithm / diloco::optimizer: the parameters themselves.
   std::vector<at::Tensor>& tensors() { return tensors_; }
+  ///@{
+  /// The parameters, read-only; their names (named_parameters' keys); their number.
   const std::vector<at::Tensor>& tensors() const { return tensors_; }
   const std::vector<std::string>& names() const { return names_; }
   std::size_t size() const { return tensors_.size(); }
-  // The number of parameters (elements).
+  ///@}
+  /// The number of parameters (elements).
   std::size_t elements() const {
     std::size_t n = 0;
     for (const auto& t : tensors_) n += static_cast<std::size_t>(t.numel());
     return n;
   }
 
-  // The gradients now (call after backward(), before the step). The list
-  // is rebuilt each call, reusing its storage: a gradient zeroed with
-  // set_to_none or re-created by autograd is picked up.
+  /// The gradients now (call after backward(), before the step). The list
+  /// is rebuilt each call, reusing its storage: a gradient zeroed with
+  /// set_to_none or re-created by autograd is picked up.
   const std::vector<at::Tensor>& gradients() {
     grads_.clear();
     for (std::size_t k = 0; k < tensors_.size(); ++k) {

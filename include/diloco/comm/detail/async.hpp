@@ -34,15 +34,19 @@ struct request_state {
 
 }  // namespace detail
 
-// The handle of a non-blocking collective. wait() blocks until the operation
-// has completed and rethrows its error; test() polls. The buffers passed to
-// the operation must stay alive and untouched until then. A request that is
-// destroyed unwaited waits in its destructor (its error is dropped there:
-// call wait() to see it).
+/// The handle of a non-blocking collective. wait() blocks until the operation
+/// has completed and rethrows its error; test() polls. The buffers passed to
+/// the operation must stay alive and untouched until then. A request that is
+/// destroyed unwaited waits in its destructor (its error is dropped there:
+/// call wait() to see it).
 class async_request {
  public:
   async_request() = default;
+  /// A request for the operation whose completion `s` records (the communicator's progress thread
+  /// sets it).
   explicit async_request(std::shared_ptr<detail::request_state> s) : state_(std::move(s)) {}
+  ///@{
+  /// Moving hands the operation over; assigning to a request first waits for the one it holds.
   async_request(async_request&&) noexcept = default;
   async_request& operator=(async_request&& other) noexcept {
     if (this != &other) {
@@ -51,12 +55,15 @@ class async_request {
     }
     return *this;
   }
+  ///@}
   async_request(const async_request&) = delete;
   async_request& operator=(const async_request&) = delete;
   ~async_request() { drain(); }
 
+  /// False for a default-constructed or moved-from request.
   bool valid() const { return state_ != nullptr; }
 
+  /// Blocks until the operation has completed and rethrows its error; a second call returns at once.
   void wait() {
     if (!state_) return;
     auto s = std::move(state_);
@@ -69,6 +76,8 @@ class async_request {
     if (error) std::rethrow_exception(error);
   }
 
+  /// True once the operation has completed (then as wait(), rethrowing its error); false while it
+  /// runs.
   bool test() {
     if (!state_) return true;
     {

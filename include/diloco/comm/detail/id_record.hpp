@@ -32,8 +32,8 @@
 
 namespace diloco::comm {
 
-// A key-value store the ranks share, with gloo::rendezvous::Store's
-// interface: set a key, wait (with a timeout) until keys exist, get a key.
+/// A key-value store the ranks share, with gloo::rendezvous::Store's
+/// interface: set a key, wait (with a timeout) until keys exist, get a key.
 template <class S>
 concept unique_id_store = requires(S& s, const std::string& key, const std::vector<char>& value,
                                    const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) {

@@ -23,14 +23,16 @@ namespace diloco::exec {
 
 namespace kernel {
 
+/// The multi-tensor element-wise kernel: one block per chunk, grid-striding over the chunks,
+/// a lane per thread (chunk_for_each_lane).
 template <class M>
 __global__ void __launch_bounds__(chunk_lanes) chunk_for_each(M m, chunk_view t) {
   for (std::size_t c = blockIdx.x; c < t.chunks; c += gridDim.x) chunk_for_each_lane(m, t, c, threadIdx.x);
 }
 
-// partials[c] = chunk c's sum. The lanes' sums meet in shared memory (raw
-// storage: a sum type may have default member initializers, which
-// __shared__ variables cannot run).
+/// partials[c] = chunk c's sum. The lanes' sums meet in shared memory (raw
+/// storage: a sum type may have default member initializers, which
+/// __shared__ variables cannot run).
 template <class M>
 __global__ void __launch_bounds__(chunk_lanes) chunk_reduce(M m, chunk_view t, chunk_sum_t<M>* partials) {
   using R = chunk_sum_t<M>;
@@ -50,13 +52,13 @@ __global__ void __launch_bounds__(chunk_lanes) chunk_reduce(M m, chunk_view t, c
 
 }  // namespace kernel
 
-// Blocks of a multi-tensor launch over `chunks` chunks.
+/// Blocks of a multi-tensor launch over `chunks` chunks.
 inline unsigned chunk_blocks(std::size_t chunks) {
   return static_cast<unsigned>(chunks < grid::max_blocks ? chunks : grid::max_blocks);
 }
 
-// m.bind(k)(i) for every element of every tensor of t, in one launch on
-// `stream`. Asynchronous; throws cuda_error if the launch fails.
+/// m.bind(k)(i) for every element of every tensor of t, in one launch on
+/// `stream`. Asynchronous; throws cuda_error if the launch fails.
 template <class M>
 void launch_for_each_chunked(const chunk_view& t, const M& m, cudaStream_t stream = nullptr) {
   if (t.chunks == 0) return;
@@ -65,9 +67,9 @@ void launch_for_each_chunked(const chunk_view& t, const M& m, cudaStream_t strea
                      t.elements, " elements)");
 }
 
-// The sum over every element of every tensor of t in exec/chunks.hpp's
-// order: the chunks' partials (device_partials, then host_partials, pinned;
-// both hold t.chunks sums) added in chunk order. Synchronizes the stream.
+/// The sum over every element of every tensor of t in exec/chunks.hpp's
+/// order: the chunks' partials (device_partials, then host_partials, pinned;
+/// both hold t.chunks sums) added in chunk order. Synchronizes the stream.
 template <class M>
 chunk_sum_t<M> launch_transform_reduce_chunked(const chunk_view& t, const M& m, chunk_sum_t<M>* device_partials,
                                                chunk_sum_t<M>* host_partials, cudaStream_t stream = nullptr) {

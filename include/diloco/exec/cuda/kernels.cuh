@@ -19,20 +19,23 @@ namespace diloco::exec {
 
 namespace kernel {
 
+/// This thread's index in the grid.
 DILOCO_FORCEINLINE __device__ std::size_t thread_index() {
   return static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 }
+/// The threads in the grid.
 DILOCO_FORCEINLINE __device__ std::size_t thread_count() {
   return static_cast<std::size_t>(gridDim.x) * blockDim.x;
 }
 
+/// The element-wise kernel: this thread's share of f over the plan (grid::for_each_thread).
 template <class F>
 __global__ void __launch_bounds__(grid::block_size) for_each(F f, grid::plan p) {
   grid::for_each_thread(f, p, thread_index(), thread_count());
 }
 
-// Writes the block's sum into partials[blockIdx.x]; blockDim.x must be
-// grid::block_size.
+/// Writes the block's sum into partials[blockIdx.x]; blockDim.x must be
+/// grid::block_size.
 template <class F>
 __global__ void __launch_bounds__(grid::block_size) reduce(F f, grid::plan p, double* partials) {
   __shared__ double sums[grid::block_size];
@@ -47,9 +50,9 @@ __global__ void __launch_bounds__(grid::block_size) reduce(F f, grid::plan p, do
 
 }  // namespace kernel
 
-// Runs f(i) for every i in [0, n) on `stream` (4 elements at a time where
-// the functor allows it and its pointers are aligned). Asynchronous: returns
-// once the kernel is queued. Throws cuda_error if the launch fails.
+/// Runs f(i) for every i in [0, n) on `stream` (4 elements at a time where
+/// the functor allows it and its pointers are aligned). Asynchronous: returns
+/// once the kernel is queued. Throws cuda_error if the launch fails.
 template <class F>
 void launch_for_each(std::size_t n, const F& f, cudaStream_t stream = nullptr) {
   const grid::plan p = grid::make_plan(n, grid::use_vector_path(f));
@@ -59,12 +62,12 @@ void launch_for_each(std::size_t n, const F& f, cudaStream_t stream = nullptr) {
                      " blocks)");
 }
 
-// Runs f(i) for every i in [0, n) on `stream` and returns the sum of what it
-// returns, as double. Deterministic: the grid depends only on n and the
-// pointers' alignment, every block sums in a fixed tree, and the partials
-// are added in block order on the host. `device_partials` and
-// `host_partials` (pinned) hold at least grid::max_reduce_blocks doubles.
-// Synchronizes the stream.
+/// Runs f(i) for every i in [0, n) on `stream` and returns the sum of what it
+/// returns, as double. Deterministic: the grid depends only on n and the
+/// pointers' alignment, every block sums in a fixed tree, and the partials
+/// are added in block order on the host. `device_partials` and
+/// `host_partials` (pinned) hold at least grid::max_reduce_blocks doubles.
+/// Synchronizes the stream.
 template <class F>
 double launch_transform_reduce(std::size_t n, const F& f, double* device_partials, double* host_partials,
                                cudaStream_t stream = nullptr) {

@@ -17,31 +17,31 @@
 
 namespace diloco::exec::grid {
 
-// Threads per block. A power of two: the block reduction halves it.
+/// Threads per block. A power of two: the block reduction halves it.
 inline constexpr unsigned block_size = 256;
-// Grid cap of element-wise passes: enough blocks to fill any current GPU
-// several times over; larger ranges loop (grid-stride).
+/// Grid cap of element-wise passes: enough blocks to fill any current GPU
+/// several times over; larger ranges loop (grid-stride).
 inline constexpr unsigned max_blocks = 4096;
-// Grid cap of reductions. Fixed, not derived from the device, so the
-// partial sums and hence the result's bits depend only on the input.
+/// Grid cap of reductions. Fixed, not derived from the device, so the
+/// partial sums and hence the result's bits depend only on the input.
 inline constexpr unsigned max_reduce_blocks = 1024;
 
-// A functor with a 4-wide element-wise path (see kernels/vec4.hpp).
+/// A functor with a 4-wide element-wise path (see kernels/vec4.hpp).
 template <class F>
 concept vectorized_map = requires(const F& f, std::size_t i) {
   { f.vec4(i) } -> std::same_as<void>;
   { f.vec4_aligned() } -> std::convertible_to<bool>;
 };
 
-// A reducing functor with a 4-wide path returning the 4 values to sum.
+/// A reducing functor with a 4-wide path returning the 4 values to sum.
 template <class F>
 concept vectorized_reduction = requires(const F& f, std::size_t i) {
   { f.vec4(i) } -> std::same_as<kernels::vec4f>;
   { f.vec4_aligned() } -> std::convertible_to<bool>;
 };
 
-// The 4-wide path is taken only when the functor has one and every pointer
-// it touches is 16-byte aligned; otherwise every element goes scalar.
+/// The 4-wide path is taken only when the functor has one and every pointer
+/// it touches is 16-byte aligned; otherwise every element goes scalar.
 template <class F>
 bool use_vector_path(const F& f) {
   if constexpr (vectorized_map<F> || vectorized_reduction<F>)
@@ -50,21 +50,22 @@ bool use_vector_path(const F& f) {
     return false;
 }
 
-// One launch over n elements.
+/// One launch over n elements.
 struct plan {
-  std::size_t n = 0;         // elements
-  bool vectorized = false;   // groups of 4 via vec4(), then a scalar tail
-  std::size_t groups = 0;    // 4-wide groups: elements [0, 4 * groups)
-  std::size_t tail_begin = 0;  // first element of the scalar part
-  unsigned block = block_size;
-  unsigned blocks = 0;       // 0: nothing to launch (n == 0)
+  std::size_t n = 0;         ///< elements
+  bool vectorized = false;   ///< groups of 4 via vec4(), then a scalar tail
+  std::size_t groups = 0;    ///< 4-wide groups: elements [0, 4 * groups)
+  std::size_t tail_begin = 0;  ///< first element of the scalar part
+  unsigned block = block_size;  ///< threads per block
+  unsigned blocks = 0;       ///< 0: nothing to launch (n == 0)
 
+  /// Threads in the grid.
   constexpr std::size_t threads() const { return static_cast<std::size_t>(blocks) * block; }
 };
 
-// The launch for n elements. The work items are the 4-wide groups (or the
-// elements, when scalar); the tail's at most 3 elements go to the first
-// threads of the grid, so at least that many threads are launched.
+/// The launch for n elements. The work items are the 4-wide groups (or the
+/// elements, when scalar); the tail's at most 3 elements go to the first
+/// threads of the grid, so at least that many threads are launched.
 constexpr plan make_plan(std::size_t n, bool vectorized, unsigned block = block_size, unsigned cap = max_blocks) {
   plan p;
   p.n = n;
@@ -78,8 +79,8 @@ constexpr plan make_plan(std::size_t n, bool vectorized, unsigned block = block_
   return p;
 }
 
-// What thread `thread` of `threads` does in an element-wise pass:
-// grid-stride over the 4-wide groups, then over the tail elements.
+/// What thread `thread` of `threads` does in an element-wise pass:
+/// grid-stride over the 4-wide groups, then over the tail elements.
 template <class F>
 DILOCO_HD DILOCO_FORCEINLINE void for_each_thread(const F& f, const plan& p, std::size_t thread,
                                                   std::size_t threads) {
@@ -93,8 +94,8 @@ DILOCO_HD DILOCO_FORCEINLINE void for_each_thread(const F& f, const plan& p, std
   for (; i < p.n; i += threads) f(i);
 }
 
-// The same visit for a reduction, returning this thread's sum in double,
-// accumulated in visiting order (4-wide groups lane by lane, then the tail).
+/// The same visit for a reduction, returning this thread's sum in double,
+/// accumulated in visiting order (4-wide groups lane by lane, then the tail).
 template <class F>
 DILOCO_HD DILOCO_FORCEINLINE double reduce_thread(const F& f, const plan& p, std::size_t thread,
                                                   std::size_t threads) {
@@ -113,15 +114,15 @@ DILOCO_HD DILOCO_FORCEINLINE double reduce_thread(const F& f, const plan& p, std
   return sum;
 }
 
-// One level of the block's tree reduction over shared memory s[0, 2w):
-// thread t < w adds s[t + w] into s[t]. The kernel runs the levels
-// w = block/2, block/4, ..., 1 with a barrier after each; s[0] is the
-// block's sum, combined in a fixed order.
+/// One level of the block's tree reduction over shared memory s[0, 2w):
+/// thread t < w adds s[t + w] into s[t]. The kernel runs the levels
+/// w = block/2, block/4, ..., 1 with a barrier after each; s[0] is the
+/// block's sum, combined in a fixed order.
 DILOCO_HD DILOCO_FORCEINLINE void tree_step(double* s, unsigned thread, unsigned width) {
   if (thread < width) s[thread] += s[thread + width];
 }
 
-// The result of a reduction: the blocks' partial sums added in block order.
+/// The result of a reduction: the blocks' partial sums added in block order.
 inline double sum_partials(const double* partials, unsigned blocks) {
   double total = 0.0;
   for (unsigned b = 0; b < blocks; ++b) total += partials[b];

@@ -12,13 +12,16 @@
 
 namespace diloco {
 
-// A CUDA runtime call failed. `call` names it (the message does too); `code`
-// is the runtime's status.
+/// A CUDA runtime call failed. `call` names it (the message does too); `code`
+/// is the runtime's status.
 class cuda_error : public error {
  public:
+  /// The failure of `call` with status `code`; `message` says what diloco was doing.
   cuda_error(const std::string& message, const char* call, cudaError_t code)
       : error(message), call_(call), code_(code) {}
+  /// The runtime call that failed.
   const char* call() const noexcept { return call_; }
+  /// Its status.
   cudaError_t code() const noexcept { return code_; }
 
  private:
@@ -43,8 +46,8 @@ void cuda_check(cudaError_t status, const char* call, const Context&... context)
 
 }  // namespace detail
 
-// The number of CUDA devices this process can use; 0 when there is no
-// device, no driver, or the runtime cannot start (any error means no GPU).
+/// The number of CUDA devices this process can use; 0 when there is no
+/// device, no driver, or the runtime cannot start (any error means no GPU).
 inline int cuda_device_count() noexcept {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {

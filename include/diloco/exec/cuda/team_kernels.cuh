@@ -27,10 +27,10 @@ namespace diloco::exec {
 
 namespace kernel {
 
-// Team `threadIdx.x / team` of the block runs codec block
-// blockIdx.x * teams_per_block + that; the sequence of kernels/
-// compressed_blocks.hpp, with the barriers and the team max in between,
-// and the program's phases (grid::team_phases) before its store.
+/// Team `threadIdx.x / team` of the block runs codec block
+/// blockIdx.x * teams_per_block + that; the sequence of kernels/
+/// compressed_blocks.hpp, with the barriers and the team max in between,
+/// and the program's phases (grid::team_phases) before its store.
 template <class P>
 __global__ void __launch_bounds__(grid::team_plan<P>::threads) run_teams(P p, std::size_t n) {
   using plan = grid::team_plan<P>;
@@ -86,8 +86,8 @@ __global__ void __launch_bounds__(grid::team_plan<P>::threads) run_teams(P p, st
   }
 }
 
-// sums[blockIdx.y] += the checksum sum of segment blockIdx.y's payload
-// (sums zeroed before the launch).
+/// sums[blockIdx.y] += the checksum sum of segment blockIdx.y's payload
+/// (sums zeroed before the launch).
 template <unsigned Block>
 __global__ void __launch_bounds__(Block) checksum_segments(const kernels::segment_ref* segments, std::uint64_t* sums) {
   const kernels::segment_ref s = segments[blockIdx.y];
@@ -103,8 +103,8 @@ __global__ void __launch_bounds__(Block) checksum_segments(const kernels::segmen
 
 }  // namespace kernel
 
-// Runs team program p over codec blocks [0, n) on `stream`. Asynchronous;
-// throws cuda_error if the launch fails.
+/// Runs team program p over codec blocks [0, n) on `stream`. Asynchronous;
+/// throws cuda_error if the launch fails.
 template <class P>
 void launch_teams(std::size_t n, const P& p, cudaStream_t stream = nullptr) {
   if (n == 0) return;
@@ -118,9 +118,9 @@ void launch_teams(std::size_t n, const P& p, cudaStream_t stream = nullptr) {
                      " blocks of ", plan::threads, " threads)");
 }
 
-// sums[k] = wire::detail::payload_words_sum of segments[k] for k < count;
-// `max_payload_bytes` bounds their payloads (it sizes the grid).
-// Asynchronous.
+/// sums[k] = wire::detail::payload_words_sum of segments[k] for k < count;
+/// `max_payload_bytes` bounds their payloads (it sizes the grid).
+/// Asynchronous.
 inline void launch_checksums(const kernels::segment_ref* segments, std::size_t count, std::size_t max_payload_bytes,
                              std::uint64_t* sums, cudaStream_t stream = nullptr) {
   if (count == 0) return;
