@@ -3,8 +3,9 @@
 # The whole test suite: a warnings-as-errors release build with every
 # backend that is installed, then the host tests again under ASan+UBSan and
 # the threaded tests under TSan. Exits non-zero on the first failure. The
-# sanitizer builds leave out the examples and benchmarks: their tests (labels
-# demo, bench) run in the release build only.
+# sanitizer builds leave out the examples and benchmarks (their tests, labels
+# demo and bench, run in the release build only) and build only the targets
+# of the tests they run (scripts/build-tested.py).
 set -euo pipefail
 cd "$(dirname "$0")"
 scripts/install-deps.sh
@@ -18,8 +19,9 @@ ctest --test-dir build --output-on-failure -j"$jobs"
 echo "== ASan + UBSan"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DDILOCO_WARNINGS_AS_ERRORS=ON \
   -DDILOCO_SANITIZE=address,undefined -DDILOCO_ENABLE_CUDA=OFF -DDILOCO_ENABLE_TORCH=OFF -DDILOCO_BUILD_BENCHMARKS=OFF
-cmake --build build-asan -j"$jobs"
-ctest --test-dir build-asan --output-on-failure -j"$jobs" -L unit -LE "slow|packaging|compile"
+asan_tests=(-L unit -LE "slow|packaging|compile")
+scripts/build-tested.py build-asan "$jobs" "${asan_tests[@]}"
+ctest --test-dir build-asan --output-on-failure -j"$jobs" "${asan_tests[@]}"
 
 echo "== TSan (threads communicator, Gloo, threaded engine tests)"
 # OpenMP is off here: libgomp is not instrumented and would report its own
@@ -27,7 +29,8 @@ echo "== TSan (threads communicator, Gloo, threaded engine tests)"
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DDILOCO_WARNINGS_AS_ERRORS=ON \
   -DDILOCO_SANITIZE=thread -DDILOCO_ENABLE_CUDA=OFF -DDILOCO_ENABLE_OPENMP=OFF -DDILOCO_ENABLE_TORCH=OFF \
   -DDILOCO_BUILD_BENCHMARKS=OFF
-cmake --build build-tsan -j"$jobs"
-ctest --test-dir build-tsan --output-on-failure -j"$jobs" -L "threads|tsan" -LE slow
+tsan_tests=(-L "threads|tsan" -LE slow)
+scripts/build-tested.py build-tsan "$jobs" "${tsan_tests[@]}"
+ctest --test-dir build-tsan --output-on-failure -j"$jobs" "${tsan_tests[@]}"
 
 echo "== all test suites passed"

@@ -67,7 +67,7 @@ add_test(NAME packaging_find_package_mpi
     "-DPOSTFLAGS=${MPIEXEC_POSTFLAGS}"
     -P ${CMAKE_CURRENT_SOURCE_DIR}/packaging/run_mpi_consumer.cmake)
 set_tests_properties(packaging_find_package_mpi PROPERTIES LABELS "packaging;mpi" TIMEOUT 600
-  RESOURCE_LOCK packaging ENVIRONMENT "${DILOCO_MPIEXEC_ENVIRONMENT}")
+  RESOURCE_LOCK mpi_job ENVIRONMENT "${DILOCO_MPIEXEC_ENVIRONMENT}")
 
 # The MPI example in README.md compiles and fits its line under mpirun -np 2
 # (extracted as the other README and docs/ programs are).
