@@ -66,7 +66,7 @@ class DilocoConan(ConanFile):
 
     def generate(self):
         toolchain = CMakeToolchain(self)
-        for what in ("TESTS", "EXAMPLES", "BENCHMARKS"):
+        for what in ("TESTS", "EXAMPLES", "BENCHMARKS", "DOCS"):
             toolchain.cache_variables[f"DILOCO_BUILD_{what}"] = False
         toolchain.cache_variables["DILOCO_INSTALL"] = True
         # ON: required (a missing dependency stops the build, naming it); OFF: left out.

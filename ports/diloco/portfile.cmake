@@ -33,6 +33,7 @@ vcpkg_cmake_configure(
     -DDILOCO_BUILD_TESTS=OFF
     -DDILOCO_BUILD_EXAMPLES=OFF
     -DDILOCO_BUILD_BENCHMARKS=OFF
+    -DDILOCO_BUILD_DOCS=OFF
     -DDILOCO_INSTALL=ON
     -DDILOCO_INSTALL_CMAKEDIR=share/diloco
     ${feature_options})
