@@ -3,9 +3,9 @@
 # The whole test suite: a warnings-as-errors release build with every
 # backend that is installed, then the host tests again under ASan+UBSan and
 # the threaded tests under TSan. Exits non-zero on the first failure. The
-# sanitizer builds leave out the examples and benchmarks (their tests, labels
-# demo and bench, run in the release build only) and build only the targets
-# of the tests they run (scripts/build-tested.py).
+# sanitizer builds leave out the benchmarks and libtorch, skip the slow
+# tests (the demo's training runs among them: release only) and build only
+# the targets of the tests they run (scripts/build-tested.py).
 set -euo pipefail
 cd "$(dirname "$0")"
 scripts/install-deps.sh

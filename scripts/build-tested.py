@@ -12,7 +12,8 @@ as much as running them. This asks ctest which tests the selection picks
 (--show-only=json-v1), reads their command lines from the build tree's
 CTestTestfile.cmake files (ctest leaves out the command of a test whose
 program is not built yet), takes every executable they name (the test's
-own program, and programs passed as arguments, also as NAME=path), keeps
+own program, and programs passed as arguments, also as NAME=path or the
+first item of a CMake list), keeps
 those that are targets of the build tree, and builds them. A test whose programs are not targets (a script alone) needs
 nothing built. If ctest or the target list cannot be read, it builds
 everything, so the stage is never weaker than a full build.
@@ -72,7 +73,8 @@ def main():
     commands = test_commands(build_dir)
     for test in tests:
         for arg in commands.get(test, []):
-            for path in (arg, arg.split("=", 1)[-1]):
+            # A path alone, NAME=path, or a CMake list (NAME=path;arg;...).
+            for path in {arg, *arg.split("=", 1)[-1].split(";")}:
                 if os.path.isabs(path) and os.path.realpath(path).startswith(root + os.sep):
                     name = os.path.basename(path)
                     if name in known:
