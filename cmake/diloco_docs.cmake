@@ -5,13 +5,13 @@
 # undocumented public name included, and on a concept without a /// comment
 # (Doxygen 1.9 does not warn about those). Without Doxygen the target is
 # left out and the test reports itself skipped.
-find_package(Doxygen 1.9.4 QUIET)
 # A source tree without docs/ (a package recipe's exported sources) has no
 # reference to build.
 if(NOT EXISTS ${PROJECT_SOURCE_DIR}/docs/Doxyfile.in)
   message(STATUS "diloco: no docs/Doxyfile.in in ${PROJECT_SOURCE_DIR}, so no API reference target")
   return()
 endif()
+find_package(Doxygen 1.9.4 QUIET)
 
 if(DOXYGEN_FOUND)
   set(DILOCO_DOCS_OUTPUT_DIR ${PROJECT_BINARY_DIR}/docs/api)
