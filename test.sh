@@ -5,28 +5,39 @@
 # the threaded tests under TSan. Exits non-zero on the first failure. The
 # sanitizer builds leave out the benchmarks and libtorch, skip the slow
 # tests (the demo's training runs among them: release only) and build only
-# the targets of the tests they run (scripts/build-tested.py).
+# the targets of the tests they run (scripts/build-tested.py). Clang
+# compiles the sanitizer builds: less than half GCC's time at -O0 with ASan
+# (test_compressed_mean: 24 s against 61 s), and a second compiler's
+# warnings. Ninja builds every stage: CMake's Makefiles build several named
+# targets one after another (.NOTPARALLEL), which left one core idle.
 set -euo pipefail
 cd "$(dirname "$0")"
 scripts/install-deps.sh
 jobs=$(nproc)
 
+# cmake's configure arguments for build tree $1: Ninja for a new tree, the
+# tree's own generator for an existing one (cmake refuses to switch).
+generator() {
+  if [ -f "$1/CMakeCache.txt" ]; then return; fi
+  echo "-G Ninja"
+}
+
 echo "== release build, all tests"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DDILOCO_WARNINGS_AS_ERRORS=ON
+cmake -S . -B build $(generator build) -DCMAKE_BUILD_TYPE=Release -DDILOCO_WARNINGS_AS_ERRORS=ON
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
 
 echo "== ASan + UBSan"
-cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DDILOCO_WARNINGS_AS_ERRORS=ON \
+cmake -S . -B build-asan $(generator build-asan) -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug -DDILOCO_WARNINGS_AS_ERRORS=ON \
   -DDILOCO_SANITIZE=address,undefined -DDILOCO_ENABLE_CUDA=OFF -DDILOCO_ENABLE_TORCH=OFF -DDILOCO_BUILD_BENCHMARKS=OFF
 asan_tests=(-L unit -LE "slow|packaging|compile")
 scripts/build-tested.py build-asan "$jobs" "${asan_tests[@]}"
 ctest --test-dir build-asan --output-on-failure -j"$jobs" "${asan_tests[@]}"
 
 echo "== TSan (threads communicator, Gloo, threaded engine tests)"
-# OpenMP is off here: libgomp is not instrumented and would report its own
+# OpenMP is off here: its runtime is not instrumented and would report its own
 # synchronization as races.
-cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DDILOCO_WARNINGS_AS_ERRORS=ON \
+cmake -S . -B build-tsan $(generator build-tsan) -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug -DDILOCO_WARNINGS_AS_ERRORS=ON \
   -DDILOCO_SANITIZE=thread -DDILOCO_ENABLE_CUDA=OFF -DDILOCO_ENABLE_OPENMP=OFF -DDILOCO_ENABLE_TORCH=OFF \
   -DDILOCO_BUILD_BENCHMARKS=OFF
 tsan_tests=(-L "threads|tsan" -LE slow)

@@ -13,9 +13,13 @@ set -euo pipefail
 # python3-matplotlib: docs/plot_results.py draws docs/results.md's figures.
 # iproute2: ip and tc, with which bench/wan/run.sh makes its namespaces and shaped links.
 # doxygen: the API reference (target docs) and its test api_reference_doxygen.
+# clang, libclang-rt-dev, libomp-dev: ./test.sh's sanitizer builds (Clang
+# compiles them in less than half GCC's time) and the libFuzzer test.
+# ninja-build: ./test.sh's generator (a Makefile build of several named
+# targets builds them one after another).
 packages=(cmake g++ make python3 python3-venv doctest-dev libcli11-dev fortunes libopenmpi-dev openmpi-bin libgloo-dev libhiredis-dev
           redis-server clang libclang-rt-dev libtorch-dev libopenblas0-openmp nlohmann-json3-dev python3-matplotlib iproute2
-          doxygen)
+          doxygen libomp-dev ninja-build)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -322,7 +322,9 @@ std::vector<std::string> members_of(const std::string& dir, std::uint64_t g) {
 // aborting the last.
 void check_records(const std::string& dir, const std::map<std::string, process_record>& records) {
   std::map<std::uint64_t, std::vector<creation>> by_generation;
-  for (const auto& [pid, r] : records) {
+  for (const auto& entry : records) {
+    const auto& pid = entry.first;  // not a structured binding: Clang 14 cannot capture one (CAPTURE)
+    const auto& r = entry.second;
     CAPTURE(pid);
     for (std::size_t i = 0; i < r.creations.size(); ++i) {
       const creation& c = r.creations[i];
@@ -336,7 +338,9 @@ void check_records(const std::string& dir, const std::map<std::string, process_r
     }
   }
   std::map<std::string, std::uint64_t> generation_of_id;
-  for (const auto& [g, cs] : by_generation) {
+  for (const auto& entry : by_generation) {
+    const auto& g = entry.first;  // not a structured binding: Clang 14 cannot capture one (CAPTURE)
+    const auto& cs = entry.second;
     CAPTURE(g);
     const std::vector<std::string> list = members_of(dir, g);
     REQUIRE(cs.size() == list.size());
@@ -390,7 +394,9 @@ void check_finished(const std::map<std::string, finished>& done, const std::vect
   for (const auto& e : errors) MESSAGE("error: ", e);
   REQUIRE(done.size() == workers);
   const finished& first = done.begin()->second;
-  for (const auto& [pid, f] : done) {
+  for (const auto& entry : done) {
+    const auto& pid = entry.first;  // not a structured binding: Clang 14 cannot capture one (CAPTURE)
+    const auto& f = entry.second;
     CAPTURE(pid);
     CHECK(f.hash.size() == 16);
     CHECK(f.hash == first.hash);
@@ -445,7 +451,9 @@ TEST_CASE("4 workers over regrouped device communicators, one SIGKILLed: the 3 s
     CHECK(ps.status(victim).signal == SIGKILL);
     check_exits(ps, victim);
     const auto [done, records] = check_run(dir, 3, 3);
-    for (const auto& [pid, f] : done) {
+    for (const auto& entry : done) {
+      const auto& pid = entry.first;  // not a structured binding: Clang 14 cannot capture one (CAPTURE)
+      const auto& f = entry.second;
       CAPTURE(pid);
       REQUIRE(records.count(pid) == 1);
       CHECK(generations_made(records.at(pid)) == s.survivors_made);
@@ -474,7 +482,9 @@ TEST_CASE("a killed worker started again rejoins: the members re-make their data
   check_exits(ps, victim);
   const auto [done, records] = check_run(dir, 4, 4);
   const std::string joiner = std::to_string(ps.pid(again));
-  for (const auto& [pid, f] : done) {
+  for (const auto& entry : done) {
+    const auto& pid = entry.first;  // not a structured binding: Clang 14 cannot capture one (CAPTURE)
+    const auto& f = entry.second;
     CAPTURE(pid);
     // Generation 0 of 4, 1 of the 3 survivors, 2 with the joiner.
     CHECK(generations_made(records.at(pid)) ==
@@ -498,7 +508,9 @@ TEST_CASE("a worker that leaves aborts its data communicator and makes none; the
   check_exits(ps, -1);
   const auto [done, records] = check_run(dir, 3, 3);
   REQUIRE(records.size() == 4);
-  for (const auto& [pid, r] : records) {
+  for (const auto& entry : records) {
+    const auto& pid = entry.first;  // not a structured binding: Clang 14 cannot capture one (CAPTURE)
+    const auto& r = entry.second;
     CAPTURE(pid);
     const bool left = done.count(pid) == 0;
     CHECK(generations_made(r) == (left ? std::vector<std::uint64_t>{0} : std::vector<std::uint64_t>{0, 1}));

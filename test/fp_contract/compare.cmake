@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # cmake -DPLAIN=exe -DFMA=exe -P compare.cmake
 # Runs the probe built with the default flags and the one built with
-# -O3 -mfma -ffp-contract=fast; their outputs (a hash per training run)
+# -O3 -mfma -ffp-contract=fast (-O3 -mfma with Clang: FMA_FLAGS); their outputs (a hash per training run)
 # must be equal line for line. "SKIPPED" when the CPU lacks FMA.
 execute_process(COMMAND ${PLAIN} RESULT_VARIABLE rc_plain OUTPUT_VARIABLE plain ERROR_VARIABLE err_plain)
 execute_process(COMMAND ${FMA} RESULT_VARIABLE rc_fma OUTPUT_VARIABLE fma ERROR_VARIABLE err_fma)
@@ -12,9 +12,9 @@ if(fma MATCHES "SKIPPED")
   message(STATUS "${fma}")
   return()
 endif()
-message(STATUS "default flags:\n${plain}-O3 -mfma -ffp-contract=fast:\n${fma}")
+message(STATUS "default flags:\n${plain}${FMA_FLAGS}:\n${fma}")
 if(NOT plain STREQUAL fma)
-  message(FATAL_ERROR "the bits depend on the contraction flags:\ndefault flags:\n${plain}\n-mfma -ffp-contract=fast:\n${fma}")
+  message(FATAL_ERROR "the bits depend on the contraction flags:\ndefault flags:\n${plain}\n${FMA_FLAGS}:\n${fma}")
 endif()
 string(REGEX MATCHALL "\n" lines "${plain}")
 list(LENGTH lines n)

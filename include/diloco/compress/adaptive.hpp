@@ -215,7 +215,7 @@ struct adaptive {
     template <class F>
     friend void visit_options(const options& o, F&& f) {
       visit_rungs(o, f, std::index_sequence_for<C...>{});
-      visit_options(o.rule, [&](std::string_view name, const auto& value) { f(detail::concat("rule.", name), value); });
+      visit_options(o.rule, [&](std::string_view field, const auto& value) { f(detail::concat("rule.", field), value); });
     }
 
    private:
@@ -226,7 +226,7 @@ struct adaptive {
     template <std::size_t I, class F>
     static void visit_rung(const options& o, F& f) {
       visit_policy_options(std::get<I>(o.codecs),
-                           [&](std::string_view name, const auto& value) { f(detail::concat("rung", I, ".", name), value); });
+                           [&](std::string_view field, const auto& value) { f(detail::concat("rung", I, ".", field), value); });
     }
   };
   /// The compressor's name in checkpoint headers, messages and reports.

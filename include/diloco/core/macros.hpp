@@ -37,7 +37,10 @@
 //     off (GCC: optimize("fp-contract=off"), which GCC's default
 //     -ffp-contract=fast and -mfma / -march=native would otherwise turn into
 //     FMAs; Clang: fp contract(off)). The executor loops are inside, so the
-//     functors inlined into them are too; vectorization is unaffected. Your
+//     functors inlined into them are too; vectorization is unaffected.
+//     Clang's -ffp-contract=fast is the one exception: by Clang's own
+//     definition it fuses "disregarding pragmas", so under Clang leave
+//     contraction at its default (on, which the pragma governs) or off. Your
 //     own policies' arithmetic compiles with your flags: spell it with
 //     kernels/exact_float.hpp, or build with -ffp-contract=off, where bits
 //     must match across machines.
