@@ -12,10 +12,10 @@ as much as running them. This asks ctest which tests the selection picks
 (--show-only=json-v1), reads their command lines from the build tree's
 CTestTestfile.cmake files (ctest leaves out the command of a test whose
 program is not built yet), takes every executable they name (the test's
-own program, and programs passed as arguments, also as NAME=path or the
-first item of a CMake list), keeps
-those that are targets of the build tree, and builds them. A test whose programs are not targets (a script alone) needs
-nothing built. If ctest or the target list cannot be read, it builds
+own program, and programs passed as arguments, also as NAME=path or as an
+item of a CMake list, NAME=path;args), keeps those that are targets of the
+build tree, and builds them. A test whose programs are not targets (a
+script alone) needs nothing built. If ctest or the target list cannot be read, it builds
 everything, so the stage is never weaker than a full build.
 """
 import json

@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-# cmake -DPLAIN=exe -DFMA=exe -P compare.cmake
+# cmake -DPLAIN=exe -DFMA=exe -DFMA_FLAGS="flags" -P compare.cmake
 # Runs the probe built with the default flags and the one built with
-# -O3 -mfma -ffp-contract=fast (-O3 -mfma with Clang: FMA_FLAGS); their outputs (a hash per training run)
-# must be equal line for line. "SKIPPED" when the CPU lacks FMA.
+# FMA_FLAGS (-O3 -mfma -ffp-contract=fast; -O3 -mfma with Clang); their
+# outputs (a hash per training run) must be equal line for line. "SKIPPED"
+# when the CPU lacks FMA.
 execute_process(COMMAND ${PLAIN} RESULT_VARIABLE rc_plain OUTPUT_VARIABLE plain ERROR_VARIABLE err_plain)
 execute_process(COMMAND ${FMA} RESULT_VARIABLE rc_fma OUTPUT_VARIABLE fma ERROR_VARIABLE err_fma)
 if(NOT rc_plain EQUAL 0 OR NOT rc_fma EQUAL 0)
