@@ -21,24 +21,33 @@ namespace cp = diloco::compress;
 namespace {
 
 // One worker's round over one tensor of n parameters: theta_global, the
-// error-feedback residual and its successor, the outer momentum (flat), and
-// the replica the tensor table points at.
+// error-feedback residual and its successor, the outer momentum (flat), the
+// replica the encode reads and the one the outer step writes. They are two:
+// with one, the first outer step's copy-back makes the replica equal
+// theta_global, and every later encode would time all-zero pseudo-gradients
+// (without error feedback), a special case rather than the round's work.
 struct round_buffers {
   struct flat_buffers {
     std::vector<float> global, residual, next, momentum;
   } flat;
-  std::vector<float> local;
-  std::vector<float*> ptrs;
+  std::vector<float> local, applied;
+  std::vector<float*> ptrs, applied_ptrs;
   std::vector<std::size_t> offsets{0};
-  explicit round_buffers(std::size_t n) : flat{std::vector<float>(n), std::vector<float>(n), std::vector<float>(n), std::vector<float>(n)}, local(n) {
+  explicit round_buffers(std::size_t n)
+      : flat{std::vector<float>(n), std::vector<float>(n), std::vector<float>(n), std::vector<float>(n)},
+        local(n),
+        applied(n) {
     bench::fill(flat.global, 1.0f);
     bench::fill(local, 0.999f);
+    bench::fill(applied, 0.999f);
     bench::fill(flat.residual, 0.0f);
     bench::fill(flat.next, 0.0f);
     bench::fill(flat.momentum, 0.0f);
     ptrs = {local.data()};
+    applied_ptrs = {applied.data()};
   }
   dc::kernels::tensor_table table() const { return {ptrs.data(), offsets.data()}; }
+  dc::kernels::tensor_table applied_table() const { return {applied_ptrs.data(), offsets.data()}; }
 };
 
 // The encode pass's rows: bytes it must move per parameter and its rate
@@ -95,7 +104,7 @@ void run(const char* name, std::size_t n, int world, int reps, Triad&& triad) {
     for (int s = 0; s < world; ++s)
       ex.for_each(layout.blocks_in(s),
                   dc::kernels::decode_apply<codec, dc::kernels::sgd_update>{
-                      c, nesterov, layout.blocks() + layout.first_block(s), table,
+                      c, nesterov, layout.blocks() + layout.first_block(s), b.applied_table(),
                       payload.data() + layout.first_block(s) * stride, stride, global.data(), momentum.data(), n});
   };
   // In alternation with STREAM triad on buffers of the same size, so the
@@ -145,7 +154,7 @@ void run_gathered(const char* name, std::size_t n, int world, int reps, Triad&& 
   auto aggregate = [&] {
     ex.for_each(layout.block_count(),
                 dc::kernels::gathered_decode_apply<codec, dc::kernels::sgd_update>{
-                    c, nesterov, layout.blocks(), table, payloads.data(), world, stride, global.data(),
+                    c, nesterov, layout.blocks(), b.applied_table(), payloads.data(), world, stride, global.data(),
                     momentum.data(), n});
   };
   const double aggregate_bytes = world * enc + 20.0;

@@ -108,6 +108,14 @@ int main() {
   print("adamw_int8_ef_one_step_delay",
         run<adamw, nesterov, cp::error_feedback<cp::blockwise<dc::int8, 16>>, sy::one_step_delay>(
             {.inner_steps = 4, .inner = {.lr = 0.02f}}, 12));
+  // B = 32: whole blocks take the hand-vectorised host passes
+  // (kernels/host_simd.hpp) where the CPU has AVX2.
+  print("adamw_int8_32_ef_one_step_delay",
+        run<adamw, nesterov, cp::error_feedback<cp::blockwise<dc::int8, 32>>, sy::one_step_delay>(
+            {.inner_steps = 4, .inner = {.lr = 0.02f}}, 12));
+  print("adamw_int4_32_ef_blocking",
+        run<adamw, nesterov, cp::error_feedback<cp::blockwise<dc::int4, 32>>, sy::blocking>(
+            {.inner_steps = 4, .inner = {.lr = 0.02f}}, 12));
   print("adamw_int4_ef_stochastic_eager",
         run<adamw, nesterov, cp::error_feedback<cp::blockwise<dc::int4, 32, cp::stochastic_rounding>>, sy::eager>(
             {.inner_steps = 4, .inner = {.lr = 0.02f}, .outer = {.lr = 0.35f}}, 12));

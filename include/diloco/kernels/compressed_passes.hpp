@@ -12,6 +12,7 @@
 #include "diloco/compress/block_layout.hpp"
 #include "diloco/core/macros.hpp"
 #include "diloco/kernels/exact_float.hpp"
+#include "diloco/kernels/host_simd.hpp"
 #include "diloco/kernels/merge.hpp"
 
 DILOCO_EXACT_FP_BEGIN
@@ -110,8 +111,28 @@ struct encode_pseudo_gradient {
   float decay = 1.0f;     ///< error feedback: the new residual is decay * (v - decoded)
   ///@}
 
-  /// Block b: encodes it; returns (||delta||^2, ||v - decoded||^2).
+  /// Block b: encodes it; returns (||delta||^2, ||v - decoded||^2). On the
+  /// host the integer codecs' whole blocks take kernels/host_simd.hpp's
+  /// hand-vectorised form where the CPU has it (the same bits).
   DILOCO_HD sums2 operator()(std::size_t b) const {
+#if defined(DILOCO_HOST_SIMD_X86)
+    if constexpr (host_simd::supports<Codec>::value && Codec::block % norm_lanes(Codec::block) == 0) {
+      const compress::block_ref blk = blocks[b];
+      if (blk.len == Codec::block && host_simd::enabled()) {
+        const std::size_t off = tensors.offset[blk.tensor] + blk.start;
+        sums2 s;
+        if (host_simd::encode_block<Codec::bits, Codec::block, norm_lanes(Codec::block)>(
+                global + off, tensors.local[blk.tensor] + blk.start, residual ? residual + off : nullptr,
+                new_residual ? new_residual + off : nullptr, decay, Codec::levels, payload + b * stride, s.a, s.b))
+          return s;
+      }
+    }
+#endif
+    return portable(b);
+  }
+
+  /// Block b by the portable code (what every other path must equal).
+  DILOCO_HD sums2 portable(std::size_t b) const {
     const compress::block_ref blk = blocks[b];
     const std::size_t off = tensors.offset[blk.tensor] + blk.start;
     const float* DILOCO_RESTRICT local = tensors.local[blk.tensor] + blk.start;
@@ -171,8 +192,28 @@ struct reduce_shard {
   std::uint64_t stream;
   ///@}
 
-  /// Block b: the decoded mean, re-encoded; returns its squared norm.
+  /// Block b: the decoded mean, re-encoded; returns its squared norm. On
+  /// the host the integer codecs' whole blocks take kernels/host_simd.hpp's
+  /// hand-vectorised form where the CPU has it (the same bits).
   DILOCO_HD double operator()(std::size_t b) const {
+#if defined(DILOCO_HOST_SIMD_X86)
+    if constexpr (host_simd::supports<Codec>::value && Codec::block % norm_lanes(Codec::block) == 0) {
+      constexpr int max_world = 64;
+      if (blocks[b].len == Codec::block && world <= max_world && host_simd::enabled()) {
+        const std::byte* in[max_world];
+        for (int k = 0; k < world; ++k) in[k] = received[k] + b * stride;
+        double norm_sq;
+        if (host_simd::reduce_block<Codec::bits, Codec::block, norm_lanes(Codec::block)>(in, world, Codec::levels,
+                                                                                        payload + b * stride, norm_sq))
+          return norm_sq;
+      }
+    }
+#endif
+    return portable(b);
+  }
+
+  /// Block b by the portable code (what every other path must equal).
+  DILOCO_HD double portable(std::size_t b) const {
     const compress::block_ref blk = blocks[b];
     float acc[Codec::block];
     float dq[Codec::block];

@@ -1,0 +1,265 @@
+// SPDX-License-Identifier: Apache-2.0
+// The hand-vectorised host passes (kernels/host_simd.hpp) against the
+// portable code they stand in for: the compressed round's encode
+// (encode_pseudo_gradient) and shard reduction (reduce_shard) with the
+// integer block codecs must give the same payload bytes, residual bits and
+// norm bits for every block, on random layouts and on the blocks that take
+// the special paths (zero, tiny, huge, infinite, NaN, ties). The portable
+// code is in turn checked against hand-computed codes in
+// test_compress_codecs.cpp.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <diloco/diloco.hpp>
+#include <diloco/kernels/compressed_passes.hpp>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "random_inputs.hpp"
+
+namespace dc = diloco;
+namespace cp = diloco::compress;
+namespace dk = diloco::kernels;
+
+namespace {
+
+std::uint64_t bits_of(double x) {
+  std::uint64_t b;
+  std::memcpy(&b, &x, 8);
+  return b;
+}
+
+// Whether the hand-vectorised passes run in this build on this CPU; the
+// tests say so when they cannot (they then compare the portable code with
+// itself, which proves nothing, so they are skipped).
+bool simd_runs() {
+#if defined(DILOCO_HOST_SIMD_X86)
+  return dk::host_simd::enabled();
+#else
+  return false;
+#endif
+}
+
+// Tensors of the given sizes with values over many binades, then the
+// blocks that take the special paths written over some of them: all zeros,
+// magnitudes so small that amax / L is subnormal, magnitudes near FLT_MAX, an
+// infinity, a NaN, and a block whose values land exactly halfway between
+// grid points (ties to even: with amax = L every value is its own y).
+struct inputs {
+  std::vector<std::size_t> sizes, offsets;
+  std::vector<float> global, residual;
+  std::vector<std::vector<float>> local;  // one vector per tensor, the replica
+  std::vector<float*> ptrs;
+};
+
+inputs make_inputs(const std::vector<std::size_t>& sizes, std::size_t block, float levels, unsigned seed) {
+  inputs in;
+  in.sizes = sizes;
+  std::size_t total = 0;
+  for (std::size_t s : sizes) {
+    in.offsets.push_back(total);
+    total += s;
+  }
+  in.global = random_values(total, seed, -12.0f, 4.0f);
+  in.residual = random_values(total, seed + 1, -16.0f, -4.0f);
+  std::mt19937 rng(seed + 2);
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    in.local.push_back(random_values(sizes[k], seed + 3 + static_cast<unsigned>(k), -12.0f, 4.0f));
+    // Special blocks, where the tensor has whole blocks to spare.
+    const std::size_t whole = sizes[k] / block;
+    for (std::size_t b = 0; b < whole; ++b) {
+      float* l = in.local[k].data() + b * block;
+      float* g = in.global.data() + in.offsets[k] + b * block;
+      float* e = in.residual.data() + in.offsets[k] + b * block;
+      switch (rng() % 10) {
+        case 0:  // zero pseudo-gradient and residual
+          for (std::size_t j = 0; j < block; ++j) l[j] = g[j], e[j] = 0.0f;
+          break;
+        case 1:  // tiny: amax / L subnormal
+          for (std::size_t j = 0; j < block; ++j) g[j] = 0.0f, l[j] = 1e-39f * static_cast<float>(j % 7), e[j] = 0.0f;
+          break;
+        case 2:  // huge
+          for (std::size_t j = 0; j < block; ++j) g[j] = 3e38f * std::sin(static_cast<float>(j)), l[j] = 0.0f, e[j] = 0.0f;
+          break;
+        case 3:  // one infinity
+          l[block / 3] = std::numeric_limits<float>::infinity();
+          break;
+        case 4:  // one NaN
+          e[block / 2] = std::numeric_limits<float>::quiet_NaN();
+          break;
+        case 5:  // ties: amax = L, values k + 0.5
+          for (std::size_t j = 0; j < block; ++j) {
+            g[j] = j == 0 ? levels : static_cast<float>(static_cast<int>(j % 13) - 6) + 0.5f;
+            l[j] = 0.0f;
+            e[j] = 0.0f;
+          }
+          break;
+        default:
+          break;
+      }
+    }
+  }
+  for (auto& l : in.local) in.ptrs.push_back(l.data());
+  return in;
+}
+
+// Encodes every block both ways and compares payload bytes, new residual
+// bits and the sums' bits; returns how many whole blocks the
+// hand-vectorised routine took (it says false for the special ones).
+template <class Codec>
+std::size_t check_encode(const inputs& in, const cp::block_layout& layout, bool error_feedback, float decay) {
+  const Codec c{};
+  const std::size_t stride = c.stride();
+  const std::size_t total = in.global.size();
+  std::vector<std::byte> fast(layout.block_count() * stride, std::byte{0x5a}), slow(fast.size(), std::byte{0xa5});
+  std::vector<float> next_fast(total, -1.0f), next_slow(total, -2.0f);
+  auto pass = [&](std::vector<std::byte>& payload, std::vector<float>& next) {
+    return dk::encode_pseudo_gradient<Codec>{c,
+                                             layout.blocks(),
+                                             {in.ptrs.data(), in.offsets.data()},
+                                             in.global.data(),
+                                             error_feedback ? in.residual.data() : nullptr,
+                                             error_feedback ? next.data() : nullptr,
+                                             payload.data(),
+                                             stride,
+                                             7,
+                                             decay};
+  };
+  const auto f = pass(fast, next_fast);
+  const auto s = pass(slow, next_slow);
+  std::size_t taken = 0;
+  for (std::size_t b = 0; b < layout.block_count(); ++b) {
+    const dk::sums2 a = f(b), p = s.portable(b);
+    CAPTURE(b);
+    REQUIRE(bits_of(a.a) == bits_of(p.a));
+    REQUIRE(bits_of(a.b) == bits_of(p.b));
+#if defined(DILOCO_HOST_SIMD_X86)
+    const cp::block_ref blk = layout.blocks()[b];
+    if (blk.len == Codec::block) {
+      const std::size_t off = in.offsets[blk.tensor] + blk.start;
+      std::vector<std::byte> scratch(stride);
+      std::vector<float> scratch_next(Codec::block);
+      double x, y;
+      taken += dk::host_simd::encode_block<Codec::bits, Codec::block, dk::norm_lanes(Codec::block)>(
+          in.global.data() + off, in.ptrs[blk.tensor] + blk.start, error_feedback ? in.residual.data() + off : nullptr,
+          scratch_next.data(), decay, Codec::levels, scratch.data(), x, y);
+    }
+#endif
+  }
+  CHECK(std::memcmp(fast.data(), slow.data(), fast.size()) == 0);
+  if (error_feedback) CHECK(std::memcmp(next_fast.data(), next_slow.data(), total * sizeof(float)) == 0);
+  return taken;
+}
+
+// M ranks' encodings of one shard (portable encodes of independent inputs,
+// with the special blocks), reduced both ways.
+template <class Codec>
+std::size_t check_reduce(const std::vector<std::size_t>& sizes, int world, unsigned seed) {
+  const Codec c{};
+  const std::size_t stride = c.stride();
+  const cp::block_layout layout(sizes, Codec::block, 1);  // one shard: every block
+  std::vector<std::vector<std::byte>> payloads;
+  for (int k = 0; k < world; ++k) {
+    const inputs in = make_inputs(sizes, Codec::block, Codec::levels, seed + 100 * static_cast<unsigned>(k));
+    std::vector<std::byte> p(layout.block_count() * stride);
+    std::vector<float> next(in.global.size());
+    const dk::encode_pseudo_gradient<Codec> enc{c, layout.blocks(), {in.ptrs.data(), in.offsets.data()},
+                                                in.global.data(), in.residual.data(), next.data(), p.data(), stride, 3};
+    for (std::size_t b = 0; b < layout.block_count(); ++b) enc.portable(b);
+    payloads.push_back(std::move(p));
+  }
+  // A block of exact zeros with a zero factor from rank 0 (a frozen layer),
+  // and one with a zero factor but non-zero codes: (q * 0) / L keeps q's sign.
+  if (layout.block_count() > 2 && layout.blocks()[1].len == Codec::block) {
+    std::memset(payloads[0].data() + stride, 0, stride);
+    std::memset(payloads[0].data() + 2 * stride, 0, 4);
+  }
+  std::vector<const std::byte*> received;
+  for (const auto& p : payloads) received.push_back(p.data());
+  std::vector<std::size_t> offsets;
+  std::size_t total = 0;
+  for (std::size_t s : sizes) offsets.push_back(total), total += s;
+  std::vector<std::byte> fast(layout.block_count() * stride, std::byte{0x5a}), slow(fast.size(), std::byte{0xa5});
+  const dk::reduce_shard<Codec> f{c, layout.blocks(), offsets.data(), received.data(), world, fast.data(), stride, 5};
+  const dk::reduce_shard<Codec> s{c, layout.blocks(), offsets.data(), received.data(), world, slow.data(), stride, 5};
+  std::size_t taken = 0;
+  for (std::size_t b = 0; b < layout.block_count(); ++b) {
+    CAPTURE(b);
+    REQUIRE(bits_of(f(b)) == bits_of(s.portable(b)));
+#if defined(DILOCO_HOST_SIMD_X86)
+    if (layout.blocks()[b].len == Codec::block) {
+      std::vector<const std::byte*> in;
+      for (int k = 0; k < world; ++k) in.push_back(received[static_cast<std::size_t>(k)] + b * stride);
+      std::vector<std::byte> scratch(stride);
+      double x;
+      taken += dk::host_simd::reduce_block<Codec::bits, Codec::block, dk::norm_lanes(Codec::block)>(
+          in.data(), world, Codec::levels, scratch.data(), x);
+    }
+#endif
+  }
+  CHECK(std::memcmp(fast.data(), slow.data(), fast.size()) == 0);
+  return taken;
+}
+
+std::vector<std::size_t> random_sizes(std::size_t count, std::size_t max, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::size_t> sizes;
+  for (std::size_t i = 0; i < count; ++i) sizes.push_back(rng() % (max + 1));
+  sizes.push_back(0);
+  sizes.push_back(1);
+  return sizes;
+}
+
+template <class Codec>
+void check_codec(std::size_t tensors, std::size_t max_size) {
+  const auto sizes = random_sizes(tensors, max_size, 11);
+  const cp::block_layout layout(sizes, Codec::block, 3);
+  std::size_t whole = 0;
+  for (std::size_t b = 0; b < layout.block_count(); ++b) whole += layout.blocks()[b].len == Codec::block;
+  REQUIRE(whole > 20);
+  for (const bool ef : {true, false})
+    for (const float decay : {1.0f, 0.9f}) {
+      CAPTURE(ef);
+      CAPTURE(decay);
+      const inputs in = make_inputs(sizes, Codec::block, Codec::levels, 21);
+      const std::size_t taken = check_encode<Codec>(in, layout, ef, decay);
+      // Most whole blocks take the vectorised path; the infinite, NaN and
+      // tiny ones do not.
+      CHECK(taken > whole / 2);
+      CHECK(taken < whole);
+    }
+  for (const int world : {1, 2, 3, 4, 7, 8}) {
+    CAPTURE(world);
+    const std::size_t taken = check_reduce<Codec>(sizes, world, 31);
+    CHECK(taken > 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("host SIMD encode and reduce equal the portable passes bit for bit") {
+  if (!simd_runs()) {
+    MESSAGE("SKIPPED: the hand-vectorised passes do not run here (no x86-64 AVX2, or DILOCO_HOST_SIMD=0)");
+    return;
+  }
+  SUBCASE("int8, B = 128") { check_codec<cp::blockwise_codec<dc::int8, 128, cp::round_nearest>>(40, 1500); }
+  SUBCASE("int4, B = 128") { check_codec<cp::blockwise_codec<dc::int4, 128, cp::round_nearest>>(40, 1500); }
+  SUBCASE("int8, B = 32") { check_codec<cp::blockwise_codec<dc::int8, 32, cp::round_nearest>>(30, 400); }
+  SUBCASE("int4, B = 64") { check_codec<cp::blockwise_codec<dc::int4, 64, cp::round_nearest>>(30, 700); }
+  // 32 norm lanes: four registers of lanes and the tree across them.
+  SUBCASE("int8, B = 1024") { check_codec<cp::blockwise_codec<dc::int8, 1024, cp::round_nearest>>(12, 9000); }
+  SUBCASE("int4, B = 4096") { check_codec<cp::blockwise_codec<dc::int4, 4096, cp::round_nearest>>(8, 40000); }
+}
+
+TEST_CASE("host SIMD passes take the codecs they claim and no others") {
+  using namespace dk::host_simd;
+  CHECK(supports<cp::blockwise_codec<dc::int8, 128, cp::round_nearest>>::value);
+  CHECK(supports<cp::blockwise_codec<dc::int4, 64, cp::round_nearest>>::value);
+  CHECK_FALSE(supports<cp::blockwise_codec<dc::int8, 16, cp::round_nearest>>::value);  // not whole 32-steps
+  CHECK_FALSE(supports<cp::blockwise_codec<dc::int4, 128, cp::stochastic_rounding>>::value);
+  CHECK_FALSE(supports<cp::blockwise_codec<dc::int2, 128, cp::round_nearest>>::value);
+  CHECK_FALSE(supports<cp::blockwise_codec<dc::fp8_e4m3, 128, cp::round_nearest>>::value);
+}
