@@ -111,6 +111,20 @@ class run_record {
     for (const double t : forward_backward_) sum += t;
     return sum + median(updates_) * static_cast<double>(steps());
   }
+  // Time in algorithm::step() (or the update) beyond the median call: the
+  // round's own work at round boundaries, and any wait for an exchange.
+  double update_excess_seconds() const {
+    double sum = 0.0;
+    for (const double t : updates_) sum += t;
+    return sum - median(updates_) * static_cast<double>(steps());
+  }
+  // Everything timed per step: forward/backward plus every update call.
+  double timed_seconds() const {
+    double sum = 0.0;
+    for (const double t : forward_backward_) sum += t;
+    for (const double t : updates_) sum += t;
+    return sum;
+  }
   double step_seconds() const { return median(forward_backward_) + median(updates_); }
   double quiet_step_seconds() const { return median(quiet_) + median(updates_); }
 
@@ -135,6 +149,7 @@ struct run_result {
   std::uint64_t bytes_sent = 0;
   std::uint64_t rounds = 0;
   double hidden_fraction = std::numeric_limits<double>::quiet_NaN();
+  double blocked = 0.0;  // the library's blocked_seconds: its own round work on this thread, and waits
 };
 
 void copy_model_params(char_mlp::model& m, float* out) {
@@ -264,7 +279,8 @@ run_result run_diloco(const bench_options& o, const char_mlp::dataset& d, diloco
   const double blocked = st.blocked_seconds - stats0.blocked_seconds;
   return {o.label, wall, st.bytes_sent - stats0.bytes_sent, st.rounds - stats0.rounds,
           Sync::overlaps && hidden + blocked > 0.0 ? hidden / (hidden + blocked)
-                                                   : std::numeric_limits<double>::quiet_NaN()};
+                                                   : std::numeric_limits<double>::quiet_NaN(),
+          blocked};
 }
 
 template <class Compressor>
@@ -433,6 +449,14 @@ int main(int argc, char** argv) {
     std::printf("wall_ms_per_step: %.3f\n", 1e3 * r.wall / steps);
     std::printf("bytes_per_worker: %llu\n", static_cast<unsigned long long>(r.bytes_sent));
     std::printf("hidden_fraction: %.4f\n", r.hidden_fraction);
+    // Where the time that is not inner steps went: step()/update calls
+    // beyond the median one, of which the library counts blocked_seconds as
+    // its round work on this thread (encode, the stages run between inner
+    // steps, decode-apply) and waits for the exchange; and what no step
+    // timed (finish(), the loop).
+    std::printf("update_excess_seconds: %.3f\n", rec.update_excess_seconds());
+    std::printf("blocked_seconds: %.3f\n", r.blocked);
+    std::printf("untimed_seconds: %.3f\n", r.wall - rec.timed_seconds());
     std::printf("final_loss: %.5f\n", final_loss);
     std::printf("target_loss: %.5f\n", target);
     std::printf("time_to_target_seconds: %.3f\n", to_target);
