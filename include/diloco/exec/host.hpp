@@ -50,6 +50,17 @@ class host {
   /// Below this many elements a pass runs on the calling thread: starting a
   /// parallel region costs more than it saves.
   static constexpr std::size_t parallel_threshold = std::size_t{1} << 15;
+
+  /// The elements one call of F stands for: F::elements_per_call where F
+  /// says so (the codec passes, called once per block of B elements), else 1;
+  /// for_each and transform_reduce weigh n by it against parallel_threshold.
+  template <class F>
+  static constexpr std::size_t elements_per_call() {
+    if constexpr (requires { F::elements_per_call; })
+      return F::elements_per_call;
+    else
+      return 1;
+  }
   /// Elements per reduction chunk; part of the reduction's definition.
   static constexpr std::size_t reduce_chunk = 8192;
   /// Independent accumulators inside a chunk (lets the compiler vectorize
@@ -79,7 +90,7 @@ class host {
     const F f = functor;
 #if defined(_OPENMP)
     const int team = threads();
-    if (n >= parallel_threshold && team > 1) {
+    if (n * elements_per_call<F>() >= parallel_threshold && team > 1) {
       const auto sn = static_cast<std::ptrdiff_t>(n);
 #pragma omp parallel num_threads(team)
       {
@@ -114,7 +125,7 @@ class host {
     }
 #if defined(_OPENMP)
     const int team = threads();
-    if (n >= parallel_threshold && team > 1) {
+    if (n * elements_per_call<F>() >= parallel_threshold && team > 1) {
       const auto sc = static_cast<std::ptrdiff_t>(chunks);
 #pragma omp parallel for schedule(static) num_threads(team)
       for (std::ptrdiff_t c = 0; c < sc; ++c) {

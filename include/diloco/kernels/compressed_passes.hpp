@@ -95,6 +95,8 @@ struct tensor_table {
 /// residual), write ~5 (1 value + 4 new residual, plus 4/B of block factor).
 template <class Codec>
 struct encode_pseudo_gradient {
+  /// One call covers a block: the executor weighs its parallel threshold by it.
+  static constexpr std::size_t elements_per_call = Codec::block;
   ///@{
   /// The pass's inputs and outputs: the codec, the shard's blocks, the replica's tensors,
   /// theta_global (flat), the residuals, the payload, the bytes between blocks in it (the
@@ -178,6 +180,8 @@ struct encode_pseudo_gradient {
 /// norm of the decoded reduced block (its finiteness is checked by everyone).
 template <class Codec>
 struct reduce_shard {
+  /// One call covers a block: the executor weighs its parallel threshold by it.
+  static constexpr std::size_t elements_per_call = Codec::block;
   ///@{
   /// The pass's inputs and outputs: the codec, this rank's shard's blocks, the tensors' flat
   /// offsets, the M received payloads, M, the reduced segment's payload, the bytes between
@@ -239,6 +243,8 @@ struct reduce_shard {
 /// local). Its encode is encode_pseudo_gradient's: read 12, write 4 + 0.028.
 template <class Codec, class Update, class Merge = merge::overwrite>
 struct gathered_decode_apply {
+  /// One call covers a block: the executor weighs its parallel threshold by it.
+  static constexpr std::size_t elements_per_call = Codec::block;
   ///@{
   /// The pass's inputs: the codec, the outer optimizer's element step, the blocks, the replica's
   /// tensors, the M payloads, M, the bytes between blocks (the codec's stride), theta_global
@@ -286,6 +292,8 @@ struct gathered_decode_apply {
 /// write 12 (state, global, local).
 template <class Codec, class Update, class Merge = merge::overwrite>
 struct decode_apply {
+  /// One call covers a block: the executor weighs its parallel threshold by it.
+  static constexpr std::size_t elements_per_call = Codec::block;
   ///@{
   /// The pass's inputs: the codec, the outer optimizer's element step, the shard's blocks, the
   /// replica's tensors, the reduced payload, the bytes between blocks (the codec's stride),
