@@ -6,6 +6,9 @@
 // excluded. Bytes are the minimum each pass must move per parameter.
 // chunk_topk (gathered aggregation) has no shard reduction: its rows are the
 // encode and the pass that decodes M segments, sums them and applies.
+// Where a codec has hand-vectorised host passes (kernels/host_simd.hpp;
+// `host_simd: 1` when they run here), `*_simd_vs_portable` is the portable
+// code's time over theirs, measured in alternation in the same run.
 //
 //   bench_compress_step [--log2 24] [--reps 7] [--workers 4]
 
@@ -48,6 +51,15 @@ struct round_buffers {
   }
   dc::kernels::tensor_table table() const { return {ptrs.data(), offsets.data()}; }
   dc::kernels::tensor_table applied_table() const { return {applied_ptrs.data(), offsets.data()}; }
+};
+
+// A codec pass run by its portable code only (where kernels/host_simd.hpp
+// has a hand-vectorised form, the rows `*_simd_vs_portable` compare them).
+template <class Pass>
+struct portable_only {
+  static constexpr std::size_t elements_per_call = Pass::elements_per_call;
+  Pass pass;
+  auto operator()(std::size_t b) const { return pass.portable(b); }
 };
 
 // The encode pass's rows: bytes it must move per parameter and its rate
@@ -110,6 +122,24 @@ void run(const char* name, std::size_t n, int world, int reps, Triad&& triad) {
   // In alternation with STREAM triad on buffers of the same size, so the
   // ratios compare passes measured under the same conditions.
   const auto t = bench::interleaved_medians(reps, encode, reduce, apply, triad);
+  // The hand-vectorised passes against the portable code they stand in for
+  // (the same bits: test_host_simd), in alternation, in the same run.
+  if constexpr (dc::kernels::host_simd::supports<codec>::value) {
+    auto encode_portable = [&] {
+      ex.transform_reduce(layout.block_count(),
+                          portable_only<dc::kernels::encode_pseudo_gradient<codec>>{
+                              {c, layout.blocks(), table, global.data(), ef ? residual.data() : nullptr,
+                               ef ? next.data() : nullptr, payload.data(), stride, 1}});
+    };
+    auto reduce_portable = [&] {
+      ex.transform_reduce(shard_blocks, portable_only<dc::kernels::reduce_shard<codec>>{
+                                            {c, layout.blocks(), offsets.data(), received.data(), world, out.data(),
+                                             stride, 2}});
+    };
+    const auto v = bench::interleaved_medians(reps, encode, encode_portable, reduce, reduce_portable);
+    bench::print(std::string(name) + ".encode_simd_vs_portable", v[1] / v[0]);
+    bench::print(std::string(name) + ".reduce_simd_vs_portable", v[3] / v[2]);
+  }
   const double t_encode = t[0], t_reduce = t[1], t_apply = t[2];
   const double triad_gbps = 12.0 * static_cast<double>(n) / 1e9 / t[3];
   const double apply_bytes = 20.0 + enc;
@@ -182,6 +212,7 @@ int main(int argc, char** argv) {
   const int world = static_cast<int>(workers);
   bench::print("threads", bench::threads());
   bench::print("parameters", static_cast<double>(n));
+  bench::print("host_simd", dc::kernels::host_simd::enabled() ? 1.0 : 0.0);
 
   std::vector<float> x(n), y(n), z(n);
   bench::fill(x, 1.0f);
