@@ -89,12 +89,11 @@ void run(const char* name, std::size_t n, int world, int reps, Triad&& triad) {
 
   // Stage 1 over all shards: read global, local (+ residual), write the
   // encoding (+ the new residual).
-  auto encode = [&] {
-    ex.transform_reduce(layout.block_count(),
-                        dc::kernels::encode_pseudo_gradient<codec>{c, layout.blocks(), table, global.data(),
-                                                                   ef ? residual.data() : nullptr,
-                                                                   ef ? next.data() : nullptr, payload.data(), stride, 1});
-  };
+  const dc::kernels::encode_pseudo_gradient<codec> encode_pass{c,      layout.blocks(), table, global.data(),
+                                                               ef ? residual.data() : nullptr,
+                                                               ef ? next.data() : nullptr,
+                                                               payload.data(), stride, 1};
+  auto encode = [&] { ex.transform_reduce(layout.block_count(), encode_pass); };
   const double encode_bytes = (ef ? 16.0 : 8.0) + enc;
 
   // Stages 3+4 for one shard: read M encodings of the shard, write one.
@@ -102,10 +101,9 @@ void run(const char* name, std::size_t n, int world, int reps, Triad&& triad) {
   const std::size_t shard_blocks = layout.blocks_in(shard);
   std::vector<std::byte> out(shard_blocks * stride);
   std::vector<const std::byte*> received(static_cast<std::size_t>(world), payload.data());
-  auto reduce = [&] {
-    ex.transform_reduce(shard_blocks, dc::kernels::reduce_shard<codec>{c, layout.blocks(), offsets.data(),
-                                                                       received.data(), world, out.data(), stride, 2});
-  };
+  const dc::kernels::reduce_shard<codec> reduce_pass{c,   layout.blocks(), offsets.data(), received.data(),
+                                                     world, out.data(),     stride,         2};
+  auto reduce = [&] { ex.transform_reduce(shard_blocks, reduce_pass); };
   const double shard_elements = static_cast<double>(layout.elements_in(shard));
   const double reduce_bytes = (world + 1) * enc;
 
@@ -125,17 +123,8 @@ void run(const char* name, std::size_t n, int world, int reps, Triad&& triad) {
   // The hand-vectorised passes against the portable code they stand in for
   // (the same bits: test_host_simd), in alternation, in the same run.
   if constexpr (dc::kernels::host_simd::supports<codec>::value) {
-    auto encode_portable = [&] {
-      ex.transform_reduce(layout.block_count(),
-                          portable_only<dc::kernels::encode_pseudo_gradient<codec>>{
-                              {c, layout.blocks(), table, global.data(), ef ? residual.data() : nullptr,
-                               ef ? next.data() : nullptr, payload.data(), stride, 1}});
-    };
-    auto reduce_portable = [&] {
-      ex.transform_reduce(shard_blocks, portable_only<dc::kernels::reduce_shard<codec>>{
-                                            {c, layout.blocks(), offsets.data(), received.data(), world, out.data(),
-                                             stride, 2}});
-    };
+    auto encode_portable = [&] { ex.transform_reduce(layout.block_count(), portable_only{encode_pass}); };
+    auto reduce_portable = [&] { ex.transform_reduce(shard_blocks, portable_only{reduce_pass}); };
     const auto v = bench::interleaved_medians(reps, encode, encode_portable, reduce, reduce_portable);
     bench::print(std::string(name) + ".encode_simd_vs_portable", v[1] / v[0]);
     bench::print(std::string(name) + ".reduce_simd_vs_portable", v[3] / v[2]);

@@ -40,6 +40,7 @@
 #include <diloco/diloco.hpp>
 #include <exception>
 #include <limits>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -106,29 +107,17 @@ class run_record {
   // update of DiLoCo runs inside algorithm::step() with the schedule's work
   // of the step, so every step is given the median of those calls: a plain
   // inner update, which the large majority of steps are.
-  double inner_seconds() const {
-    double sum = 0.0;
-    for (const double t : forward_backward_) sum += t;
-    return sum + median(updates_) * static_cast<double>(steps());
-  }
+  double inner_seconds() const { return total(forward_backward_) + median(updates_) * static_cast<double>(steps()); }
   // Time in algorithm::step() (or the update) beyond the median call: the
   // round's own work at round boundaries, and any wait for an exchange.
-  double update_excess_seconds() const {
-    double sum = 0.0;
-    for (const double t : updates_) sum += t;
-    return sum - median(updates_) * static_cast<double>(steps());
-  }
+  double update_excess_seconds() const { return total(updates_) - median(updates_) * static_cast<double>(steps()); }
   // Everything timed per step: forward/backward plus every update call.
-  double timed_seconds() const {
-    double sum = 0.0;
-    for (const double t : forward_backward_) sum += t;
-    for (const double t : updates_) sum += t;
-    return sum;
-  }
+  double timed_seconds() const { return total(forward_backward_) + total(updates_); }
   double step_seconds() const { return median(forward_backward_) + median(updates_); }
   double quiet_step_seconds() const { return median(quiet_) + median(updates_); }
 
  private:
+  static double total(const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0); }
   static double median(std::vector<double> v) {
     if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
     const auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);

@@ -62,6 +62,14 @@ DILOCO_HD DILOCO_FORCEINLINE double lane_squares(std::size_t len, F&& f) {
   return static_cast<double>(lane_tree<Lanes>(acc));
 }
 
+#if defined(DILOCO_HOST_SIMD_X86)
+/// Whether Codec's whole blocks can take kernels/host_simd.hpp's passes: a
+/// supported codec whose block is a whole number of norm lanes.
+template <class Codec>
+inline constexpr bool host_simd_codec =
+    host_simd::supports<Codec>::value && Codec::block % norm_lanes(Codec::block) == 0;
+#endif
+
 /// Two sums from one pass.
 struct sums2 {
   ///@{
@@ -118,7 +126,7 @@ struct encode_pseudo_gradient {
   /// hand-vectorised form where the CPU has it (the same bits).
   DILOCO_HD sums2 operator()(std::size_t b) const {
 #if defined(DILOCO_HOST_SIMD_X86)
-    if constexpr (host_simd::supports<Codec>::value && Codec::block % norm_lanes(Codec::block) == 0) {
+    if constexpr (host_simd_codec<Codec>) {
       const compress::block_ref blk = blocks[b];
       if (blk.len == Codec::block && host_simd::enabled()) {
         const std::size_t off = tensors.offset[blk.tensor] + blk.start;
@@ -201,10 +209,9 @@ struct reduce_shard {
   /// hand-vectorised form where the CPU has it (the same bits).
   DILOCO_HD double operator()(std::size_t b) const {
 #if defined(DILOCO_HOST_SIMD_X86)
-    if constexpr (host_simd::supports<Codec>::value && Codec::block % norm_lanes(Codec::block) == 0) {
-      constexpr int max_world = 64;
-      if (blocks[b].len == Codec::block && world <= max_world && host_simd::enabled()) {
-        const std::byte* in[max_world];
+    if constexpr (host_simd_codec<Codec>) {
+      if (blocks[b].len == Codec::block && world <= host_simd::max_world && host_simd::enabled()) {
+        const std::byte* in[host_simd::max_world];
         for (int k = 0; k < world; ++k) in[k] = received[k] + b * stride;
         double norm_sq;
         if (host_simd::reduce_block<Codec::bits, Codec::block, norm_lanes(Codec::block)>(in, world, Codec::levels,

@@ -66,6 +66,10 @@ inline bool enabled() {
 #endif
 }
 
+/// The most ranks whose blocks reduce_block sums (its scales live on the
+/// stack); larger groups take the portable pass.
+inline constexpr int max_world = 64;
+
 /// Which codecs have hand-vectorised passes: blockwise int8 and int4 with
 /// round to nearest, B a multiple of 32 (whole 32-element steps; the
 /// caller also asks B to be a multiple of its norm lanes).
@@ -118,7 +122,8 @@ inline block_scale scale_of(std::int32_t max_bits, float levels) {
   }
   s.inv = levels / s.amax;
   s.scale = s.amax / levels;
-  s.common = s.amax > 0.0f && s.amax - s.amax == 0.0f && s.inv - s.inv == 0.0f && s.scale >= 1.17549435e-38f;
+  s.common = s.amax > 0.0f && s.amax - s.amax == 0.0f && s.inv - s.inv == 0.0f &&
+             kernels::scale_is_normal(s.amax, levels);
   return s;
 }
 
@@ -257,7 +262,6 @@ template <int Bits, std::size_t B, std::size_t L>
 DILOCO_AVX2 bool reduce_block(const std::byte* const* in, int world, float levels, std::byte* out, double& norm_sq) {
   static_assert(B % 32 == 0 && L % 8 == 0 && B % L == 0, "whole 32-element steps and whole lanes");
   alignas(32) float mean[B];
-  constexpr int max_world = 64;
   float scales[max_world];
   if (world < 1 || world > max_world) return false;
   for (int k = 0; k < world; ++k) {
