@@ -729,7 +729,12 @@ TEST_CASE_TEMPLATE("compressed streaming: the staged non-blocking exchange gives
   const std::size_t H = 6;
   const int steps = 4 * static_cast<int>(H);
   const dc::sync::streaming::options so{.fragments = 3, .delay = 1, .alpha = 0.25f};
-  std::vector<std::vector<std::vector<float>>> staged(2), at_once(2);
+  // comm::threads runs each exchange as one task on its progress thread
+  // (a task_communicator); the same threads behind a link without submit()
+  // take the poll-driven path (each stage run by the step that finds its
+  // collective complete); eager_link completes every collective at once.
+  static_assert(dc::task_communicator<dc::comm::threads> && !dc::task_communicator<threads_host_link>);
+  std::vector<std::vector<std::vector<float>>> staged(2), polled(2), at_once(2);
   std::vector<std::uint32_t> seen;
   dc::comm::threads::world world(2);
   world.run([&](dc::comm::threads& comm) {
@@ -745,6 +750,15 @@ TEST_CASE_TEMPLATE("compressed streaming: the staged non-blocking exchange gives
       for (std::size_t p = 0; p < 3; ++p) CHECK(t.stats().fragment_bytes_sent[p] > 0);
     }
     {
+      threads_host_link link(comm);
+      model mdl(sizes);
+      dc::algorithm<dc::inner::sgd, dc::outer::nesterov, codec, threads_host_link, dc::sync::streaming> t(
+          mdl.w, link, {.inner_steps = H, .inner = {.lr = 0.1f}, .sync = so});
+      for (int s = 0; s < steps; ++s) t.step(mdl.grads(m));
+      t.finish();
+      polled[static_cast<std::size_t>(m)] = mdl.w;
+    }
+    {
       eager_link link(comm);
       link.record_gathers = dc::compress::gathered_v<codec>;
       model mdl(sizes);
@@ -757,12 +771,59 @@ TEST_CASE_TEMPLATE("compressed streaming: the staged non-blocking exchange gives
     }
   });
   for (int m = 0; m < 2; ++m)
-    for (std::size_t k = 0; k < sizes.size(); ++k)
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
       CHECK(std::memcmp(staged[static_cast<std::size_t>(m)][k].data(), at_once[static_cast<std::size_t>(m)][k].data(),
                         sizes[k] * sizeof(float)) == 0);
+      CHECK(std::memcmp(polled[static_cast<std::size_t>(m)][k].data(), at_once[static_cast<std::size_t>(m)][k].data(),
+                        sizes[k] * sizeof(float)) == 0);
+    }
   // Fragments 0, 1, 2 in turn, four rounds each.
   std::vector<std::uint32_t> want;
   for (int r = 0; r < 4; ++r)
     for (std::uint32_t p = 0; p < 3; ++p) want.push_back(p);
   CHECK(seen == want);
+}
+
+TEST_CASE("a chained exchange (comm::threads) runs every stage on the progress thread, with no poll from the trainer") {
+  // The exchange's task is queued on the progress thread before the barrier,
+  // and a blocking operation runs behind what was queued before it: once the
+  // barrier returns, the all-to-all, the shard reduction, the all-gather and
+  // the vote have all run, and the first poll finds the exchange complete.
+  // (Poll-driven, the first poll would only start the all-gather.) The
+  // verdict and the applied step equal an exchange run at once.
+  using codec = dc::compress::error_feedback<dc::compress::blockwise<dc::int8, 32>>;
+  using reducer = dc::reduce::compressed<codec, dc::comm::threads, dc::host_space, dc::exec::host>;
+  const std::vector<std::size_t> sizes{100, 1, 37};
+  std::vector<std::vector<float>> result(4);
+  dc::comm::threads::world world(2);
+  world.run([&](dc::comm::threads& comm) {
+    const int m = comm.rank();
+    for (const bool overlap : {true, false}) {
+      std::vector<std::vector<float>> local;
+      std::size_t n = 0;
+      for (const std::size_t size : sizes) {
+        local.emplace_back(size);
+        for (std::size_t i = 0; i < size; ++i)
+          local.back()[i] = 0.01f * static_cast<float>((i * 7 + n) % 13) - 0.05f * static_cast<float>(m);
+        n += size;
+      }
+      dc::parameter_set<float, dc::host_space> set(local);
+      dc::exec::host exec(1);
+      reducer r(set, 2, m, {}, 0, exec);
+      reducer::transport link(0);
+      std::vector<float> ref(n, 0.5f);
+      r.begin(exec, comm, link, ref.data(), 1, overlap);
+      comm.barrier();
+      CHECK(r.poll(exec, comm, link));
+      const dc::reduce::verdict v = r.wait(exec, comm, link);
+      CHECK(v.accepted);
+      std::vector<float> global(n, 0.5f);
+      r.apply(exec, dc::kernels::sgd_update{1.0f}, global.data(), nullptr, 0, dc::kernels::merge::overwrite{});
+      result[static_cast<std::size_t>(2 * m + (overlap ? 0 : 1))] = global;
+    }
+  });
+  for (int m = 0; m < 2; ++m)
+    CHECK(std::memcmp(result[static_cast<std::size_t>(2 * m)].data(), result[static_cast<std::size_t>(2 * m + 1)].data(),
+                      result[0].size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(result[0].data(), result[2].data(), result[0].size() * sizeof(float)) == 0);
 }

@@ -65,6 +65,7 @@ struct bench_options {
   int eval_every = 50;            // steps between loss snapshots
   double target_loss = 0.0;       // 0: 1.02 x this run's final loss
   double max_seconds = 0.0;       // ddp: stop at the first snapshot after this much training time
+  bool no_argument_checks = false;  // comm::gloo's options.check_arguments off
 };
 
 // The model's parameters at one point of training.
@@ -379,6 +380,9 @@ int main(int argc, char** argv) {
                                                    "(the learning-rate schedule stays that of --steps)")
         ->check(CLI::Range(0.0, 1e9));
     app.add_flag("--synthetic", c.synthetic, "the built-in synthetic corpus instead of the fortunes");
+    app.add_flag("--no-argument-checks", o.no_argument_checks,
+                 "turn off comm::gloo's argument agreement (a small all-gather before every collective), to "
+                 "measure what it costs on a slow link");
     if (char_mlp::parse_or_help(app, argc, argv, "")) return 0;
     if (lr->count() == 0) c.lr = o.method == "ddp" ? 3e-3f : 2e-3f;
     if (o.label.empty())
@@ -390,7 +394,9 @@ int main(int argc, char** argv) {
                                  ") must be a multiple of --inner-steps (" + std::to_string(c.inner_steps) +
                                  ") so that every run ends on a round");
 
-    auto comm = diloco::comm::gloo::from_env();
+    auto gloo_options = diloco::comm::gloo::options_from_env();
+    gloo_options.check_arguments = !o.no_argument_checks;
+    diloco::comm::gloo comm(gloo_options);
     rank = comm.rank();
     if (c.batch % comm.size() != 0)
       throw diloco::config_error("--batch (" + std::to_string(c.batch) +
@@ -419,6 +425,7 @@ int main(int argc, char** argv) {
     std::printf("workers: %d\n", comm.size());
     std::printf("params: %zu\n", probe.parameter_count());
     std::printf("corpus: %s\n", data.source.c_str());
+    std::printf("argument_checks: %s\n", o.no_argument_checks ? "off" : "on");
     std::printf("setting: hidden %d, batch %d, lr %g", c.dims.hidden, c.batch, static_cast<double>(c.lr));
     if (o.method == "diloco")
       std::printf(", H %d, outer lr %g, outer momentum %g", c.inner_steps, static_cast<double>(c.outer_lr),

@@ -206,7 +206,7 @@ class gloo {
   /// How many ranks share this host's cores (options.local_world_size).
   int workers_on_host() const { return opts_.local_world_size > 0 ? opts_.local_world_size : 1; }
   /// The bytes this rank has sent and received, as core/comm_types.hpp models them.
-  traffic_counters traffic() const { return traffic_; }
+  traffic_counters traffic() const { return traffic_.get(); }
   /// The options it was constructed with.
   const options& settings() const { return opts_; }
 
@@ -290,6 +290,14 @@ class gloo {
   }
   ///@}
 
+  /// Runs `task` on this communicator's progress thread, after every
+  /// non-blocking operation issued before it; its exception becomes the
+  /// request's error. Inside the task this communicator's blocking
+  /// operations run at once, on that thread (reduce::staged chains a
+  /// compressed exchange's collectives and the work between them this way,
+  /// so the exchange advances while the caller trains).
+  request submit(std::function<void()> task) { return queue_.submit(std::move(task)); }
+
  private:
   using op_code = detail_gloo::op_code;
   /// Gloo matches messages by slot: argument headers and payloads use
@@ -348,9 +356,15 @@ class gloo {
   // ------------------------------------------------------------ traffic
   /// The models shared by every communicator (core/comm_types.hpp); Gloo's
   /// broadcast really runs a binomial tree.
-  void account_all_reduce(std::size_t n) { traffic_.add_all_reduce(n * sizeof(float), size()); }
-  void account_broadcast(std::size_t bytes, int root) { traffic_.add_broadcast(bytes, rank(), root, size()); }
-  void account_exchange(std::size_t block) { traffic_.add_exchange(block, size()); }
+  void account_all_reduce(std::size_t n) {
+    traffic_.update([&](traffic_counters& t) { t.add_all_reduce(n * sizeof(float), size()); });
+  }
+  void account_broadcast(std::size_t bytes, int root) {
+    traffic_.update([&](traffic_counters& t) { t.add_broadcast(bytes, rank(), root, size()); });
+  }
+  void account_exchange(std::size_t block) {
+    traffic_.update([&](traffic_counters& t) { t.add_exchange(block, size()); });
+  }
 
   // ---------------------------------------------------------- execution
   /// Runs one collective: fails at once if the communicator is closed,
@@ -726,7 +740,7 @@ class gloo {
   bool joining_ = false;
   bool left_ = false;
   detail_gloo::connection conn_;
-  traffic_counters traffic_{};
+  detail::shared_traffic traffic_;
   std::uint64_t sequence_ = 0;  ///< touched only by the thread running collectives
   std::mutex mutex_;
   std::string closed_;  ///< the failure that closed the communicator; empty while usable

@@ -378,7 +378,7 @@ class threads {
                                       "); a worker that throws ends world::run");
   }
   /// The bytes this rank has sent and received, as core/comm_types.hpp models them.
-  traffic_counters traffic() const { return traffic_; }
+  traffic_counters traffic() const { return traffic_.get(); }
 
   // ------------------------------------------------------------ blocking
   /// In-place all-reduce of fp32 buffers. Deterministic: rank r sums its
@@ -467,6 +467,17 @@ class threads {
     return queue_.submit([this] { group_->arrive_and_wait(rank_, "barrier"); });
   }
   ///@}
+
+  /// Runs `task` on this rank's progress thread, after every non-blocking
+  /// operation issued before it; its exception becomes the request's error.
+  /// Inside the task this communicator's blocking operations run at once, on
+  /// that thread (reduce::staged chains a compressed exchange's collectives
+  /// and the work between them this way, so the exchange advances while the
+  /// caller trains).
+  request submit(std::function<void()> task) {
+    require_member("submit");
+    return queue_.submit(std::move(task));
+  }
 
  private:
   threads(std::shared_ptr<detail_threads::group> g, int rank, std::shared_ptr<detail_threads::roster> r,
@@ -571,9 +582,15 @@ class threads {
   }
 
   /// The traffic models shared by every communicator (core/comm_types.hpp).
-  void account_all_reduce(std::size_t n) { traffic_.add_all_reduce(n * sizeof(float), size()); }
-  void account_broadcast(std::size_t bytes, int root) { traffic_.add_broadcast(bytes, rank(), root, size()); }
-  void account_exchange(std::size_t block) { traffic_.add_exchange(block, size()); }
+  void account_all_reduce(std::size_t n) {
+    traffic_.update([&](traffic_counters& t) { t.add_all_reduce(n * sizeof(float), size()); });
+  }
+  void account_broadcast(std::size_t bytes, int root) {
+    traffic_.update([&](traffic_counters& t) { t.add_broadcast(bytes, rank(), root, size()); });
+  }
+  void account_exchange(std::size_t block) {
+    traffic_.update([&](traffic_counters& t) { t.add_exchange(block, size()); });
+  }
 
   void do_all_reduce(std::span<float> buf, reduce_op op) {
     enter("all_reduce", nullptr, buf.data(), buf.size(), static_cast<int>(op));
@@ -683,7 +700,7 @@ class threads {
   std::chrono::milliseconds timeout_ = std::chrono::minutes(5);
   std::uint64_t generation_ = 0;
   bool left_running_ = false;  ///< left the group: no longer counted as a running member
-  traffic_counters traffic_{};
+  detail::shared_traffic traffic_;
   /// Last member: destroyed first, so its thread is joined while the rest of
   /// the communicator is still alive.
   detail::progress_queue queue_;

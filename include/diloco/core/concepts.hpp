@@ -8,9 +8,11 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <ranges>
 #include <span>
 #include <type_traits>
+#include <utility>
 
 #include "diloco/compress/codec.hpp"
 #include "diloco/core/comm_types.hpp"
@@ -207,6 +209,18 @@ concept async_device_communicator =
 /// buffers (async_host_communicator) or device buffers.
 template <class C>
 concept async_communicator = async_host_communicator<C> || async_device_communicator<C>;
+
+/// An async host communicator that also runs a caller's task on its progress
+/// thread, in issue order, where the task may call its blocking collectives
+/// (comm::threads, comm::gloo): `submit(std::function<void()>)` returns the
+/// task's request. Over host parameters reduce::staged chains a lossy
+/// exchange's collectives and the work between them into one such task, so
+/// the exchange advances whenever its data arrives instead of when the
+/// training thread next polls.
+template <class C>
+concept task_communicator = async_host_communicator<C> && requires(C& c, std::function<void()> task) {
+  { c.submit(std::move(task)) } -> std::same_as<typename C::request>;
+};
 
 /// Where a worker stands when it takes part in a membership check
 /// (elastic_communicator::at_boundary).

@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <type_traits>
@@ -33,13 +35,21 @@ struct collective {
 /// reduce::gathered, reduce::factored): encode, then a fixed list of
 /// collectives, each followed by the engine's operations on what arrived,
 /// then the vote (a tiny all-reduce of each rank's verdict) and the result.
-/// When the transport runs the communicator's collectives non-blocking (an
-/// async host communicator, for device buffers staged through host memory
-/// too, or an async device communicator) and the schedule overlaps, each
-/// collective is started non-blocking and the next stage runs when poll()
-/// finds it complete, between inner steps; otherwise begin() runs every stage
-/// at once through the engine's transport, which gives the same bits. A world
-/// of one copies instead of calling the communicator.
+/// When the schedule overlaps, the stages run beside the inner steps:
+///  - host parameters and a task_communicator (comm::threads, comm::gloo):
+///    begin() encodes and submits the rest of the exchange as one task to
+///    the communicator's progress thread, which runs each collective and
+///    the engine's operations after it (on its own copy of the executor) as
+///    soon as the data has arrived, whatever the training thread is doing;
+///  - otherwise, when the transport runs the communicator's collectives
+///    non-blocking (an async host communicator, for device buffers staged
+///    through host memory too, or an async device communicator), each
+///    collective is started non-blocking and the next stage runs when poll()
+///    finds it complete, between inner steps.
+/// Without overlap, or without non-blocking collectives, begin() runs every
+/// stage at once through the engine's transport. All three give the same
+/// bits (the executor's reductions do not depend on its threads). A world of
+/// one copies instead of calling the communicator.
 ///
 /// A reducer derives from staged<Derived, Engine, Comm, Space, Exec> and says
 /// its protocol:
@@ -85,19 +95,37 @@ class staged {
     async_ = transport::async && overlap;
     engine_->encode(exec, ref, round);
     stage_ = 0;
+    chained_ = false;
+    if constexpr (chains) {
+      if (async_ && comm.size() > 1) {
+        // The task runs the stages blocking, one after another, on the
+        // progress thread; nothing here touches the stage state until
+        // its request has completed.
+        if (!side_) side_.emplace(exec);
+        async_ = false;
+        chained_ = true;
+        pending_ = typename transport::request(comm.submit([this, &comm, &link] { start(*side_, comm, link); }));
+        return;
+      }
+    }
     start(exec, comm, link);
   }
 
   /// Drops the exchange in flight (elastic recovery): the pending collective
-  /// is waited for and its result ignored; the residual was not committed.
+  /// (or chained task) is waited for and its result ignored; the residual
+  /// was not committed.
   void abort() {
     pending_ = {};
+    chained_ = false;
     stage_ = done;
   }
 
   /// Runs every stage whose collective has completed; true when the whole
   /// exchange has.
   bool poll(Exec& exec, Comm& comm, transport& link) {
+    if (chained_) {
+      if (!finished_chain(false)) return false;
+    }
     while (stage_ != done) {
       if (!pending_.test()) return false;
       advance(exec, comm, link);
@@ -107,6 +135,7 @@ class staged {
 
   /// Runs the remaining stages to the end and returns the verdict, the same on every rank.
   verdict wait(Exec& exec, Comm& comm, transport& link) {
+    if (chained_) finished_chain(true);
     while (stage_ != done) {
       pending_.wait();
       advance(exec, comm, link);
@@ -143,6 +172,30 @@ class staged {
   static constexpr std::size_t done = vote + 1;
 
   Derived& self() { return static_cast<Derived&>(*this); }
+
+  /// Whether an overlapped exchange runs as one task on the communicator's
+  /// progress thread (host parameters, a task_communicator, an executor the
+  /// task can have its own copy of).
+  static constexpr bool chains = std::is_same_v<Space, host_space> && transport::async && task_communicator<Comm> &&
+                                 std::copy_constructible<Exec>;
+
+  /// The chained task's completion (`block`: wait for it, else test): true
+  /// once it has run every stage. Its error (a collective's comm_error, a
+  /// refused segment) is rethrown, and the exchange is then over.
+  bool finished_chain(bool block) {
+    try {
+      if (block)
+        pending_.wait();
+      else if (!pending_.test())
+        return false;
+    } catch (...) {
+      chained_ = false;
+      stage_ = done;
+      throw;
+    }
+    chained_ = false;
+    return true;
+  }
 
   /// Starts the current stage's collective: non-blocking when overlapping
   /// (poll/wait finish it), else blocking through the transport.
@@ -193,7 +246,11 @@ class staged {
   int world_ = 1;
   std::size_t stage_ = done;
   bool async_ = false;
+  bool chained_ = false;  // the exchange in flight runs as a task on the progress thread
   verdict out_;
+  std::optional<Exec> side_;  // the chained task's executor (made from the caller's on first use)
+  // Declared last, so destroyed first: an unfinished task is waited for
+  // while everything it uses is still alive.
   typename transport::request pending_;
 };
 

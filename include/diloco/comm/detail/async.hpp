@@ -4,6 +4,8 @@
 // Non-blocking collectives for communicators whose transport is blocking
 // (threads, Gloo): one progress thread per communicator runs the operations
 // in the order they were issued, and each returns a request to wait() on.
+// A caller's task may run there too (the communicators' submit()): inside
+// it, the communicator's blocking operations run at once, on that thread.
 
 #include <condition_variable>
 #include <deque>
@@ -13,6 +15,8 @@
 #include <mutex>
 #include <thread>
 #include <utility>
+
+#include "diloco/core/comm_types.hpp"
 
 namespace diloco::comm {
 
@@ -125,10 +129,12 @@ class progress_queue {
 
   // A blocking operation: runs f on the caller's thread unless
   // non-blocking ones are still pending, which it must not overtake; then
-  // it waits behind them (their errors stay with their own requests).
+  // it waits behind them (their errors stay with their own requests). On
+  // the progress thread itself (a submitted task calling a blocking
+  // operation) f runs at once: it is the task in order.
   template <class F>
   void run_in_order(F&& f) {
-    if (idle())
+    if (current_ == this || idle())
       f();
     else
       submit(std::function<void()>(std::forward<F>(f))).wait();
@@ -152,6 +158,7 @@ class progress_queue {
   };
 
   void loop() {
+    current_ = this;
     std::unique_lock lock(mutex_);
     for (;;) {
       cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
@@ -172,12 +179,36 @@ class progress_queue {
     }
   }
 
+  // The queue whose progress thread this is (null on every other thread).
+  static inline thread_local const progress_queue* current_ = nullptr;
+
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<item> tasks_;
   bool running_ = false;
   bool stop_ = false;
   std::thread thread_;
+};
+
+// The traffic counters of a communicator with a progress thread: the
+// issuing thread counts a non-blocking operation, the progress thread the
+// blocking operations a submitted task runs, and traffic() reads them from
+// either.
+class shared_traffic {
+ public:
+  traffic_counters get() const {
+    std::lock_guard lock(mutex_);
+    return counters_;
+  }
+  template <class F>
+  void update(F&& f) {
+    std::lock_guard lock(mutex_);
+    f(counters_);
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  traffic_counters counters_{};
 };
 
 }  // namespace detail
