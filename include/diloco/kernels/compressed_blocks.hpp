@@ -51,19 +51,36 @@ struct device_tensor {
                          ///< stochastic rounding, so both draw the same numbers
 };
 
-/// Threads per team: the block's groups rounded up to a power of two, at
-/// least 8 (the norms' lanes) and at most 256 (larger blocks loop).
+/// Threads per team for `units` units of work (a codec block's groups over
+/// groups_per_team_thread, a top-k chunk's elements): rounded up to a power
+/// of two, at least 8 (the norms' lanes) and at most 256 (larger blocks loop).
 constexpr unsigned team_threads(std::size_t groups) {
   unsigned t = 8;
   while (t < groups && t < 256) t *= 2;
   return t;
 }
 
-/// How a team covers a block of E::block elements in groups of E::group.
-template <class E>
+/// How a team covers a block of E::block elements in groups of E::group,
+/// each thread taking about `Per` groups (when the block has that many).
+/// The passes with a team max and norms (encode, reduce) take 4: several
+/// 16-byte loads in flight per thread, and the team's per-block work (the
+/// block's descriptor, the team max, the norms' lanes and tree, which only
+/// norm_lanes(B) threads run) shared by more elements. With one group per
+/// thread at B = 128 on an H100 (bench_cuda_kernels, Nsight Compute) the
+/// int8 encode and the shard reduce were bound by instruction issue (SM
+/// throughput 79 % and 69 %, DRAM 44 % and 18 %); with 4, of the copy's
+/// bandwidth: int8+EF 0.88 -> 0.90, int4+EF 0.87 -> 0.98, int8+EF at
+/// B = 64 0.88 -> 0.99 and B = 1024 0.91 -> 1.0, int8 without EF 0.58 ->
+/// 0.64, the reduce of 4 0.23 -> 0.25. decode_apply, with no team work,
+/// keeps 1 (it streams at the copy's rate so; with 2 at bf16 B = 64 nvcc
+/// split its 16-byte stores). The team's size
+/// does not change the bits: the amax is a max, and the norms' lanes are
+/// summed in norm_lanes(B)'s order whichever thread holds the squares.
+template <class E, std::size_t Per = 1>
 struct team_shape {
   static constexpr std::size_t groups = E::block / E::group;  ///< groups per block
-  static constexpr unsigned threads = team_threads(groups);  ///< threads per team (team_threads)
+  /// Threads per team: team_threads of the block's groups / Per.
+  static constexpr unsigned threads = team_threads((groups + Per - 1) / Per);
   static constexpr std::size_t groups_per_thread = (groups + threads - 1) / threads;  ///< groups each thread owns
   /// First element of a thread's k-th group: consecutive threads take
   /// consecutive groups, so a warp's accesses are contiguous.
@@ -157,7 +174,7 @@ DILOCO_HD DILOCO_FORCEINLINE std::int32_t magnitude_bits(float x) {
 /// written. Without error feedback: read 8, write 1 + 4/B (int8).
 template <class E>
 struct encode_blocks {
-  using shape = team_shape<E>;  ///< how the team covers a block
+  using shape = team_shape<E, 4>;  ///< how the team covers a block (about 4 groups a thread)
   static constexpr unsigned team = shape::threads;  ///< threads per team
   static constexpr bool team_max = E::scaled;  ///< whether load()'s values meet in a team max (the block's amax)
   static constexpr std::size_t norms = 2;  ///< norms summed per block: ||delta||^2 and ||v - decoded||^2
@@ -262,7 +279,7 @@ struct encode_blocks {
 /// Bytes per element, int8: read M (codes) + 4M/B (factors), write 1 + 4/B.
 template <class E>
 struct reduce_blocks {
-  using shape = team_shape<E>;  ///< how the team covers a block
+  using shape = team_shape<E, 4>;  ///< how the team covers a block (about 4 groups a thread)
   static constexpr unsigned team = shape::threads;  ///< threads per team
   static constexpr bool team_max = E::scaled;  ///< whether load()'s values meet in a team max (the block's amax)
   static constexpr std::size_t norms = 1;  ///< norms summed per block: ||decoded mean||^2
