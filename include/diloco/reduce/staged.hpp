@@ -8,6 +8,7 @@
 #include <optional>
 #include <span>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <utility>
 
@@ -124,7 +125,14 @@ class staged {
   /// exchange has.
   bool poll(Exec& exec, Comm& comm, transport& link) {
     if (chained_) {
-      if (!finished_chain(false)) return false;
+      if (!finished_chain(false)) {
+        // The chain's threads (the progress thread, the transport's) may
+        // share this thread's core, as a worker pinned to one core does:
+        // let them run now, at a step boundary, rather than when the
+        // scheduler next preempts the training thread.
+        std::this_thread::yield();
+        return false;
+      }
     }
     while (stage_ != done) {
       if (!pending_.test()) return false;
