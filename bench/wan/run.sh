@@ -32,6 +32,8 @@
 #   --workers N          workers (default: 2; more than the cores are oversubscribed and marked so)
 #   --dp-capped-rates L  rates at which data parallel is capped (default: 10mbit)
 #   --dp-max-seconds S   the cap: training seconds (default: 150)
+#   --target LOSS        the target loss itself: no data-parallel reference run
+#                        (to rerun some methods against an earlier reference)
 #   --tiny               a smoke run: tiny model, few steps, one rate (what CTest runs)
 #
 # Exit status: 0 when every run finished, 77 (CTest's skip) with a message
@@ -45,6 +47,7 @@ usage() {  # usage STATUS: the header above
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
 worker=build/bench/wan/wan_worker out="" rates=1gbit,100mbit,10mbit dp_capped=10mbit workers=2 dp_max_seconds=150 tiny=0
+target=""
 methods=ddp,diloco_fp32,diloco_int4,streaming_int4,delay_int4,eager_int4
 while (($#)); do
   case "$1" in
@@ -56,6 +59,7 @@ while (($#)); do
     --methods) methods=${2:?--methods needs a value}; shift 2 ;;
     --workers) workers=${2:?--workers needs a value}; shift 2 ;;
     --dp-max-seconds) dp_max_seconds=${2:?--dp-max-seconds needs a value}; shift 2 ;;
+    --target) target=${2:?--target needs a value}; shift 2 ;;
     --tiny) tiny=1; shift ;;
     -h | --help) usage 0 ;;
     *) echo "run.sh: unknown option '$1' (worker options go after --)" >&2; exit 2 ;;
@@ -64,6 +68,7 @@ done
 extra=("$@")
 [[ $workers =~ ^[1-9][0-9]*$ ]] && ((workers <= 200)) ||
   { echo "run.sh: --workers must be an integer in [1, 200], got '$workers'" >&2; exit 2; }
+[[ -z $target || $target =~ ^[0-9]+(\.[0-9]+)?$ ]] || { echo "run.sh: --target must be a positive number, got '$target'" >&2; exit 2; }
 [[ $dp_max_seconds =~ ^[0-9]+$ ]] || { echo "run.sh: --dp-max-seconds must be a whole number, got '$dp_max_seconds'" >&2; exit 2; }
 [[ $worker = /* ]] || worker=$root/$worker
 [[ -x $worker ]] || { echo "run.sh: $worker not found: build the target wan_worker first" >&2; exit 2; }
@@ -224,16 +229,22 @@ mkdir -p "$out"
 echo "run.sh: $workers workers on $cores cores$( ((oversubscribed)) && echo ' (OVERSUBSCRIBED: reference only)'), rates ${rate_list[*]}, results in $out"
 echo "run.sh: $(uptime)"
 
-# The reference: data parallel at the first rate, uncapped.
+# The reference: data parallel at the first rate, uncapped (unless --target).
 first=${rate_list[0]}
-shape "$first"
-run_one "$first-ddp" "$first" ${method_args[ddp]} "${tiny_args[@]}" "${extra[@]}"
-target=$(awk '/^final_loss:/ { printf "%.6f", 1.02 * $2 }' "$out/$first-ddp.txt")
-echo "run.sh: target loss $target (1.02 x data parallel's final loss)"
+if [[ -z $target ]]; then
+  shape "$first"
+  run_one "$first-ddp" "$first" ${method_args[ddp]} "${tiny_args[@]}" "${extra[@]}"
+  target=$(awk '/^final_loss:/ { printf "%.6f", 1.02 * $2 }' "$out/$first-ddp.txt")
+  echo "run.sh: target loss $target (1.02 x data parallel's final loss)"
+  reference=1
+else
+  echo "run.sh: target loss $target (given)"
+  reference=0
+fi
 for rate in "${rate_list[@]}"; do
   shape "$rate"
   for m in "${method_list[@]}"; do
-    [[ $rate == "$first" && $m == ddp ]] && continue
+    ((reference)) && [[ $rate == "$first" && $m == ddp ]] && continue
     cap=()
     [[ $m == ddp && ,$dp_capped, == *,$rate,* ]] && cap=(--max-seconds "$dp_max_seconds")
     # shellcheck disable=SC2086  # method_args holds several words
