@@ -582,15 +582,9 @@ class threads {
   }
 
   /// The traffic models shared by every communicator (core/comm_types.hpp).
-  void account_all_reduce(std::size_t n) {
-    traffic_.update([&](traffic_counters& t) { t.add_all_reduce(n * sizeof(float), size()); });
-  }
-  void account_broadcast(std::size_t bytes, int root) {
-    traffic_.update([&](traffic_counters& t) { t.add_broadcast(bytes, rank(), root, size()); });
-  }
-  void account_exchange(std::size_t block) {
-    traffic_.update([&](traffic_counters& t) { t.add_exchange(block, size()); });
-  }
+  void account_all_reduce(std::size_t n) { traffic_.add_all_reduce(n * sizeof(float), size()); }
+  void account_broadcast(std::size_t bytes, int root) { traffic_.add_broadcast(bytes, rank(), root, size()); }
+  void account_exchange(std::size_t block) { traffic_.add_exchange(block, size()); }
 
   void do_all_reduce(std::span<float> buf, reduce_op op) {
     enter("all_reduce", nullptr, buf.data(), buf.size(), static_cast<int>(op));

@@ -8,6 +8,7 @@
 // it, the communicator's blocking operations run at once, on that thread.
 
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -200,11 +201,21 @@ class shared_traffic {
     std::lock_guard lock(mutex_);
     return counters_;
   }
-  template <class F>
-  void update(F&& f) {
+  /// The models of core/comm_types.hpp, under the lock.
+  ///@{
+  void add_all_reduce(std::uint64_t bytes, int world) {
     std::lock_guard lock(mutex_);
-    f(counters_);
+    counters_.add_all_reduce(bytes, world);
   }
+  void add_broadcast(std::uint64_t bytes, int rank, int root, int world) {
+    std::lock_guard lock(mutex_);
+    counters_.add_broadcast(bytes, rank, root, world);
+  }
+  void add_exchange(std::uint64_t block, int world) {
+    std::lock_guard lock(mutex_);
+    counters_.add_exchange(block, world);
+  }
+  ///@}
 
  private:
   mutable std::mutex mutex_;
