@@ -52,8 +52,9 @@ struct device_tensor {
 };
 
 /// Threads per team for `units` units of work (a codec block's groups over
-/// groups_per_team_thread, a top-k chunk's elements): rounded up to a power
-/// of two, at least 8 (the norms' lanes) and at most 256 (larger blocks loop).
+/// the groups each thread takes, team_shape's Per; a top-k chunk's
+/// elements): rounded up to a power of two, at least 8 (the norms' lanes)
+/// and at most 256 (larger blocks loop).
 constexpr unsigned team_threads(std::size_t groups) {
   unsigned t = 8;
   while (t < groups && t < 256) t *= 2;
@@ -73,9 +74,9 @@ constexpr unsigned team_threads(std::size_t groups) {
 /// B = 64 0.88 -> 0.99 and B = 1024 0.91 -> 1.0, int8 without EF 0.58 ->
 /// 0.64, the reduce of 4 0.23 -> 0.25. decode_apply, with no team work,
 /// keeps 1 (it streams at the copy's rate so; with 2 at bf16 B = 64 nvcc
-/// split its 16-byte stores). The team's size
-/// does not change the bits: the amax is a max, and the norms' lanes are
-/// summed in norm_lanes(B)'s order whichever thread holds the squares.
+/// split its 16-byte stores). The team's size does not change the bits: the
+/// amax is a max, and the norms' lanes are summed in norm_lanes(B)'s order
+/// whichever thread holds the squares.
 template <class E, std::size_t Per = 1>
 struct team_shape {
   static constexpr std::size_t groups = E::block / E::group;  ///< groups per block
