@@ -11,6 +11,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -26,6 +27,7 @@
 #include <diloco/comm/gloo.hpp>
 #include <diloco/diloco.hpp>
 #include <filesystem>
+#include <map>
 #include <random>
 #include <string>
 #include <thread>
@@ -936,6 +938,42 @@ TEST_CASE("a world of one passes the conformance checks and keeps SIGPIPE out of
   CHECK_FALSE(sigpipe_blocked());
 }
 
+TEST_CASE("batch_scheduling: Gloo's event loop and the progress thread run under SCHED_BATCH, the caller as it was") {
+  harness::temp_dir d;
+  // Every thread of this process and its policy, as the kernel reports it.
+  auto policies = [] {
+    std::map<std::string, int> m;
+    for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
+      const std::string id = e.path().filename();
+      m[id] = sched_getscheduler(static_cast<pid_t>(std::stol(id)));
+    }
+    return m;
+  };
+  const auto before = policies();
+  const int caller = sched_getscheduler(0);
+  REQUIRE(caller == SCHED_OTHER);
+  for (const bool on : {true, false}) {
+    CAPTURE(on);
+    gloo_comm comm({.rank = 0,
+                    .size = 1,
+                    .rendezvous = gloo_comm::file_store{d.file(on ? "batch" : "normal")},
+                    .timeout = 5s,
+                    .batch_scheduling = on});
+    comm.ibarrier().wait();  // starts the progress thread
+    int batch = 0, normal = 0;
+    for (const auto& [id, policy] : policies()) {
+      if (before.count(id) != 0) continue;
+      CAPTURE(id);
+      CHECK((policy == SCHED_BATCH || policy == SCHED_OTHER));
+      (policy == SCHED_BATCH ? batch : normal) += 1;
+    }
+    // Gloo's event loop and the progress thread, at least.
+    CHECK(batch + normal >= 2);
+    CHECK((on ? normal : batch) == 0);
+    CHECK(sched_getscheduler(0) == caller);
+  }
+}
+
 TEST_CASE("ranks may also be threads of one process, each with its own communicator") {
   harness::temp_dir d;
   constexpr int m = 3;
@@ -1071,7 +1109,7 @@ TEST_CASE("from_env reads the launcher's variables and names any missing or malf
     std::vector<std::pair<std::string, std::string>> vars;
     saved_env() {
       for (const char* n : {"DILOCO_RANK", "DILOCO_WORLD_SIZE", "DILOCO_STORE", "DILOCO_RUN_ID", "DILOCO_HOSTNAME",
-                            "DILOCO_IFACE", "DILOCO_TIMEOUT_MS"}) {
+                            "DILOCO_IFACE", "DILOCO_TIMEOUT_MS", "DILOCO_BATCH_SCHEDULING"}) {
         const char* v = std::getenv(n);
         vars.emplace_back(n, v ? v : "\x01");
         unsetenv(n);
@@ -1103,6 +1141,12 @@ TEST_CASE("from_env reads the launcher's variables and names any missing or malf
   CHECK(o.run_id == "diloco");
   CHECK(o.hostname == "127.0.0.1");
   CHECK(o.timeout == 30s);
+  CHECK(o.batch_scheduling);
+
+  setenv("DILOCO_BATCH_SCHEDULING", "0", 1);
+  CHECK_FALSE(gloo_comm::options_from_env().batch_scheduling);
+  setenv("DILOCO_BATCH_SCHEDULING", "1", 1);
+  CHECK(gloo_comm::options_from_env().batch_scheduling);
 
   setenv("DILOCO_STORE", "file:///shared/rdv", 1);
   setenv("DILOCO_RUN_ID", "job-17", 1);
@@ -1145,6 +1189,7 @@ TEST_CASE("from_env reads the launcher's variables and names any missing or malf
   malformed("DILOCO_STORE", "redis://host:port", "DILOCO_STORE port is 'port'");
   malformed("DILOCO_STORE", "redis://:6379", "redis://host[:port]");
   malformed("DILOCO_RUN_ID", "", "DILOCO_RUN_ID is set but empty");
+  malformed("DILOCO_BATCH_SCHEDULING", "yes", "DILOCO_BATCH_SCHEDULING is 'yes'; expected an integer in [0, 1]");
   setenv("DILOCO_STORE", "redis://just-a-host", 1);
   CHECK(std::get<gloo_comm::redis_store>(gloo_comm::options_from_env().rendezvous).port == 6379);
 }

@@ -28,7 +28,8 @@ METHOD_NAMES = {
     "eager_int4": "DiLoCo eager, int4+EF",
 }
 NUMERIC = ["wall_seconds", "inner_seconds", "compute_utilisation", "compute_utilisation_quiet", "bytes_per_worker",
-           "final_loss", "target_loss", "time_to_target_seconds", "wall_ms_per_step", "steps", "steps_planned"]
+           "final_loss", "target_loss", "time_to_target_seconds", "wall_ms_per_step", "steps", "steps_planned",
+           "other_threads_cpu_seconds"]
 
 
 def rate_bits(rate):
@@ -104,9 +105,9 @@ def table(runs):
     out.append(f"Workers: {', '.join(sorted(workers))}" + (" (OVERSUBSCRIBED: reference only)" if over else "")
                + f"; target loss {runs[0]['target_loss']:.4f} (1.02 x data parallel's final loss).")
     out.append("")
-    out.append("| link | method | wall s | compute util. | util. at quiet speed | MB sent per worker | final loss "
-               "| time to target s | data parallel's time / this |")
-    out.append("|---|---|---|---|---|---|---|---|---|")
+    out.append("| link | method | wall s | compute util. | util. at quiet speed | comm. threads' CPU "
+               "| MB sent per worker | final loss | time to target s | data parallel's time / this |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|")
     for rate in rates_of(runs):
         at_rate = {r["key"]: r for r in runs if r["rate"] == rate}
         ddp = at_rate.get("ddp")
@@ -126,8 +127,11 @@ def table(runs):
             ratio = ""
             if not math.isnan(t) and not math.isnan(ddp_t) and t > 0:
                 ratio = f"{ddp_t / t:.1f}" + (" (est.)" if ddp_est else "")
+            # Older outputs have no thread CPU times.
+            other = r.get("other_threads_cpu_seconds", math.nan)
+            other_text = f"{100 * other / r['wall_seconds']:.1f} %" if math.isfinite(other) else ""
             out.append(f"| {pretty_rate(rate)} | {METHOD_NAMES[key]} | {wall} | {100 * r['compute_utilisation']:.1f} % "
-                       f"| {100 * r['compute_utilisation_quiet']:.1f} % | {r['bytes_per_worker'] / 1e6:.2f} "
+                       f"| {100 * r['compute_utilisation_quiet']:.1f} % | {other_text} | {r['bytes_per_worker'] / 1e6:.2f} "
                        f"| {r['final_loss']:.4f}{' (at the cap)' if capped else ''} | {t_text} | {ratio} |")
     return "\n".join(out)
 

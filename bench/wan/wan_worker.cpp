@@ -18,6 +18,12 @@
 //                           that runs beside the inner steps on the same core
 //                           slows them down, which the first figure counts as
 //                           compute and this one does not
+//   training_thread_cpu_seconds, other_threads_cpu_seconds
+//                           CPU time over the training clock of the thread
+//                           that trains and of the process's other threads:
+//                           the communicator's (Gloo's event loop, the
+//                           progress thread), whose work on a worker's one
+//                           core is what the training thread waits behind
 //   bytes_per_worker        what this worker sent, setup excluded
 //   final_loss              held-out loss of the trained model (DiLoCo:
 //                           theta_global after the last reduction)
@@ -36,6 +42,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <diloco/comm/gloo.hpp>
 #include <diloco/diloco.hpp>
 #include <exception>
@@ -66,6 +73,7 @@ struct bench_options {
   double target_loss = 0.0;       // 0: 1.02 x this run's final loss
   double max_seconds = 0.0;       // ddp: stop at the first snapshot after this much training time
   bool no_argument_checks = false;  // comm::gloo's options.check_arguments off
+  bool normal_scheduling = false;   // comm::gloo's options.batch_scheduling off
 };
 
 // The model's parameters at one point of training.
@@ -82,7 +90,16 @@ class run_record {
   void start() {
     t0_ = clock_type::now();
     excluded_ = 0.0;
+    thread0_ = cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
+    process0_ = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID);
   }
+  // The end of training: CPU time of this thread and of the others since start().
+  void stop() {
+    thread_cpu_ = cpu_seconds(CLOCK_THREAD_CPUTIME_ID) - thread0_;
+    other_cpu_ = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID) - process0_ - thread_cpu_;
+  }
+  double thread_cpu_seconds() const { return thread_cpu_; }
+  double other_threads_cpu_seconds() const { return other_cpu_; }
   double seconds() const { return seconds_between(t0_, clock_type::now()) - excluded_; }
 
   // One inner step: forward/backward seconds and inner-update seconds.
@@ -126,8 +143,15 @@ class run_record {
     return *mid;
   }
 
+  static double cpu_seconds(clockid_t clock) {
+    timespec t{};
+    clock_gettime(clock, &t);
+    return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+  }
+
   clock_type::time_point t0_{};
   double excluded_ = 0.0;
+  double thread0_ = 0.0, process0_ = 0.0, thread_cpu_ = 0.0, other_cpu_ = 0.0;
   std::vector<double> forward_backward_, updates_, quiet_;
   std::vector<snapshot> snapshots_;
 };
@@ -212,6 +236,7 @@ run_result run_data_parallel(const bench_options& o, const char_mlp::dataset& d,
     }
   }
   const double wall = rec.seconds();
+  rec.stop();
   return {o.label, wall, comm.traffic().bytes_sent - traffic0.bytes_sent, rec.steps(),
           std::numeric_limits<double>::quiet_NaN()};
 }
@@ -264,6 +289,7 @@ run_result run_diloco(const bench_options& o, const char_mlp::dataset& d, diloco
     if (snapshot_due(o, step + 1)) rec.take_snapshot(step + 1, n, copy_global);
   }
   const double wall = rec.seconds();
+  rec.stop();
   const auto& st = t.stats();
   const double hidden = st.hidden_seconds - stats0.hidden_seconds;
   const double blocked = st.blocked_seconds - stats0.blocked_seconds;
@@ -383,6 +409,9 @@ int main(int argc, char** argv) {
     app.add_flag("--no-argument-checks", o.no_argument_checks,
                  "turn off comm::gloo's argument agreement (a small all-gather before every collective), to "
                  "measure what it costs on a slow link");
+    app.add_flag("--normal-scheduling", o.normal_scheduling,
+                 "run comm::gloo's threads under the normal policy, not SCHED_BATCH (options.batch_scheduling "
+                 "off), to measure what batch scheduling gives on a shared core");
     if (char_mlp::parse_or_help(app, argc, argv, "")) return 0;
     if (lr->count() == 0) c.lr = o.method == "ddp" ? 3e-3f : 2e-3f;
     if (o.label.empty())
@@ -396,6 +425,7 @@ int main(int argc, char** argv) {
 
     auto gloo_options = diloco::comm::gloo::options_from_env();
     gloo_options.check_arguments = !o.no_argument_checks;
+    gloo_options.batch_scheduling = !o.normal_scheduling;
     diloco::comm::gloo comm(gloo_options);
     rank = comm.rank();
     if (c.batch % comm.size() != 0)
@@ -443,6 +473,9 @@ int main(int argc, char** argv) {
     std::printf("step_ms_median: %.3f\n", 1e3 * rec.step_seconds());
     std::printf("quiet_step_ms_median: %.3f\n", 1e3 * rec.quiet_step_seconds());
     std::printf("wall_ms_per_step: %.3f\n", 1e3 * r.wall / steps);
+    std::printf("training_thread_cpu_seconds: %.3f\n", rec.thread_cpu_seconds());
+    std::printf("other_threads_cpu_seconds: %.3f\n", rec.other_threads_cpu_seconds());
+    std::printf("scheduling: %s\n", o.normal_scheduling ? "normal" : "batch");
     std::printf("bytes_per_worker: %llu\n", static_cast<unsigned long long>(r.bytes_sent));
     std::printf("hidden_fraction: %.4f\n", r.hidden_fraction);
     // Where the time that is not inner steps went: step()/update calls

@@ -68,6 +68,7 @@ class gloo {
   /// a rank does not come or does not connect (naming it).
   explicit gloo(options opts) : opts_(std::move(opts)) {
     detail_gloo::validate(opts_);
+    queue_.set_batch_scheduling(opts_.batch_scheduling);
     detail_gloo::sigpipe_guard guard;
     if (!opts_.elastic) {
       conn_ = detail_gloo::rendezvous(opts_);

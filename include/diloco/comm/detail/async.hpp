@@ -17,6 +17,7 @@
 #include <thread>
 #include <utility>
 
+#include "diloco/comm/detail/batch_policy.hpp"
 #include "diloco/core/comm_types.hpp"
 
 namespace diloco::comm {
@@ -141,6 +142,13 @@ class progress_queue {
       submit(std::function<void()>(std::forward<F>(f))).wait();
   }
 
+  // Run the progress thread under SCHED_BATCH (comm/detail/batch_policy.hpp).
+  // Takes effect when the thread starts (first submit()).
+  void set_batch_scheduling(bool on) {
+    std::lock_guard lock(mutex_);
+    batch_ = on;
+  }
+
   async_request submit(std::function<void()> task) {
     auto state = std::make_shared<request_state>();
     {
@@ -161,6 +169,7 @@ class progress_queue {
   void loop() {
     current_ = this;
     std::unique_lock lock(mutex_);
+    if (batch_) enter_batch_policy();
     for (;;) {
       cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
       if (tasks_.empty()) return;  // stop requested and nothing left
@@ -188,6 +197,7 @@ class progress_queue {
   std::deque<item> tasks_;
   bool running_ = false;
   bool stop_ = false;
+  bool batch_ = false;
   std::thread thread_;
 };
 

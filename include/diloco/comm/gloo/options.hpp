@@ -57,6 +57,15 @@ struct options {
   // (like torchrun's LOCAL_WORLD_SIZE); the engine divides the host's
   // threads among them. 0: unknown, taken as 1.
   int local_world_size = 0;
+  // Linux: the communicator's own threads (Gloo's event loop, which reads
+  // and writes the sockets, and the progress thread that runs non-blocking
+  // operations) run under SCHED_BATCH: a fair share of the core, but their
+  // wake-ups do not preempt the thread that trains. On a core shared with
+  // training they then work in batches at the scheduler's ticks instead of
+  // interrupting the inner step for every packet (docs/performance.md, "Slow
+  // links"); on a core of their own nothing changes. Best effort: where the
+  // policy cannot be set they run as normal threads. False: normal threads.
+  bool batch_scheduling = true;
   // Elastic membership: the group survives a dead or frozen peer (the
   // survivors abort the round in flight and form the next generation of the
   // group through the store), workers may leave between rounds, and a
@@ -175,6 +184,7 @@ inline constexpr const char* env_timeout_ms = "DILOCO_TIMEOUT_MS";
 inline constexpr const char* env_local_world_size = "DILOCO_LOCAL_WORLD_SIZE";
 inline constexpr const char* env_elastic = "DILOCO_ELASTIC";
 inline constexpr const char* env_min_workers = "DILOCO_MIN_WORKERS";
+inline constexpr const char* env_batch_scheduling = "DILOCO_BATCH_SCHEDULING";
 
 // Options from the environment. Rank, world size and store are required;
 // the others keep the defaults above when unset.
@@ -205,6 +215,8 @@ inline options options_from_env() {
   if (const char* v = get(env_elastic); v && *v) o.elastic = parse_integer<int>(v, env_elastic, 0, 1) == 1;
   if (const char* v = get(env_min_workers); v && *v)
     o.min_workers = parse_integer<int>(v, env_min_workers, 1, o.size);
+  if (const char* v = get(env_batch_scheduling); v && *v)
+    o.batch_scheduling = parse_integer<int>(v, env_batch_scheduling, 0, 1) == 1;
   validate(o);
   return o;
 }

@@ -31,6 +31,7 @@
 #include <gloo/transport/tcp/attr.h>
 #include <gloo/transport/tcp/device.h>
 
+#include "diloco/comm/detail/batch_policy.hpp"
 #include "diloco/comm/gloo/options.hpp"
 #include "diloco/comm/gloo/store.hpp"
 #include "diloco/core/error.hpp"
@@ -511,6 +512,9 @@ inline connection rendezvous(const options& o, const std::string& scope = {}) {
       a.iface = o.iface;
     else
       a.hostname = o.hostname;
+    // The device starts Gloo's event loop, which inherits this thread's
+    // scheduling policy (comm/detail/batch_policy.hpp).
+    const diloco::comm::detail::scoped_batch_policy batch(o.batch_scheduling);
     c.device = ::gloo::transport::tcp::CreateDevice(a);
   } catch (const std::exception& e) {
     diloco::detail::raise<config_error>(where, ": cannot listen on ",
