@@ -339,8 +339,9 @@ int main(int argc, char** argv) {
 
   // The multi-tensor passes (exec/chunks.hpp): the same n parameters as T
   // tensors (or a transformer-like mix), one launch per pass over all of
-  // them. Rows `<pass>_tensors_<T>`; on a GPU each should stream at the
-  // single tensor's rate.
+  // them. Rows `<pass>_tensors_<T>`, the int8 codec's encode and
+  // decode-apply among them; on a GPU each should stream at the single
+  // tensor's rate.
   for (const std::string& layout : bench::layout_names(layouts)) {
     const auto sizes = bench::layout_sizes(layout, n);
     std::vector<dc::device_view<float>> params;
@@ -366,6 +367,45 @@ int main(int argc, char** argv) {
     rows.push_back({"inner_adamw" + tag, 28, t.median_seconds(iterations, [&] {
                       ex.for_each_chunked(list.chunks(), k::inner_steps<k::adamw_update>{adamw, list.ptrs(), grads, 1.0f,
                                                                                          state.data(), n});
+                    })});
+
+    // The codec passes over the same tensors, as the device compressed
+    // mean runs them: blocks of 128 cut per tensor (the last one of each
+    // partial), flat buffers at the device set's padded offsets, 16-byte
+    // accesses only where every tensor and offset allows them. Bytes per
+    // element as in the single-tensor rows above.
+    const cp::block_layout blocks_of(sizes, 128, 1);
+    const std::size_t block_count = blocks_of.block_count();
+    dc::device_buffer<cp::block_ref> layout_blocks(block_count);
+    ex.from_host(layout_blocks.data(), blocks_of.blocks(), block_count);
+    std::vector<k::device_tensor> table;
+    bool vector = true;
+    std::uint64_t packed = 0;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      table.push_back({y + offsets[i], set.offset(i), packed});
+      packed += sizes[i];
+      vector = vector && k::aligned16(y + offsets[i]);
+    }
+    dc::device_buffer<k::device_tensor> layout_tensors(table.size());
+    ex.from_host(layout_tensors.data(), table.data(), table.size());
+    const std::size_t flat = set.total();
+    dc::device_buffer<float> flat_global(flat), flat_residual(flat), flat_next(flat), flat_momentum(flat);
+    ex.for_each(flat, fill_pattern{flat_global.data(), 1.0f});
+    ex.for_each(flat, fill_pattern{flat_residual.data(), 1e-3f});
+    dc::device_buffer<std::byte> layout_payload(block_count * int8_e::stride);
+    dc::device_buffer<k::sums2> layout_sums(block_count);
+    rows.push_back({"encode_int8_ef" + tag, 17 + (4 + per_block) / 128, t.median_seconds(iterations, [&] {
+                      ex.run_teams(block_count, k::encode_blocks<int8_e>{layout_blocks.data(), layout_tensors.data(),
+                                                                         flat_global.data(), flat_residual.data(),
+                                                                         flat_next.data(), layout_payload.data(), stream,
+                                                                         layout_sums.data(), vector});
+                    })});
+    rows.push_back({"decode_apply_int8_nesterov" + tag, 21 + (4 + per_block / 2) / 128,
+                    t.median_seconds(iterations, [&] {
+                      ex.run_teams(block_count, k::decode_apply_blocks<int8_e, k::sgd_update>{
+                                                    nesterov, layout_blocks.data(), layout_tensors.data(),
+                                                    layout_payload.data(), flat_global.data(), flat_momentum.data(), flat,
+                                                    vector && k::stride_keeps_alignment(flat_momentum.data(), flat)});
                     })});
   }
 

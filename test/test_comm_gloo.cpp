@@ -961,7 +961,9 @@ TEST_CASE("batch_scheduling: Gloo's event loop and the progress thread run under
                     .batch_scheduling = on});
     comm.ibarrier().wait();  // starts the progress thread
     int batch = 0, normal = 0;
-    for (const auto& [id, policy] : policies()) {
+    for (const auto& entry : policies()) {
+      const std::string& id = entry.first;
+      const int policy = entry.second;
       if (before.count(id) != 0) continue;
       CAPTURE(id);
       CHECK((policy == SCHED_BATCH || policy == SCHED_OTHER));
