@@ -43,16 +43,19 @@ struct fill_pattern {
   }
 };
 
-// A single tensor of n elements cut into codec blocks, on the device.
+// Tensors of the given sizes cut into codec blocks (each tensor's last
+// block partial), on the device; or a single tensor of n elements.
 struct device_layout {
   std::size_t count = 0;
   dc::device_buffer<cp::block_ref> blocks;
-  device_layout(std::size_t n, std::size_t block, dc::exec::cuda& ex) {
-    const cp::block_layout l({n}, block, 1);
+  device_layout(const std::vector<std::size_t>& sizes, std::size_t block, dc::exec::cuda& ex) {
+    const cp::block_layout l(sizes, block, 1);
     count = l.block_count();
     blocks = dc::device_buffer<cp::block_ref>(count);
     ex.from_host(blocks.data(), l.blocks(), count);
   }
+  device_layout(std::size_t n, std::size_t block, dc::exec::cuda& ex)
+      : device_layout(std::vector<std::size_t>{n}, block, ex) {}
 };
 
 struct timer {
@@ -374,10 +377,8 @@ int main(int argc, char** argv) {
     // partial), flat buffers at the device set's padded offsets, 16-byte
     // accesses only where every tensor and offset allows them. Bytes per
     // element as in the single-tensor rows above.
-    const cp::block_layout blocks_of(sizes, 128, 1);
-    const std::size_t block_count = blocks_of.block_count();
-    dc::device_buffer<cp::block_ref> layout_blocks(block_count);
-    ex.from_host(layout_blocks.data(), blocks_of.blocks(), block_count);
+    const device_layout blocks_of(sizes, 128, ex);
+    const std::size_t block_count = blocks_of.count;
     std::vector<k::device_tensor> table;
     bool vector = true;
     std::uint64_t packed = 0;
@@ -395,7 +396,7 @@ int main(int argc, char** argv) {
     dc::device_buffer<std::byte> layout_payload(block_count * int8_e::stride);
     dc::device_buffer<k::sums2> layout_sums(block_count);
     rows.push_back({"encode_int8_ef" + tag, 17 + (4 + per_block) / 128, t.median_seconds(iterations, [&] {
-                      ex.run_teams(block_count, k::encode_blocks<int8_e>{layout_blocks.data(), layout_tensors.data(),
+                      ex.run_teams(block_count, k::encode_blocks<int8_e>{blocks_of.blocks.data(), layout_tensors.data(),
                                                                          flat_global.data(), flat_residual.data(),
                                                                          flat_next.data(), layout_payload.data(), stream,
                                                                          layout_sums.data(), vector});
@@ -403,7 +404,7 @@ int main(int argc, char** argv) {
     rows.push_back({"decode_apply_int8_nesterov" + tag, 21 + (4 + per_block / 2) / 128,
                     t.median_seconds(iterations, [&] {
                       ex.run_teams(block_count, k::decode_apply_blocks<int8_e, k::sgd_update>{
-                                                    nesterov, layout_blocks.data(), layout_tensors.data(),
+                                                    nesterov, blocks_of.blocks.data(), layout_tensors.data(),
                                                     layout_payload.data(), flat_global.data(), flat_momentum.data(), flat,
                                                     vector && k::stride_keeps_alignment(flat_momentum.data(), flat)});
                     })});
