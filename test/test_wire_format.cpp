@@ -119,6 +119,57 @@ TEST_CASE("a segment that is valid but not the expected one is a format_error") 
   CHECK_THROWS_AS(wire::read_header(s.bytes, want, "test"), dc::format_error);
 }
 
+// check() on a whole block against the definition, code by code: a block
+// is refused iff one of its codes is one the format never writes (int8's
+// -128, int4's -8; int2 writes all four). Whole blocks are scanned a word at
+// a time, so every position of the bad code, alone and beside others, and
+// blocks of every other code, are tried.
+template <class Format, std::size_t B>
+void check_whole_blocks_against_codes() {
+  using codec = cp::blockwise_codec<Format, B, cp::round_nearest>;
+  constexpr auto g = dc::kernels::grid<Format>();
+  constexpr unsigned codes = 1u << Format::bits;
+  const float one = 1.0f;
+  std::vector<std::byte> block(codec::stride(), std::byte{0});
+  std::memcpy(block.data(), &one, 4);
+  auto put = [&](std::size_t j, unsigned c) {
+    auto& byte = block[4 + j / codec::per_byte];
+    const unsigned shift = static_cast<unsigned>((j % codec::per_byte) * codec::bits);
+    byte = static_cast<std::byte>((static_cast<unsigned>(byte) & ~(codec::mask << shift)) | (c << shift));
+  };
+  auto fill = [&](unsigned c) {
+    for (std::size_t j = 0; j < B; ++j) put(j, c);
+  };
+  for (unsigned c = 0; c < codes; ++c) {
+    fill(c);
+    CAPTURE(c);
+    CHECK((codec{}.check(block.data(), B) == nullptr) == g.valid(c));
+  }
+  for (unsigned bad = 0; bad < codes; ++bad) {
+    if (g.valid(bad)) continue;
+    for (unsigned filler = 0; filler < codes; ++filler) {
+      if (!g.valid(filler)) continue;
+      for (std::size_t j = 0; j < B; ++j) {
+        fill(filler);
+        put(j, bad);
+        CAPTURE(filler);
+        CAPTURE(j);
+        const char* why = codec{}.check(block.data(), B);
+        REQUIRE(why != nullptr);
+        CHECK(std::string(why) == g.invalid);
+      }
+    }
+  }
+}
+
+TEST_CASE("a whole block's codes are checked one by one, whatever the scan's width") {
+  check_whole_blocks_against_codes<dc::int4, 128>();
+  check_whole_blocks_against_codes<dc::int8, 128>();
+  check_whole_blocks_against_codes<dc::int4, 20>();  // 10 value bytes: a word and a byte tail
+  check_whole_blocks_against_codes<dc::int8, 12>();
+  check_whole_blocks_against_codes<dc::int2, 64>();
+}
+
 TEST_CASE("codec structure checks catch what a re-checksummed payload could hide") {
   using i8 = cp::blockwise_codec<dc::int8, 16, cp::round_nearest>;
   std::vector<std::byte> block(i8::stride(), std::byte{0});

@@ -27,7 +27,8 @@ METHOD_NAMES = {
     "delay_int4": "DiLoCo one-step delay, int4+EF",
     "eager_int4": "DiLoCo eager, int4+EF",
 }
-NUMERIC = ["wall_seconds", "inner_seconds", "compute_utilisation", "compute_utilisation_quiet", "bytes_per_worker",
+NUMERIC = ["wall_seconds", "inner_seconds", "compute_utilisation", "compute_utilisation_quiet",
+           "compute_utilisation_workers", "bytes_per_worker",
            "final_loss", "target_loss", "time_to_target_seconds", "wall_ms_per_step", "steps", "steps_planned",
            "other_threads_cpu_seconds"]
 
@@ -105,7 +106,7 @@ def table(runs):
     out.append(f"Workers: {', '.join(sorted(workers))}" + (" (OVERSUBSCRIBED: reference only)" if over else "")
                + f"; target loss {runs[0]['target_loss']:.4f} (1.02 x data parallel's final loss).")
     out.append("")
-    out.append("| link | method | wall s | compute util. | util. at quiet speed | comm. threads' CPU "
+    out.append("| link | method | wall s | compute util. | util., workers' mean | comm. threads' CPU "
                "| MB sent per worker | final loss | time to target s | data parallel's time / this |")
     out.append("|---|---|---|---|---|---|---|---|---|---|")
     for rate in rates_of(runs):
@@ -130,8 +131,11 @@ def table(runs):
             # Older outputs have no thread CPU times.
             other = r.get("other_threads_cpu_seconds", math.nan)
             other_text = f"{100 * other / r['wall_seconds']:.1f} %" if math.isfinite(other) else ""
+            # Older outputs have rank 0's figure only.
+            mean = r.get("compute_utilisation_workers", math.nan)
+            mean_text = f"{100 * mean:.1f} %" if math.isfinite(mean) else ""
             out.append(f"| {pretty_rate(rate)} | {METHOD_NAMES[key]} | {wall} | {100 * r['compute_utilisation']:.1f} % "
-                       f"| {100 * r['compute_utilisation_quiet']:.1f} % | {other_text} | {r['bytes_per_worker'] / 1e6:.2f} "
+                       f"| {mean_text} | {other_text} | {r['bytes_per_worker'] / 1e6:.2f} "
                        f"| {r['final_loss']:.4f}{' (at the cap)' if capped else ''} | {t_text} | {ratio} |")
     return "\n".join(out)
 
@@ -145,8 +149,9 @@ def check(runs):
                 problems.append(f"{name}: {key} missing or not finite")
         if problems:
             continue
-        if not 0.0 < r["compute_utilisation"] <= 1.0:
-            problems.append(f"{name}: compute_utilisation {r['compute_utilisation']} is not in (0, 1]")
+        for key in ["compute_utilisation", "compute_utilisation_workers"]:
+            if key in r and not 0.0 < r[key] <= 1.0:
+                problems.append(f"{name}: {key} {r[key]} is not in (0, 1]")
         # A worker cannot send faster than its link: the shaping is in force.
         floor = max(0.0, r["bytes_per_worker"] - tbf_burst_bytes(r["rate"])) * 8 / rate_bits(r["rate"])
         if r["wall_seconds"] < floor:
@@ -185,13 +190,14 @@ def plot(runs, outdir):
     rates = rates_of(runs)
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
     for key in METHOD_ORDER:
-        pts = [(rate_bits(r["rate"]) / 1e6, 100 * r["compute_utilisation"]) for r in runs if r["key"] == key]
+        pts = [(rate_bits(r["rate"]) / 1e6, 100 * r.get("compute_utilisation_workers", r["compute_utilisation"]))
+               for r in runs if r["key"] == key]
         if pts:
             pts.sort()
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "-o", label=METHOD_NAMES[key])
     ax.set_xscale("log")
     ax.set_xlabel("link rate per worker (Mbit/s)")
-    ax.set_ylabel("compute utilisation (%)")
+    ax.set_ylabel("compute utilisation, workers' mean (%)")
     ax.set_ylim(0, 105)
     ax.set_title("Compute utilisation against link rate")
     ax.grid(True, which="both", alpha=0.3)

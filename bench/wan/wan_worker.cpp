@@ -11,6 +11,12 @@
 //   inner_seconds           time in inner steps: forward/backward, timed at
 //                           every step, plus the inner optimizer's update
 //   compute_utilisation     inner_seconds / wall_seconds
+//   compute_utilisation_rank<k>, compute_utilisation_workers
+//                           the same figure of every worker, and its mean
+//                           over the workers: a worker whose core ran its
+//                           inner steps faster than its peer's waits for it
+//                           at the rounds, so the workers' figures differ by
+//                           what their cores did (the mean is the cluster's)
 //   compute_utilisation_quiet
 //                           steps x a quiet inner step / wall_seconds, where
 //                           a quiet step's forward/backward is timed before
@@ -24,6 +30,11 @@
 //                           the communicator's (Gloo's event loop, the
 //                           progress thread), whose work on a worker's one
 //                           core is what the training thread waits behind
+//   round_step_ms_median, round_step_ms_p90, round_step_ms_max
+//                           DiLoCo: step() at the end of each round (the
+//                           inner update, the round's own work on the
+//                           training thread, and any wait for an exchange)
+//   forward_backward_ms_p90 the 90th percentile of a step's forward/backward
 //   bytes_per_worker        what this worker sent, setup excluded
 //   final_loss              held-out loss of the trained model (DiLoCo:
 //                           theta_global after the last reduction)
@@ -133,14 +144,25 @@ class run_record {
   double timed_seconds() const { return total(forward_backward_) + total(updates_); }
   double step_seconds() const { return median(forward_backward_) + median(updates_); }
   double quiet_step_seconds() const { return median(quiet_) + median(updates_); }
+  // The update calls of the steps that end a round (every `every`-th step):
+  // quantile q in [0, 1] of their durations (DiLoCo's round work on this
+  // thread and its waits, one round at a time).
+  double round_update_quantile(std::size_t every, double q) const {
+    std::vector<double> v;
+    for (std::size_t i = every - 1; i < updates_.size(); i += every) v.push_back(updates_[i]);
+    return quantile(std::move(v), q);
+  }
+  double forward_backward_quantile(double q) const { return quantile(forward_backward_, q); }
 
  private:
   static double total(const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0); }
-  static double median(std::vector<double> v) {
+  static double median(std::vector<double> v) { return quantile(std::move(v), 0.5); }
+  static double quantile(std::vector<double> v, double q) {
     if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
-    const auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
-    std::nth_element(v.begin(), mid, v.end());
-    return *mid;
+    const auto k = std::min(v.size() - 1, static_cast<std::size_t>(q * static_cast<double>(v.size())));
+    const auto at = v.begin() + static_cast<std::ptrdiff_t>(k);
+    std::nth_element(v.begin(), at, v.end());
+    return *at;
   }
 
   static double cpu_seconds(clockid_t clock) {
@@ -438,6 +460,12 @@ int main(int argc, char** argv) {
     run_record rec;
     const run_result r = run(o, data, comm, rec);
     evaluate_snapshots(c, data, comm, rec);
+    // Every rank's inner-step time and wall, for the per-rank figures.
+    const auto world = static_cast<std::size_t>(comm.size());
+    std::vector<float> per_rank(2 * world, 0.0f);
+    per_rank[2 * static_cast<std::size_t>(rank)] = static_cast<float>(rec.inner_seconds());
+    per_rank[2 * static_cast<std::size_t>(rank) + 1] = static_cast<float>(r.wall);
+    comm.all_reduce(std::span<float>(per_rank), diloco::reduce_op::sum);
     if (rank != 0) return 0;
 
     const auto& snaps = rec.snapshots();
@@ -469,6 +497,13 @@ int main(int argc, char** argv) {
     std::printf("wall_seconds: %.3f\n", r.wall);
     std::printf("inner_seconds: %.3f\n", rec.inner_seconds());
     std::printf("compute_utilisation: %.4f\n", rec.inner_seconds() / r.wall);
+    double mean_utilisation = 0.0;
+    for (std::size_t k = 0; k < world; ++k) {
+      const double inner = per_rank[2 * k], wall = per_rank[2 * k + 1];
+      std::printf("compute_utilisation_rank%zu: %.4f (inner %.3f s, wall %.3f s)\n", k, inner / wall, inner, wall);
+      mean_utilisation += inner / wall / static_cast<double>(world);
+    }
+    std::printf("compute_utilisation_workers: %.4f\n", mean_utilisation);
     std::printf("compute_utilisation_quiet: %.4f\n", steps * rec.quiet_step_seconds() / r.wall);
     std::printf("step_ms_median: %.3f\n", 1e3 * rec.step_seconds());
     std::printf("quiet_step_ms_median: %.3f\n", 1e3 * rec.quiet_step_seconds());
@@ -484,6 +519,15 @@ int main(int argc, char** argv) {
     // steps, decode-apply) and waits for the exchange; and what no step
     // timed (finish(), the loop).
     std::printf("update_excess_seconds: %.3f\n", rec.update_excess_seconds());
+    if (o.method == "diloco") {
+      // step() at the end of each round, in ms: the round's own work on this
+      // thread, and any wait for the exchange.
+      const auto every = static_cast<std::size_t>(c.inner_steps);
+      std::printf("round_step_ms_median: %.3f\n", 1e3 * rec.round_update_quantile(every, 0.5));
+      std::printf("round_step_ms_p90: %.3f\n", 1e3 * rec.round_update_quantile(every, 0.9));
+      std::printf("round_step_ms_max: %.3f\n", 1e3 * rec.round_update_quantile(every, 1.0));
+    }
+    std::printf("forward_backward_ms_p90: %.3f\n", 1e3 * rec.forward_backward_quantile(0.9));
     std::printf("blocked_seconds: %.3f\n", r.blocked);
     std::printf("untimed_seconds: %.3f\n", r.wall - rec.timed_seconds());
     std::printf("final_loss: %.5f\n", final_loss);

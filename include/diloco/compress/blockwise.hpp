@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "diloco/compress/codec.hpp"
 #include "diloco/compress/formats.hpp"
@@ -111,9 +112,40 @@ struct blockwise_codec {
   /// Codes the format never writes (int8's -128, int4's -8, fp8 NaN and inf)
   /// are refused, and padding beyond a partial block must be zero.
   DILOCO_HD const char* check(const std::byte* in, std::size_t len) const {
-    for (std::size_t p = 0; p < value_bytes; ++p)
+    std::size_t p = 0;
+    if (len >= B) p = clean_prefix(in + 4);
+    for (; p < value_bytes; ++p)
       if (const char* why = byte_problem(in + 4, len, p)) return why;
     return nullptr;
+  }
+  /// For a whole block: how many leading value bytes are certainly valid,
+  /// found a word at a time where the format allows it (the int grids, whose
+  /// one code never written is the sign bit alone, and int2, which writes
+  /// every code); check() looks at the rest byte by byte, so a block with a
+  /// bad code still gets the message the byte loop gives.
+  DILOCO_HD static std::size_t clean_prefix(const std::byte* q) {
+    constexpr auto g = kernels::grid<Format>();
+    using grid_type = std::remove_cv_t<decltype(g)>;
+    constexpr std::size_t words = value_bytes / 8;
+    if constexpr (std::is_same_v<grid_type, kernels::int2_grid>) {
+      return value_bytes;
+    } else if constexpr (std::is_same_v<grid_type, kernels::int_grid<Format::bits>> && words > 0) {
+      // Code c is the sign bit alone iff c ^ sign is zero: a zero field,
+      // which (x - ones) & ~x & sign detects exactly, whatever the others.
+      constexpr std::uint64_t sign = Format::bits == 8 ? 0x8080808080808080ULL : 0x8888888888888888ULL;
+      constexpr std::uint64_t ones = Format::bits == 8 ? 0x0101010101010101ULL : 0x1111111111111111ULL;
+      std::uint64_t found = 0;
+      for (std::size_t w = 0; w < words; ++w) {
+        std::uint64_t x;
+        std::memcpy(&x, q + 8 * w, 8);
+        x ^= sign;
+        found |= (x - ones) & ~x & sign;
+      }
+      return found == 0 ? words * 8 : 0;
+    } else {
+      (void)q;
+      return 0;
+    }
   }
   /// Thread t of `threads`' share of check(), for a team scanning one block
   /// (kernels::check_blocks): value bytes t, t + threads, ... check() finds

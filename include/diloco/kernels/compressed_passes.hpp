@@ -322,16 +322,36 @@ struct decode_apply {
   DILOCO_HD void operator()(std::size_t b) const {
     const compress::block_ref blk = blocks[b];
     const std::size_t off = tensors.offset[blk.tensor] + blk.start;
-    float* local = tensors.local[blk.tensor] + blk.start;
     float dq[Codec::block];
     codec.decode(payload + b * stride, blk.len, dq);
-    for (std::size_t j = 0; j < blk.len; ++j) {
-      float g = global[off + j];
-      float l = local[j];
-      merge::apply_element(update, merge, off + j, g, dq[j], state ? state + off + j : nullptr, state_stride, l);
-      global[off + j] = g;
-      local[j] = l;
+    // The element loop in a form compilers vectorize: the update and the
+    // merge copied to locals (no store through a float* can change them, so
+    // their branches leave the loop), the state's presence decided once, and
+    // the arrays distinct (restrict). Each element's operations are the
+    // same, in the same order, so the bits are too.
+    const Update u = update;
+    const Merge m = merge.shifted(off);
+    const std::size_t n = blk.len;
+    float* DILOCO_RESTRICT g = global + off;
+    float* DILOCO_RESTRICT l = tensors.local[blk.tensor] + blk.start;
+    if (state == nullptr) {
+      for (std::size_t j = 0; j < n; ++j) element(u, m, j, g, l, dq[j], nullptr, 0);
+    } else {
+      float* DILOCO_RESTRICT s = state + off;
+      const std::size_t ss = state_stride;
+      for (std::size_t j = 0; j < n; ++j) element(u, m, j, g, l, dq[j], s + j, ss);
     }
+  }
+
+ private:
+  DILOCO_HD DILOCO_FORCEINLINE static void element(const Update& u, const Merge& m, std::size_t j,
+                                                   float* DILOCO_RESTRICT g, float* DILOCO_RESTRICT l, float mean,
+                                                   float* s, std::size_t ss) {
+    float gj = g[j];
+    float lj = l[j];
+    merge::apply_element(u, m, j, gj, mean, s, ss, lj);
+    g[j] = gj;
+    l[j] = lj;
   }
 };
 
