@@ -2,8 +2,9 @@
 // The compressed round's fused passes on the host against STREAM triad on
 // the same sizes, in one run: stage-1 encode (pseudo-gradient + residual ->
 // encoded shard + new residual), the shard reduction (decode M encodings,
-// sum, re-encode) and decode + outer step + copy-back. Communication is
-// excluded. Bytes are the minimum each pass must move per parameter.
+// sum, re-encode), decode + outer step + copy-back (and the same with one-step
+// delay's rebase merge), and a receiver's structure check of the blocks.
+// Communication is excluded. Bytes are the minimum each pass must move per parameter.
 // chunk_topk (gathered aggregation) has no shard reduction: its rows are the
 // encode and the pass that decodes M segments, sums them and applies.
 // Where a codec has hand-vectorised host passes (kernels/host_simd.hpp;
@@ -13,6 +14,7 @@
 //   bench_compress_step [--log2 24] [--reps 7] [--workers 4]
 
 #include <diloco/diloco.hpp>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -117,9 +119,31 @@ void run(const char* name, std::size_t n, int world, int reps, Triad&& triad) {
                       c, nesterov, layout.blocks() + layout.first_block(s), b.applied_table(),
                       payload.data() + layout.first_block(s) * stride, stride, global.data(), momentum.data(), n});
   };
+  // The same with one-step delay's merge (rebase): the replica keeps its
+  // phase's progress, so the pass also reads the replica and reads and
+  // writes where the phase started.
+  std::vector<float> start(n);
+  bench::fill(start, 0.25f);
+  auto apply_rebase = [&] {
+    for (int s = 0; s < world; ++s)
+      ex.for_each(layout.blocks_in(s),
+                  dc::kernels::decode_apply<codec, dc::kernels::sgd_update, dc::kernels::merge::rebase>{
+                      c, nesterov, layout.blocks() + layout.first_block(s), b.applied_table(),
+                      payload.data() + layout.first_block(s) * stride, stride, global.data(), momentum.data(), n,
+                      dc::kernels::merge::rebase{{}, start.data()}});
+  };
+  // The structure check a receiver runs on every block of a segment
+  // (compress::validate_segment, the checksum aside), on one thread as the
+  // receiver runs it.
+  std::size_t malformed = 0;
+  auto check = [&] {
+    for (std::size_t k = 0; k < layout.block_count(); ++k)
+      malformed += c.check(payload.data() + k * stride, layout.blocks()[k].len) != nullptr;
+  };
   // In alternation with STREAM triad on buffers of the same size, so the
   // ratios compare passes measured under the same conditions.
-  const auto t = bench::interleaved_medians(reps, encode, reduce, apply, triad);
+  const auto t = bench::interleaved_medians(reps, encode, reduce, apply, triad, apply_rebase, check);
+  if (malformed != 0) throw std::runtime_error(std::string(name) + ": the encode wrote blocks its check refuses");
   // The hand-vectorised passes against the portable code they stand in for
   // (the same bits: test_host_simd), in alternation, in the same run.
   if constexpr (dc::kernels::host_simd::supports<codec>::value) {
@@ -142,6 +166,12 @@ void run(const char* name, std::size_t n, int world, int reps, Triad&& triad) {
   bench::print(p + "decode_apply_bytes_per_param", apply_bytes);
   bench::print(p + "decode_apply_gbps", apply_bytes * gn / t_apply);
   bench::print(p + "decode_apply_vs_triad", apply_bytes * gn / t_apply / triad_gbps);
+  const double rebase_bytes = apply_bytes + 8.0;  // the replica read, the phase's start read and written
+  bench::print(p + "decode_apply_rebase_bytes_per_param", rebase_bytes);
+  bench::print(p + "decode_apply_rebase_gbps", rebase_bytes * gn / t[4]);
+  bench::print(p + "decode_apply_rebase_vs_triad", rebase_bytes * gn / t[4] / triad_gbps);
+  bench::print(p + "check_gbps", enc * gn / t[5]);
+  bench::print(p + "check_vs_triad", enc * gn / t[5] / triad_gbps);
 }
 
 // A gathered (sparse) compressor: stage-1 encode over the whole model, and
