@@ -78,6 +78,7 @@ struct options {
   int warmup = 100;
   double final_lr_fraction = 0.1;
   float weight_decay = 0.0f;
+  float max_grad_norm = 0.0f;
   float outer_lr = 0.7f;
   float outer_momentum = 0.9f;
   int fragments = 4, delay = 2;
@@ -136,6 +137,11 @@ void parse(int argc, char** argv, options& o, bool print_help) {
   app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay")
       ->capture_default_str()
       ->check(cd::finite_in(0, 1));
+  app.add_option("--max-grad-norm", o.max_grad_norm,
+                 "AdamW's global-norm gradient clipping (every method; data parallel clips the averaged gradient); "
+                 "0: none")
+      ->capture_default_str()
+      ->check(cd::finite_in(0, 1000));
   app.add_option("--outer-lr", o.outer_lr, "DiLoCo outer Nesterov lr")
       ->capture_default_str()
       ->check(cd::finite_in(0, 10, true));
@@ -236,7 +242,7 @@ std::vector<dx::row> run_methods(const options& o, const char_mlp::dataset& data
                           {"width", std::to_string(g.dims.width)},
                           {"comm", o.comm}}};
   auto configure = [&o, h = o.inner_steps](auto& opts, std::string_view) {
-    opts.inner = {.lr = o.lr, .weight_decay = o.weight_decay};
+    opts.inner = {.lr = o.lr, .weight_decay = o.weight_decay, .max_grad_norm = o.max_grad_norm};
     using O = std::remove_cvref_t<decltype(opts)>;
     if constexpr (!std::is_void_v<dx::sync_of_t<O>>) {
       opts.outer = {.lr = o.outer_lr, .momentum = o.outer_momentum};
