@@ -112,26 +112,21 @@ void run(const char* name, std::size_t n, int world, int reps, Triad&& triad) {
   // Stage 7 over all shards: read the mean's encoding, momentum and global,
   // write momentum, global and local.
   const auto nesterov = dc::outer::nesterov::make_update({}, 2);
-  auto apply = [&] {
+  auto apply_with = [&](auto merge) {
     for (int s = 0; s < world; ++s)
       ex.for_each(layout.blocks_in(s),
-                  dc::kernels::decode_apply<codec, dc::kernels::sgd_update>{
+                  dc::kernels::decode_apply<codec, dc::kernels::sgd_update, decltype(merge)>{
                       c, nesterov, layout.blocks() + layout.first_block(s), b.applied_table(),
-                      payload.data() + layout.first_block(s) * stride, stride, global.data(), momentum.data(), n});
+                      payload.data() + layout.first_block(s) * stride, stride, global.data(), momentum.data(), n,
+                      merge});
   };
+  auto apply = [&] { apply_with(dc::kernels::merge::overwrite{}); };
   // The same with one-step delay's merge (rebase): the replica keeps its
   // phase's progress, so the pass also reads the replica and reads and
   // writes where the phase started.
   std::vector<float> start(n);
   bench::fill(start, 0.25f);
-  auto apply_rebase = [&] {
-    for (int s = 0; s < world; ++s)
-      ex.for_each(layout.blocks_in(s),
-                  dc::kernels::decode_apply<codec, dc::kernels::sgd_update, dc::kernels::merge::rebase>{
-                      c, nesterov, layout.blocks() + layout.first_block(s), b.applied_table(),
-                      payload.data() + layout.first_block(s) * stride, stride, global.data(), momentum.data(), n,
-                      dc::kernels::merge::rebase{{}, start.data()}});
-  };
+  auto apply_rebase = [&] { apply_with(dc::kernels::merge::rebase{{}, start.data()}); };
   // The structure check a receiver runs on every block of a segment
   // (compress::validate_segment, the checksum aside), on one thread as the
   // receiver runs it.

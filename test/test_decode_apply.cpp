@@ -27,17 +27,15 @@ namespace {
 constexpr std::size_t block = 64;
 const std::vector<std::size_t> sizes = {1, 63, 64, 200, 5, 129};
 
+// The blocks (cp::block_layout, one shard) and each tensor's offset in the
+// flat arrays.
 struct layout {
-  std::vector<cp::block_ref> blocks;
-  std::vector<std::size_t> offsets;  // of each tensor in the flat arrays
-  std::size_t total = 0;
+  cp::block_layout cut{sizes, block, 1};
+  std::vector<cp::block_ref> blocks{cut.blocks(), cut.blocks() + cut.block_count()};
+  std::vector<std::size_t> offsets;
+  std::size_t total = cut.total();
   layout() {
-    for (std::size_t t = 0; t < sizes.size(); ++t) {
-      offsets.push_back(total);
-      for (std::size_t s = 0; s < sizes[t]; s += block)
-        blocks.push_back({static_cast<std::uint32_t>(t), static_cast<std::uint32_t>(std::min(block, sizes[t] - s)), s});
-      total += sizes[t];
-    }
+    for (std::size_t t = 0, at = 0; t < sizes.size(); at += sizes[t++]) offsets.push_back(at);
   }
 };
 
@@ -47,7 +45,7 @@ struct layout {
 template <class Format>
 std::vector<std::byte> make_payload(const layout& L, std::mt19937& rng, std::vector<float>& mean) {
   using codec = cp::blockwise_codec<Format, block, cp::round_nearest>;
-  constexpr int levels = Format::bits == 8 ? 127 : 7;
+  constexpr auto levels = static_cast<int>(Format::levels);
   std::vector<std::byte> payload(L.blocks.size() * codec::stride(), std::byte{0});
   mean.assign(L.total, 0.0f);
   std::uniform_int_distribution<int> code(-levels, levels);

@@ -124,8 +124,7 @@ struct blockwise_codec {
   /// every code); check() looks at the rest byte by byte, so a block with a
   /// bad code still gets the message the byte loop gives.
   DILOCO_HD static std::size_t clean_prefix(const std::byte* q) {
-    constexpr auto g = kernels::grid<Format>();
-    using grid_type = std::remove_cv_t<decltype(g)>;
+    using grid_type = kernels::grid_t<Format>;
     constexpr std::size_t words = value_bytes / 8;
     if constexpr (std::is_same_v<grid_type, kernels::int2_grid>) {
       return value_bytes;
