@@ -103,7 +103,10 @@ trap 'exit 143' TERM
 # ended: bash forgets the status of a background job killed by a signal
 # once it has printed "Segmentation fault" for it, so `wait` cannot be
 # trusted with it. Output goes through a FIFO to a prefixing sed outside the
-# rank's group.
+# rank's group. The launcher opens the FIFO's write end itself and the rank
+# inherits it when it is forked: a rank stopped before its first
+# instruction (TERM sent while the machine is busy) would otherwise never
+# open the FIFO, and its sed would wait in open() for a writer forever.
 restarts=()  # how many times each rank was restarted
 start_rank() {  # start_rank I: (re)start the I-th rank of this launch
   local i=$1 rank=$((first_rank + $1)) n=${restarts[$1]:-0}
@@ -112,9 +115,12 @@ start_rank() {  # start_rank I: (re)start the I-th rank of this launch
   mkfifo "$fifo"
   sed -u "s/^/[rank $rank] /" <"$fifo" &
   sed_pids+=($!)
+  local out_fd
+  exec {out_fd}>"$fifo"  # returns once the sed has opened its end
   rm -f "$work/status.$rank"
   set -m
   (
+    exec {out_fd}>&-  # stdout and stderr hold the FIFO; no third copy
     export DILOCO_RANK=$rank DILOCO_WORLD_SIZE=$world_size DILOCO_STORE=$store DILOCO_RUN_ID=$run_id
     export DILOCO_LOCAL_WORLD_SIZE=$nprocs  # the ranks this launcher starts share this host
     [[ -n $hostname ]] && export DILOCO_HOSTNAME=$hostname
@@ -128,10 +134,11 @@ start_rank() {  # start_rank I: (re)start the I-th rank of this launch
     echo "$rc $EPOCHREALTIME" >"$work/status.$rank.tmp"
     mv "$work/status.$rank.tmp" "$work/status.$rank"
     exit "$rc"
-  ) </dev/null >"$fifo" 2>&1 &
+  ) </dev/null >&"$out_fd" 2>&1 &
   pids[$i]=$!
   all_pids+=($!)
   set +m
+  exec {out_fd}>&-  # the rank's copies are the only writers left
 }
 for ((i = 0; i < nprocs; i++)); do start_rank "$i" "$@"; done
 

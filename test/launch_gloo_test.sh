@@ -42,11 +42,17 @@ grep -q "rank 1 killed by SIGSEGV" <<<"$err" || fail "no 'rank 1 killed by SIGSE
 ((elapsed < 10)) || fail "the other ranks were not stopped after a SIGSEGV (took ${elapsed}s)"
 
 # The first failure is the launcher's status, not a survivor's: rank 2 is
-# killed at once; the others fail on their own 30 ms later (as survivors
-# raise comm_error), or exit 3 when they are stopped.
+# killed; rank 0 fails on its own 0.2 s after rank 2 is gone (as survivors
+# raise comm_error), deaf to the launcher's TERM so that its failure is
+# always there to be mistaken for the first; rank 1 exits 3 when stopped.
+# (The order is made by a file, not by a head start: on a loaded machine
+# rank 2 may start well after rank 0.)
+flag_dir=$(mktemp -d)
+trap 'rm -rf "$flag_dir"' EXIT
 rc=0
-err=$("$launch" 3 -- bash -c 'if [ $DILOCO_RANK = 2 ]; then kill -KILL $$; fi
-  if [ $DILOCO_RANK = 0 ]; then sleep 0.03; exit 1; fi
+err=$(FLAG="$flag_dir/rank2" "$launch" 3 -- bash -c 'if [ $DILOCO_RANK = 2 ]; then touch "$FLAG"; kill -KILL $$; fi
+  if [ $DILOCO_RANK = 0 ]; then trap "" TERM
+    while [ ! -e "$FLAG" ]; do sleep 0.01; done; sleep 0.2; exit 1; fi
   trap "exit 3" TERM; sleep 30 & wait' 2>&1 >/dev/null) || rc=$?
 echo "$err"
 [[ $rc -eq 137 ]] || fail "rank 2 killed by SIGKILL first, yet the launcher exited with $rc"
