@@ -3,7 +3,7 @@
 // the same sizes, in one run: stage-1 encode (pseudo-gradient + residual ->
 // encoded shard + new residual), the shard reduction (decode M encodings,
 // sum, re-encode), decode + outer step + copy-back (and the same with one-step
-// delay's rebase merge), and a receiver's structure check of the blocks.
+// delay's rebase and eager's merges), and a receiver's structure check of the blocks.
 // Communication is excluded. Bytes are the minimum each pass must move per parameter.
 // chunk_topk (gathered aggregation) has no shard reduction: its rows are the
 // encode and the pass that decodes M segments, sums them and applies.
@@ -127,6 +127,17 @@ void run(const char* name, std::size_t n, int world, int reps, Triad&& triad) {
   std::vector<float> start(n);
   bench::fill(start, 0.25f);
   auto apply_rebase = [&] { apply_with(dc::kernels::merge::rebase{{}, start.data()}); };
+  // The same with eager's merge: before the shared step the worker takes
+  // its own (its own slot), and reads and writes its anchor and the
+  // pseudo-gradient it sent.
+  std::vector<float> anchor(n), own(n), eager_slots(n);
+  bench::fill(anchor, 0.5f);
+  bench::fill(own, 0.125f);
+  bench::fill(eager_slots, 0.0625f);
+  auto apply_eager = [&] {
+    apply_with(dc::kernels::merge::eager<dc::kernels::sgd_update>{
+        {}, nesterov, anchor.data(), own.data(), eager_slots.data(), n, 1.0f / static_cast<float>(world)});
+  };
   // The structure check a receiver runs on every block of a segment
   // (compress::validate_segment, the checksum aside), on one thread as the
   // receiver runs it.
@@ -137,7 +148,7 @@ void run(const char* name, std::size_t n, int world, int reps, Triad&& triad) {
   };
   // In alternation with STREAM triad on buffers of the same size, so the
   // ratios compare passes measured under the same conditions.
-  const auto t = bench::interleaved_medians(reps, encode, reduce, apply, triad, apply_rebase, check);
+  const auto t = bench::interleaved_medians(reps, encode, reduce, apply, triad, apply_rebase, check, apply_eager);
   if (malformed != 0) throw std::runtime_error(std::string(name) + ": the encode wrote blocks its check refuses");
   // The hand-vectorised passes against the portable code they stand in for
   // (the same bits: test_host_simd), in alternation, in the same run.
@@ -165,6 +176,11 @@ void run(const char* name, std::size_t n, int world, int reps, Triad&& triad) {
   bench::print(p + "decode_apply_rebase_bytes_per_param", rebase_bytes);
   bench::print(p + "decode_apply_rebase_gbps", rebase_bytes * gn / t[4]);
   bench::print(p + "decode_apply_rebase_vs_triad", rebase_bytes * gn / t[4] / triad_gbps);
+  // The replica read, anchor, own and the worker's slot read and written.
+  const double eager_bytes = apply_bytes + 28.0;
+  bench::print(p + "decode_apply_eager_bytes_per_param", eager_bytes);
+  bench::print(p + "decode_apply_eager_gbps", eager_bytes * gn / t[6]);
+  bench::print(p + "decode_apply_eager_vs_triad", eager_bytes * gn / t[6] / triad_gbps);
   bench::print(p + "check_gbps", enc * gn / t[5]);
   bench::print(p + "check_vs_triad", enc * gn / t[5] / triad_gbps);
 }

@@ -7,7 +7,13 @@
 // those of kernels/merge.hpp's comments (overwrite: l <- g; rebase:
 // l <- g - (start - l), start <- l; mix: l <- alpha l + (1 - alpha) g).
 // Tensors of odd sizes give partial blocks, and blocks at offsets other than
-// their tensor's start.
+// their tensor's start. Eager's merge (Kale et al.; kernels/merge.hpp): the
+// worker first steps its replica from where its phase began, start =
+// anchor - own, along mean + (fresh - own)/M with fresh = start - l, with
+// its own momentum slot and step count; then own <- fresh, anchor <- x +
+// fresh, l <- x; the shared step follows. Its pass runs branch-free forms
+// of the two steps where they agree on weight decay and momentum, and the
+// general loop where they do not: both are checked.
 
 #include <doctest/doctest.h>
 
@@ -158,5 +164,114 @@ TEST_CASE("decode-apply: every element as the formulas say, for every merge, wit
       CAPTURE(momentum);
       check_against_formulas<dc::int8>(kind, momentum);
       check_against_formulas<dc::int4>(kind, momentum);
+    }
+}
+
+namespace {
+
+// One torch.optim.SGD step on p with gradient d (Nesterov when momentum is
+// on; the buffer b exists already unless `first`): d <- d + wd p;
+// b <- d (first) or mu b + d; d <- d + mu b; p <- p - lr d.
+void sgd_step(float& p, float d, float* b, float lr, float mu, float wd, bool first) {
+  if (wd != 0.0f) {
+    const float decay = wd * p;
+    d = d + decay;
+  }
+  if (b != nullptr) {
+    if (first) {
+      *b = d;
+    } else {
+      const float carried = mu * *b;
+      *b = carried + d;
+    }
+    const float through = mu * *b;
+    d = d + through;
+  }
+  const float delta = lr * d;
+  p = p - delta;
+}
+
+// Eager's decode-apply on M = 4 workers' mean: the shared step (step 2) and
+// the worker's own (step `worker_step`), with weight decay wd_shared and
+// wd_worker, against the formulas above.
+template <class Format>
+void check_eager(bool momentum, float wd_shared, float wd_worker, std::uint64_t worker_step) {
+  using codec = cp::blockwise_codec<Format, block, cp::round_nearest>;
+  const layout L;
+  std::mt19937 rng(11 + (momentum ? 100u : 0u) + Format::bits + static_cast<unsigned>(worker_step));
+  std::vector<float> mean;
+  const auto payload = make_payload<Format>(L, rng, mean);
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  std::vector<float> global(L.total), state(L.total), anchor(L.total), own(L.total), slots(L.total),
+      local_flat(L.total);
+  for (auto* v : {&global, &state, &anchor, &own, &slots, &local_flat})
+    for (auto& x : *v) x = value(rng);
+  std::vector<std::vector<float>> local(sizes.size());
+  std::vector<float*> local_ptrs;
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    local[t].assign(local_flat.begin() + static_cast<std::ptrdiff_t>(L.offsets[t]),
+                    local_flat.begin() + static_cast<std::ptrdiff_t>(L.offsets[t] + sizes[t]));
+    local_ptrs.push_back(local[t].data());
+  }
+  const float lr = 0.7f, mu = 0.9f, inv = 0.25f;
+  const float m = momentum ? mu : 0.0f;
+  const auto shared = dc::outer::sgd::make_update({.lr = lr, .momentum = m, .weight_decay = wd_shared, .nesterov = momentum}, 2);
+  const auto worker =
+      dc::outer::sgd::make_update({.lr = lr, .momentum = m, .weight_decay = wd_worker, .nesterov = momentum}, worker_step);
+
+  std::vector<float> want_g = global, want_b = state, want_a = anchor, want_o = own, want_w = slots, want_l = local_flat;
+  for (std::size_t i = 0; i < L.total; ++i) {
+    const float stale = want_o[i];
+    const float start = want_a[i] - stale;
+    const float fresh = start - want_l[i];
+    float x = start;
+    const float correction = (fresh - stale) * inv;
+    sgd_step(x, mean[i] + correction, momentum ? &want_w[i] : nullptr, lr, mu, wd_worker, worker_step <= 1);
+    want_o[i] = fresh;
+    want_a[i] = x + fresh;
+    want_l[i] = x;
+    sgd_step(want_g[i], mean[i], momentum ? &want_b[i] : nullptr, lr, mu, wd_shared, false);
+  }
+
+  const kn::tensor_table table{local_ptrs.data(), L.offsets.data()};
+  const kn::merge::eager<kn::sgd_update> merge{
+      {}, worker, anchor.data(), own.data(), momentum ? slots.data() : nullptr, L.total, inv};
+  dc::exec::host ex;
+  ex.for_each(L.blocks.size(), kn::decode_apply<codec, kn::sgd_update, decltype(merge)>{
+                                   codec{}, shared, L.blocks.data(), table, payload.data(), codec::stride(),
+                                   global.data(), momentum ? state.data() : nullptr, L.total, merge});
+  for (std::size_t t = 0; t < sizes.size(); ++t)
+    for (std::size_t j = 0; j < sizes[t]; ++j) {
+      const std::size_t i = L.offsets[t] + j;
+      CAPTURE(t);
+      CAPTURE(j);
+      REQUIRE(global[i] == want_g[i]);
+      REQUIRE(local[t][j] == want_l[i]);
+      REQUIRE(anchor[i] == want_a[i]);
+      REQUIRE(own[i] == want_o[i]);
+      if (momentum) {
+        REQUIRE(state[i] == want_b[i]);
+        REQUIRE(slots[i] == want_w[i]);
+      }
+    }
+}
+
+}  // namespace
+
+TEST_CASE("decode-apply with eager's merge: the worker's step, then the shared one, as the formulas say") {
+  for (const bool momentum : {true, false})
+    for (const float wd : {0.0f, 0.05f}) {
+      CAPTURE(momentum);
+      CAPTURE(wd);
+      // The two steps agree (the engine's case: the branch-free loop), at
+      // the worker's first step and a later one.
+      for (const std::uint64_t worker_step : {1u, 3u}) {
+        CAPTURE(worker_step);
+        check_eager<dc::int8>(momentum, wd, wd, worker_step);
+        check_eager<dc::int4>(momentum, wd, wd, worker_step);
+      }
+      // They differ in weight decay: the general loop.
+      check_eager<dc::int8>(momentum, wd, 0.05f - wd, 3);
+      check_eager<dc::int4>(momentum, wd, 0.05f - wd, 3);
     }
 }

@@ -52,7 +52,55 @@ struct sgd_update {
     }
     p = sub_rn(p, mul_rn(lr, g));
   }
+
+  /// Calls f with this step as an sgd_update_fixed whose two branches
+  /// (weight decay, momentum) are decided here, once, instead of per element.
+  template <class F>
+  DILOCO_HD DILOCO_FORCEINLINE void with_fixed_branches(F&& f) const;
 };
+
+/// sgd_update with the presence of weight decay and momentum fixed at
+/// compile time: the same operations on every element, with no branch left
+/// in the element math. A pass whose element loop runs more than one update
+/// (eager's: the worker's own outer step beside the shared one) takes it,
+/// because compilers hoist only a few loop-invariant branches out of a loop
+/// (GCC 12: not the four of two updates) and a loop with branches left in it
+/// does not vectorize. Each element's operations are sgd_update's, so are
+/// its bits.
+template <bool Decay, bool Momentum>
+struct sgd_update_fixed : sgd_update {
+  static constexpr bool has_decay = Decay;        ///< weight_decay != 0
+  static constexpr bool has_momentum = Momentum;  ///< momentum != 0 (there is a slot)
+  /// Whether `u` has this form's branches.
+  DILOCO_HD static bool matches(const sgd_update& u) {
+    return (u.weight_decay != 0.0f) == Decay && (u.momentum != 0.0f) == Momentum;
+  }
+  /// One element, as sgd_update::operator() (s is not read without momentum).
+  DILOCO_HD DILOCO_FORCEINLINE void operator()(float& p, float g, float* s, std::size_t /*stride*/) const {
+    if constexpr (Decay) g = add_rn(g, mul_rn(weight_decay, p));
+    if constexpr (Momentum) {
+      const float b = add_rn(mul_rn(carry, s[0]), mul_rn(gain, g));
+      s[0] = b;
+      g = add_rn(mul_rn(keep, g), mul_rn(through, b));
+    }
+    p = sub_rn(p, mul_rn(lr, g));
+  }
+};
+
+template <class F>
+DILOCO_HD DILOCO_FORCEINLINE void sgd_update::with_fixed_branches(F&& f) const {
+  if (weight_decay != 0.0f) {
+    if (momentum != 0.0f)
+      f(sgd_update_fixed<true, true>{*this});
+    else
+      f(sgd_update_fixed<true, false>{*this});
+  } else {
+    if (momentum != 0.0f)
+      f(sgd_update_fixed<false, true>{*this});
+    else
+      f(sgd_update_fixed<false, false>{*this});
+  }
+}
 
 }  // namespace diloco::kernels
 
