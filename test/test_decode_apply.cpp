@@ -72,6 +72,26 @@ std::vector<std::byte> make_payload(const layout& L, std::mt19937& rng, std::vec
   return payload;
 }
 
+// The replica as separate tensors, cut from a flat array.
+struct replica {
+  std::vector<std::vector<float>> tensors;
+  std::vector<float*> ptrs;
+  replica(const layout& L, const std::vector<float>& flat) {
+    for (std::size_t t = 0; t < sizes.size(); ++t) {
+      tensors.emplace_back(flat.begin() + static_cast<std::ptrdiff_t>(L.offsets[t]),
+                           flat.begin() + static_cast<std::ptrdiff_t>(L.offsets[t] + sizes[t]));
+      ptrs.push_back(tensors.back().data());
+    }
+  }
+};
+
+// f(t, j, i) for element j of tensor t, i in the flat layout.
+template <class F>
+void for_each_element(const layout& L, F&& f) {
+  for (std::size_t t = 0; t < sizes.size(); ++t)
+    for (std::size_t j = 0; j < sizes[t]; ++j) f(t, j, L.offsets[t] + j);
+}
+
 enum class merge_kind { overwrite, rebase, mix };
 
 template <class Format>
@@ -85,14 +105,7 @@ void check_against_formulas(merge_kind kind, bool momentum) {
   std::vector<float> global(L.total), state(L.total), start(L.total), local_flat(L.total);
   for (auto* v : {&global, &state, &start, &local_flat})
     for (auto& x : *v) x = value(rng);
-  // The replica as separate tensors.
-  std::vector<std::vector<float>> local(sizes.size());
-  std::vector<float*> local_ptrs;
-  for (std::size_t t = 0; t < sizes.size(); ++t) {
-    local[t].assign(local_flat.begin() + static_cast<std::ptrdiff_t>(L.offsets[t]),
-                    local_flat.begin() + static_cast<std::ptrdiff_t>(L.offsets[t] + sizes[t]));
-    local_ptrs.push_back(local[t].data());
-  }
+  replica local(L, local_flat);
 
   const float lr = 0.7f, mu = 0.9f, alpha = 0.25f;
   // Step 2 of the outer optimizer: the momentum buffer exists already.
@@ -130,7 +143,7 @@ void check_against_formulas(merge_kind kind, bool momentum) {
     }
   }
 
-  const kn::tensor_table table{local_ptrs.data(), L.offsets.data()};
+  const kn::tensor_table table{local.ptrs.data(), L.offsets.data()};
   dc::exec::host ex;
   auto run = [&](auto merge) {
     ex.for_each(L.blocks.size(), kn::decode_apply<codec, kn::sgd_update, decltype(merge)>{
@@ -143,16 +156,14 @@ void check_against_formulas(merge_kind kind, bool momentum) {
     case merge_kind::mix: run(kn::merge::mix{{}, alpha}); break;
   }
 
-  for (std::size_t t = 0; t < sizes.size(); ++t)
-    for (std::size_t j = 0; j < sizes[t]; ++j) {
-      const std::size_t i = L.offsets[t] + j;
-      CAPTURE(t);
-      CAPTURE(j);
-      REQUIRE(global[i] == want_g[i]);
-      REQUIRE(local[t][j] == want_l[i]);
-      if (momentum) REQUIRE(state[i] == want_b[i]);
-      if (kind == merge_kind::rebase) REQUIRE(start[i] == want_start[i]);
-    }
+  for_each_element(L, [&](std::size_t t, std::size_t j, std::size_t i) {
+    CAPTURE(t);
+    CAPTURE(j);
+    REQUIRE(global[i] == want_g[i]);
+    REQUIRE(local.tensors[t][j] == want_l[i]);
+    if (momentum) REQUIRE(state[i] == want_b[i]);
+    if (kind == merge_kind::rebase) REQUIRE(start[i] == want_start[i]);
+  });
 }
 
 }  // namespace
@@ -206,18 +217,14 @@ void check_eager(bool momentum, float wd_shared, float wd_worker, std::uint64_t 
       local_flat(L.total);
   for (auto* v : {&global, &state, &anchor, &own, &slots, &local_flat})
     for (auto& x : *v) x = value(rng);
-  std::vector<std::vector<float>> local(sizes.size());
-  std::vector<float*> local_ptrs;
-  for (std::size_t t = 0; t < sizes.size(); ++t) {
-    local[t].assign(local_flat.begin() + static_cast<std::ptrdiff_t>(L.offsets[t]),
-                    local_flat.begin() + static_cast<std::ptrdiff_t>(L.offsets[t] + sizes[t]));
-    local_ptrs.push_back(local[t].data());
-  }
+  replica local(L, local_flat);
   const float lr = 0.7f, mu = 0.9f, inv = 0.25f;
   const float m = momentum ? mu : 0.0f;
-  const auto shared = dc::outer::sgd::make_update({.lr = lr, .momentum = m, .weight_decay = wd_shared, .nesterov = momentum}, 2);
-  const auto worker =
-      dc::outer::sgd::make_update({.lr = lr, .momentum = m, .weight_decay = wd_worker, .nesterov = momentum}, worker_step);
+  auto outer = [&](float wd, std::uint64_t step) {
+    return dc::outer::sgd::make_update({.lr = lr, .momentum = m, .weight_decay = wd, .nesterov = momentum}, step);
+  };
+  const auto shared = outer(wd_shared, 2);
+  const auto worker = outer(wd_worker, worker_step);
 
   std::vector<float> want_g = global, want_b = state, want_a = anchor, want_o = own, want_w = slots, want_l = local_flat;
   for (std::size_t i = 0; i < L.total; ++i) {
@@ -233,27 +240,25 @@ void check_eager(bool momentum, float wd_shared, float wd_worker, std::uint64_t 
     sgd_step(want_g[i], mean[i], momentum ? &want_b[i] : nullptr, lr, mu, wd_shared, false);
   }
 
-  const kn::tensor_table table{local_ptrs.data(), L.offsets.data()};
+  const kn::tensor_table table{local.ptrs.data(), L.offsets.data()};
   const kn::merge::eager<kn::sgd_update> merge{
       {}, worker, anchor.data(), own.data(), momentum ? slots.data() : nullptr, L.total, inv};
   dc::exec::host ex;
   ex.for_each(L.blocks.size(), kn::decode_apply<codec, kn::sgd_update, decltype(merge)>{
                                    codec{}, shared, L.blocks.data(), table, payload.data(), codec::stride(),
                                    global.data(), momentum ? state.data() : nullptr, L.total, merge});
-  for (std::size_t t = 0; t < sizes.size(); ++t)
-    for (std::size_t j = 0; j < sizes[t]; ++j) {
-      const std::size_t i = L.offsets[t] + j;
-      CAPTURE(t);
-      CAPTURE(j);
-      REQUIRE(global[i] == want_g[i]);
-      REQUIRE(local[t][j] == want_l[i]);
-      REQUIRE(anchor[i] == want_a[i]);
-      REQUIRE(own[i] == want_o[i]);
-      if (momentum) {
-        REQUIRE(state[i] == want_b[i]);
-        REQUIRE(slots[i] == want_w[i]);
-      }
+  for_each_element(L, [&](std::size_t t, std::size_t j, std::size_t i) {
+    CAPTURE(t);
+    CAPTURE(j);
+    REQUIRE(global[i] == want_g[i]);
+    REQUIRE(local.tensors[t][j] == want_l[i]);
+    REQUIRE(anchor[i] == want_a[i]);
+    REQUIRE(own[i] == want_o[i]);
+    if (momentum) {
+      REQUIRE(state[i] == want_b[i]);
+      REQUIRE(slots[i] == want_w[i]);
     }
+  });
 }
 
 }  // namespace
