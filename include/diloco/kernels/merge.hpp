@@ -94,22 +94,11 @@ struct eager : base {
   DILOCO_HD eager shifted(std::size_t off) const {
     return {{}, step, anchor + off, own + off, slots ? slots + off : nullptr, stride, inv_workers};
   }
-  /// The same merge with the worker's step given as another type (its
-  /// branch-free form, kernels/sgd_update.hpp's sgd_update_fixed).
-  template <class S>
-  DILOCO_HD eager<S> with_step(const S& s) const {
-    return {{}, s, anchor, own, slots, stride, inv_workers};
-  }
 
   /// The eager step of element i from where its phase began, along mean − own/M + fresh/M;
   /// own and anchor move on. Returns the replica's new value.
   DILOCO_HD DILOCO_FORCEINLINE float advance(std::size_t i, float mean, float l) const {
-    float* si;
-    if constexpr (requires { Step::has_momentum; })
-      si = Step::has_momentum ? slots + i : nullptr;  // a fixed form: the slots' presence is its own
-    else
-      si = slots ? slots + i : nullptr;
-    return advance_element(step, anchor[i], own[i], si, stride, inv_workers, mean, l);
+    return advance_element(step, anchor[i], own[i], slots ? slots + i : nullptr, stride, inv_workers, mean, l);
   }
   /// advance() on one element's values: its anchor `a` and own `o` (both
   /// updated), its slots at `slot` (null without) and the replica's value l.

@@ -42,10 +42,15 @@ struct sgd_update {
 
   /// One element: p and its gradient g; s is the momentum slot (null without momentum).
   DILOCO_HD DILOCO_FORCEINLINE void operator()(float& p, float g, float* s, std::size_t /*stride*/) const {
+    step(p, g, s, weight_decay != 0.0f, momentum != 0.0f);
+  }
+  /// The element math, with whether to apply weight decay and momentum
+  /// given: sgd_update_fixed passes constants, which leave no branch.
+  DILOCO_HD DILOCO_FORCEINLINE void step(float& p, float g, float* s, bool decay, bool with_momentum) const {
     // Each operation rounded on its own (kernels/exact_float.hpp), so the
     // GPU gives the host's bits.
-    if (weight_decay != 0.0f) g = add_rn(g, mul_rn(weight_decay, p));
-    if (momentum != 0.0f) {
+    if (decay) g = add_rn(g, mul_rn(weight_decay, p));
+    if (with_momentum) {
       const float b = add_rn(mul_rn(carry, s[0]), mul_rn(gain, g));
       s[0] = b;
       g = add_rn(mul_rn(keep, g), mul_rn(through, b));
@@ -75,15 +80,9 @@ struct sgd_update_fixed : sgd_update {
   DILOCO_HD static bool matches(const sgd_update& u) {
     return (u.weight_decay != 0.0f) == Decay && (u.momentum != 0.0f) == Momentum;
   }
-  /// One element, as sgd_update::operator() (s is not read without momentum).
+  /// One element, sgd_update's math with the branches fixed (s is not read without momentum).
   DILOCO_HD DILOCO_FORCEINLINE void operator()(float& p, float g, float* s, std::size_t /*stride*/) const {
-    if constexpr (Decay) g = add_rn(g, mul_rn(weight_decay, p));
-    if constexpr (Momentum) {
-      const float b = add_rn(mul_rn(carry, s[0]), mul_rn(gain, g));
-      s[0] = b;
-      g = add_rn(mul_rn(keep, g), mul_rn(through, b));
-    }
-    p = sub_rn(p, mul_rn(lr, g));
+    step(p, g, s, Decay, Momentum);
   }
 };
 
