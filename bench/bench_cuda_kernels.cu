@@ -342,7 +342,7 @@ int main(int argc, char** argv) {
 
   // The multi-tensor passes (exec/chunks.hpp): the same n parameters as T
   // tensors (or a transformer-like mix), one launch per pass over all of
-  // them. Rows `<pass>_tensors_<T>`, the int8 codec's encode and
+  // them. Rows `<pass>_tensors_<T>`, the int8 codec's encode (with and without error feedback) and
   // decode-apply among them; on a GPU each should stream at the single
   // tensor's rate.
   for (const std::string& layout : bench::layout_names(layouts)) {
@@ -399,6 +399,12 @@ int main(int argc, char** argv) {
                       ex.run_teams(block_count, k::encode_blocks<int8_e>{blocks_of.blocks.data(), layout_tensors.data(),
                                                                          flat_global.data(), flat_residual.data(),
                                                                          flat_next.data(), layout_payload.data(), stream,
+                                                                         layout_sums.data(), vector});
+                    })});
+    rows.push_back({"encode_int8" + tag, 9 + (4 + per_block) / 128, t.median_seconds(iterations, [&] {
+                      ex.run_teams(block_count, k::encode_blocks<int8_e>{blocks_of.blocks.data(), layout_tensors.data(),
+                                                                         flat_global.data(), nullptr, nullptr,
+                                                                         layout_payload.data(), stream,
                                                                          layout_sums.data(), vector});
                     })});
     rows.push_back({"decode_apply_int8_nesterov" + tag, 21 + (4 + per_block / 2) / 128,

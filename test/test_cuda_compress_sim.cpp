@@ -136,6 +136,10 @@ void compare_passes(const std::vector<std::size_t>& sizes, bool residual, int wo
   for (int r = 0; r < world; ++r) {
     sources.push_back(pay_h);
     std::vector<float> v = random_floats(np, seed + 300 + static_cast<std::uint32_t>(r));
+    if (nb > 1) {  // block 1 tiny: a subnormal scale (and amax itself subnormal for odd r), decoded as (q * amax) / L
+      const auto tiny = layout.blocks()[1];
+      for (std::size_t j = 0; j < tiny.len; ++j) v[packed[tiny.tensor] + tiny.start + j] *= r % 2 ? 1e-39f : 2e-37f;
+    }
     float dq[Codec::block];
     for (std::size_t b = 0; b < nb; ++b) {
       const auto blk = layout.blocks()[b];
@@ -236,7 +240,7 @@ TEST_CASE("non-finite and extreme blocks: the same codes and residuals (NaN fact
   global[3] = nan;
   global[20] = -inf;
   for (std::size_t i = 32; i < 48; ++i) global[i] = 0.0f;
-  for (std::size_t i = 48; i < 64; ++i) global[i] = 1e-39f * static_cast<float>(i - 50);
+  for (std::size_t i = 48; i < 64; ++i) global[i] = 1e-39f * (static_cast<float>(i) - 50.0f);  // amax 1.3e-38: L / amax overflows, amax / L is subnormal
   for (std::size_t i = 64; i < 80; ++i) global[i] = (i % 2 ? -1.0f : 1.0f) * std::numeric_limits<float>::max() / static_cast<float>(i - 63);
   float* lp = local.data();
   const std::size_t off = 0;

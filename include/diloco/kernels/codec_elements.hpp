@@ -140,24 +140,81 @@ struct codec_elements<compress::blockwise_codec<Format, B, Rounding>> {
   DILOCO_HD static void put_factor(std::byte* blk, float amax) { store_float<stride % 4 == 0>(blk, amax); }
   ///@}
 
-  /// q and dq of one element against the block's amax, as quantize_block
-  /// computes them for it; u is the element's draw (stochastic rounding).
-  DILOCO_HD static void encode(float v, float amax, float u, code& q, float& dq) {
+  /// What encode and decode need of a block's factor, worked out once per
+  /// block: the two divisions quantize_block and decode make (L / amax and
+  /// amax / L) and the case they select. Each is an IEEE division, about ten
+  /// instructions on the device; made per element they were most of the
+  /// int8 encode's and the shard reduce's instructions.
+  struct factor_terms {
+    float amax;   ///< the block's amax
+    float inv;    ///< L / amax
+    float scale;  ///< amax / L
+    bool zero;    ///< amax is 0, infinite or NaN: every code 0, dq = zero_dq
+    bool normal;  ///< inv finite and scale normal: q = round(v * inv), dq = q * scale
+    bool plain;   ///< decode as value(q) * scale (a normal scale, or a non-finite amax)
+    float zero_dq;  ///< dq of a zero block: 0, or NaN/inf
+  };
+  /// The terms of a block whose amax is `amax`.
+  DILOCO_HD static factor_terms terms(float amax) {
     constexpr auto g = grid<Format>();
-    float qf;
-    if constexpr (stochastic)
-      quantize_block<true>(&v, 1, amax, g, &qf, &dq, [u](std::size_t) { return u; });
-    else
-      quantize_block<false>(&v, 1, amax, g, &qf, &dq, [](std::size_t) { return 0.0f; });
-    q = g.code(qf);
+    factor_terms f{};
+    f.amax = amax;
+    f.inv = levels / amax;
+    f.scale = amax / levels;
+    const bool finite = amax - amax == 0.0f;
+    f.zero = !(amax > 0.0f) || !finite;
+    f.normal = f.inv - f.inv == 0.0f && f.scale >= 1.17549435e-38f;
+    f.plain = f.scale >= 1.17549435e-38f || !finite;
+    f.zero_dq = g.value(g.code(0.0f)) * f.scale;
+    return f;
   }
 
-  /// blockwise_codec::decode for one element.
-  DILOCO_HD static float decode(code q, float amax) {
+  /// q and dq of one element against its block's terms, as quantize_block
+  /// computes them for it (the same float operations, the divisions made
+  /// once in terms()); u is the element's draw (stochastic rounding).
+  DILOCO_HD static void encode(float v, const factor_terms& f, float u, code& q, float& dq) {
     constexpr auto g = grid<Format>();
-    if (scale_is_normal(amax, levels) || !(amax - amax == 0.0f)) return g.value(q) * (amax / levels);
-    return dequantize(g.value(q), amax, levels);
+    float r;
+    if (f.zero) {
+      r = 0.0f;
+      dq = f.zero_dq;
+    } else if (f.normal) {
+      r = g.template round<stochastic>(v * f.inv, u);
+      dq = r * f.scale;
+    } else {  // tiny blocks: see quantize_block
+      r = g.template round<stochastic>(f.inv - f.inv == 0.0f ? v * f.inv : (v / f.amax) * levels, u);
+      dq = f.scale >= 1.17549435e-38f ? r * f.scale : (r * f.amax) / levels;
+    }
+    q = g.code(r);
   }
+  /// Whether every element of the block takes quantize_block's common
+  /// case (a positive finite amax, L / amax finite, amax / L normal): then
+  /// encode_normal gives encode's results without its branches.
+  DILOCO_HD static bool normal(const factor_terms& f) { return !f.zero && f.normal; }
+  /// encode for a block that is normal().
+  DILOCO_HD static void encode_normal(float v, const factor_terms& f, float u, code& q, float& dq) {
+    constexpr auto g = grid<Format>();
+    const float r = g.template round<stochastic>(v * f.inv, u);
+    dq = r * f.scale;
+    q = g.code(r);
+  }
+  /// encode against the block's amax (terms made for this one call).
+  DILOCO_HD static void encode(float v, float amax, float u, code& q, float& dq) { encode(v, terms(amax), u, q, dq); }
+
+  /// blockwise_codec::decode for one element, against its block's terms.
+  DILOCO_HD static float decode(code q, const factor_terms& f) {
+    constexpr auto g = grid<Format>();
+    return f.plain ? g.value(q) * f.scale : (g.value(q) * f.amax) / levels;
+  }
+  /// Whether decode is value(q) * scale for every code of the block.
+  DILOCO_HD static bool plain(const factor_terms& f) { return f.plain; }
+  /// decode for a block that is plain().
+  DILOCO_HD static float decode_plain(code q, const factor_terms& f) {
+    constexpr auto g = grid<Format>();
+    return g.value(q) * f.scale;
+  }
+  /// decode against the block's amax.
+  DILOCO_HD static float decode(code q, float amax) { return decode(q, terms(amax)); }
 
   /// The codes of elements [j0, j0 + group), j0 a multiple of group.
   DILOCO_HD static void put_codes(std::byte* blk, std::size_t j0, const code (&q)[group]) {
@@ -207,14 +264,31 @@ struct codec_elements<compress::cast_codec<Format, Rounding, B>> {
   DILOCO_HD static void put_factor(std::byte*, float) {}
   ///@}
 
+  /// No factor, nothing to work out per block.
+  struct factor_terms {};
+  /// The (empty) terms of any block.
+  DILOCO_HD static factor_terms terms(float /*amax*/) { return {}; }
+
   /// h and dq of one element, as cast_codec::encode rounds it; u is the element's draw
   /// (stochastic rounding).
   DILOCO_HD static void encode(float v, float /*amax*/, float u, code& h, float& dq) {
     h = encode_float16<bits_format>(v, stochastic ? u : -1.0f);
     dq = bits_format::decode(h);
   }
-  /// cast_codec::decode for one element.
+  /// encode, with the (empty) terms of the block.
+  DILOCO_HD static void encode(float v, factor_terms, float u, code& h, float& dq) { encode(v, 0.0f, u, h, dq); }
+  ///@{
+  /// No factor: every block is normal() and plain(), and the fast forms are encode and decode.
+  DILOCO_HD static bool normal(factor_terms) { return true; }
+  DILOCO_HD static void encode_normal(float v, factor_terms, float u, code& h, float& dq) { encode(v, 0.0f, u, h, dq); }
+  DILOCO_HD static bool plain(factor_terms) { return true; }
+  DILOCO_HD static float decode_plain(code h, factor_terms) { return bits_format::decode(h); }
+  ///@}
+  ///@{
+  /// cast_codec::decode for one element (the factor or its terms are ignored).
   DILOCO_HD static float decode(code h, float /*amax*/) { return bits_format::decode(h); }
+  DILOCO_HD static float decode(code h, factor_terms) { return bits_format::decode(h); }
+  ///@}
 
   ///@{
   /// The codes of elements [j0, j0 + group), j0 a multiple of group, written and read.

@@ -72,7 +72,15 @@ constexpr unsigned team_threads(std::size_t groups) {
 /// throughput 79 % and 69 %, DRAM 44 % and 18 %); with 4, of the copy's
 /// bandwidth: int8+EF 0.88 -> 0.90, int4+EF 0.87 -> 0.98, int8+EF at
 /// B = 64 0.88 -> 0.99 and B = 1024 0.91 -> 1.0, int8 without EF 0.58 ->
-/// 0.64, the reduce of 4 0.23 -> 0.25. decode_apply, with no team work,
+/// 0.64, the reduce of 4 0.23 -> 0.25. Then (2026-11-27, same machine):
+/// the factor's divisions once per block instead of per element, whole
+/// blocks of a normal scale without per-element bounds or branches, the
+/// team max by shuffles with warp barriers, 16-byte shared stores of the
+/// squares, and every group's loads issued before any arithmetic (the
+/// last alone took int8 without EF from 0.83 to 1.01: the group-by-group
+/// loop had one group's loads in flight per thread, DRAM at 69 %): int8+EF
+/// 0.91 -> 1.02-1.04, int8 0.65 -> 1.01-1.02, int4+EF 0.98 -> 1.03-1.04,
+/// the reduce 0.25 -> 0.47. decode_apply, with no team work,
 /// keeps 1 (it streams at the copy's rate so; with 2 at bf16 B = 64 nvcc
 /// split its 16-byte stores). The team's size does not change the bits: the
 /// amax is a max, and the norms' lanes are summed in norm_lanes(B)'s order
@@ -98,14 +106,37 @@ template <std::size_t B, std::size_t N>
 struct norm_scratch {
   /// Threads that sum the lanes: norm_lanes(B).
   static constexpr unsigned lanes = static_cast<unsigned>(norm_lanes(B));
-  float sq[N][B];        ///< sq[n][j]: norm n's square of element j
+  alignas(B % 4 == 0 ? 16 : 4) float sq[N][B];  ///< sq[n][j]: norm n's square of element j
   float lane[N][lanes];  ///< lane[n][l]: norm n's lane l
 
+  /// Norm n's squares x of elements [j0, j0 + W), those below len: one 16-byte store on the
+  /// device when W is 4 and all are below len (j0 is a multiple of W).
+  template <std::size_t W>
+  DILOCO_HD DILOCO_FORCEINLINE void put(std::size_t n, unsigned j0, unsigned len, const float (&x)[W]) {
+#if defined(__CUDA_ARCH__)
+    if constexpr (W == 4 && B % 4 == 0) {
+      if (j0 + 4 <= len) {
+        *reinterpret_cast<float4*>(&sq[n][j0]) = make_float4(x[0], x[1], x[2], x[3]);
+        return;
+      }
+    }
+#endif
+    for (unsigned i = 0; i < W && j0 + i < len; ++i) sq[n][j0 + i] = x[i];
+  }
   /// Thread t's lane of every norm (t < lanes): elements t, t + lanes, ... below len, in order.
-  DILOCO_HD void sum_lanes(unsigned t, std::size_t len) {
+  DILOCO_HD void sum_lanes(unsigned t, unsigned len) {
+    if (len == B)
+      sum_lanes_below<true>(t, len);  // a whole block: a fixed count, unrolled
+    else
+      sum_lanes_below<false>(t, len);
+  }
+  /// sum_lanes, with len == B when Whole.
+  template <bool Whole>
+  DILOCO_HD DILOCO_FORCEINLINE void sum_lanes_below(unsigned t, unsigned len) {
+    const unsigned n_end = Whole ? static_cast<unsigned>(B) : len;
     for (std::size_t n = 0; n < N; ++n) {
       float acc = 0.0f;
-      for (std::size_t j = t; j < len; j += lanes) acc = add_rn(acc, sq[n][j]);
+      for (unsigned j = t; j < n_end; j += lanes) acc = add_rn(acc, sq[n][j]);
       lane[n][t] = acc;
     }
   }
@@ -134,9 +165,8 @@ DILOCO_HD DILOCO_FORCEINLINE void store4_streaming(float* p, const vec4f& v) {
 /// W floats of p[j0, j0 + W), zeros past len; one 16-byte load when W is 4,
 /// the group is whole and `vector` says p is 16-byte aligned (and the
 /// store's mirror image).
-template <std::size_t W>
-DILOCO_HD DILOCO_FORCEINLINE void load_group(const float* p, std::size_t j0, std::size_t len, bool vector,
-                                             float (&x)[W]) {
+template <std::size_t W, class Index>
+DILOCO_HD DILOCO_FORCEINLINE void load_group(const float* p, Index j0, Index len, bool vector, float (&x)[W]) {
   if constexpr (W == vec_width) {
     if (vector && j0 + W <= len) {
       const vec4f v = load4_readonly(p + j0);
@@ -144,12 +174,12 @@ DILOCO_HD DILOCO_FORCEINLINE void load_group(const float* p, std::size_t j0, std
       return;
     }
   }
-  for (std::size_t i = 0; i < W; ++i) x[i] = j0 + i < len ? p[j0 + i] : 0.0f;
+  for (Index i = 0; i < W; ++i) x[i] = j0 + i < len ? p[j0 + i] : 0.0f;
 }
 /// The store of load_group: p[j0, j0 + W) below len, with one streaming 16-byte store when W
 /// is 4, the group whole and p aligned.
-template <std::size_t W>
-DILOCO_HD DILOCO_FORCEINLINE void store_group_streaming(float* p, std::size_t j0, std::size_t len, bool vector,
+template <std::size_t W, class Index>
+DILOCO_HD DILOCO_FORCEINLINE void store_group_streaming(float* p, Index j0, Index len, bool vector,
                                                         const float (&x)[W]) {
   if constexpr (W == vec_width) {
     if (vector && j0 + W <= len) {
@@ -157,13 +187,30 @@ DILOCO_HD DILOCO_FORCEINLINE void store_group_streaming(float* p, std::size_t j0
       return;
     }
   }
-  for (std::size_t i = 0; i < W && j0 + i < len; ++i) p[j0 + i] = x[i];
+  for (Index i = 0; i < W && j0 + i < len; ++i) p[j0 + i] = x[i];
 }
 
 /// |x|'s bits as an int32 (ordered like |x| for non-negative floats: the team max runs on
 /// them).
 DILOCO_HD DILOCO_FORCEINLINE std::int32_t magnitude_bits(float x) {
   return static_cast<std::int32_t>(float_bits(x) & 0x7fffffffu);
+}
+
+/// The store of a block whose codes are scaled by its amax (encode_blocks,
+/// reduce_blocks): the factor (thread 0), then the program's
+/// store_groups<true> for a whole block with a normal scale (no per-element
+/// bounds or branches: the common case), else store_groups<false>. The
+/// factor's divisions are made once, in E::terms.
+template <class E, class P, class Shared, class Registers>
+DILOCO_HD DILOCO_FORCEINLINE void store_scaled(const P& p, std::byte* out, unsigned t, Shared& sh, Registers& r,
+                                               std::int32_t max_bits) {
+  const float amax = bits_float(static_cast<std::uint32_t>(max_bits));
+  const auto terms = E::terms(amax);
+  if (t == 0) E::put_factor(out, amax);
+  if (r.blk.len == E::block && E::normal(terms))
+    p.template store_groups<true>(t, sh, r, terms, out);
+  else
+    p.template store_groups<false>(t, sh, r, terms, out);
 }
 
 /// Stage 1, per block of a shard: v = (global - local) + residual, encoded
@@ -210,28 +257,44 @@ struct encode_blocks {
     const device_tensor tt = tensors[r.blk.tensor];
     r.offset = tt.offset + r.blk.start;
     r.index = tt.index0 + r.blk.start;
-    const std::size_t len = r.blk.len;
     const float* g = global + r.offset;
     const float* l = tt.local + r.blk.start;
     const float* e = residual ? residual + r.offset : nullptr;
+    // A whole block (all but each tensor's last) runs without per-element bounds.
+    return r.blk.len == E::block ? load_groups<true>(t, sh, r, g, l, e) : load_groups<false>(t, sh, r, g, l, e);
+  }
+  /// load's groups; Whole: the block has E::block elements.
+  template <bool Whole>
+  DILOCO_HD DILOCO_FORCEINLINE std::int32_t load_groups(unsigned t, shared& sh, registers& r, const float* g,
+                                                        const float* l, const float* e) const {
+    const unsigned len = Whole ? static_cast<unsigned>(E::block) : r.blk.len;
+    constexpr std::size_t G = shape::groups_per_thread;
+    // Every group's loads first, then the arithmetic: all of a thread's
+    // bytes are in flight at once (a loop that loads and computes group by
+    // group waits on each group's loads in turn).
+    float gv[G][W], lv[G][W], ev[G][W] = {};
+    for (std::size_t k = 0; k < G; ++k) {
+      const unsigned j0 = static_cast<unsigned>(shape::first(t, k));
+      load_group(g, j0, len, true, gv[k]);  // our buffers: aligned at every block
+      load_group(l, j0, len, vector, lv[k]);
+      if (e) load_group(e, j0, len, true, ev[k]);
+    }
     std::int32_t m = 0;
-    for (std::size_t k = 0; k < shape::groups_per_thread; ++k) {
-      const std::size_t j0 = shape::first(t, k);
-      float gv[W], lv[W], ev[W] = {};
-      load_group(g, j0, len, true, gv);  // our buffers: aligned at every block
-      load_group(l, j0, len, vector, lv);
-      if (e) load_group(e, j0, len, true, ev);
-      for (std::size_t i = 0; i < W; ++i) {
-        const std::size_t j = j0 + i;
-        const float d = sub_rn(gv[i], lv[i]);
-        const float v = e ? add_rn(d, ev[i]) : d;
+    for (std::size_t k = 0; k < G; ++k) {
+      const unsigned j0 = static_cast<unsigned>(shape::first(t, k));
+      float sq[W];
+      for (unsigned i = 0; i < W; ++i) {
+        const unsigned j = j0 + i;
+        const float d = sub_rn(gv[k][i], lv[k][i]);
+        const float v = e ? add_rn(d, ev[k][i]) : d;
         r.v[k * W + i] = v;  // 0 past len
+        sq[i] = mul_rn(d, d);
         if (j < len) {
-          sh.sq[0][j] = mul_rn(d, d);
           const std::int32_t bits = magnitude_bits(v);
           m = bits > m ? bits : m;
         }
       }
+      if (j0 < len) sh.put(0, j0, len, sq);
     }
     return m;
   }
@@ -239,28 +302,36 @@ struct encode_blocks {
   /// Thread t's part of block b's output: the codes (and the factor, thread 0) against the
   /// block's amax, and the new residual.
   DILOCO_HD void store(std::size_t b, unsigned t, shared& sh, registers& r, std::int32_t max_bits) const {
-    const std::size_t len = r.blk.len;
-    const float amax = bits_float(static_cast<std::uint32_t>(max_bits));
-    std::byte* out = payload + b * E::stride;
-    if (t == 0) E::put_factor(out, amax);
+    store_scaled<E>(*this, payload + b * E::stride, t, sh, r, max_bits);
+  }
+  /// store's groups; Fast: a whole block, E::normal(terms).
+  template <bool Fast>
+  DILOCO_HD DILOCO_FORCEINLINE void store_groups(unsigned t, shared& sh, registers& r,
+                                                 const typename E::factor_terms& terms, std::byte* out) const {
+    const unsigned len = Fast ? static_cast<unsigned>(E::block) : r.blk.len;
     for (std::size_t k = 0; k < shape::groups_per_thread; ++k) {
-      const std::size_t j0 = shape::first(t, k);
+      const unsigned j0 = static_cast<unsigned>(shape::first(t, k));
       if (j0 >= E::block) break;
       typename E::code q[W];
-      float err[W];
-      for (std::size_t i = 0; i < W; ++i) {
-        const std::size_t j = j0 + i;
+      float err[W], sq[W];
+      for (unsigned i = 0; i < W; ++i) {
+        const unsigned j = j0 + i;
         q[i] = 0;  // a partial block's padding codes are zero
         err[i] = 0.0f;
+        sq[i] = 0.0f;
         if (j < len) {
           const float v = r.v[k * W + i];
           const float u = E::stochastic ? random_unit(stream, r.index + j) : 0.0f;
           float dq;
-          E::encode(v, amax, u, q[i], dq);
+          if constexpr (Fast)
+            E::encode_normal(v, terms, u, q[i], dq);
+          else
+            E::encode(v, terms, u, q[i], dq);
           err[i] = sub_rn(v, dq);
-          sh.sq[1][j] = mul_rn(err[i], err[i]);
+          sq[i] = mul_rn(err[i], err[i]);
         }
       }
+      if (j0 < len) sh.put(1, j0, len, sq);
       E::put_codes(out, j0, q);
       if (new_residual) store_group_streaming(new_residual + r.offset, j0, len, true, err);
     }
@@ -310,26 +381,46 @@ struct reduce_blocks {
   DILOCO_HD std::int32_t load(std::size_t b, unsigned t, shared&, registers& r) const {
     r.blk = blocks[b];
     r.index = tensors[r.blk.tensor].index0 + r.blk.start;
-    const std::size_t len = r.blk.len;
+    return r.blk.len == E::block ? load_groups<true>(b, t, r) : load_groups<false>(b, t, r);
+  }
+  /// Source src's decoded codes added to thread t's sums (the first source's are the sums);
+  /// Plain: E::plain(terms).
+  template <bool Plain>
+  DILOCO_HD DILOCO_FORCEINLINE void add_source(unsigned t, unsigned len, int src, const std::byte* in,
+                                               const typename E::factor_terms& terms,
+                                               float (&acc)[shape::groups_per_thread][W]) const {
+    for (std::size_t k = 0; k < shape::groups_per_thread; ++k) {
+      const unsigned j0 = static_cast<unsigned>(shape::first(t, k));
+      if (j0 >= len) break;
+      typename E::code q[W];
+      E::codes(in, j0, q);
+      for (unsigned i = 0; i < W; ++i) {
+        const float x = Plain ? E::decode_plain(q[i], terms) : E::decode(q[i], terms);
+        acc[k][i] = src == 0 ? x : add_rn(acc[k][i], x);
+      }
+    }
+  }
+  /// load's groups; Whole: the block has E::block elements.
+  template <bool Whole>
+  DILOCO_HD DILOCO_FORCEINLINE std::int32_t load_groups(std::size_t b, unsigned t, registers& r) const {
+    const unsigned len = Whole ? static_cast<unsigned>(E::block) : r.blk.len;
     const float m_float = static_cast<float>(world);
+    // Each element's sum runs over the sources in rank order; sources are
+    // the outer loop so each block's factor is read and worked out once.
+    float acc[shape::groups_per_thread][W] = {};
+    for (int src = 0; src < world; ++src) {
+      const std::byte* in = received[src] + b * E::stride;
+      const auto terms = E::terms(E::factor(in));
+      if (E::plain(terms))
+        add_source<true>(t, len, src, in, terms, acc);
+      else
+        add_source<false>(t, len, src, in, terms, acc);
+    }
     std::int32_t m = 0;
     for (std::size_t k = 0; k < shape::groups_per_thread; ++k) {
-      const std::size_t j0 = shape::first(t, k);
-      float acc[W] = {};
-      if (j0 < len) {
-        for (int src = 0; src < world; ++src) {
-          const std::byte* in = received[src] + b * E::stride;
-          const float amax = E::factor(in);
-          typename E::code q[W];
-          E::codes(in, j0, q);
-          for (std::size_t i = 0; i < W; ++i) {
-            const float x = E::decode(q[i], amax);
-            acc[i] = src == 0 ? x : add_rn(acc[i], x);
-          }
-        }
-      }
-      for (std::size_t i = 0; i < W; ++i) {
-        const float mean = j0 + i < len ? acc[i] / m_float : 0.0f;
+      const unsigned j0 = static_cast<unsigned>(shape::first(t, k));
+      for (unsigned i = 0; i < W; ++i) {
+        const float mean = j0 + i < len ? acc[k][i] / m_float : 0.0f;
         r.v[k * W + i] = mean;
         if (j0 + i < len) {
           const std::int32_t bits = magnitude_bits(mean);
@@ -342,24 +433,33 @@ struct reduce_blocks {
 
   /// Thread t's part of block b's output: the re-encoded mean (and the factor, thread 0).
   DILOCO_HD void store(std::size_t b, unsigned t, shared& sh, registers& r, std::int32_t max_bits) const {
-    const std::size_t len = r.blk.len;
-    const float amax = bits_float(static_cast<std::uint32_t>(max_bits));
-    std::byte* out = payload + b * E::stride;
-    if (t == 0) E::put_factor(out, amax);
+    store_scaled<E>(*this, payload + b * E::stride, t, sh, r, max_bits);
+  }
+  /// store's groups; Fast: a whole block, E::normal(terms).
+  template <bool Fast>
+  DILOCO_HD DILOCO_FORCEINLINE void store_groups(unsigned t, shared& sh, registers& r,
+                                                 const typename E::factor_terms& terms, std::byte* out) const {
+    const unsigned len = Fast ? static_cast<unsigned>(E::block) : r.blk.len;
     for (std::size_t k = 0; k < shape::groups_per_thread; ++k) {
-      const std::size_t j0 = shape::first(t, k);
+      const unsigned j0 = static_cast<unsigned>(shape::first(t, k));
       if (j0 >= E::block) break;
       typename E::code q[W];
-      for (std::size_t i = 0; i < W; ++i) {
-        const std::size_t j = j0 + i;
+      float sq[W];
+      for (unsigned i = 0; i < W; ++i) {
+        const unsigned j = j0 + i;
         q[i] = 0;
+        sq[i] = 0.0f;
         if (j < len) {
           const float u = E::stochastic ? random_unit(stream, r.index + j) : 0.0f;
           float dq;
-          E::encode(r.v[k * W + i], amax, u, q[i], dq);
-          sh.sq[0][j] = mul_rn(dq, dq);
+          if constexpr (Fast)
+            E::encode_normal(r.v[k * W + i], terms, u, q[i], dq);
+          else
+            E::encode(r.v[k * W + i], terms, u, q[i], dq);
+          sq[i] = mul_rn(dq, dq);
         }
       }
+      if (j0 < len) sh.put(0, j0, len, sq);
       E::put_codes(out, j0, q);
     }
   }
@@ -411,14 +511,14 @@ struct decode_apply_blocks {
     float* local = tt.local + blk.start;
     const std::size_t len = blk.len;
     const std::byte* in = payload + b * E::stride;
-    const float amax = E::factor(in);
+    const auto terms = E::terms(E::factor(in));
     for (std::size_t k = 0; k < shape::groups_per_thread; ++k) {
       const std::size_t j0 = shape::first(t, k);
       if (j0 >= len) break;
       typename E::code q[W];
       E::codes(in, j0, q);
       float dq[W];
-      for (std::size_t i = 0; i < W; ++i) dq[i] = E::decode(q[i], amax);
+      for (std::size_t i = 0; i < W; ++i) dq[i] = E::plain(terms) ? E::decode_plain(q[i], terms) : E::decode(q[i], terms);
       if constexpr (W == vec_width && vectorizable_update<Update> && Merge::is_overwrite) {
         if (vector && j0 + W <= len) {
           vec4f x = load4(global + off + j0);

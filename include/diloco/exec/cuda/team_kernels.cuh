@@ -43,9 +43,21 @@ __global__ void __launch_bounds__(grid::team_plan<P>::threads) run_teams(P p, st
   const bool live = b < n;
   typename P::registers regs{};
   std::int32_t m = live ? p.load(b, t, shared[slot], regs) : 0;
-  if constexpr (P::team_max) {
+  // A team of at most a warp lies in one warp (teams are powers of two,
+  // aligned in the block), so a warp's barrier orders it; larger teams are
+  // the whole block.
+  constexpr bool warp_team = team <= 32;
+  if constexpr (P::team_max && warp_team && grid::team_phases<P> == 0) {
+    // The team max by butterfly shuffles: every thread of the team ends with
+    // it, no shared memory and no block barrier. Every thread of the block
+    // runs this (no early exit), so the full mask holds.
+    for (unsigned w = team / 2; w > 0; w /= 2) {
+      const std::int32_t other = __shfl_xor_sync(0xffffffffu, m, w);
+      m = other > m ? other : m;
+    }
+  } else if constexpr (P::team_max) {
     __shared__ std::int32_t team_max[teams];
-    if constexpr (team <= 32) {
+    if constexpr (warp_team) {
       using reduce = cub::WarpReduce<std::int32_t, team>;
       __shared__ typename reduce::TempStorage temp[teams];
       m = reduce(temp[slot]).Reduce(m, cuda::maximum<>{});
@@ -67,15 +79,14 @@ __global__ void __launch_bounds__(grid::team_plan<P>::threads) run_teams(P p, st
   }
   if (live) p.store(b, t, shared[slot], regs, m);
   if constexpr (P::norms > 0) {
-    // The lanes and their tree (kernels/compressed_blocks.hpp, norm_scratch):
-    // a team of at most a warp lies in one warp, so a warp barrier orders it.
+    // The lanes and their tree (kernels/compressed_blocks.hpp, norm_scratch).
     auto team_barrier = [] {
-      if constexpr (team <= 32)
+      if constexpr (warp_team)
         __syncwarp();
       else
         __syncthreads();
     };
-    __syncthreads();
+    team_barrier();
     if (live && t < P::lane_count) p.lanes(t, shared[slot], regs);
     for (unsigned w = P::lane_count / 2; w > 0; w /= 2) {
       team_barrier();
