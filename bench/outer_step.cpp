@@ -18,7 +18,8 @@
 // the all-reduce left out) and an AdamW inner step (diloco::optimizer).
 // `outer_round.layout_vs_flat[T]` and `inner_adamw.layout_vs_flat[T]` are
 // the time ratios to one flat tensor, measured in alternation in the same
-// run.
+// run. Last, the apply pass of the flat layout with each schedule's merge
+// (`apply_<merge>_gbps`, `apply_<merge>_vs_overwrite`: time ratios).
 
 #include <diloco/diloco.hpp>
 #include <string>
@@ -108,6 +109,30 @@ void layouts(const std::string& list, long log2, int reps) {
     bench::print("inner_adamw.layout_vs_flat" + tag, inner[1] / inner[0]);
   }
   bench::print("layout_parameters", size_tag);
+
+  // The apply pass (outer Nesterov + merge) of the flat layout with each
+  // schedule's merge, in alternation: overwrite (blocking), mix (streaming,
+  // alpha > 0), rebase (one-step delay) and eager (the worker's own outer
+  // step first). Bytes per parameter: 24, + 4 (the replica read), + 8 (and
+  // the phase's start read and written), + 28 (the replica, anchor, own and
+  // the worker's slot read and written).
+  namespace km = dc::kernels::merge;
+  std::vector<float> start(n, 0.45f), anchor(n, 0.5f), own(n, 0.001f), slots(n, 0.0f);
+  auto apply = [&](auto merge) {
+    return [&flat, &ex, &nesterov, merge] {
+      flat.mean.apply(ex, nesterov, flat.global.data(), flat.momentum.data(), flat.global.size(), merge);
+    };
+  };
+  const auto t = bench::interleaved_medians(
+      reps, apply(km::overwrite{}), apply(km::mix{{}, 0.5f}), apply(km::rebase{{}, start.data()}),
+      apply(km::eager<dc::kernels::sgd_update>{{}, nesterov, anchor.data(), own.data(), slots.data(), n, 0.25f}));
+  const char* names[] = {"overwrite", "mix", "rebase", "eager"};
+  const double bytes[] = {24, 28, 32, 52};
+  for (std::size_t k = 0; k < 4; ++k) {
+    const std::string m = std::string("apply_") + names[k];
+    bench::print(m + "_gbps[" + size_tag + "]", bytes[k] * static_cast<double>(n) / t[k] * 1e-9);
+    bench::print(m + "_vs_overwrite[" + size_tag + "]", t[k] / t[0]);
+  }
 }
 
 }  // namespace

@@ -202,9 +202,65 @@ void sgd_step(float& p, float d, float* b, float lr, float mu, float wd, bool fi
   p = p - delta;
 }
 
+// Eager's state for n elements: theta_global, the shared momentum slots,
+// the worker's anchor, own and slots, and its replica (flat), random.
+struct eager_state {
+  std::vector<float> global, state, anchor, own, slots, local;
+  eager_state(std::size_t n, std::mt19937& rng) : global(n), state(n), anchor(n), own(n), slots(n), local(n) {
+    std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+    for (auto* v : {&global, &state, &anchor, &own, &slots, &local})
+      for (auto& x : *v) x = value(rng);
+  }
+};
+
+constexpr float eager_lr = 0.7f, eager_mu = 0.9f, eager_inv = 0.25f;  // M = 4
+
+// The outer step (torch SGD, Nesterov with momentum) at step `step`.
+dc::kernels::sgd_update eager_outer(bool momentum, float wd, std::uint64_t step) {
+  return dc::outer::sgd::make_update(
+      {.lr = eager_lr, .momentum = momentum ? eager_mu : 0.0f, .weight_decay = wd, .nesterov = momentum}, step);
+}
+
+// What eager's pass must leave, by the formulas: the worker's step from
+// start = anchor - own along mean + (fresh - own)/M, fresh = start - l, then
+// own <- fresh, anchor <- x + fresh, l <- x; the shared step on theta_global.
+eager_state eager_formulas(eager_state s, const std::vector<float>& mean, bool momentum, float wd_shared,
+                           float wd_worker, std::uint64_t worker_step) {
+  for (std::size_t i = 0; i < mean.size(); ++i) {
+    const float stale = s.own[i];
+    const float start = s.anchor[i] - stale;
+    const float fresh = start - s.local[i];
+    float x = start;
+    const float correction = (fresh - stale) * eager_inv;
+    sgd_step(x, mean[i] + correction, momentum ? &s.slots[i] : nullptr, eager_lr, eager_mu, wd_worker,
+             worker_step <= 1);
+    s.own[i] = fresh;
+    s.anchor[i] = x + fresh;
+    s.local[i] = x;
+    sgd_step(s.global[i], mean[i], momentum ? &s.state[i] : nullptr, eager_lr, eager_mu, wd_shared, false);
+  }
+  return s;
+}
+
+// got (with the replica's element i at local(i)) against want, every element.
+template <class Local>
+void check_eager_state(const eager_state& got, const eager_state& want, bool momentum, Local&& local) {
+  for (std::size_t i = 0; i < want.global.size(); ++i) {
+    CAPTURE(i);
+    REQUIRE(got.global[i] == want.global[i]);
+    REQUIRE(local(i) == want.local[i]);
+    REQUIRE(got.anchor[i] == want.anchor[i]);
+    REQUIRE(got.own[i] == want.own[i]);
+    if (momentum) {
+      REQUIRE(got.state[i] == want.state[i]);
+      REQUIRE(got.slots[i] == want.slots[i]);
+    }
+  }
+}
+
 // Eager's decode-apply on M = 4 workers' mean: the shared step (step 2) and
 // the worker's own (step `worker_step`), with weight decay wd_shared and
-// wd_worker, against the formulas above.
+// wd_worker, against the formulas.
 template <class Format>
 void check_eager(bool momentum, float wd_shared, float wd_worker, std::uint64_t worker_step) {
   using codec = cp::blockwise_codec<Format, block, cp::round_nearest>;
@@ -212,71 +268,88 @@ void check_eager(bool momentum, float wd_shared, float wd_worker, std::uint64_t 
   std::mt19937 rng(11 + (momentum ? 100u : 0u) + Format::bits + static_cast<unsigned>(worker_step));
   std::vector<float> mean;
   const auto payload = make_payload<Format>(L, rng, mean);
-  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
-  std::vector<float> global(L.total), state(L.total), anchor(L.total), own(L.total), slots(L.total),
-      local_flat(L.total);
-  for (auto* v : {&global, &state, &anchor, &own, &slots, &local_flat})
-    for (auto& x : *v) x = value(rng);
-  replica local(L, local_flat);
-  const float lr = 0.7f, mu = 0.9f, inv = 0.25f;
-  const float m = momentum ? mu : 0.0f;
-  auto outer = [&](float wd, std::uint64_t step) {
-    return dc::outer::sgd::make_update({.lr = lr, .momentum = m, .weight_decay = wd, .nesterov = momentum}, step);
-  };
-  const auto shared = outer(wd_shared, 2);
-  const auto worker = outer(wd_worker, worker_step);
-
-  std::vector<float> want_g = global, want_b = state, want_a = anchor, want_o = own, want_w = slots, want_l = local_flat;
-  for (std::size_t i = 0; i < L.total; ++i) {
-    const float stale = want_o[i];
-    const float start = want_a[i] - stale;
-    const float fresh = start - want_l[i];
-    float x = start;
-    const float correction = (fresh - stale) * inv;
-    sgd_step(x, mean[i] + correction, momentum ? &want_w[i] : nullptr, lr, mu, wd_worker, worker_step <= 1);
-    want_o[i] = fresh;
-    want_a[i] = x + fresh;
-    want_l[i] = x;
-    sgd_step(want_g[i], mean[i], momentum ? &want_b[i] : nullptr, lr, mu, wd_shared, false);
-  }
+  eager_state got(L.total, rng);
+  replica local(L, got.local);
+  const auto want = eager_formulas(got, mean, momentum, wd_shared, wd_worker, worker_step);
 
   const kn::tensor_table table{local.ptrs.data(), L.offsets.data()};
-  const kn::merge::eager<kn::sgd_update> merge{
-      {}, worker, anchor.data(), own.data(), momentum ? slots.data() : nullptr, L.total, inv};
+  const kn::merge::eager<kn::sgd_update> merge{{},      eager_outer(momentum, wd_worker, worker_step),
+                                               got.anchor.data(), got.own.data(),
+                                               momentum ? got.slots.data() : nullptr, L.total, eager_inv};
   dc::exec::host ex;
   ex.for_each(L.blocks.size(), kn::decode_apply<codec, kn::sgd_update, decltype(merge)>{
-                                   codec{}, shared, L.blocks.data(), table, payload.data(), codec::stride(),
-                                   global.data(), momentum ? state.data() : nullptr, L.total, merge});
-  for_each_element(L, [&](std::size_t t, std::size_t j, std::size_t i) {
-    CAPTURE(t);
-    CAPTURE(j);
-    REQUIRE(global[i] == want_g[i]);
-    REQUIRE(local.tensors[t][j] == want_l[i]);
-    REQUIRE(anchor[i] == want_a[i]);
-    REQUIRE(own[i] == want_o[i]);
-    if (momentum) {
-      REQUIRE(state[i] == want_b[i]);
-      REQUIRE(slots[i] == want_w[i]);
-    }
+                                   codec{}, eager_outer(momentum, wd_shared, 2), L.blocks.data(), table,
+                                   payload.data(), codec::stride(), got.global.data(),
+                                   momentum ? got.state.data() : nullptr, L.total, merge});
+  check_eager_state(got, want, momentum, [&](std::size_t i) {
+    std::size_t t = 0;
+    while (i >= L.offsets[t] + sizes[t]) ++t;
+    return local.tensors[t][i - L.offsets[t]];
   });
+}
+
+// The same with the fp32 mean (the wire holds 4 x the mean, scaled by 1/4:
+// exact), through the multi-tensor outer apply on the host executor, which
+// runs eager in blocks of 256 over each piece of its chunk table: tensors
+// larger than a block and than a chunk (8192), and small ones.
+void check_eager_fp32(bool momentum, float wd_shared, float wd_worker, std::uint64_t worker_step) {
+  const std::vector<std::size_t> fp32_sizes = {1, 300, 8500, 7, 513};
+  std::vector<std::size_t> offsets;
+  std::size_t total = 0;
+  for (auto n : fp32_sizes) {
+    offsets.push_back(total);
+    total += n;
+  }
+  std::mt19937 rng(23 + (momentum ? 100u : 0u) + static_cast<unsigned>(worker_step));
+  std::uniform_real_distribution<float> value(-2.0f, 2.0f);
+  std::vector<float> mean(total), wire(total);
+  for (std::size_t i = 0; i < total; ++i) {
+    mean[i] = value(rng);
+    wire[i] = mean[i] * 4.0f;
+  }
+  eager_state got(total, rng);
+  const auto want = eager_formulas(got, mean, momentum, wd_shared, wd_worker, worker_step);
+  std::vector<float*> ptrs;
+  for (auto off : offsets) ptrs.push_back(got.local.data() + off);  // the replica's tensors, in place
+  const dc::exec::chunk_table chunks(fp32_sizes);
+  const kn::merge::eager<kn::sgd_update> merge{{},      eager_outer(momentum, wd_worker, worker_step),
+                                               got.anchor.data(), got.own.data(),
+                                               momentum ? got.slots.data() : nullptr, total, eager_inv};
+  dc::exec::host ex;
+  ex.for_each_chunked(chunks.view(), kn::outer_applies<kn::sgd_update, decltype(merge)>{
+                                         eager_outer(momentum, wd_shared, 2), wire.data(), 0.25f, got.global.data(),
+                                         momentum ? got.state.data() : nullptr, total,
+                                         kn::tensor_ptrs{ptrs.data(), offsets.data()}, merge});
+  check_eager_state(got, want, momentum, [&](std::size_t i) { return got.local[i]; });
+}
+
+// f(momentum, wd_shared, wd_worker, worker_step) for momentum on and off
+// and weight decay on and off: the two steps agreeing (the engine's case:
+// the branch-free loop) at the worker's first step and a later one, then
+// differing in weight decay (the general loop).
+template <class F>
+void for_each_eager_case(F&& f) {
+  for (const bool momentum : {true, false})
+    for (const float wd : {0.0f, 0.05f}) {
+      CAPTURE(momentum);
+      CAPTURE(wd);
+      for (const std::uint64_t worker_step : {1u, 3u}) {
+        CAPTURE(worker_step);
+        f(momentum, wd, wd, worker_step);
+      }
+      f(momentum, wd, 0.05f - wd, 3);
+    }
 }
 
 }  // namespace
 
 TEST_CASE("decode-apply with eager's merge: the worker's step, then the shared one, as the formulas say") {
-  for (const bool momentum : {true, false})
-    for (const float wd : {0.0f, 0.05f}) {
-      CAPTURE(momentum);
-      CAPTURE(wd);
-      // The two steps agree (the engine's case: the branch-free loop), at
-      // the worker's first step and a later one.
-      for (const std::uint64_t worker_step : {1u, 3u}) {
-        CAPTURE(worker_step);
-        check_eager<dc::int8>(momentum, wd, wd, worker_step);
-        check_eager<dc::int4>(momentum, wd, wd, worker_step);
-      }
-      // They differ in weight decay: the general loop.
-      check_eager<dc::int8>(momentum, wd, 0.05f - wd, 3);
-      check_eager<dc::int4>(momentum, wd, 0.05f - wd, 3);
-    }
+  for_each_eager_case([](bool momentum, float wd_shared, float wd_worker, std::uint64_t worker_step) {
+    check_eager<dc::int8>(momentum, wd_shared, wd_worker, worker_step);
+    check_eager<dc::int4>(momentum, wd_shared, wd_worker, worker_step);
+  });
+}
+
+TEST_CASE("fp32 outer apply with eager's merge (multi-tensor pass, blocks of a range): as the formulas say") {
+  for_each_eager_case(check_eager_fp32);
 }

@@ -33,7 +33,9 @@ namespace diloco::exec {
 ///   synchronize()             wait for everything issued so far
 ///   for_each_chunked(t, m)    m.bind(k)(i) for every element of every tensor
 ///                             of chunk table t (exec/chunks.hpp): one
-///                             parallel region for a whole tensor list
+///                             parallel region for a whole tensor list (on
+///                             the host, f.range(begin, end) for a piece
+///                             where the bound functor f has that member)
 ///   transform_reduce_chunked(t, m)   the same, returning the sum in the
 ///                             fixed chunk/lane order exec/chunks.hpp defines
 ///
@@ -243,7 +245,10 @@ class host {
       const piece pc = t.pieces[p];
       const auto f = m.bind(pc.tensor);  // a local copy, as in for_each
       const std::size_t end = pc.begin + pc.count;
-      for (std::size_t i = pc.begin; i < end; ++i) f(i);
+      if constexpr (requires { f.range(pc.begin, end); })
+        f.range(pc.begin, end);  // the functor's own loop over a range (kernels::outer_apply with eager)
+      else
+        for (std::size_t i = pc.begin; i < end; ++i) f(i);
     }
   }
 

@@ -12,6 +12,7 @@
 
 #include "diloco/compress/block_layout.hpp"
 #include "diloco/core/macros.hpp"
+#include "diloco/kernels/eager_block.hpp"
 #include "diloco/kernels/exact_float.hpp"
 #include "diloco/kernels/host_simd.hpp"
 #include "diloco/kernels/merge.hpp"
@@ -295,13 +296,6 @@ struct gathered_decode_apply {
   }
 };
 
-/// Whether decode_apply runs Merge and Update in their branch-free forms:
-/// eager's merge with torch-SGD outer steps (kernels/sgd_update.hpp).
-template <class Merge, class Update>
-inline constexpr bool eager_sgd = false;
-template <class Step>
-inline constexpr bool eager_sgd<merge::eager<Step>, sgd_update> = std::is_same_v<Step, sgd_update>;
-
 /// Stage 6, per block: decode the averaged pseudo-gradient, apply the outer
 /// optimizer to the global parameters and copy them into the replica.
 /// Bytes per element, int8 and Nesterov: read ~9 (1 value, state, global),
@@ -345,60 +339,13 @@ struct decode_apply {
     if constexpr (eager_sgd<std::remove_cv_t<Merge>, std::remove_cv_t<Update>>) {
       // Eager's element runs two outer steps, the worker's own and the
       // shared one, four invariant branches in all: their branch-free forms,
-      // chosen here, let the loop vectorize (kernels/sgd_update.hpp).
-      bool done = false;
-      update.with_fixed_branches([&](auto fixed) {
-        using F = decltype(fixed);
-        if (!F::matches(m.step) || (s != nullptr) != F::has_momentum || (m.slots != nullptr) != F::has_momentum)
-          return;
-        eager_elements(fixed, F{m.step}, m.anchor, m.own, m.slots, m.inv_workers, g, l, dq, blk.len, s);
-        done = true;
-      });
-      if (done) return;
+      // chosen here, let the loop vectorize (kernels/eager_block.hpp).
+      if (eager_block<Codec::block>(update, m, g, l, dq, blk.len, s)) return;
     }
     elements(update, m, g, l, dq, blk.len, s, state_stride);
   }
 
  private:
-  // Eager's element loop: the shared step u and the worker's own step w
-  // (both branch-free forms). Compilers vectorize a loop over this many
-  // buffers only if they can tell the buffers apart, which they cannot here
-  // (restrict on a struct's members or an inlined function's parameters is
-  // lost, and run-time overlap checks stop at ten pairs); so the loop reads
-  // the buffers and writes the results to arrays of its own, which nothing
-  // else can alias, and short loops copy them out. The operations are
-  // apply_element's over merge::eager: the worker's advance, then the shared
-  // update; the replica keeps what advance gave it.
-  template <class U, class S>
-  DILOCO_HD DILOCO_FORCEINLINE static void eager_elements(const U& update_, const S& own_step, float* anchor,
-                                                          float* own, float* slots, float inv_workers, float* g,
-                                                          float* l, const float* dq, std::size_t n, float* s) {
-    static_assert(U::vector_state_slots == 1 && S::vector_state_slots == 1, "one slot per element (momentum)");
-    const U u = update_;
-    const S w = own_step;
-    constexpr std::size_t B = Codec::block;
-    float a_out[B], o_out[B], w_out[B], g_out[B], l_out[B], s_out[B];
-    for (std::size_t j = 0; j < n; ++j) {
-      float a = anchor[j], o = own[j], gj = g[j];
-      float ws = S::has_momentum ? slots[j] : 0.0f;
-      float ss = U::has_momentum ? s[j] : 0.0f;
-      l_out[j] = merge::eager<S>::advance_element(w, a, o, &ws, 1, inv_workers, dq[j], l[j]);
-      u(gj, dq[j], &ss, 1);
-      a_out[j] = a;
-      o_out[j] = o;
-      w_out[j] = ws;
-      g_out[j] = gj;
-      s_out[j] = ss;
-    }
-    for (std::size_t j = 0; j < n; ++j) anchor[j] = a_out[j];
-    for (std::size_t j = 0; j < n; ++j) own[j] = o_out[j];
-    for (std::size_t j = 0; j < n; ++j) g[j] = g_out[j];
-    for (std::size_t j = 0; j < n; ++j) l[j] = l_out[j];
-    if constexpr (S::has_momentum)
-      for (std::size_t j = 0; j < n; ++j) slots[j] = w_out[j];
-    if constexpr (U::has_momentum)
-      for (std::size_t j = 0; j < n; ++j) s[j] = s_out[j];
-  }
   template <class U, class M>
   DILOCO_HD DILOCO_FORCEINLINE static void elements(const U& update_, const M& merge_, float* DILOCO_RESTRICT g,
                                                     float* DILOCO_RESTRICT l, const float* DILOCO_RESTRICT dq,

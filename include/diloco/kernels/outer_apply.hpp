@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
+#include <type_traits>
 
 #include "diloco/core/macros.hpp"
+#include "diloco/kernels/eager_block.hpp"
 #include "diloco/kernels/exact_float.hpp"
 #include "diloco/kernels/merge.hpp"
 #include "diloco/kernels/vec4.hpp"
@@ -37,6 +40,25 @@ struct outer_apply {
                          l);
     global[i] = g;
     local[i] = l;
+  }
+
+  /// Elements [begin, end), for an executor that hands a functor whole
+  /// ranges where it has this member (exec::host's multi-tensor passes):
+  /// eager's merge with SGD-family steps, whose per-element loop does not
+  /// vectorize, runs in blocks of 256 in eager_block's form (the mean staged
+  /// first); a block whose steps do not fit that form runs per element.
+  void range(std::size_t begin, std::size_t end) const
+    requires(eager_sgd<std::remove_cv_t<Merge>, std::remove_cv_t<Update>>)
+  {
+    constexpr std::size_t B = 256;
+    float mean[B];
+    for (std::size_t i = begin; i < end; i += B) {
+      const std::size_t n = std::min(B, end - i);
+      for (std::size_t j = 0; j < n; ++j) mean[j] = mul_rn(reduced[i + j], scale);
+      if (eager_block<B>(update, merge.shifted(i), global + i, local + i, mean, n, state ? state + i : nullptr))
+        continue;
+      for (std::size_t j = i; j < i + n; ++j) (*this)(j);
+    }
   }
 
   /// Elements [i, i + 4) with 16-byte accesses (see vec4.hpp).
