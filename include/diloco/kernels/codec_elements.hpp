@@ -173,17 +173,15 @@ struct codec_elements<compress::blockwise_codec<Format, B, Rounding>> {
   /// computes them for it (the same float operations, the divisions made
   /// once in terms()); u is the element's draw (stochastic rounding).
   DILOCO_HD static void encode(float v, const factor_terms& f, float u, code& q, float& dq) {
+    if (normal(f)) return encode_normal(v, f, u, q, dq);
     constexpr auto g = grid<Format>();
     float r;
     if (f.zero) {
       r = 0.0f;
       dq = f.zero_dq;
-    } else if (f.normal) {
-      r = g.template round<stochastic>(v * f.inv, u);
-      dq = r * f.scale;
     } else {  // tiny blocks: see quantize_block
       r = g.template round<stochastic>(f.inv - f.inv == 0.0f ? v * f.inv : (v / f.amax) * levels, u);
-      dq = f.scale >= 1.17549435e-38f ? r * f.scale : (r * f.amax) / levels;
+      dq = dequantize(r, f.amax, levels);
     }
     q = g.code(r);
   }
@@ -204,7 +202,7 @@ struct codec_elements<compress::blockwise_codec<Format, B, Rounding>> {
   /// blockwise_codec::decode for one element, against its block's terms.
   DILOCO_HD static float decode(code q, const factor_terms& f) {
     constexpr auto g = grid<Format>();
-    return f.plain ? g.value(q) * f.scale : (g.value(q) * f.amax) / levels;
+    return f.plain ? decode_plain(q, f) : dequantize(g.value(q), f.amax, levels);
   }
   /// Whether decode is value(q) * scale for every code of the block.
   DILOCO_HD static bool plain(const factor_terms& f) { return f.plain; }
