@@ -64,6 +64,32 @@ TEST_CASE("bad options are config errors naming the option") {
   });
 }
 
+// The momenta's documented range, [0, 1) ((0, 1) for Nesterov), is enforced:
+// at 1 or more the buffer never forgets and grows without bound.
+TEST_CASE("a momentum of 1 or more is a config error naming the value and the range") {
+  solo([](dc::comm::threads& comm) {
+    std::vector<float> w(4);
+    CHECK_THROWS_WITH_AS(trainer(w, comm, {.outer = {.momentum = 1.0f}}),
+                         doctest::Contains("outer nesterov: momentum must lie in [0, 1), got 1"), dc::config_error);
+    CHECK_THROWS_WITH_AS(trainer(w, comm, {.outer = {.momentum = 1.5f}}),
+                         doctest::Contains("outer nesterov: momentum must lie in [0, 1), got 1.5"), dc::config_error);
+    using sgd_trainer = dc::algorithm<dc::inner::sgd, dc::outer::sgd, dc::compress::none, dc::comm::threads>;
+    CHECK_THROWS_WITH_AS(sgd_trainer(w, comm, {.inner = {.lr = 0.1f, .momentum = 7.0f}}),
+                         doctest::Contains("inner sgd: momentum must lie in [0, 1), got 7"), dc::config_error);
+    CHECK_THROWS_WITH_AS(sgd_trainer(w, comm, {.outer = {.momentum = 1.0f}}),
+                         doctest::Contains("outer sgd: momentum must lie in [0, 1), got 1"), dc::config_error);
+    CHECK_THROWS_WITH_AS(sgd_trainer(w, comm, {.inner = {.lr = 0.1f, .momentum = -0.5f}}),
+                         doctest::Contains("inner sgd: momentum must be a finite number >= 0, got -0.5"),
+                         dc::config_error);
+    CHECK_THROWS_WITH_AS(sgd_trainer(w, comm, {.inner = {.lr = 0.1f, .momentum = std::numeric_limits<float>::infinity()}}),
+                         doctest::Contains("inner sgd: momentum must be a finite number >= 0, got inf"),
+                         dc::config_error);
+    // Just below 1 is still accepted, as is 0 where no Nesterov is asked for.
+    CHECK_NOTHROW(trainer(w, comm, {.outer = {.momentum = 0.999f}}));
+    CHECK_NOTHROW(sgd_trainer(w, comm, {.inner = {.lr = 0.1f, .momentum = 0.99f}, .outer = {.momentum = 0.0f}}));
+  });
+}
+
 TEST_CASE("zero workers is a config error") {
   CHECK_THROWS_WITH_AS(dc::comm::threads::world(0), doctest::Contains("needs at least 1 worker, got 0"),
                        dc::config_error);

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "diloco/core/optimizer_role.hpp"
+#include "diloco/core/validate.hpp"
 #include "diloco/kernels/sgd_policy.hpp"
 #include "diloco/core/macros.hpp"
 
@@ -44,6 +45,9 @@ struct sgd {
   /// Throws config_error naming the first option out of range.
   static void validate(const options& o) {
     kernels::validate_sgd(o, "inner sgd");
+    // At 1 or more the momentum buffer never forgets a gradient and grows
+    // without bound: the documented range is [0, 1).
+    detail::require_unit_interval(o.momentum, "inner sgd: momentum");
     detail::require_non_negative(o.max_grad_norm, "inner sgd: max_grad_norm");
   }
   /// One state slot per parameter (the momentum buffer), none without momentum.

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "diloco/core/optimizer_role.hpp"
+#include "diloco/core/validate.hpp"
 #include "diloco/kernels/sgd_policy.hpp"
 #include "diloco/core/macros.hpp"
 
@@ -48,7 +49,12 @@ struct nesterov {
   static sgd_view as_sgd(const options& o) { return {o.lr, o.momentum, 0.0f, 0.0f, true}; }
 
   /// Throws config_error naming the first option out of range.
-  static void validate(const options& o) { kernels::validate_sgd(as_sgd(o), "outer nesterov"); }
+  static void validate(const options& o) {
+    kernels::validate_sgd(as_sgd(o), "outer nesterov");  // momentum > 0 among them
+    // At 1 or more the momentum buffer never forgets a round and grows
+    // without bound: the documented range is (0, 1).
+    detail::require_unit_interval(o.momentum, "outer nesterov: momentum");
+  }
   /// One state slot per parameter: the momentum buffer b.
   static std::size_t state_slots(const options&) { return 1; }
   /// The element step for outer round `step` (from 1; the first sets b = d).

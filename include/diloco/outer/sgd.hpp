@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "diloco/core/optimizer_role.hpp"
+#include "diloco/core/validate.hpp"
 #include "diloco/kernels/sgd_policy.hpp"
 #include "diloco/core/macros.hpp"
 
@@ -41,7 +42,12 @@ struct sgd {
   using update = kernels::sgd_update;  ///< the per-element step the executor runs
 
   /// Throws config_error naming the first option out of range.
-  static void validate(const options& o) { kernels::validate_sgd(o, "outer sgd"); }
+  static void validate(const options& o) {
+    kernels::validate_sgd(o, "outer sgd");
+    // At 1 or more the momentum buffer never forgets a round and grows
+    // without bound: the documented range is [0, 1).
+    detail::require_unit_interval(o.momentum, "outer sgd: momentum");
+  }
   /// One state slot per parameter (the momentum buffer), none without momentum.
   static std::size_t state_slots(const options& o) { return o.momentum != 0.0f ? 1 : 0; }
   /// The element step for outer round `step` (from 1).
