@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
+#
+# usage: diloco-launch N [options] -- program [args...]
+# (installed as bin/diloco-launch; scripts/launch_gloo.sh in a source tree)
+#
 # Starts N local processes of a program as the ranks of a comm::gloo world,
 # like torchrun does for PyTorch: each gets DILOCO_RANK, DILOCO_WORLD_SIZE,
 # DILOCO_STORE, DILOCO_RUN_ID (and DILOCO_HOSTNAME / DILOCO_IFACE /
-# DILOCO_TIMEOUT_MS when given), which diloco::comm::gloo::from_env() reads.
+# DILOCO_TIMEOUT_MS when given), which diloco::comm::gloo::from_env() reads,
+# and LOCAL_RANK (0 to N-1 on this host) and LOCAL_WORLD_SIZE (N), as
+# torchrun sets them, for a GPU program to pick its device.
 # Output lines are prefixed with the rank. If a rank fails (a non-zero exit
 # or a death by a signal, reported as "rank 1 killed by SIGSEGV"), the
 # others are stopped and the launcher exits with the first failed rank's
@@ -20,8 +26,6 @@
 # last run succeeded, else with the status of the first rank that failed
 # for good.
 #
-#   scripts/launch_gloo.sh N [options] -- program [args...]
-#
 #   --store URL      file:///shared/dir or redis://host:port
 #                    (default: a fresh temporary directory, removed at exit)
 #   --run-id ID      keys of this run in the store (default: a new one per launch)
@@ -35,11 +39,14 @@
 #   --max-restarts K restart a failed rank up to K times (default 0)
 set -euo pipefail
 
-usage() {  # usage STATUS: the header above, to stdout for --help
+prog=${0##*/}    # diloco-launch installed, launch_gloo.sh in the tree
+launcher=$BASHPID  # subshells that inherit the traps below must not run them
+
+usage() {  # usage STATUS: the header above from its usage line, to stdout for --help
   if (($1 == 0)); then
-    sed -n '2,/^set -e/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+    sed -n '/^# usage:/,/^set -e/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
   else
-    sed -n '2,/^set -e/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2
+    sed -n '/^# usage:/,/^set -e/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2
   fi
   exit "$1"
 }
@@ -48,7 +55,7 @@ usage() {  # usage STATUS: the header above, to stdout for --help
 case "$1" in -h | --help) usage 0 ;; esac
 nprocs=$1
 shift
-[[ $nprocs =~ ^[1-9][0-9]*$ ]] || { echo "launch_gloo.sh: N must be a positive integer, got '$nprocs'" >&2; exit 2; }
+[[ $nprocs =~ ^[1-9][0-9]*$ ]] || { echo "$prog: N must be a positive integer, got '$nprocs'" >&2; exit 2; }
 
 store="" run_id="" hostname="" iface="" timeout_ms="" first_rank=0 world_size="" elastic=0 max_restarts=0
 while (($#)); do
@@ -64,12 +71,12 @@ while (($#)); do
     --elastic) elastic=1; shift ;;
     --max-restarts) max_restarts=${2:?--max-restarts needs a value}; shift 2 ;;
     -h | --help) usage 0 ;;
-    *) echo "launch_gloo.sh: unknown option '$1' (the program goes after --)" >&2; exit 2 ;;
+    *) echo "$prog: unknown option '$1' (the program goes after --)" >&2; exit 2 ;;
   esac
 done
-(($# >= 1)) || { echo "launch_gloo.sh: no program given after --" >&2; exit 2; }
+(($# >= 1)) || { echo "$prog: no program given after --" >&2; exit 2; }
 world_size=${world_size:-$nprocs}
-[[ $max_restarts =~ ^[0-9]+$ ]] || { echo "launch_gloo.sh: --max-restarts must be a non-negative integer, got '$max_restarts'" >&2; exit 2; }
+[[ $max_restarts =~ ^[0-9]+$ ]] || { echo "$prog: --max-restarts must be a non-negative integer, got '$max_restarts'" >&2; exit 2; }
 ((max_restarts > 0)) && elastic=1
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/launch_gloo.XXXXXX")
@@ -82,14 +89,17 @@ run_id=${run_id:-run-$(date +%s)-$$}
 pids=()      # each rank's wrapper: the leader of the rank's process group
 all_pids=()  # every wrapper started, restarted ranks' earlier ones included
 sed_pids=()  # the prefixing filters, waited for at the end so no output is lost
-watchdog=""
+kill_at=""   # when (EPOCHREALTIME in microseconds) the stopped ranks get KILL
 stop_ranks() {  # stop_ranks SIGNAL: signal every rank's whole process group
   local pid
   for pid in "${all_pids[@]}"; do kill "-$1" -- "-$pid" 2>/dev/null || true; done
 }
 cleanup() {
+  # A subshell forked from the launcher (a rank's wrapper, a command
+  # substitution) that is signalled before bash resets its traps runs them:
+  # only the launcher cleans up.
+  [[ $BASHPID == "$launcher" ]] || return 0
   stop_ranks TERM
-  if [[ -n $watchdog ]]; then kill "$watchdog" 2>/dev/null || true; fi
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -123,6 +133,7 @@ start_rank() {  # start_rank I: (re)start the I-th rank of this launch
     exec {out_fd}>&-  # stdout and stderr hold the FIFO; no third copy
     export DILOCO_RANK=$rank DILOCO_WORLD_SIZE=$world_size DILOCO_STORE=$store DILOCO_RUN_ID=$run_id
     export DILOCO_LOCAL_WORLD_SIZE=$nprocs  # the ranks this launcher starts share this host
+    export LOCAL_RANK=$i LOCAL_WORLD_SIZE=$nprocs  # torchrun's names: a GPU program's device
     [[ -n $hostname ]] && export DILOCO_HOSTNAME=$hostname
     [[ -n $iface ]] && export DILOCO_IFACE=$iface
     [[ -n $timeout_ms ]] && export DILOCO_TIMEOUT_MS=$timeout_ms
@@ -175,14 +186,14 @@ while ((remaining > 0)); do
     fi
     if ((rc != 0 && elastic && ${restarts[$i]:-0} < max_restarts)); then
       restarts[$i]=$((${restarts[$i]:-0} + 1))
-      echo "launch_gloo.sh: rank $rank $(describe "$rc"); restarting it (restart ${restarts[$i]} of $max_restarts)" >&2
+      echo "$prog: rank $rank $(describe "$rc"); restarting it (restart ${restarts[$i]} of $max_restarts)" >&2
       start_rank "$i" "$@"
       continue
     fi
     finished[$i]=1
     remaining=$((remaining - 1))
     if ((rc != 0 && elastic)); then
-      echo "launch_gloo.sh: rank $rank $(describe "$rc")$( ((max_restarts > 0)) && echo ", no restarts left"); the others go on" >&2
+      echo "$prog: rank $rank $(describe "$rc")$( ((max_restarts > 0)) && echo ", no restarts left"); the others go on" >&2
       ((status == 0)) && status=$rc
     elif ((rc != 0 && status == 0)); then
       # Several ranks may have ended since the last look: keep the earliest.
@@ -194,14 +205,17 @@ while ((remaining > 0)); do
   done
   if [[ -n $first ]]; then
     status=$first_rc
-    echo "launch_gloo.sh: rank $first $(describe "$first_rc"); stopping the others" >&2
+    echo "$prog: rank $first $(describe "$first_rc"); stopping the others" >&2
     stop_ranks TERM
-    # Detached from our output, so that nothing waits on it.
-    (
-      sleep 5
-      stop_ranks KILL
-    ) </dev/null >/dev/null 2>&1 &
-    watchdog=$!
+    kill_at=$((${EPOCHREALTIME//[.,]/} + 5000000))
+  fi
+  # KILL what TERM did not stop in 5 s. Here rather than in a background
+  # subshell: a subshell is a copy of the launcher, job table included, and
+  # when TERM reached it before it had reset the launcher's traps it ran
+  # them, printing "wait_for: No record of process N".
+  if [[ -n $kill_at ]] && ((${EPOCHREALTIME//[.,]/} >= kill_at)); then
+    stop_ranks KILL
+    kill_at=""
   fi
   ((remaining > 0)) && sleep 0.05
 done
