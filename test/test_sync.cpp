@@ -7,6 +7,7 @@
 // theta_global; bad options are config_errors.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -17,6 +18,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "threads_link.hpp"
@@ -433,7 +435,8 @@ TEST_CASE("one-step delay and eager: three rounds against the definitions in dou
       ref_global.push_back(global);
       for (int m = 0; m < M; ++m) ref_local[static_cast<std::size_t>(m)].push_back(w[static_cast<std::size_t>(m)]);
     }
-    const auto lib = is_eager ? run_library<dc::sync::eager>(sizes, steps, H, {})
+    // outer_lr names the reference's 0.7: eager's default follows M.
+    const auto lib = is_eager ? run_library<dc::sync::eager>(sizes, steps, H, {.outer_lr = static_cast<float>(outer_lr)})
                               : run_library<dc::sync::one_step_delay>(sizes, steps, H, {});
     check_against(lib, ref_global, ref_local);
     CHECK(outer.steps == 3);
@@ -826,4 +829,132 @@ TEST_CASE("a chained exchange (comm::threads) runs every stage on the progress t
     CHECK(std::memcmp(result[static_cast<std::size_t>(2 * m)].data(), result[static_cast<std::size_t>(2 * m + 1)].data(),
                       result[0].size() * sizeof(float)) == 0);
   CHECK(std::memcmp(result[0].data(), result[2].data(), result[0].size() * sizeof(float)) == 0);
+}
+
+// ------------------------------------------- eager's outer lr and its bound
+// docs/algorithms.md section 4: with M identical workers on f(θ) = θ²/2 and
+// inner phases that reach the optimum (inner SGD at lr 1, H = 1: k = 1
+// exactly), eager's round is the linear recurrence whose characteristic
+// polynomial z(z − 1)(z − μ) + a(z/M + 1 − 1/M)((1 + μ)z − μ) has all roots
+// inside the unit circle for η < the bound. The bounds below are from
+// scripts/eager_stability.py (numpy.roots and bisection), independently of
+// the library's Jury test; M = 1 is blocking DiLoCo's 2(1 + μ)/(1 + 2μ).
+namespace {
+
+constexpr double bound_m1 = 1.357142857142857, bound_m2 = 0.7697122038674128, bound_m4 = 0.4159738691908294,
+                 bound_m8 = 0.3202523863996654;
+
+using quad_trainer = dc::algorithm<dc::inner::sgd, dc::outer::nesterov, dc::compress::none, dc::comm::threads,
+                                   dc::sync::eager>;
+
+struct quad_run {
+  double first = 0.0;  // |θ| at the start
+  double tail = 0.0;   // max |θ| over the replica and θ_g in the last 20 rounds
+  std::vector<dc::event> warnings;  // rank 0's warning events
+};
+
+// M workers, θ = 1, `rounds` rounds of one inner SGD step at lr 1 on θ²/2.
+quad_run run_quadratic(int workers, int rounds, dc::algorithm_options<dc::inner::sgd, dc::outer::nesterov, dc::compress::none,
+                                                                 dc::sync::eager>
+                                              opts) {
+  quad_run out;
+  std::mutex lock_warnings;
+  dc::comm::threads::world world(workers);
+  world.run([&](dc::comm::threads& comm) {
+    std::vector<float> w{1.0f};
+    auto o = opts;
+    o.inner_steps = 1;
+    o.inner = {.lr = 1.0f};
+    o.on_event = [&](const dc::event& e) {
+      if (e.kind != dc::event_kind::warning || comm.rank() != 0) return;
+      const std::lock_guard lock(lock_warnings);
+      out.warnings.push_back(e);
+    };
+    quad_trainer t(w, comm, o);
+    double tail = 0.0;
+    for (int r = 0; r < rounds; ++r) {
+      t.step(std::vector<float>{w[0]});
+      if (r >= rounds - 20)
+        tail = std::max({tail, std::abs(static_cast<double>(w[0])),
+                         std::abs(static_cast<double>(t.global_parameters().data()[0]))});
+    }
+    if (comm.rank() == 0) {
+      out.first = 1.0;
+      out.tail = tail;
+    }
+  });
+  return out;
+}
+
+bool converges(const quad_run& r) { return r.tail < 1e-2 * r.first; }
+bool diverges(const quad_run& r) { return r.tail > 1e2 * r.first; }
+
+}  // namespace
+
+TEST_CASE("eager's stability bound on the quadratic matches numpy.roots (Nesterov 0.9; plain SGD: M/(M - 1))") {
+  const dc::sync::outer_momentum nest{.momentum = 0.9, .nesterov = true};
+  CHECK(dc::sync::eager_lr_bound(1, nest) == doctest::Approx(bound_m1).epsilon(1e-9));
+  CHECK(dc::sync::eager_lr_bound(2, nest) == doctest::Approx(bound_m2).epsilon(1e-9));
+  CHECK(dc::sync::eager_lr_bound(4, nest) == doctest::Approx(bound_m4).epsilon(1e-9));
+  CHECK(dc::sync::eager_lr_bound(8, nest) == doctest::Approx(bound_m8).epsilon(1e-9));
+  CHECK(dc::sync::eager_lr_bound(1, nest) == doctest::Approx(2.0 * 1.9 / 2.8).epsilon(1e-9));
+  // Without momentum the round is z² − (1 − a/M)z + a(1 − 1/M): stable for a < M/(M − 1), and a < 2 at M = 1.
+  const dc::sync::outer_momentum plain{};
+  CHECK(dc::sync::eager_lr_bound(1, plain) == doctest::Approx(2.0).epsilon(1e-9));
+  for (const std::size_t n : {2u, 4u, 8u})
+    CHECK(dc::sync::eager_lr_bound(n, plain) == doctest::Approx(double(n) / double(n - 1)).epsilon(1e-9));
+}
+
+TEST_CASE("eager on the quadratic: M = 2 converges and M = 4 diverges at outer lr 0.7; M = 4 converges at 0.35") {
+  CHECK(converges(run_quadratic(2, 300, {.sync = {.outer_lr = 0.7f}})));
+  CHECK(diverges(run_quadratic(4, 300, {.sync = {.outer_lr = 0.7f}})));
+  CHECK(converges(run_quadratic(4, 300, {.outer = {.lr = 0.35f}})));
+}
+
+TEST_CASE("eager on the quadratic: 5 % below the bound converges, 5 % above diverges (M = 2 and 4)") {
+  for (const auto& [workers, bound] : {std::pair{2, bound_m2}, std::pair{4, bound_m4}}) {
+    CAPTURE(workers);
+    CHECK(converges(run_quadratic(workers, 2000, {.outer = {.lr = static_cast<float>(0.95 * bound)}})));
+    CHECK(diverges(run_quadratic(workers, 2000, {.outer = {.lr = static_cast<float>(1.05 * bound)}})));
+  }
+}
+
+TEST_CASE("eager's default outer lr: 0.8 x the bound for M, capped at the optimizer's default; it converges") {
+  using dc::sync::resolve_eager_outer_lr;
+  const auto at = [](std::size_t n) { return resolve_eager_outer_lr<dc::outer::nesterov>({}, {}, n); };
+  CHECK(at(1).lr == 0.7f);  // 0.8 x 1.357 is above 0.7: DiLoCo's default stays
+  CHECK(at(1).automatic);
+  CHECK(at(2).lr == doctest::Approx(0.8 * bound_m2).epsilon(1e-6));
+  CHECK(at(4).lr == doctest::Approx(0.8 * bound_m4).epsilon(1e-6));
+  CHECK(at(8).lr == doctest::Approx(0.8 * bound_m8).epsilon(1e-6));
+  // Set lrs are honoured, above the bound too; outer_lr wins over outer.lr.
+  CHECK(resolve_eager_outer_lr<dc::outer::nesterov>({}, {.lr = 0.5f}, 4).lr == 0.5f);
+  CHECK_FALSE(resolve_eager_outer_lr<dc::outer::nesterov>({}, {.lr = 0.5f}, 4).automatic);
+  CHECK(resolve_eager_outer_lr<dc::outer::nesterov>({.outer_lr = 0.7f}, {.lr = 0.5f}, 4).lr == 0.7f);
+  // Outer SGD (lr 1, no momentum: averaging) keeps lr 1 while 0.8 M/(M - 1) is above it.
+  CHECK(resolve_eager_outer_lr<dc::outer::sgd>({}, {}, 4).lr == 1.0f);
+  CHECK(resolve_eager_outer_lr<dc::outer::sgd>({}, {}, 8).lr == doctest::Approx(0.8 * 8.0 / 7.0).epsilon(1e-6));
+  // The runs: before the default followed M, M = 4 and 8 ran at 0.7 and diverged.
+  for (const int workers : {2, 4, 8}) {
+    CAPTURE(workers);
+    const quad_run r = run_quadratic(workers, 300, {});
+    CHECK(converges(r));
+    CHECK(r.warnings.empty());
+  }
+}
+
+TEST_CASE("eager: a set outer lr above the bound runs as set and is reported as a warning event") {
+  const quad_run above = run_quadratic(4, 40, {.sync = {.outer_lr = 0.7f}});
+  REQUIRE(above.warnings.size() == 1);
+  const dc::event& e = above.warnings[0];
+  CHECK(e.world == 4);
+  CHECK(e.inner_step == 0);  // at construction
+  CHECK(e.problem.find("outer lr 0.7") != std::string::npos);
+  CHECK(e.problem.find("stability bound 0.41597") != std::string::npos);
+  CHECK(e.problem.find("4 workers") != std::string::npos);
+  CHECK(run_quadratic(4, 40, {.outer = {.lr = 0.5f}}).warnings.size() == 1);
+  CHECK(run_quadratic(4, 40, {.outer = {.lr = 0.35f}}).warnings.empty());
+  CHECK(run_quadratic(2, 40, {.sync = {.outer_lr = 0.7f}}).warnings.empty());
+  CHECK_THROWS_WITH_AS(run_quadratic(2, 1, {.sync = {.outer_lr = -1.0f}}),
+                       doctest::Contains("sync::eager: outer_lr must be finite and >= 0"), dc::config_error);
 }

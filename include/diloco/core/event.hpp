@@ -34,6 +34,7 @@ enum class event_kind : std::uint8_t {
   rejected,    ///< a reduction was refused (non-finite pseudo-gradient, corrupt bytes); the call raises
   aborted,     ///< reductions in flight were dropped because a collective failed (elastic groups)
   membership,  ///< the group re-formed (a leave, a join, a recovery from a dead peer), or this worker left
+  warning,     ///< a setting that may make training fail, used as set (sync::eager's outer lr above its bound)
 };
 
 /// The kind's name ("round", "rejected", ...), as event_json_line writes it.
@@ -43,13 +44,14 @@ inline const char* to_string(event_kind k) {
     case event_kind::rejected: return "rejected";
     case event_kind::aborted: return "aborted";
     case event_kind::membership: return "membership";
+    case event_kind::warning: return "warning";
   }
   return "unknown";
 }
 
 /// One report to the user's hook (algorithm_options::on_event): a round applied or rejected,
-/// reductions aborted, or the group re-formed. One struct for every kind; a hook switches on
-/// `kind`; each field says which kinds fill it.
+/// reductions aborted, the group re-formed, or a risky setting used as set. One struct for
+/// every kind; a hook switches on `kind`; each field says which kinds fill it.
 struct event {
   event_kind kind = event_kind::round;  ///< what happened
   ///@{
@@ -87,6 +89,9 @@ struct event {
   /// rejected: why (the message the call raises), and whether it was for
   /// corrupt bytes (format_error) rather than non-finite numbers
   /// (numeric_error). aborted: the failure that aborted the reductions.
+  /// warning: what the setting is, why it is risky and what the default
+  /// would be (sync::eager: "outer lr 0.7 is above the stability bound
+  /// 0.416 for 4 workers ...", at construction and when the group re-forms).
   std::string problem;
   bool corrupt = false;
   ///@}

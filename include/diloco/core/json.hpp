@@ -167,6 +167,9 @@ inline void to_json(nlohmann::json& j, const event& e) {
       j["joined"] = e.joined;
       j["after_failure"] = e.after_failure;
       return;
+    case event_kind::warning:
+      j["problem"] = e.problem;
+      return;
   }
 }
 

@@ -1,6 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <optional>
+#include <span>
+
+#include "diloco/core/error.hpp"
 #include "diloco/sync/concepts.hpp"
 #include "diloco/sync/plan.hpp"
 #include "diloco/sync/whole_model.hpp"
@@ -18,8 +25,155 @@ namespace diloco::sync {
 /// progress enters its replica exactly once. finish() and a refused round
 /// re-join the replica and its outer state to the shared ones.
 /// docs/algorithms.md section 4 compares this with the paper.
+///
+/// Its outer learning rate. Each worker's fresh share weighs 1/M in its own
+/// step, so as M grows eager slides from blocking DiLoCo towards the naive
+/// delayed step, whose stable outer lr is far lower: on f(θ) = θ²/2 with
+/// outer Nesterov 0.9 the largest stable lr is 1.36 at M = 1, 0.77 at M = 2,
+/// 0.42 at M = 4 and 0.32 at M = 8 (eager_lr_bound; docs/algorithms.md
+/// section 4 derives it). So an outer lr left unset defaults to
+/// min(the outer optimizer's default lr, eager_lr_safety × eager_lr_bound(M))
+/// for the group's current M, and follows M when an elastic group re-forms.
+/// Unset means: options::outer_lr is 0 and the outer optimizer's lr is still
+/// its default (0.7 for outer::nesterov, 1 for outer::sgd; a float cannot
+/// say whether it was written, so an lr written equal to the default counts
+/// as unset: set options::outer_lr to run at exactly that value). An lr that
+/// is set is honoured; above the bound it is reported through the event hook
+/// (event_kind::warning) once per group size. Outer optimizers that are not
+/// SGD-like (no momentum/dampening/nesterov options) have no bound: their lr
+/// is used as given.
 struct eager : whole_model_schedule<schedule_kind::delayed, true> {
   static constexpr const char* name = "eager";  ///< the schedule's name in messages, checkpoint headers and reports
+
+  /// The schedule's numbers (agreed across ranks).
+  struct options {
+    /// The outer lr this schedule runs with (θ_g's step and each worker's),
+    /// in place of the outer optimizer's lr; 0: not set (see sync::eager).
+    float outer_lr = 0.0f;
+    /// Every field by name (core/options.hpp's visit_options customisation point).
+    template <class F>
+    friend void visit_options(const options& o, F&& f) {
+      f("outer_lr", o.outer_lr);
+    }
+  };
+
+  /// Throws config_error unless outer_lr is finite and >= 0.
+  static void validate(const options& o, std::size_t, std::size_t) {
+    if (!(o.outer_lr >= 0.0f) || !std::isfinite(o.outer_lr))
+      ::diloco::detail::raise<config_error>("sync::eager: outer_lr must be finite and >= 0 (0: the stable default for the "
+                                  "group's size), got ",
+                                  o.outer_lr);
+  }
+  /// One fragment holding every tensor, applied after every H-th step.
+  static fragment_plan plan(const options&, std::size_t H, std::span<const std::size_t> sizes) {
+    return fragment_plan::make(H, 1, 0, fragment_assignment::contiguous, sizes, "a whole-model schedule");
+  }
 };
+
+/// The outer step as eager_lr_bound reads it: SGD's momentum, dampening and
+/// Nesterov flag (weight decay is left out: DiLoCo's outer step has none).
+struct outer_momentum {
+  double momentum = 0.0;   ///< μ
+  double dampening = 0.0;  ///< τ (0 under Nesterov)
+  bool nesterov = false;   ///< Nesterov's look-ahead
+};
+
+/// The default outer lr is this fraction of eager_lr_bound. On the quadratic
+/// with Nesterov 0.9 the round's spectral radius is flat below the bound
+/// (0.90 to 0.98 from 0.3 to 0.8 of it, set by the momentum), so 0.8 keeps
+/// slow directions (k < 1) fast while staying 20 % inside the bound
+/// (docs/algorithms.md section 4; scripts/eager_stability.py).
+inline constexpr double eager_lr_safety = 0.8;
+
+namespace detail_eager {
+
+/// Whether every root of z³ + c2·z² + c1·z + c0 lies strictly inside the
+/// unit circle (Jury's conditions for a real cubic).
+inline bool schur_stable_cubic(double c2, double c1, double c0) {
+  const double at_one = 1.0 + c2 + c1 + c0;
+  const double at_minus_one = -1.0 + c2 - c1 + c0;
+  return at_one > 0.0 && at_minus_one < 0.0 && std::abs(c0) < 1.0 && std::abs(c1 - c0 * c2) < 1.0 - c0 * c0;
+}
+
+/// Whether eager's round on θ²/2 is stable at a = η·k with w = 1/M: the
+/// round's characteristic polynomial (docs/algorithms.md section 4)
+///   z(z − 1)(z − μ) + a·(w·z + 1 − w)·(n1·z + n0),
+/// n1 = 1 + μ, n0 = −μ under Nesterov; n1 = 1 − τ, n0 = 0 for heavy ball.
+inline bool eager_round_stable(double a, double w, const outer_momentum& o) {
+  const double mu = o.momentum;
+  const double n1 = o.nesterov ? 1.0 + mu : 1.0 - o.dampening;
+  const double n0 = o.nesterov ? -mu : 0.0;
+  return schur_stable_cubic(-(1.0 + mu) + a * w * n1, mu + a * (w * n0 + (1.0 - w) * n1), a * (1.0 - w) * n0);
+}
+
+}  // namespace detail_eager
+
+/// The largest outer lr η for which eager's round on f(θ) = θ²/2 is stable
+/// when each inner phase reaches the optimum (k = 1 − (1 − γ)^H = 1, the
+/// worst case of a contracting inner phase: the bound on η is this / k), with
+/// M workers: the first η > 0 at which a root of the round's characteristic
+/// polynomial leaves the unit circle (a scan in steps of 1/1024, then
+/// bisection). 1.357 at M = 1 (2(1 + μ)/(1 + 2μ), blocking DiLoCo), 0.770
+/// at M = 2, 0.416 at M = 4, 0.320 at M = 8 for Nesterov 0.9; infinity when
+/// no lr up to 64 is unstable.
+inline double eager_lr_bound(std::size_t workers, const outer_momentum& o) {
+  const double w = 1.0 / static_cast<double>(workers < 1 ? 1 : workers);
+  constexpr double step = 1.0 / 1024.0, top = 64.0;
+  double lo = 0.0;
+  for (double a = step; a <= top; a += step) {
+    if (detail_eager::eager_round_stable(a, w, o)) {
+      lo = a;
+      continue;
+    }
+    double hi = a;
+    for (int i = 0; i < 60; ++i) {
+      const double mid = 0.5 * (lo + hi);
+      (detail_eager::eager_round_stable(mid, w, o) ? lo : hi) = mid;
+    }
+    return lo;
+  }
+  return std::numeric_limits<double>::infinity();
+}
+
+/// The outer step of an outer optimizer's options, when it is SGD-like
+/// (outer::nesterov through as_sgd, outer::sgd and inner::sgd through their
+/// fields); nullopt for any other (no bound is known).
+template <class Outer>
+std::optional<outer_momentum> outer_momentum_of(const typename Outer::options& o) {
+  if constexpr (requires { Outer::as_sgd(o); }) {
+    const auto v = Outer::as_sgd(o);
+    return outer_momentum{v.momentum, v.dampening, v.nesterov};
+  } else if constexpr (requires {
+                         o.momentum;
+                         o.dampening;
+                         o.nesterov;
+                       }) {
+    return outer_momentum{o.momentum, o.dampening, o.nesterov};
+  } else {
+    return std::nullopt;
+  }
+}
+
+/// The outer lr sync::eager runs with at M workers, and why.
+struct eager_outer_lr {
+  float lr = 0.0f;       ///< the lr both outer steps take
+  double bound = 0.0;    ///< eager_lr_bound(M) (infinity where none is known)
+  bool automatic = false;  ///< true: the default for M; false: the lr set by the user
+};
+
+/// The outer lr of sync::eager at M workers (see sync::eager): options::outer_lr
+/// when set, else the outer optimizer's lr when it is not its default, else
+/// min(default, eager_lr_safety × eager_lr_bound(M)).
+template <class Outer>
+eager_outer_lr resolve_eager_outer_lr(const eager::options& so, const typename Outer::options& oo,
+                                      std::size_t workers) {
+  const std::optional<outer_momentum> shape = outer_momentum_of<Outer>(oo);
+  const double bound = shape ? eager_lr_bound(workers, *shape) : std::numeric_limits<double>::infinity();
+  const float preset = typename Outer::options{}.lr;
+  if (so.outer_lr > 0.0f) return {so.outer_lr, bound, false};
+  if (oo.lr != preset || !shape) return {oo.lr, bound, false};
+  const double safe = eager_lr_safety * bound;
+  return {safe < static_cast<double>(preset) ? static_cast<float>(safe) : preset, bound, true};
+}
 
 }  // namespace diloco::sync
