@@ -12,6 +12,7 @@
 // field of its own.
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -131,6 +132,118 @@ inline agreement_outcome compare_agreement(const std::vector<std::vector<agreeme
     if (differ) out.per_rank.push_back({name, v});
   }
   return out;
+}
+
+// ------------------------------------------------------------ positions
+// Where the ranks must stand at the same point of training: each
+// reduction's begin and finish(). Every rank sends this fixed-size record
+// (one small all-gather) and every rank compares the same bytes, so all
+// raise or none does. A rank that took more or fewer inner steps than the
+// others would otherwise pair its collectives with theirs silently (over
+// threads) or leave a peer waiting on a closed connection (over Gloo).
+enum class position_kind : std::uint64_t { begin = 1, finish = 2 };
+
+struct position_record {
+  std::uint64_t kind = 0;        // position_kind
+  std::uint64_t position = 0;    // inner steps taken (the schedule's clock)
+  std::uint64_t rounds = 0;      // reductions applied so far
+  std::uint64_t fragment = 0;    // begin: the fragment whose reduction begins
+  std::uint64_t non_finite = 0;  // begin, delayed schedules: non-finite values in the replica
+};
+
+inline std::string position_text(const position_record& r) {
+  if (r.kind == static_cast<std::uint64_t>(position_kind::finish))
+    return concat("inner step ", r.position, " (finish(), ", r.rounds, " rounds applied)");
+  if (r.kind == static_cast<std::uint64_t>(position_kind::begin))
+    return concat("inner step ", r.position, " (beginning a reduction of fragment ", r.fragment, ", ", r.rounds,
+                  " rounds applied)");
+  return concat("an unknown point (record kind ", r.kind, "; are all ranks running the same program?)");
+}
+
+// Empty when every rank stands where rank 0 does; else the state_error
+// every rank raises, naming each rank's inner step count.
+inline std::string compare_positions(const std::vector<position_record>& ranks) {
+  bool same = true;
+  for (const auto& r : ranks)
+    same = same && r.kind == ranks.at(0).kind && r.position == ranks[0].position && r.rounds == ranks[0].rounds &&
+           r.fragment == ranks[0].fragment;
+  if (same) return {};
+  std::string each;
+  for (std::size_t r = 0; r < ranks.size(); ++r)
+    each += concat(r ? ", " : "", "rank ", r, " at ", position_text(ranks[r]));
+  return concat("ranks are at different points of training: ", each,
+                "; every rank must take the same number of inner steps (step() and inner_step() calls) and call "
+                "outer_round() and finish() at the same points; every rank raises this");
+}
+
+// Empty when no rank's replica held non-finite values at the round's begin;
+// else the problem of the refused round, naming each such rank.
+inline std::string non_finite_positions(const std::vector<position_record>& ranks) {
+  std::string bad;
+  for (std::size_t r = 0; r < ranks.size(); ++r)
+    if (ranks[r].non_finite)
+      bad += concat(bad.empty() ? "" : ", ", "rank ", r, " (", ranks[r].non_finite,
+                    " non-finite values in its replica at inner step ", ranks[r].position, ")");
+  return bad.empty() ? bad : concat("non-finite pseudo-gradient from ", bad);
+}
+
+// ------------------------------------------------------------- restores
+// What each rank reports after restoring a checkpoint (algorithm::load):
+// whether it succeeded (else its error), and the round, schedule position
+// and checksum of the state every rank holds identically (theta_global, the
+// outer state and counters) that it restored. One text line per rank.
+struct restore_record {
+  bool ok = false;
+  std::uint64_t rounds = 0, position = 0, checksum = 0;
+  std::string problem;  // !ok: this rank's error
+};
+
+inline std::string restore_text(const restore_record& r) {
+  std::string problem = r.problem;
+  for (char& c : problem)
+    if (c == '\n' || c == '\t') c = ' ';
+  return concat(r.ok ? "ok" : "failed", '\t', r.rounds, '\t', r.position, '\t', r.checksum, '\t', problem);
+}
+
+inline restore_record parse_restore_text(std::string_view text, int rank) {
+  while (!text.empty() && text.back() == '\0') text.remove_suffix(1);
+  // Four tab-separated fields, then the problem (the rest of the line).
+  std::vector<std::string_view> parts;
+  std::size_t pos = 0;
+  for (std::size_t tab; parts.size() < 4 && (tab = text.find('\t', pos)) != text.npos; pos = tab + 1)
+    parts.push_back(text.substr(pos, tab - pos));
+  if (parts.size() == 4) parts.push_back(text.substr(pos));
+  auto number = [&](std::string_view v) {
+    std::uint64_t x = 0;
+    for (char c : v) {
+      if (c < '0' || c > '9')
+        raise<format_error>("the restore record of rank ", rank, " is malformed (\"", std::string(text),
+                            "\"); are all ranks running the same program?");
+      x = x * 10 + static_cast<std::uint64_t>(c - '0');
+    }
+    return x;
+  };
+  if (parts.size() != 5 || (parts[0] != "ok" && parts[0] != "failed"))
+    raise<format_error>("the restore record of rank ", rank, " is malformed (\"", std::string(text),
+                        "\"); are all ranks running the same program?");
+  return {parts[0] == "ok", number(parts[1]), number(parts[2]), number(parts[3]), std::string(parts[4])};
+}
+
+// Empty when every rank restored the same round, position and shared
+// state; else the state_error every rank raises, naming each rank's round.
+inline std::string compare_restores(const std::vector<restore_record>& ranks) {
+  bool same = true;
+  for (const auto& r : ranks)
+    same = same && r.rounds == ranks.at(0).rounds && r.position == ranks[0].position && r.checksum == ranks[0].checksum;
+  if (same) return {};
+  std::string each;
+  for (std::size_t r = 0; r < ranks.size(); ++r)
+    each += concat(r ? ", " : "", "rank ", r, " round ", ranks[r].rounds, " (inner step ", ranks[r].position,
+                   ", shared-state checksum ", ranks[r].checksum, ")");
+  return concat("ranks restored different checkpoints: ", each,
+                "; resuming would train on a different theta_global on each rank. Every rank keeps the state it "
+                "had before load(); load files of the same round on every rank (load_latest_common() finds the "
+                "newest round that every rank has)");
 }
 
 }  // namespace detail

@@ -29,8 +29,10 @@ struct stats {
   std::uint64_t rounds = 0;           ///< outer rounds applied
   std::uint64_t rejected_rounds = 0;  ///< rounds refused for non-finite pseudo-gradients
   std::uint64_t bytes_sent = 0;       ///< everything sent, the initial broadcast included
-  /// Sent at construction to agree on the policies, layout and options
-  /// across ranks (not in bytes_sent, so per-round byte counts stay exact).
+  /// Sent to agree across ranks: at construction on the policies, layout
+  /// and options, before each round on the ranks' step counts, at load on
+  /// what each restored (not in bytes_sent, so per-round byte counts stay
+  /// exact).
   std::uint64_t setup_bytes = 0;
   std::uint64_t bytes_received = 0;   ///< everything received, the initial broadcast included
   std::uint64_t last_round_bytes_sent = 0;  ///< the last applied round's reduction: sent
