@@ -191,9 +191,28 @@ TEST_CASE("adaptive through the engine: a generous budget keeps the most accurat
     CHECK(c[0].reason == "within budget");
     for (std::size_t r = 1; r < c.size(); ++r) CHECK(c[r].used == 0);
     if (m > 1) {
-      // int2 moves 36 bytes per block of 128 against int8's 132 (segment
-      // headers and the vote come on top of both).
-      CHECK(static_cast<double>(res.bytes[0]) < 0.4 * static_cast<double>(res.bytes[1]));
+      // The bytes of a round, from docs/algorithms.md ("Bytes per block")
+      // and docs/architecture.md (shards all-to-all, reduced shards
+      // all-gathered): every rank sends M - 1 slots in each of the two
+      // exchanges, a slot being the 64-byte header and the largest shard's
+      // blocks at the codec's stride (int8: 4 + 128 = 132 bytes a block,
+      // int2: 4 + 128 / 4 = 36), rounded up to 64. The tensors (3000, 1000,
+      // 37) cut into 24 + 8 + 1 = 33 blocks; block b goes to shard
+      // floor(first element x M / 4037), so the largest shard holds 17
+      // blocks for M = 2, 11 for M = 3, 9 for M = 4 and 5 for M = 7 (by
+      // hand: e.g. M = 2 splits at element 2018.5, after block 15 of the
+      // first tensor). The vote and the rule's agreed figures are the same
+      // in both rounds, so the difference is exact.
+      const std::uint64_t largest = m == 2 ? 17 : m == 3 ? 11 : m == 4 ? 9 : 5;
+      const auto slot = [&](std::uint64_t stride) { return (64 + largest * stride + 63) / 64 * 64; };
+      const auto exchanges = 2 * static_cast<std::uint64_t>(m - 1);
+      CAPTURE(res.bytes[0]);
+      CAPTURE(res.bytes[1]);
+      CHECK(res.bytes[1] - res.bytes[0] == exchanges * (slot(132) - slot(36)));
+      // What is not a segment (the vote, the agreed figures) is a few
+      // floats: less than one 64-byte header a rank.
+      CHECK(res.bytes[0] >= exchanges * slot(36));
+      CHECK(res.bytes[0] - exchanges * slot(36) < 64 * static_cast<std::uint64_t>(m));
       CHECK(res.bytes[1] == res.bytes[2]);
     }
   }
@@ -358,13 +377,23 @@ TEST_CASE("adaptive: the fingerprint names every rung") {
 }
 
 TEST_CASE("adaptive with the budget measured from the inner phase: slow compute keeps int8, a tiny share drives int2") {
-  // Budget = share x the agreed compute time between rounds. With 20 ms of
-  // "compute" per inner step (H = 2), an in-process exchange of a few KB
-  // (microseconds, milliseconds under sanitizers) fits 40 ms: int8 from the
-  // second round on. With a share of 1e-9 the budget is nanoseconds and no
-  // rung fits: int2, the most compressed within the (loose) bound.
+  // Budget = share x the agreed compute time between rounds. What the test
+  // can know of the clock is what sleep_for guarantees: at least `compute`
+  // per inner step (H = 2), so from round 2 on the budget is at least
+  // share x 2 x compute, whatever the scheduler does; and at most
+  // share x the run's whole wall time. With 100 ms a step the budget is
+  // >= 0.2 s, and int8 stays while its predicted link time (reported
+  // beside the choice) fits it, which an in-process exchange of a few KB
+  // does by orders of magnitude even under TSan on two cores. With a share
+  // of 1e-9 the budget is below a microsecond and no rung fits: int2, the
+  // most compressed within the (loose) bound.
+  struct seen {
+    std::vector<dc::compression_choice> choices;
+    double wall = 0.0;
+  };
   const auto run_with = [](double share, std::chrono::milliseconds compute) {
-    std::vector<std::vector<std::size_t>> used(2);
+    std::vector<std::vector<dc::compression_choice>> got(2);
+    const auto t0 = std::chrono::steady_clock::now();
     dc::comm::threads::world world(2);
     world.run([&](dc::comm::threads& comm) {
       std::vector<std::vector<float>> theta;
@@ -373,13 +402,40 @@ TEST_CASE("adaptive with the budget measured from the inner phase: slow compute 
                   {.inner_steps = 2, .inner = {.lr = 1.0f}, .compress = {.rule = {.budget_share = share, .error_bound = 0.9}}});
       for (int s = 1; s <= 8; ++s) {
         std::this_thread::sleep_for(compute);
-        if (t.step(deltas(comm.rank(), s))) used[static_cast<std::size_t>(comm.rank())].push_back(t.stats().compression_choices[0].next);
+        if (t.step(deltas(comm.rank(), s))) got[static_cast<std::size_t>(comm.rank())].push_back(t.stats().compression_choices[0]);
       }
     });
-    CHECK(used[0] == used[1]);
-    return used[0];
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    REQUIRE(got[0].size() == 4);
+    REQUIRE(got[1].size() == 4);
+    for (std::size_t r = 0; r < 4; ++r) {
+      CHECK(got[0][r].next == got[1][r].next);
+      CHECK(std::memcmp(&got[0][r].budget_seconds, &got[1][r].budget_seconds, sizeof(double)) == 0);
+    }
+    return seen{got[0], wall};
+  };
+  const auto next_of = [](const seen& s) {
+    std::vector<std::size_t> out;
+    for (const auto& c : s.choices) out.push_back(c.next);
+    return out;
   };
   // Round 1 has no compute time measured yet (no budget): int8 stays.
-  CHECK(run_with(1.0, std::chrono::milliseconds(20)) == std::vector<std::size_t>{0, 0, 0, 0});
-  CHECK(run_with(1e-9, std::chrono::milliseconds(0)) == std::vector<std::size_t>{0, 2, 2, 2});
+  const auto slow = run_with(1.0, std::chrono::milliseconds(100));
+  CHECK(slow.choices[0].budget_seconds == 0.0);
+  for (std::size_t r = 1; r < 4; ++r) {
+    CAPTURE(r);
+    CHECK(slow.choices[r].budget_seconds >= 0.2);
+    CHECK(slow.choices[r].budget_seconds <= slow.wall);
+    MESSAGE("round ", r + 1, ": int8 predicted ", slow.choices[r].predicted_seconds, " s, budget ", slow.choices[r].budget_seconds, " s");
+    CHECK(slow.choices[r].predicted_seconds <= slow.choices[r].budget_seconds);
+  }
+  CHECK(next_of(slow) == std::vector<std::size_t>{0, 0, 0, 0});
+  const auto tiny = run_with(1e-9, std::chrono::milliseconds(0));
+  for (std::size_t r = 1; r < 4; ++r) {
+    CAPTURE(r);
+    CHECK(tiny.choices[r].budget_seconds > 0.0);
+    CHECK(tiny.choices[r].budget_seconds <= 1e-9 * tiny.wall);
+    CHECK(tiny.choices[r].reason == "over budget");
+  }
+  CHECK(next_of(tiny) == std::vector<std::size_t>{0, 2, 2, 2});
 }
