@@ -1,9 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 # Conan 2 recipe for diloco, a header-only library. The optional components
 # (CMake targets diloco::openmp, diloco::mpi, diloco::gloo, diloco::cuda,
-# diloco::nccl, diloco::torch) are options; their dependencies come from the
-# system (Debian packages, the CUDA toolkit, LibTorch), not from Conan, so
-# the recipe has no requirements and `conan create` needs no remote.
+# diloco::nccl, diloco::torch, diloco::json) are options, so what the package
+# holds follows from its package id and not from what the build machine has;
+# their dependencies come from the system (Debian packages, the CUDA
+# toolkit, LibTorch, nlohmann-json), not from Conan, so the recipe has no
+# requirements and `conan create` needs no remote. The package also holds
+# the launcher, bin/diloco-launch (scripts/launch_gloo.sh).
 #
 #   conan create . -s compiler.cppstd=20 [-o "diloco/*:mpi=True" ...]
 #
@@ -19,7 +22,8 @@ from conan.tools.build import check_min_cppstd
 from conan.tools.cmake import CMake, CMakeToolchain, cmake_layout
 from conan.tools.files import copy, load
 
-COMPONENTS = ("openmp", "mpi", "gloo", "cuda", "nccl", "torch")
+# The same list as DILOCO_COMPONENTS in cmake/diloco_install.cmake.
+COMPONENTS = ("openmp", "mpi", "gloo", "cuda", "nccl", "torch", "json")
 
 
 class DilocoConan(ConanFile):
@@ -31,7 +35,7 @@ class DilocoConan(ConanFile):
     settings = "os", "arch", "compiler", "build_type"
     options = {component: [True, False] for component in COMPONENTS}
     default_options = {component: False for component in COMPONENTS}
-    exports_sources = "CMakeLists.txt", "LICENSE", "cmake/*", "include/*"
+    exports_sources = "CMakeLists.txt", "LICENSE", "cmake/*", "include/*", "scripts/launch_gloo.sh"
     no_copy_source = True
 
     def set_version(self):
@@ -89,7 +93,7 @@ class DilocoConan(ConanFile):
         # package folder; Conan generates none in its place.
         self.cpp_info.set_property("cmake_find_mode", "none")
         self.cpp_info.builddirs = ["."]
-        self.cpp_info.bindirs = []
+        self.cpp_info.bindirs = ["bin"]  # diloco-launch
         self.cpp_info.libdirs = []
         if self.settings.os in ("Linux", "FreeBSD"):
             self.cpp_info.system_libs = ["pthread"]

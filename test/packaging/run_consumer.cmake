@@ -14,6 +14,10 @@
 #   -DONE_STD=<regex>                 every compile command of the consumer has exactly one -std
 #                                     flag, matching this (read from compile_commands.json)
 #   -DEXPECT_OUTPUT=<regex>           the consumer's output must match this
+#   -DLAUNCHER=<path>                 find_package mode: where the launcher is installed under the
+#                                     prefix (default bin/diloco-launch)
+#   -DLAUNCH_EXPECT=<regex>           each rank's output under the launcher must match this, with
+#                                     @RANK@ standing for the rank (default: EXPECT_OUTPUT)
 foreach(list_var CONSUMER_ARGS CONSUMER_EXTRA_ARGS FRESH_CONFIGURE)
   string(REPLACE "," ";" ${list_var} "${${list_var}}")
 endforeach()
@@ -34,7 +38,8 @@ if(MODE STREQUAL "find_package" AND DEFINED INSTALLED_PREFIX)
   list(APPEND consumer_args -DCMAKE_PREFIX_PATH=${INSTALLED_PREFIX})
 elseif(MODE STREQUAL "find_package")
   set(installed_tree ${DILOCO_BINARY_DIR})
-  if(DEFINED FRESH_CONFIGURE)
+  # (Not DEFINED: the comma split above defines it, empty, for every test.)
+  if(NOT FRESH_CONFIGURE STREQUAL "")
     # What an installer does: configure and install, no build step.
     set(installed_tree ${WORK_DIR}/diloco-build)
     run_matching("${FRESH_EXPECT}" ${CMAKE_COMMAND} -S ${DILOCO_SOURCE_DIR} -B ${installed_tree} -G ${GENERATOR}
@@ -77,3 +82,36 @@ if(DEFINED ONE_STD)
 endif()
 
 run_matching("${EXPECT_OUTPUT}" ${WORK_DIR}/build/consumer)
+
+# find_package mode: the installed launcher (scripts/launch_gloo.sh as
+# bin/diloco-launch) is there, prints its usage first, and runs the consumer
+# as a 2-rank program, each rank's lines prefixed with its rank.
+if(MODE STREQUAL "find_package")
+  if(NOT DEFINED LAUNCHER)
+    set(LAUNCHER bin/diloco-launch)
+  endif()
+  if(DEFINED INSTALLED_PREFIX)
+    set(launcher ${INSTALLED_PREFIX}/${LAUNCHER})
+  else()
+    set(launcher ${WORK_DIR}/prefix/${LAUNCHER})
+  endif()
+  if(NOT EXISTS ${launcher})
+    message(FATAL_ERROR "the install has no launcher ${LAUNCHER} (scripts/launch_gloo.sh installed as diloco-launch)")
+  endif()
+  run_matching("^usage: diloco-launch N " ${launcher} --help)
+  if(NOT DEFINED LAUNCH_EXPECT)
+    set(LAUNCH_EXPECT "${EXPECT_OUTPUT}")
+  endif()
+  execute_process(COMMAND ${launcher} 2 -- ${WORK_DIR}/build/consumer
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${LAUNCHER} 2 -- consumer failed (${rc}):\n${out}\n${err}")
+  endif()
+  foreach(rank 0 1)
+    string(REPLACE "@RANK@" ${rank} expect "${LAUNCH_EXPECT}")
+    if(NOT "${out}" MATCHES "(^|\n)\\[rank ${rank}\\] [^\n]*(${expect})")
+      message(FATAL_ERROR "under ${LAUNCHER} 2, rank ${rank} printed no line matching '${expect}':\n${out}\n${err}")
+    endif()
+  endforeach()
+  message(STATUS "${LAUNCHER} 2 -- consumer:\n${out}${err}")
+endif()

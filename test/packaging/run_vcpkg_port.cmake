@@ -24,6 +24,16 @@ string(REGEX REPLACE "[^;]*MAJOR ([0-9]+);[^;]*MINOR ([0-9]+);[^;]*PATCH ([0-9]+
 if(NOT port_version STREQUAL header_version)
   message(FATAL_ERROR "vcpkg.json has version ${port_version}; include/diloco/version.hpp says ${header_version}")
 endif()
+# What vcpkg shows a user and where it lets the port build (a port without
+# "supports" claims every platform).
+string(JSON homepage ERROR_VARIABLE no_homepage GET "${manifest}" homepage)
+if(no_homepage OR NOT homepage MATCHES "^https://")
+  message(FATAL_ERROR "vcpkg.json has no https homepage (${no_homepage})")
+endif()
+string(JSON supports ERROR_VARIABLE no_supports GET "${manifest}" supports)
+if(no_supports OR supports STREQUAL "")
+  message(FATAL_ERROR "vcpkg.json says nothing of the platforms it supports (${no_supports})")
+endif()
 string(JSON feature_count LENGTH "${manifest}" features)
 set(declared_features "")
 math(EXPR last "${feature_count} - 1")
@@ -129,7 +139,8 @@ include(${port_dir}/portfile.cmake)
 
 # ----------------------------------------------- what a package must hold
 foreach(f share/diloco/dilocoConfig.cmake share/diloco/dilocoConfigVersion.cmake share/diloco/dilocoTargets.cmake
-          share/diloco/copyright share/diloco/usage include/diloco/diloco.hpp include/diloco/version.hpp)
+          share/diloco/copyright share/diloco/usage include/diloco/diloco.hpp include/diloco/version.hpp
+          tools/diloco/diloco-launch)
   if(NOT EXISTS ${CURRENT_PACKAGES_DIR}/${f})
     message(FATAL_ERROR "the port did not install ${f}")
   endif()
@@ -171,7 +182,9 @@ if(NOT usage MATCHES "find_package\\(diloco CONFIG REQUIRED\\)" OR NOT usage MAT
 endif()
 
 # ----------------------------------- a consumer of the installed package
+# (run also as 2 ranks under the launcher, from tools/diloco)
 set(MODE find_package)
 set(INSTALLED_PREFIX ${CURRENT_PACKAGES_DIR})
+set(LAUNCHER tools/diloco/diloco-launch)
 set(WORK_DIR ${WORK_DIR}/consumer)
 include(${CMAKE_CURRENT_LIST_DIR}/run_consumer.cmake)
