@@ -38,11 +38,44 @@ using harness::env_or;
 constexpr std::size_t n = 256;
 constexpr std::size_t H = 4;
 
-// Worker `seed`'s objective 0.5 * |x - c|^2 with its own c.
-std::vector<float> target(int seed) {
+// The objective 0.5 * |x - c|^2 of the worker started with rank `rank`,
+// in outer round `round` (counted from 1): a function of both, so the test
+// can replay the rounds by hand and see a lost contribution or a frozen
+// theta_global.
+std::vector<float> target(int rank, std::uint64_t round) {
   std::vector<float> c(n);
-  for (std::size_t i = 0; i < n; ++i) c[i] = static_cast<float>(seed % 7) * 0.3f + static_cast<float>(i % 13) * 0.05f;
+  for (std::size_t i = 0; i < n; ++i)
+    c[i] = static_cast<float>(rank + 1) * 0.3f + static_cast<float>(round % 5) * 0.2f +
+           static_cast<float>(i % 13) * 0.05f;
   return c;
+}
+
+constexpr float inner_lr = 0.1f, outer_lr = 0.7f, mu = 0.9f;  // outer: nesterov's defaults
+
+// The blocking rounds by hand (as test_elastic_threads.cpp): each member
+// (by its starting rank) runs H SGD steps from theta_global towards its
+// target of the round; the mean pseudo-gradient d takes one Nesterov step
+// (torch.optim.SGD, nesterov=True: b = d the first round, then
+// b = mu b + d; theta -= lr (d + mu b)). Start: every element 0.5.
+std::vector<double> by_hand(const std::vector<std::vector<int>>& members_per_round) {
+  std::vector<double> theta(n, 0.5), b(n, 0.0);
+  std::uint64_t round = 0;
+  for (const auto& members : members_per_round) {
+    ++round;
+    std::vector<double> d(n, 0.0);
+    for (int id : members) {
+      const auto c = target(id, round);
+      std::vector<double> x = theta;
+      for (std::size_t s = 0; s < H; ++s)
+        for (std::size_t i = 0; i < n; ++i) x[i] -= inner_lr * (x[i] - c[i]);
+      for (std::size_t i = 0; i < n; ++i) d[i] += (theta[i] - x[i]) / static_cast<double>(members.size());
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      b[i] = round == 1 ? d[i] : mu * b[i] + d[i];
+      theta[i] -= outer_lr * (d[i] + mu * b[i]);
+    }
+  }
+  return theta;
 }
 
 std::string hex(const float* p, std::size_t count) {
@@ -73,21 +106,23 @@ int train_with(typename Sync::options so) {
   const int step_us = std::atoi(env_or("DILOCO_TEST_STEP_US", "0").c_str());
   const bool rejoin = env_or("DILOCO_TEST_REJOIN", "0") == std::string("1");
   const std::string me = std::to_string(getpid());
+  const int start_rank = std::atoi(env_or("DILOCO_RANK", "0").c_str());
   for (int attempt = 0;; ++attempt) {
     try {
       auto comm = gloo_comm::from_env();
       using trainer = dc::algorithm<dc::inner::sgd, dc::outer::nesterov, dc::compress::none, gloo_comm, Sync>;
       typename trainer::options o;
       o.inner_steps = H;
-      o.inner = {.lr = 0.1f};
+      o.inner = {.lr = inner_lr};
+      o.outer = {.lr = outer_lr, .momentum = mu};
       o.sync = so;
       std::vector<std::vector<float>> x(2, std::vector<float>(n / 2, 0.5f));
       trainer t(x, comm, o);
-      const auto c = target(static_cast<int>(getpid()));
       std::vector<std::vector<float>> g(2, std::vector<float>(n / 2));
       std::uint64_t steps = 0;
       bool marked = false;
       while (t.stats().rounds < rounds || t.world_size() < want_size) {
+        const auto c = target(start_rank, t.stats().rounds + 1);
         for (std::size_t k = 0; k < 2; ++k)
           for (std::size_t i = 0; i < n / 2; ++i) g[k][i] = x[k][i] - c[k * n / 2 + i];
         t.step(g);
@@ -107,6 +142,13 @@ int train_with(typename Sync::options so) {
       const auto theta = t.global_parameters();
       bool finite = true;
       for (std::size_t i = 0; i < theta.size(); ++i) finite = finite && std::isfinite(theta.data()[i]);
+      std::string values;  // theta_global, exactly (hexadecimal floats)
+      for (std::size_t i = 0; i < theta.size(); ++i) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%a\n", static_cast<double>(theta.data()[i]));
+        values += buf;
+      }
+      harness::write_file(dir + "/values." + me, values);
       harness::write_file(dir + "/theta." + me,
                           hex(theta.data(), theta.size()) + " " + std::to_string(t.world_size()) + " " +
                               std::to_string(t.stats().rounds) + " " +
@@ -144,6 +186,7 @@ struct finished {
 
 struct result {
   std::vector<finished> thetas;  // each finished worker's report
+  std::vector<std::vector<double>> values;  // each finished worker's theta_global
   std::vector<std::string> errors, left, refused;
 };
 
@@ -164,6 +207,13 @@ result collect(const std::string& dir) {
       }
       r.thetas.push_back(f);
     }
+    if (name.rfind("values.", 0) == 0) {
+      std::vector<double> v;
+      const char* p = text.c_str();
+      char* end = nullptr;
+      for (double x = std::strtod(p, &end); end != p; x = std::strtod(p, &end)) v.push_back(x), p = end;
+      r.values.push_back(v);
+    }
     if (name.rfind("error.", 0) == 0) r.errors.push_back(text);
     if (name.rfind("left.", 0) == 0) r.left.push_back(text);
     if (name.rfind("refused.", 0) == 0) r.refused.push_back(text);
@@ -182,6 +232,22 @@ void check_agree(const result& res, std::size_t workers, int size, std::uint64_t
     CHECK(t.size == size);
     CHECK(t.rounds >= rounds);
     CHECK(t.rest.empty());
+  }
+}
+
+// Every finished worker's theta_global against the rounds replayed by hand
+// with these members (by starting rank) in each round: fp32 against double,
+// to 1e-5 relative, as test_elastic_threads.cpp (a lost contribution or a
+// frozen theta_global moves it by more than 1e-2).
+void check_by_hand(const result& res, const std::vector<std::vector<int>>& members_per_round) {
+  const auto want = by_hand(members_per_round);
+  REQUIRE(res.values.size() == res.thetas.size());
+  for (const auto& v : res.values) {
+    REQUIRE(v.size() == n);
+    for (std::size_t i = 0; i < n; ++i) {
+      CAPTURE(i);
+      CHECK(v[i] == doctest::Approx(want[i]).epsilon(1e-5));
+    }
   }
 }
 
@@ -233,6 +299,16 @@ TEST_CASE("4 Gloo workers, one SIGKILLed at each stage: the 3 survivors finish w
     const result res = collect(d.path().string());
     check_agree(res, 3, 3, 6);
     for (const auto& t : res.thetas) CHECK(t.rounds == 6);
+    // The rounds the victim took part in (docs/architecture.md, "Elastic
+    // membership"; core/fault.hpp: stage:round, round 0 = start-up): none
+    // when it died at start-up; those before round k when it died in round
+    // k before its contribution was summed (the survivors run round k
+    // again without it); round k too when it died applying round k (every
+    // member had the sum).
+    const int all_rounds = fault == "apply:2" ? 2 : fault == "all_reduce:5" ? 4 : fault.back() == '2' ? 1 : 0;
+    std::vector<std::vector<int>> members;
+    for (int k = 1; k <= 6; ++k) members.push_back(k <= all_rounds ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0, 1, 3});
+    check_by_hand(res, members);
   }
 }
 
@@ -316,6 +392,7 @@ TEST_CASE("a Gloo worker that leaves after round 2: the others finish with 3 and
   CHECK(res.left[0] == "2");  // it left with 2 rounds applied
   check_agree(res, 3, 3, 6);
   for (const auto& t : res.thetas) CHECK(t.rounds == 6);
+  check_by_hand(res, {{0, 1, 2, 3}, {0, 1, 2, 3}, {0, 2, 3}, {0, 2, 3}, {0, 2, 3}, {0, 2, 3}});
 }
 
 TEST_CASE("a SIGSTOPped Gloo worker is dropped; resumed, it is refused by the new generation and joins again") {
