@@ -5,11 +5,14 @@
 // corrupt factor segment is refused on every rank.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
 #include <diloco/diloco.hpp>
 #include <random>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "random_inputs.hpp"
@@ -250,4 +253,148 @@ TEST_CASE("low_rank: a corrupt P or Q segment is refused with format_error on ev
     });
     CHECK(precise.load() == 1);
   }
+}
+
+namespace {
+
+// PowerSGD's round (Vogels et al. 2019, arXiv 1905.13727, Algorithm 1 with
+// the error feedback of its Algorithm 2), in double, for one rows x cols
+// matrix and M workers: M_w = delta_w + e_w; P = mean_w M_w Q;
+// P^ = orthogonalize(P) (Gram-Schmidt on the columns); Q_w = M_w^T P^;
+// Q = mean_w Q_w; the update is P^ Q^T; e_w = M_w - P^ Q_w^T (the worker's
+// own decompression); Q warm-starts the next round.
+struct power_sgd_reference {
+  std::size_t rows, cols, r;
+  std::vector<double> q;                    // cols x r, row-major
+  std::vector<std::vector<double>> errors;  // per worker, rows x cols
+  // The mean update P^ Q^T of one round, given each worker's delta.
+  std::vector<double> round(const std::vector<std::vector<double>>& deltas) {
+    const std::size_t m = deltas.size();
+    if (errors.empty()) errors.assign(m, std::vector<double>(rows * cols, 0.0));
+    std::vector<std::vector<double>> mw(m, std::vector<double>(rows * cols));
+    for (std::size_t w = 0; w < m; ++w)
+      for (std::size_t i = 0; i < rows * cols; ++i) mw[w][i] = deltas[w][i] + errors[w][i];
+    std::vector<double> p(rows * r, 0.0);
+    for (std::size_t w = 0; w < m; ++w)
+      for (std::size_t i = 0; i < rows; ++i)
+        for (std::size_t c = 0; c < r; ++c) {
+          double s = 0.0;
+          for (std::size_t j = 0; j < cols; ++j) s += mw[w][i * cols + j] * q[j * r + c];
+          p[i * r + c] += s / static_cast<double>(m);
+        }
+    for (std::size_t c = 0; c < r; ++c) {  // Gram-Schmidt, column by column
+      for (std::size_t d = 0; d < c; ++d) {
+        double dot = 0.0;
+        for (std::size_t i = 0; i < rows; ++i) dot += p[i * r + d] * p[i * r + c];
+        for (std::size_t i = 0; i < rows; ++i) p[i * r + c] -= dot * p[i * r + d];
+      }
+      double norm = 0.0;
+      for (std::size_t i = 0; i < rows; ++i) norm += p[i * r + c] * p[i * r + c];
+      for (std::size_t i = 0; i < rows; ++i) p[i * r + c] /= std::sqrt(norm);
+    }
+    std::vector<double> q_mean(cols * r, 0.0);
+    for (std::size_t w = 0; w < m; ++w) {
+      std::vector<double> qw(cols * r, 0.0);
+      for (std::size_t j = 0; j < cols; ++j)
+        for (std::size_t c = 0; c < r; ++c)
+          for (std::size_t i = 0; i < rows; ++i) qw[j * r + c] += mw[w][i * cols + j] * p[i * r + c];
+      for (std::size_t k = 0; k < cols * r; ++k) q_mean[k] += qw[k] / static_cast<double>(m);
+      for (std::size_t i = 0; i < rows; ++i)
+        for (std::size_t j = 0; j < cols; ++j) {
+          double approx = 0.0;
+          for (std::size_t c = 0; c < r; ++c) approx += p[i * r + c] * qw[j * r + c];
+          errors[w][i * cols + j] = mw[w][i * cols + j] - approx;
+        }
+    }
+    q = q_mean;
+    std::vector<double> update(rows * cols, 0.0);
+    for (std::size_t i = 0; i < rows; ++i)
+      for (std::size_t j = 0; j < cols; ++j)
+        for (std::size_t c = 0; c < r; ++c) update[i * cols + j] += p[i * r + c] * q[j * r + c];
+    return update;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("low_rank: three workers with different matrices follow PowerSGD's update computed in double, 4 rounds") {
+  // Inner SGD at lr 1, one step, outer SGD at lr 1: worker w's
+  // pseudo-gradient in round k is its gradient G_{w,k} (theta - (theta -
+  // G), exact to fp32 rounding), and theta_global moves by minus the mean
+  // update. Q's first value is the library's seeded draw, read from the
+  // state before the first round (an input, like a seed); everything after
+  // it is the reference's own arithmetic.
+  constexpr int m = 3, rounds = 4;
+  constexpr std::size_t rows = 12, cols = 9, r = 2;
+  auto grad = [](int w, int k) { return random_normals(rows * cols, 500 + static_cast<unsigned>(17 * k + w)); };
+  std::vector<std::vector<std::vector<float>>> globals(m);  // per worker, per round
+  std::vector<float> q0;
+  dc::comm::threads::world world(m);
+  world.run([&](dc::comm::threads& comm) {
+    std::vector<float> w(rows * cols, 0.0f);
+    std::vector<dc::matrix_view<float>> params{{w.data(), rows, cols}};
+    trainer<dc::comm::threads> t(params, comm, {.inner_steps = 1, .inner = {.lr = 1.0f}, .compress = {.rank = r, .seed = 3}});
+    if (comm.rank() == 0)
+      for (const auto& e : t.state())
+        if (e.name.find(".low_rank_q") != std::string::npos) q0.assign(e.data, e.data + e.size);
+    for (int k = 0; k < rounds; ++k) {
+      REQUIRE(t.step(std::vector<std::vector<float>>{grad(comm.rank(), k)}));
+      const auto g = t.global_parameters();
+      globals[static_cast<std::size_t>(comm.rank())].emplace_back(g.data(), g.data() + g.size());
+    }
+  });
+  REQUIRE(q0.size() == cols * r);
+  power_sgd_reference ref{rows, cols, r, std::vector<double>(q0.begin(), q0.end()), {}};
+  std::vector<double> theta(rows * cols, 0.0);
+  for (int k = 0; k < rounds; ++k) {
+    CAPTURE(k);
+    std::vector<std::vector<double>> deltas;
+    for (int w = 0; w < m; ++w) {
+      const auto g = grad(w, k);
+      deltas.emplace_back(g.begin(), g.end());
+    }
+    const auto update = ref.round(deltas);
+    double largest = 0.0;
+    for (std::size_t i = 0; i < theta.size(); ++i) theta[i] -= update[i], largest = std::max(largest, std::fabs(theta[i]));
+    for (int w = 0; w < m; ++w) {
+      CAPTURE(w);
+      const auto& got = globals[static_cast<std::size_t>(w)][static_cast<std::size_t>(k)];
+      double worst = 0.0;
+      for (std::size_t i = 0; i < theta.size(); ++i) worst = std::max(worst, std::fabs(got[i] - theta[i]));
+      // fp32 arithmetic against double: a few ulps of the largest entry.
+      CHECK(worst <= 1e-5 * largest);
+    }
+  }
+}
+
+TEST_CASE("low_rank: save_bytes, a fresh instance loads it and continues with the bits of the uninterrupted run") {
+  // sync::blocking: save has no side effects (nothing in flight).
+  constexpr int m = 2;
+  dc::comm::threads::world world(m);
+  world.run([&](dc::comm::threads& comm) {
+    using T = dc::algorithm<dc::inner::sgd, dc::outer::nesterov, cp::low_rank, dc::comm::threads>;
+    const T::options opts{.inner_steps = 2, .inner = {.lr = 0.5f}, .compress = {.rank = 2, .seed = 4}};
+    std::vector<float> a(16 * 10, 0.0f), b(16 * 10, 1.0f);
+    std::vector<dc::matrix_view<float>> pa{{a.data(), 16, 10}}, pb{{b.data(), 16, 10}};
+    T t(pa, comm, opts), u(pb, comm, opts);
+    auto grads = [&](int s) {
+      return std::vector<std::vector<float>>{random_normals(160, 900 + static_cast<unsigned>(7 * s + comm.rank()))};
+    };
+    for (int s = 0; s < 5; ++s) t.step(grads(s));  // 2 rounds and one inner step of the third
+    const auto bytes = t.save_bytes();
+    for (int s = 5; s < 11; ++s) t.step(grads(s));
+    const auto g = t.global_parameters();
+    const std::vector<float> want_global(g.data(), g.data() + g.size()), want_local = a;
+    const auto res = t.compression_residual();
+    const std::vector<float> want_residual(res.data(), res.data() + res.size());
+    u.load(std::span<const std::byte>(bytes));
+    for (int s = 5; s < 11; ++s) u.step(grads(s));
+    const auto ug = u.global_parameters();
+    const auto ures = u.compression_residual();
+    CHECK(std::memcmp(ug.data(), want_global.data(), want_global.size() * 4) == 0);
+    CHECK(std::memcmp(b.data(), want_local.data(), want_local.size() * 4) == 0);
+    REQUIRE(ures.size() == want_residual.size());
+    CHECK(std::memcmp(ures.data(), want_residual.data(), want_residual.size() * 4) == 0);
+    CHECK(u.stats().rounds == t.stats().rounds);
+  });
 }
