@@ -16,6 +16,13 @@
 // test_compressed_mean.cpp. The device path promises the same bits: the same
 // wire bytes (headers and norms included), theta_global, replicas and
 // error-feedback residuals, so every comparison here is exact.
+//
+// What a replay cannot see: it runs a team program's threads one after
+// another, so every thread's writes are in place before the next reads
+// them. A missing __syncthreads() (or a barrier a thread skips), a race on
+// shared memory, and a read of shared memory before another thread wrote it
+// pass here; only a GPU run catches them (test/README.md lists what only
+// scripts/gpu-check.sh checks).
 #include <doctest/doctest.h>
 
 #include <algorithm>
