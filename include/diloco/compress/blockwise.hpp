@@ -210,12 +210,38 @@ struct stateless_codec_policy {
   static codec make_codec(const options&) { return {}; }
 };
 
+namespace detail_blockwise {
+
+/// The element formats of a block codec (compress/formats.hpp).
+template <class F>
+inline constexpr bool is_block_format_v =
+    std::is_same_v<F, int8> || std::is_same_v<F, int4> || std::is_same_v<F, int2> ||
+    std::is_same_v<F, fp8_e4m3> || std::is_same_v<F, fp8_e5m2> || std::is_same_v<F, fp4_e3m0>;
+
+/// The format blockwise<Format> builds its codec on: Format itself, or,
+/// once the static_assert has named the allowed formats, int8, so that the
+/// codec's members (bits, levels, the grid) do not add errors of their own
+/// after the one that says what is wrong.
+template <class Format>
+struct checked_format {
+  static_assert(is_block_format_v<Format>,
+                "diloco::compress::blockwise<Format, B>: Format must be a block element format: diloco::int8, int4, "
+                "int2, fp8_e4m3, fp8_e5m2 or fp4_e3m0 (fp32 travels with compress::none, bf16 and fp16 with "
+                "compress::cast<bf16> and cast<fp16>)");
+  using type = std::conditional_t<is_block_format_v<Format>, Format, int8>;
+};
+
+}  // namespace detail_blockwise
+
 /// The compressor policy: blockwise<int8, 128>, blockwise<fp8_e4m3>,
-/// blockwise<int4, 64, stochastic_rounding>.
+/// blockwise<int4, 64, stochastic_rounding>. Format is one of the block
+/// formats (anything else stops the compiler with one message naming them).
 template <class Format, std::size_t B = 128, class Rounding = round_nearest>
-struct blockwise : stateless_codec_policy<blockwise_codec<Format, B, Rounding>, Rounding> {
+struct blockwise
+    : stateless_codec_policy<blockwise_codec<typename detail_blockwise::checked_format<Format>::type, B, Rounding>,
+                             Rounding> {
   /// The compressor's name in checkpoint headers, messages and reports.
-  static constexpr const char* name = Format::blockwise_name;
+  static constexpr const char* name = detail_blockwise::checked_format<Format>::type::blockwise_name;
 };
 
 }  // namespace diloco::compress

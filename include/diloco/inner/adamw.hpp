@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "diloco/core/optimizer_role.hpp"
 #include "diloco/core/validate.hpp"
@@ -14,6 +15,25 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::inner {
 
+/// What `.betas = {...}` (PyTorch's `betas=(0.9, 0.999)`) initializes in
+/// adamw::options: nothing. The two decay rates are the separate fields
+/// beta1 and beta2, so a checkpoint header, a report and the option checks
+/// name each; a braced pair here fails to compile with a message saying so
+/// (without this member the compiler only says that the list does not
+/// convert, naming neither field). Empty, and takes no room in options.
+struct adamw_betas_refused {
+  /// What options{} and every designated list without `.betas` make.
+  constexpr adamw_betas_refused() = default;
+  /// `.betas = {b1, b2}`: does not compile, naming beta1 and beta2.
+  template <class... A>
+    requires(sizeof...(A) > 0)
+  constexpr adamw_betas_refused(A&&...) {
+    static_assert(sizeof...(A) == 0,
+                  "diloco::inner::adamw::options has no `betas` pair (PyTorch's betas=(b1, b2)): set the two "
+                  "fields beta1 and beta2, e.g. {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f}");
+  }
+};
+
 /// AdamW with PyTorch's semantics (torch.optim.AdamW, amsgrad=False). The
 /// defaults are DiLoCo's inner optimizer: lr 4e-4, betas (0.9, 0.95),
 /// weight decay 0.1, eps 1e-8.
@@ -23,6 +43,11 @@ struct adamw {
     float lr = 4e-4f;           ///< learning rate
     float beta1 = 0.9f;         ///< decay rate of the first-moment (mean) estimate
     float beta2 = 0.95f;        ///< decay rate of the second-moment (uncentered variance) estimate
+    /// Not an option: `.betas = {b1, b2}` stops the compiler with a message
+    /// naming beta1 and beta2 (adamw_betas_refused). Declared here, between
+    /// beta2 and eps, so that PyTorch's order (lr, betas, eps,
+    /// weight_decay) reaches it rather than an error about designator order.
+    [[no_unique_address]] adamw_betas_refused betas{};
     float eps = 1e-8f;          ///< added to the second moment's square root in the denominator
     float weight_decay = 0.1f;  ///< decoupled weight decay: p <- p - lr * weight_decay * p before the Adam step
     /// Global-norm gradient clipping as torch.nn.utils.clip_grad_norm_ does

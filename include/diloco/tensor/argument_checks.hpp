@@ -31,6 +31,41 @@ struct argument_tensor<T> {
 template <class T>
 using argument_tensor_t = typename argument_tensor<T>::type;
 
+// Whether a range keeps its elements inside itself, so that they die with it:
+// a container (std::vector, std::array, std::deque), not a view or a borrowed
+// range such as std::span, whose elements live elsewhere. An owning_view
+// (views::all of an rvalue container) is a view that owns its container.
+template <class R>
+inline constexpr bool is_owning_view_v = false;
+template <class R>
+inline constexpr bool is_owning_view_v<std::ranges::owning_view<R>> = true;
+template <class R>
+inline constexpr bool range_owns_elements_v =
+    !std::ranges::borrowed_range<R> && (!std::ranges::view<std::remove_cvref_t<R>> ||
+                                        is_owning_view_v<std::remove_cvref_t<R>>);
+
+// The parameters outlive the call: the algorithm and the optimizer keep
+// pointers into them (parameter_set). Params is a forwarding reference's
+// deduced type, an lvalue reference exactly when the argument is an lvalue.
+// A temporary that owns its elements (a std::vector<float> rvalue, or a
+// container of such tensors) frees them when the constructor returns; a
+// temporary that shares storage (a span, a view, a torch::Tensor handle, a
+// list of views) leaves them where they are. A range that yields owning
+// tensors by value (a transform making copies) dangles even as an lvalue.
+template <class Params>
+consteval bool parameters_outlive_call() {
+  constexpr bool rvalue = !std::is_lvalue_reference_v<Params>;
+  if constexpr (float_tensor<Params>) {
+    return !(rvalue && tensor_owns_storage_v<Params>);
+  } else {
+    using Ref = std::ranges::range_reference_t<Params>;
+    if constexpr (!tensor_owns_storage_v<Ref>)
+      return true;
+    else
+      return std::is_reference_v<Ref> && !(rvalue && range_owns_elements_v<Params>);
+  }
+}
+
 template <tensor_argument Params>
 consteval bool parameter_tensors_ok() {
   using T = argument_tensor_t<Params>;
@@ -43,6 +78,14 @@ consteval bool parameter_tensors_ok() {
     static_assert(mutable_float_tensor<T>,
                   "diloco: parameters must be writable: they are updated in place, so pass the parameter tensors "
                   "themselves, not const tensors (a const std::vector<float>) or views of const elements");
+    return false;
+  } else if constexpr (!parameters_outlive_call<Params>()) {
+    static_assert(parameters_outlive_call<Params>(),
+                  "diloco: parameters must outlive the algorithm: it keeps pointers into the user's tensors, and "
+                  "this argument is a temporary that owns its elements (an rvalue std::vector/std::array/"
+                  "thrust::device_vector, a container of such tensors, or a range yielding copies of them), "
+                  "freed when the constructor returns; pass an lvalue (a named variable) that outlives the "
+                  "trainer, or views of it (std::span, diloco::tensor_view)");
     return false;
   } else {
     return true;

@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <array>
+#include <concepts>
 #include <cstddef>
+#include <ranges>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -26,7 +29,14 @@ namespace diloco {
 /// ```
 /// which shape-aware compressors (low-rank) use; without them a tensor is a
 /// vector. The library keeps the pointer between calls: the storage must stay
-/// where it is for as long as an algorithm refers to it.
+/// where it is for as long as an algorithm refers to it. So a parameter
+/// argument must not be a temporary that frees its elements when it dies:
+/// a specialization may say whether T owns its elements,
+/// ```
+/// static constexpr bool owns_storage = true;  // a container (std::vector)
+/// ```
+/// (see tensor_owns_storage_v for the default), and an owning tensor passed
+/// as an rvalue parameter does not compile.
 template <class T>
 struct tensor_traits;
 
@@ -60,6 +70,22 @@ struct tensor_view {
   constexpr T& operator[](std::size_t i) const { return ptr[i]; }
   /// `n` elements from element `offset` (unchecked).
   constexpr tensor_view subview(std::size_t offset, std::size_t n) const { return {ptr + offset, n}; }
+  ///@{
+  /// The elements as a range (host memory only: a device pointer must not be
+  /// dereferenced on the host, so a device view is no range). A view is a
+  /// borrowed, contiguous, sized range: std::ranges algorithms and range-for
+  /// take it, and std::span<T> converts from it.
+  constexpr T* begin() const
+    requires std::same_as<Space, host_space>
+  {
+    return ptr;
+  }
+  constexpr T* end() const
+    requires std::same_as<Space, host_space>
+  {
+    return ptr + count;
+  }
+  ///@}
 };
 
 /// A view of host memory.
@@ -76,6 +102,7 @@ struct tensor_traits<tensor_view<T, Space>> {
   /// The customization point's members (see tensor_traits).
   using value_type = std::remove_const_t<T>;
   using memory_space = Space;
+  static constexpr bool owns_storage = false;
   static T* data(const tensor_view<T, Space>& t) { return t.ptr; }
   static std::size_t size(const tensor_view<T, Space>& t) { return t.count; }
   ///@}
@@ -88,9 +115,24 @@ struct tensor_traits<std::vector<T, Alloc>> {
   /// The customization point's members (see tensor_traits).
   using value_type = T;
   using memory_space = host_space;
+  static constexpr bool owns_storage = true;
   static T* data(std::vector<T, Alloc>& t) { return t.data(); }
   static const T* data(const std::vector<T, Alloc>& t) { return t.data(); }
   static std::size_t size(const std::vector<T, Alloc>& t) { return t.size(); }
+  ///@}
+};
+
+/// std::array<T, N> as a host tensor.
+template <class T, std::size_t N>
+struct tensor_traits<std::array<T, N>> {
+  ///@{
+  /// The customization point's members (see tensor_traits).
+  using value_type = T;
+  using memory_space = host_space;
+  static constexpr bool owns_storage = true;
+  static T* data(std::array<T, N>& t) { return t.data(); }
+  static const T* data(const std::array<T, N>& t) { return t.data(); }
+  static std::size_t size(const std::array<T, N>&) { return N; }
   ///@}
 };
 
@@ -101,6 +143,7 @@ struct tensor_traits<std::span<T, Extent>> {
   /// The customization point's members (see tensor_traits).
   using value_type = std::remove_const_t<T>;
   using memory_space = host_space;
+  static constexpr bool owns_storage = false;
   static T* data(const std::span<T, Extent>& t) { return t.data(); }
   static std::size_t size(const std::span<T, Extent>& t) { return t.size(); }
   ///@}
@@ -126,6 +169,7 @@ struct tensor_traits<matrix_view<T, Space>> {
   /// The customization point's members (see tensor_traits), the shape included.
   using value_type = std::remove_const_t<T>;
   using memory_space = Space;
+  static constexpr bool owns_storage = false;
   static T* data(const matrix_view<T, Space>& t) { return t.ptr; }
   static std::size_t size(const matrix_view<T, Space>& t) { return t.count; }
   static std::size_t rows(const matrix_view<T, Space>& t) { return t.row_count; }
@@ -170,6 +214,21 @@ using tensor_value_t = typename tensor_traits_of<T>::value_type;
 template <class T>
 using tensor_space_t = typename tensor_traits_of<T>::memory_space;
 
+/// Whether a tensor owns its elements, so that they end with the object (a
+/// container such as std::vector), rather than refer to storage kept by
+/// someone else (a view, a span, a pointer, a torch::Tensor handle): its
+/// tensor_traits' `owns_storage` where it says, otherwise whether T is a range
+/// that is not borrowed (a container: its iterators die with it). The
+/// parameters of an algorithm or optimizer must not be an owning temporary.
+template <class T>
+inline constexpr bool tensor_owns_storage_v = [] {
+  using U = std::remove_cvref_t<T>;
+  if constexpr (requires { { tensor_traits<U>::owns_storage } -> std::convertible_to<bool>; })
+    return static_cast<bool>(tensor_traits<U>::owns_storage);
+  else
+    return std::ranges::range<U> && !std::ranges::borrowed_range<U>;
+}();
+
 /// Uniform access through the traits.
 template <class T>
 auto tensor_data(T&& t) {
@@ -204,3 +263,12 @@ tensor_shape tensor_shape_of(const T& t) {
 }
 
 }  // namespace diloco
+
+// Views do not own their elements: a view's iterators stay valid after the
+// view object is gone (so std::span<T> converts from an rvalue view too).
+namespace std::ranges {
+template <class T, class Space>
+inline constexpr bool enable_borrowed_range<diloco::tensor_view<T, Space>> = true;
+template <class T, class Space>
+inline constexpr bool enable_borrowed_range<diloco::matrix_view<T, Space>> = true;
+}  // namespace std::ranges

@@ -19,6 +19,7 @@ struct tensor_traits<thrust::device_vector<T, Alloc>> {
   /// the data pointer and the element count.
   using value_type = T;
   using memory_space = device_space;
+  static constexpr bool owns_storage = true;  ///< a container: a temporary may not be the parameters
   static T* data(thrust::device_vector<T, Alloc>& t) { return thrust::raw_pointer_cast(t.data()); }
   static const T* data(const thrust::device_vector<T, Alloc>& t) { return thrust::raw_pointer_cast(t.data()); }
   static std::size_t size(const thrust::device_vector<T, Alloc>& t) { return t.size(); }

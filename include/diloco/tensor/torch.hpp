@@ -99,6 +99,9 @@ struct tensor_traits<at::Tensor> {
   /// columns).
   using value_type = float;
   using memory_space = host_space;
+  /// A handle to shared, reference-counted storage: a temporary copy of a
+  /// parameter tensor refers to the parameter's elements.
+  static constexpr bool owns_storage = false;
   static float* data(const at::Tensor& t) {
     detail::check_torch_tensor(t, detail::torch_place::cpu, name, "the tensor");
     return t.data_ptr<float>();
@@ -137,6 +140,7 @@ struct tensor_traits<torch_device_tensor> {
   /// columns).
   using value_type = float;
   using memory_space = device_space;
+  static constexpr bool owns_storage = false;  ///< a handle to shared storage, as torch::Tensor
   static float* data(const torch_device_tensor& t) {
     detail::check_torch_tensor(t.tensor, detail::torch_place::cuda, name, "the tensor");
     return t.tensor.data_ptr<float>();
