@@ -16,6 +16,11 @@
 //   core while they wait; later calls fail at once.
 //   mode "abort": with abort_on_timeout the survivors end the job with
 //   MPI_Abort after printing the message; nothing after the call may run.
+//   mode "default": communicators with default options (no timeout set):
+//   the argument check of an all-reduce raises comm_error within the
+//   default timeout (30 s) + 2 s, and later calls fail at once (issue 38
+//   item 6: before, the default was no timeout and the survivors waited in
+//   MPI forever). The one slow case: it waits the whole default timeout.
 #include <mpi.h>
 
 #include <chrono>
@@ -32,7 +37,9 @@ using dc::comm::mpi;
 
 namespace {
 
-constexpr auto timeout = std::chrono::milliseconds(1000);
+// The timeout the survivors wait for: 1000 ms set in the options, or the
+// default in mode "default".
+auto timeout = std::chrono::milliseconds(1000);
 constexpr auto margin = std::chrono::seconds(2);
 
 int my_rank = -1;
@@ -81,7 +88,8 @@ void expect_timeout(const char* name, const char* operation, F&& f) {
     why = dc::detail::concat("raised after ", ms, " ms, before the timeout: ", message);
   else if (elapsed > timeout + margin)
     why = dc::detail::concat("raised after ", ms, " ms, more than the timeout + 2 s: ", message);
-  else if (!contains(message, where) || !contains(message, "timeout of 1000 ms") ||
+  else if (!contains(message, where) ||
+           !contains(message, "timeout of " + dc::detail::describe_timeout(timeout)) ||
            !contains(message, "a peer rank may have died"))
     why = "unexpected message: " + message;
   else if (cpu > 0.5 * wall)
@@ -92,6 +100,23 @@ void expect_timeout(const char* name, const char* operation, F&& f) {
   std::fflush(stdout);
 }
 
+// A timed-out communicator refuses further work at once; then the survivor
+// leaves (without MPI_Finalize, which could wait for the dead rank).
+[[noreturn]] void finish_after_timeout(mpi& a) {
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    a.barrier();
+    report(false, "after the timeout", "barrier returned");
+  } catch (const dc::comm_error& e) {
+    const bool quick = std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(500);
+    report(quick && contains(e.what(), "unusable after an earlier timeout"), "after the timeout",
+           quick ? std::string("unexpected message: ") + e.what() : "took 500 ms or more");
+  }
+  std::printf("rank %d: done, %d failure(s)\n", my_rank, failures);
+  std::fflush(stdout);
+  std::_Exit(failures == 0 ? 0 : 1);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -100,14 +125,24 @@ int main(int argc, char** argv) {
   int size = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (size != 3 || (mode != "error" && mode != "abort")) {
-    std::fprintf(stderr, "usage: mpirun -np 3 %s error|abort\n", argv[0]);
+  if (size != 3 || (mode != "error" && mode != "abort" && mode != "default")) {
+    std::fprintf(stderr, "usage: mpirun -np 3 %s error|abort|default\n", argv[0]);
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   const int victim = size - 1;
 
   mpi::options checked;
-  checked.timeout = timeout;
+  if (mode == "default") {
+    timeout = checked.timeout;  // what a user gets without setting one
+    if (dc::detail::unbounded(timeout) || timeout > std::chrono::seconds(60)) {
+      std::printf("rank %d: FAIL default: the default timeout is %s, expected a finite one of at most 60 s\n", my_rank,
+                  dc::detail::describe_timeout(timeout).c_str());
+      std::fflush(stdout);
+      std::_Exit(1);
+    }
+  } else {
+    checked.timeout = timeout;
+  }
   checked.abort_on_timeout = mode == "abort";
   mpi::options unchecked = checked;
   unchecked.check_arguments = false;
@@ -142,6 +177,10 @@ int main(int argc, char** argv) {
 
   // The argument check (an MPI_Iallreduce) waits for the dead rank.
   expect_timeout("blocking all_reduce (argument check)", "all_reduce", [&] { a.all_reduce(x, dc::reduce_op::sum); });
+  if (mode == "default") {
+    // One wait of the default timeout is enough (and long enough).
+    finish_after_timeout(a);
+  }
   // Unchecked, iall_reduce returns at once; wait() honours the timeout.
   auto r = b.iall_reduce(x, dc::reduce_op::sum);
   expect_timeout("iall_reduce wait()", "all_reduce", [&] { r.wait(); });
@@ -150,17 +189,5 @@ int main(int argc, char** argv) {
   std::vector<std::byte> bytes(64);
   expect_timeout("blocking broadcast", "broadcast", [&] { c.broadcast(std::span<std::byte>(bytes), victim); });
 
-  // A timed-out communicator refuses further work at once.
-  const auto t0 = std::chrono::steady_clock::now();
-  try {
-    a.barrier();
-    report(false, "after the timeout", "barrier returned");
-  } catch (const dc::comm_error& e) {
-    const bool quick = std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(500);
-    report(quick && contains(e.what(), "unusable after an earlier timeout"), "after the timeout",
-           quick ? std::string("unexpected message: ") + e.what() : "took 500 ms or more");
-  }
-  std::printf("rank %d: done, %d failure(s)\n", my_rank, failures);
-  std::fflush(stdout);
-  std::_Exit(failures == 0 ? 0 : 1);
+  finish_after_timeout(a);
 }

@@ -67,17 +67,24 @@ struct mpi_options {
   std::size_t max_count_per_call = INT_MAX;
   /// Device buffers only (builds with CUDA).
   mpi_device_path device_path = mpi_device_path::detect;
-  /// Bound on every wait for the other ranks: 1 ms to one year, or
-  /// diloco::no_timeout (the default: MPI's own blocking calls, which wait
-  /// as long as it takes). With a timeout every collective (the argument
-  /// check included) is issued non-blocking and polled with MPI_Testall,
-  /// backing off to short sleeps, and one not complete in time throws
-  /// comm_error naming the operation, the rank and the timeout: a peer that
-  /// died while mpirun keeps the job alive no longer hangs the others. Set it
-  /// on every rank or on none (with check_arguments a mismatch is a
+  /// The default timeout: 30 s, as comm::gloo's. Finite because mpirun
+  /// does not always end the job when a rank dies (`--mca
+  /// orte_abort_on_non_zero_status 0`, schedulers that keep ranks alive),
+  /// and then the survivors would wait in MPI forever.
+  static constexpr std::chrono::milliseconds default_timeout = std::chrono::seconds(30);
+  /// Bound on every wait for the other ranks: 1 ms to one year
+  /// (default_timeout unless set), or diloco::no_timeout (MPI's own blocking
+  /// calls, which wait as long as it takes). With a timeout every collective
+  /// (the argument check included) is issued non-blocking and polled with
+  /// MPI_Testall, backing off to short sleeps, and one not complete in time
+  /// throws comm_error naming the operation, the rank and the timeout: a
+  /// peer that died while mpirun keeps the job alive does not hang the
+  /// others. Set it above the longest time a rank may wait for another at a
+  /// round (a rank that evaluates or saves while the others wait), on every
+  /// rank alike (with check_arguments a timed rank and an untimed one are a
   /// comm_error). After a timeout the communicator is unusable: MPI cannot
   /// cancel a collective, so its buffers may still be written.
-  std::chrono::milliseconds timeout = no_timeout;
+  std::chrono::milliseconds timeout = default_timeout;
   /// With a timeout: call MPI_Abort on the communicator instead of throwing
   /// (after printing the message to stderr), which ends the whole job. Off by
   /// default, since the error then never reaches the program.
@@ -388,9 +395,11 @@ class mpi_request {
 /// MPI's own reductions, which are deterministic for a given library, world
 /// size, message size and call (blocking or not).
 ///
-/// Waits are MPI's own and unbounded by default; with options.timeout every
-/// collective is issued non-blocking and polled against it, so a dead peer
-/// (in a job mpirun keeps alive) is a comm_error instead of a hang.
+/// Every wait is bounded by options.timeout (30 s by default, as Gloo's):
+/// each collective is issued non-blocking and polled against it, so a dead
+/// peer (in a job mpirun keeps alive) is a comm_error naming the operation
+/// and the timeout instead of a hang. diloco::no_timeout gives MPI's own
+/// blocking calls, unbounded.
 class mpi {
  public:
   using options = mpi_options;  ///< expected size, argument checks, timeout, device path (mpi_options)
@@ -433,7 +442,7 @@ class mpi {
   /// `base` with its timeout taken from DILOCO_TIMEOUT_MS when that is set
   /// (milliseconds in [1, one year], or "none"), as comm::gloo::from_env
   /// reads it; a malformed value is a config_error. Unset, base is unchanged
-  /// (no timeout by default). mpirun passes the variable to local ranks; use
+  /// (mpi_options::default_timeout by default). mpirun passes the variable to local ranks; use
   /// `-x DILOCO_TIMEOUT_MS` for remote ones.
   static options options_from_env(options base = {}) {
     if (const char* v = std::getenv("DILOCO_TIMEOUT_MS"))

@@ -44,6 +44,23 @@ class poll_backoff {
   int rounds_ = 0;
 };
 
+// MPI_Testall with its error returned, not handed to MPI_COMM_WORLD's error
+// handler: Open MPI 4 reports a failed non-blocking collective through
+// MPI_COMM_WORLD's handler, not the duplicate's (MPI_ERRORS_RETURN), and
+// the default one (MPI_ERRORS_ARE_FATAL) ends the job where the blocking
+// call would have returned the code (a truncated broadcast, say). The
+// world's handler is swapped for the call and restored: the communicator is
+// used from one thread at a time, and nothing else of MPI runs meanwhile.
+inline int test_all_returning(int n, MPI_Request* reqs, int& done) {
+  MPI_Errhandler user = MPI_ERRHANDLER_NULL;
+  const bool swapped = MPI_Comm_get_errhandler(MPI_COMM_WORLD, &user) == MPI_SUCCESS &&
+                       MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN) == MPI_SUCCESS;
+  const int rc = MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
+  if (swapped) MPI_Comm_set_errhandler(MPI_COMM_WORLD, user);
+  if (user != MPI_ERRHANDLER_NULL) MPI_Errhandler_free(&user);
+  return rc;
+}
+
 // Completes the `n` requests at `reqs`: MPI_Waitall without a timeout,
 // otherwise MPI_Testall polled until `deadline`. Returns MPI's code (the
 // call's name in `*mpi_call`); `timed_out` is set when the deadline passed
@@ -61,7 +78,7 @@ inline int wait_all(int n, MPI_Request* reqs, const wait_policy& policy,
   poll_backoff backoff;
   for (;;) {
     int done = 0;
-    const int rc = MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
+    const int rc = test_all_returning(n, reqs, done);
     if (rc != MPI_SUCCESS || done) return rc;
     if (std::chrono::steady_clock::now() >= deadline) {
       timed_out = true;
