@@ -43,6 +43,8 @@ std::vector<std::byte> sample_file() {
   w.buffer("theta_global", theta, 5);
   w.scalar("rounds", 7);
   w.buffer("empty", nullptr, 0);
+  const std::byte segment[3] = {std::byte{1}, std::byte{0xfe}, std::byte{7}};
+  w.bytes("fragment.0.ready.gathered", segment, 3);
   return std::move(w).finish();
 }
 
@@ -65,10 +67,14 @@ void exercise(std::span<const std::byte> bytes) {
   try {
     const auto img = ck::parse(bytes);
     std::vector<float> values;
+    std::vector<std::byte> raw;
     for (std::size_t i = 1; i < img.sections.size(); ++i) {
       const auto& s = img.sections[i];
       if (s.kind == ck::section_kind::scalar) {
         (void)img.scalar(s);
+      } else if (s.kind == ck::section_kind::bytes) {
+        raw.resize(s.elements());
+        img.raw(s, raw.data());
       } else {
         values.resize(s.elements());
         img.floats(s, values.data());

@@ -260,6 +260,10 @@ std::vector<std::byte> reseal(const dc::checkpoint::image& img, const std::vecto
     const std::string name = i == rename_section ? new_name : s.name;
     if (s.kind == dc::checkpoint::section_kind::scalar) {
       w.scalar(name, img.scalar(s));
+    } else if (s.kind == dc::checkpoint::section_kind::bytes) {
+      std::vector<std::byte> v(s.elements());
+      img.raw(s, v.data());
+      w.bytes(name, v.data(), v.size());
     } else {
       std::vector<float> v(s.elements());
       img.floats(s, v.data());
@@ -332,8 +336,8 @@ TEST_CASE("a damaged checkpoint is a format_error naming what is wrong, and the 
       bad[0] = std::byte{'X'};
       CHECK(contains(load_error(v, bad), "magic is \"XILOCOCK\", expected \"DILOCOCK\""));
       bad = good;
-      bad[8] = std::byte{2};
-      CHECK(contains(load_error(v, bad), "format version is 2; this library reads version 1"));
+      bad[8] = std::byte{3};
+      CHECK(contains(load_error(v, bad), "format version is 3; this library reads versions 1 to 2"));
       bad = good;
       bad[12] = static_cast<std::byte>(static_cast<unsigned>(bad[12]) + 1);
       CHECK(contains(load_error(v, bad), "section"));
@@ -543,7 +547,7 @@ TEST_CASE("stream and memory forms; load while a reduction is in flight is a sta
     T t(a.w, comm, opts);
     for (int s = 0; s < 6; ++s) t.step(a.grads(0));  // round 1's reduction is in flight after step 4
     std::ostringstream out;
-    t.save(out);  // drains it first
+    t.save(out);  // waits for it, leaves it in flight (ready) and stores it
     const snapshot_t saved = snapshot(t, a);
     T u(b.w, comm, opts);
     for (int s = 0; s < 4; ++s) u.step(b.grads(0));
@@ -598,9 +602,310 @@ TEST_CASE("save_global: theta_global, outer state and the clock, the same bytes 
   REQUIRE(img.find("options.outer.lr") != nullptr);
   CHECK(img.find("scope")->value.str == "global");
   // H 4, P 2, tau 1: fragment 0 is applied after steps 2 and 6 and begun
-  // after step 9 (drained by the save), fragment 1 after steps 4 and 8.
-  CHECK(img.scalar(img.sections[3]) == 5);  // rounds
+  // after step 9 (in flight: the save waits for it but does not apply it,
+  // and the global file does not hold it), fragment 1 after steps 4 and 8.
+  CHECK(img.scalar(img.sections[3]) == 4);  // rounds
   CHECK(img.scalar(img.sections[4]) == 9);  // schedule.position
-  CHECK(img.scalar(img.sections[6]) == 3);  // fragment 0's outer steps
+  CHECK(img.scalar(img.sections[6]) == 2);  // fragment 0's outer steps
   CHECK(img.scalar(img.sections[7]) == 2);  // fragment 1's
+}
+
+// ---------------------------------------------------------- in flight
+
+namespace {
+
+// Saving must not change the run: a checkpoint taken while a reduction is
+// in flight holds its completed but unapplied result, so the saver, and a
+// fresh instance that loads the file in a new process (here: a new world of
+// threads over other parameters), both end with the bits of a run that never
+// saved. Two 2-D tensors, so that low_rank factors them.
+const std::vector<std::pair<std::size_t, std::size_t>> shapes{{24, 16}, {16, 1}, {7, 1}, {5, 13}};
+
+struct shaped_model {
+  std::vector<std::vector<float>> w;
+  explicit shaped_model(int seed) {
+    for (std::size_t k = 0; k < shapes.size(); ++k) {
+      w.emplace_back(shapes[k].first * shapes[k].second);
+      for (std::size_t i = 0; i < w[k].size(); ++i)
+        w[k][i] = 0.1f * static_cast<float>(k + 1) - 0.01f * static_cast<float>(i % 23) + 0.5f * static_cast<float>(seed);
+    }
+  }
+  std::vector<dc::matrix_view<float>> views() {
+    std::vector<dc::matrix_view<float>> out;
+    for (std::size_t k = 0; k < shapes.size(); ++k) out.emplace_back(w[k].data(), shapes[k].first, shapes[k].second);
+    return out;
+  }
+  // Worker m's gradient at inner step s (1-based): a function of (m, s) and
+  // the replica only.
+  std::vector<std::vector<float>> grads(int m, int s) const {
+    auto g = w;
+    for (std::size_t k = 0; k < w.size(); ++k)
+      for (std::size_t i = 0; i < w[k].size(); ++i)
+        g[k][i] = w[k][i] - target(m, k, i) +
+                  0.01f * static_cast<float>((static_cast<std::size_t>(7 * s + 3 * m) + i) % 5) - 0.02f;
+    return g;
+  }
+};
+
+// H 6. streaming: P 2, tau 2: fragment 0 begins after steps 1, 7, 13, 19 and
+// is applied two steps later; fragment 1 begins after 4, 10, 16, 22.
+// one_step_delay and eager: a reduction begins after steps 6, 12, 18 and is
+// applied 6 steps later. After step 14 fragment 0's (streaming) or round
+// 2's (delayed) reduction is in flight.
+constexpr int inflight_h = 6, inflight_save_at = 14, inflight_total = 4 * inflight_h;
+
+template <class Sync>
+typename Sync::options inflight_sync() {
+  if constexpr (std::is_same_v<Sync, dc::sync::streaming>)
+    return {.fragments = 2, .delay = 2, .alpha = 0.25f};
+  else
+    return {};
+}
+
+template <class Sync, class Compressor>
+typename trainer<Sync, Compressor>::options inflight_options() {
+  typename trainer<Sync, Compressor>::options o;
+  o.inner_steps = inflight_h;
+  o.inner.lr = 0.05f;
+  o.sync = inflight_sync<Sync>();
+  if constexpr (requires { o.compress.seed; }) o.compress.seed = 20250611;
+  if constexpr (requires { o.compress.rank; }) o.compress.rank = 2;
+  // adaptive: a budget no rung fits and a loose bound: int8 first, then the
+  // most compressed rung (int2) from the second round on; deterministic,
+  // since the rule's choice does not depend on the measured times then.
+  if constexpr (requires { o.compress.rule; }) o.compress.rule = {.budget_seconds = 1e-12, .error_bound = 0.9};
+  return o;
+}
+
+// What a run ends with, per rank: the replica and theta_global after the
+// last step, and both again after finish().
+struct ending {
+  std::vector<std::vector<float>> replica, replica_finished;
+  std::vector<float> global, global_finished;
+};
+
+template <class T>
+void record(T& t, const shaped_model& mdl, ending& e) {
+  e.replica = mdl.w;
+  const auto g = t.global_parameters();
+  e.global.assign(g.data(), g.data() + g.size());
+  t.finish();
+  e.replica_finished = mdl.w;
+  const auto f = t.global_parameters();
+  e.global_finished.assign(f.data(), f.data() + f.size());
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+bool same_bits(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t k = 0; k < a.size(); ++k)
+    if (!same_bits(a[k], b[k])) return false;
+  return true;
+}
+
+template <class Sync, class Compressor>
+void save_in_flight(int workers) {
+  using T = trainer<Sync, Compressor>;
+  const auto opts = inflight_options<Sync, Compressor>();
+  const auto M = static_cast<std::size_t>(workers);
+  std::vector<ending> plain(M), saver(M), restored(M);
+  std::vector<std::vector<std::byte>> files(M);
+  {  // A: never saves.
+    dc::comm::threads::world world(workers);
+    world.run([&](dc::comm::threads& comm) {
+      const int m = comm.rank();
+      shaped_model a(0);
+      T t(a.views(), comm, opts);
+      for (int s = 1; s <= inflight_total; ++s) t.step(a.grads(m, s));
+      record(t, a, plain[static_cast<std::size_t>(m)]);
+    });
+  }
+  {  // B: saves on every rank after step 14, then goes on.
+    dc::comm::threads::world world(workers);
+    world.run([&](dc::comm::threads& comm) {
+      const int m = comm.rank();
+      shaped_model a(0);
+      T t(a.views(), comm, opts);
+      for (int s = 1; s <= inflight_save_at; ++s) t.step(a.grads(m, s));
+      files[static_cast<std::size_t>(m)] = t.save_bytes();
+      if constexpr (!std::is_same_v<Sync, dc::sync::blocking>) {
+        // The save left the reduction in flight (it is applied at its own
+        // step): loading into this instance is refused.
+        CHECK_THROWS_WITH_AS(t.load(files[static_cast<std::size_t>(m)]), doctest::Contains("a reduction is in flight"),
+                             dc::state_error);
+      }
+      for (int s = inflight_save_at + 1; s <= inflight_total; ++s) t.step(a.grads(m, s));
+      record(t, a, saver[static_cast<std::size_t>(m)]);
+    });
+  }
+  {  // C: the process was killed after the save; fresh instances over other
+     // parameters load the files and go on.
+    dc::comm::threads::world world(workers);
+    world.run([&](dc::comm::threads& comm) {
+      const int m = comm.rank();
+      shaped_model c(7);
+      T u(c.views(), comm, opts);
+      u.load(files[static_cast<std::size_t>(m)]);
+      for (int s = inflight_save_at + 1; s <= inflight_total; ++s) u.step(c.grads(m, s));
+      record(u, c, restored[static_cast<std::size_t>(m)]);
+    });
+  }
+  for (std::size_t m = 0; m < M; ++m) {
+    CAPTURE(m);
+    CHECK(same_bits(saver[m].replica, plain[m].replica));
+    CHECK(same_bits(saver[m].global, plain[m].global));
+    CHECK(same_bits(restored[m].replica, plain[m].replica));
+    CHECK(same_bits(restored[m].global, plain[m].global));
+    CHECK(same_bits(saver[m].replica_finished, plain[m].replica_finished));
+    CHECK(same_bits(saver[m].global_finished, plain[m].global_finished));
+    CHECK(same_bits(restored[m].replica_finished, plain[m].replica_finished));
+    CHECK(same_bits(restored[m].global_finished, plain[m].global_finished));
+  }
+  // The runs trained: theta_global moved from its start.
+  shaped_model start(0);
+  std::vector<float> flat;
+  for (const auto& t : start.w) flat.insert(flat.end(), t.begin(), t.end());
+  CHECK(!same_bits(plain[0].global, flat));
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("a save while a reduction is in flight changes nothing: saver and restored run end with the bits of "
+                   "a run that never saved",
+                   Sync, dc::sync::blocking, dc::sync::streaming, dc::sync::one_step_delay, dc::sync::eager) {
+  namespace cp = dc::compress;
+  SUBCASE("fp32 mean, 3 workers") { save_in_flight<Sync, cp::none>(3); }
+  SUBCASE("blockwise int8 + error feedback, 3 workers") {
+    save_in_flight<Sync, cp::error_feedback<cp::blockwise<dc::int8, 32>>>(3);
+  }
+  SUBCASE("blockwise int4, stochastic rounding + error feedback, 2 workers") {
+    save_in_flight<Sync, cp::error_feedback<cp::blockwise<dc::int4, 32, cp::stochastic_rounding>>>(2);
+  }
+  SUBCASE("bf16 cast, stochastic rounding, 4 workers") {
+    save_in_flight<Sync, cp::cast<dc::bf16, cp::stochastic_rounding>>(4);
+  }
+  SUBCASE("chunk_topk (gathered) + error feedback, 3 workers") {
+    save_in_flight<Sync, cp::error_feedback<cp::chunk_topk<64, 8, dc::int4>>>(3);
+  }
+  SUBCASE("low_rank (factored), 3 workers") { save_in_flight<Sync, cp::low_rank>(3); }
+  SUBCASE("adaptive int8 / int4 / int2 + error feedback, switching rungs, 3 workers") {
+    using ef8 = cp::error_feedback<cp::blockwise<dc::int8, 32>>;
+    using ef4 = cp::error_feedback<cp::blockwise<dc::int4, 32>>;
+    using ef2 = cp::error_feedback<cp::blockwise<dc::int2, 32>>;
+    save_in_flight<Sync, cp::adaptive<ef8, ef4, ef2>>(3);
+  }
+}
+
+TEST_CASE("format version 2: the in-flight part is checked before anything is written; version-1 files still load") {
+  dc::comm::threads::world world(1);
+  world.run([&](dc::comm::threads& comm) {
+    using T = trainer<dc::sync::one_step_delay, dc::compress::none>;
+    const auto opts = options_for<dc::sync::one_step_delay, dc::compress::none>();
+    model a(sizes, 0), b(sizes, 3);
+    T t(a.w, comm, opts);
+    for (int s = 0; s < 6; ++s) t.step(a.grads(0));  // round 1's reduction is in flight after step 4
+    const auto good = t.save_bytes();
+    const auto img = dc::checkpoint::parse(good);
+    CHECK(img.version == 2);
+    // After the visited state and the replica: the marker naming fragment
+    // 0, then its verdict and the fp32 wire (the sum and one norm).
+    std::size_t marker = 0;
+    for (std::size_t i = 1; i < img.sections.size(); ++i)
+      if (img.sections[i].name == "in_flight") marker = i;
+    REQUIRE(marker > 0);
+    CHECK(img.sections[marker - 1].name == "replica.3");
+    CHECK(img.scalar(img.sections[marker]) == 0);
+    std::vector<std::string> names;
+    for (std::size_t i = marker + 1; i < img.sections.size(); ++i) names.push_back(img.sections[i].name);
+    CHECK(names == std::vector<std::string>{"fragment.0.ready.accepted", "fragment.0.ready.corrupt",
+                                            "fragment.0.ready.delta_norm", "fragment.0.ready.error_norm",
+                                            "fragment.0.ready.encoded_bytes", "fragment.0.ready.problem",
+                                            "fragment.0.ready.wire"});
+    CHECK(img.sections.back().elements() == 3 + 130 + 7 + 64 + 1);
+    CHECK(img.sections[marker + 6].kind == dc::checkpoint::section_kind::bytes);
+
+    // Forged files (sections re-sealed): refused naming what is wrong, the
+    // victim (nothing in flight) unchanged and still nothing in flight.
+    T v(b.w, comm, opts);
+    const snapshot_t before = snapshot(v, b);
+    auto forge = [&](auto&& edit) {
+      dc::checkpoint::writer w(img.header);
+      for (std::size_t i = 1; i < img.sections.size(); ++i) {
+        const auto& s = img.sections[i];
+        if (!edit(w, i, s)) continue;
+        if (s.kind == dc::checkpoint::section_kind::scalar) {
+          w.scalar(s.name, img.scalar(s));
+        } else if (s.kind == dc::checkpoint::section_kind::bytes) {
+          std::vector<std::byte> x(s.elements());
+          img.raw(s, x.data());
+          w.bytes(s.name, x.data(), x.size());
+        } else {
+          std::vector<float> x(s.elements());
+          img.floats(s, x.data());
+          w.buffer(s.name, x.data(), x.size());
+        }
+      }
+      return std::move(w).finish();
+    };
+    auto refused = [&](const std::vector<std::byte>& bytes, const std::string& want) {
+      std::string msg = "(no format_error)";
+      try {
+        v.load(std::span<const std::byte>(bytes));
+      } catch (const dc::format_error& e) {
+        msg = e.what();
+      }
+      CHECK_MESSAGE(contains(msg, want), msg);
+      CHECK(difference(snapshot(v, b), before) == "");
+    };
+    // A marker naming a fragment this instance does not have.
+    refused(forge([&](auto& w, std::size_t i, const auto&) {
+              if (i != marker) return true;
+              w.scalar("in_flight", 1);
+              return false;
+            }),
+            "names fragment 1's reduction in flight; this instance has 1 fragment");
+    // The in-flight part cut short, and a wire of the wrong size.
+    refused(forge([&](auto&, std::size_t i, const auto&) { return i + 1 != img.sections.size(); }),
+            "checkpoint ends in fragment 0's reduction in flight; this instance expects buffer \"fragment.0.ready.wire\"");
+    refused(forge([&](auto& w, std::size_t i, const auto& s) {
+              if (i + 1 != img.sections.size()) return true;
+              std::vector<float> x(s.elements() + 1, 0.0f);
+              w.buffer(s.name, x.data(), x.size());
+              return false;
+            }),
+            "is buffer \"fragment.0.ready.wire\" of 206 floats; this instance expects buffer \"fragment.0.ready.wire\" of "
+            "205 floats (fragment 0's reduction in flight)");
+    // Nothing was left in flight by the refusals: v finishes and loads the good file.
+    v.finish();
+    v.load(std::span<const std::byte>(good));
+    CHECK(difference(snapshot(v, b), snapshot(t, a)) == "");
+    for (int s = 0; s < 6; ++s) {
+      t.step(a.grads(0));
+      v.step(b.grads(0));
+    }
+    CHECK(difference(snapshot(v, b), snapshot(t, a)) == "");
+
+    // A version-1 file (what this library wrote before version 2: no bytes
+    // sections, nothing in flight) still loads.
+    using B = trainer<dc::sync::blocking, dc::compress::none>;
+    const auto bopts = options_for<dc::sync::blocking, dc::compress::none>();
+    model c(sizes, 0), d(sizes, 5);
+    B x(c.w, comm, bopts);
+    for (int s = 0; s < 5; ++s) x.step(c.grads(0));
+    auto v1 = x.save_bytes();
+    v1[8] = std::byte{1};
+    dc::checkpoint::detail::set_u64(v1, v1.size() - 8, dc::checkpoint::detail::checksum(v1.data(), v1.size() - 8));
+    B y(d.w, comm, bopts);
+    y.load(std::span<const std::byte>(v1));
+    CHECK(difference(snapshot(y, d), snapshot(x, c)) == "");
+    // A version-1 file has no bytes sections.
+    auto forged = good;
+    forged[8] = std::byte{1};
+    dc::checkpoint::detail::set_u64(forged, forged.size() - 8,
+                                    dc::checkpoint::detail::checksum(forged.data(), forged.size() - 8));
+    CHECK_THROWS_WITH_AS(dc::checkpoint::parse(forged), doctest::Contains("or 3 (scalar) in a version-1 file"),
+                         dc::format_error);
+  });
 }

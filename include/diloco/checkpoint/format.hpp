@@ -9,11 +9,12 @@
 //
 //   preamble (24 bytes)
 //     0  magic "DILOCOCK"
-//     8  u32 format version (1)
+//     8  u32 format version (2; version 1, which has no bytes sections, is
+//        read too)
 //    12  u32 section count (the header section included)
 //    16  u64 file bytes (preamble, sections and trailer)
 //   sections, back to back; each
-//     u32 kind (1 header, 2 buffer, 3 scalar), u32 name bytes, u64 payload
+//     u32 kind (1 header, 2 buffer, 3 scalar, 4 bytes), u32 name bytes, u64 payload
 //     bytes, the name, the payload, then u64 the checksum of the section's
 //     bytes before it (frame, name and payload)
 //   trailer (8 bytes)
@@ -23,7 +24,8 @@
 // field count, then per field: u8 value kind (option_value::kind), u32 name
 // bytes, the name, and the value: u64 bits, or for text u32 bytes and the
 // text. Then one section per visited state entry, in visit order: a buffer
-// carries its fp32 values, a scalar one u64.
+// carries its fp32 values, a scalar one u64, a bytes section raw bytes (a
+// wire segment, a text).
 //
 // Checksums are core/checksum.hpp's (checksum_words, finished with the
 // length): they detect accidents (bit flips, truncation, splices), not
@@ -48,21 +50,25 @@ namespace diloco::checkpoint {
 
 /// The file's first 8 bytes, "DILOCOCK".
 inline constexpr std::array<char, 8> magic{'D', 'I', 'L', 'O', 'C', 'O', 'C', 'K'};
-inline constexpr std::uint32_t format_version = 1;  ///< the version this reader writes and accepts
+inline constexpr std::uint32_t format_version = 2;  ///< the version this library writes (and the newest it reads)
+/// The oldest version this library reads: version 1 is version 2 without bytes sections.
+inline constexpr std::uint32_t oldest_format_version = 1;
 inline constexpr std::size_t preamble_bytes = 24;  ///< magic, version, section count, file bytes
 inline constexpr std::size_t trailer_bytes = 8;   ///< the whole-file checksum
 inline constexpr std::size_t frame_bytes = 16;    ///< kind, name bytes, payload bytes
 inline constexpr std::size_t section_tail = 8;    ///< the section's checksum
 
-/// What a section holds: the header's fields, an fp32 buffer, or one u64 scalar.
-enum class section_kind : std::uint32_t { header = 1, buffer = 2, scalar = 3 };
+/// What a section holds: the header's fields, an fp32 buffer, one u64
+/// scalar, or raw bytes (format version 2).
+enum class section_kind : std::uint32_t { header = 1, buffer = 2, scalar = 3, bytes = 4 };
 
-/// "header", "buffer" or "scalar", for messages.
+/// "header", "buffer", "scalar" or "bytes", for messages.
 inline const char* to_string(section_kind k) {
   switch (k) {
     case section_kind::header: return "header";
     case section_kind::buffer: return "buffer";
     case section_kind::scalar: return "scalar";
+    case section_kind::bytes: return "bytes";
   }
   return "unknown";
 }
@@ -81,8 +87,10 @@ struct section {
   std::size_t payload_offset = 0;  ///< first byte of its payload
   std::size_t payload_bytes = 0;   ///< bytes of its payload
   std::size_t end = 0;             ///< one past its checksum
-  /// The values it holds: a buffer's floats, or 1 for a scalar or the header.
-  std::size_t elements() const { return kind == section_kind::buffer ? payload_bytes / 4 : 1; }
+  /// The values it holds: a buffer's floats, a bytes section's bytes, or 1 for a scalar or the header.
+  std::size_t elements() const {
+    return kind == section_kind::buffer ? payload_bytes / 4 : kind == section_kind::bytes ? payload_bytes : 1;
+  }
 };
 
 namespace detail {
@@ -197,6 +205,12 @@ class writer {
     detail::put_floats(out_, host, n);
     end(at);
   }
+  /// A bytes section: n raw bytes in host memory.
+  void bytes(std::string_view name, const std::byte* host, std::size_t n) {
+    const std::size_t at = begin(section_kind::bytes, name, n);
+    if (n) out_.insert(out_.end(), host, host + n);
+    end(at);
+  }
   /// A scalar section: one u64.
   void scalar(std::string_view name, std::uint64_t value) {
     const std::size_t at = begin(section_kind::scalar, name, 8);
@@ -247,8 +261,15 @@ struct image {
   }
   /// A scalar section's value.
   std::uint64_t scalar(const section& s) const { return detail::get_u64(bytes.data() + s.payload_offset); }
-  /// A buffer section's values, copied to `out` (s.elements() floats).
-  void floats(const section& s, float* out) const { detail::get_floats(bytes.data() + s.payload_offset, s.elements(), out); }
+  /// A buffer section's values, copied to `out` (s.elements() floats; never
+  /// more than the payload holds, whatever the section's kind).
+  void floats(const section& s, float* out) const {
+    detail::get_floats(bytes.data() + s.payload_offset, s.payload_bytes / 4, out);
+  }
+  /// A bytes section's bytes, copied to `out` (s.elements() bytes).
+  void raw(const section& s, std::byte* out) const {
+    if (s.payload_bytes) std::memcpy(out, bytes.data() + s.payload_offset, s.payload_bytes);
+  }
 };
 
 /// Verifies everything that needs no knowledge of the algorithm: magic,
@@ -274,8 +295,9 @@ inline image parse(std::span<const std::byte> bytes) {
   image img;
   img.bytes = bytes;
   img.version = detail::get_u32(b + 8);
-  if (img.version != format_version)
-    raise<format_error>("checkpoint format version is ", img.version, "; this library reads version ", format_version);
+  if (img.version < oldest_format_version || img.version > format_version)
+    raise<format_error>("checkpoint format version is ", img.version, "; this library reads versions ",
+                        oldest_format_version, " to ", format_version);
   const std::uint32_t count = detail::get_u32(b + 12);
   const std::uint64_t declared = detail::get_u64(b + 16);
   if (declared != n)
@@ -313,9 +335,10 @@ inline image parse(std::span<const std::byte> bytes) {
     if (stored != computed)
       raise<format_error>("checkpoint section ", i, " (\"", s.name, "\", at byte ", at, ") checksum is ",
                           detail::hex(stored), ", expected ", detail::hex(computed), ": the section is corrupt");
-    if (kind < 1 || kind > 3)
-      raise<format_error>("checkpoint section ", i, " (\"", s.name, "\") has kind ", kind,
-                          "; expected 1 (header), 2 (buffer) or 3 (scalar)");
+    const std::uint32_t kinds = img.version >= 2 ? 4 : 3;  // bytes sections came with version 2
+    if (kind < 1 || kind > kinds)
+      raise<format_error>("checkpoint section ", i, " (\"", s.name, "\") has kind ", kind, "; expected 1 (header), 2 (buffer)",
+                          kinds == 4 ? ", 3 (scalar) or 4 (bytes)" : " or 3 (scalar) in a version-1 file");
     s.kind = static_cast<section_kind>(kind);
     if ((i == 0) != (s.kind == section_kind::header))
       raise<format_error>("checkpoint section ", i, " (\"", s.name, "\") is a ", to_string(s.kind),

@@ -184,6 +184,12 @@ class host_feedback {
     }
   }
   const float* committed_residual() const { return ef ? residual_.data() : nullptr; }
+  // A completed round's residual, which apply() commits (checkpoints of a
+  // reduction in flight).
+  template <class Visitor>
+  void visit_next_residual(Visitor& v, const std::string& prefix) {
+    if constexpr (ef) v.floats(prefix + "next_residual", next_residual_.data(), next_residual_.size(), false);
+  }
   float* next_residual() { return ef ? next_residual_.data() : nullptr; }
   void commit_residual() {
     if constexpr (ef) std::swap(residual_, next_residual_);
@@ -364,6 +370,15 @@ class compressed_mean : public diloco::detail::host_ballot, public diloco::detai
   }
   // 6. agree on the round: vote_data() summed over the ranks, then result()
   // (diloco::detail::host_ballot).
+
+  /// What stage 7 reads once the round has completed, under `prefix`
+  /// (checkpoints of a reduction in flight): the gathered reduced shards and
+  /// the residual it commits.
+  template <class Visitor>
+  void visit_ready(Visitor& v, const std::string& prefix) {
+    v.bytes(prefix + "gathered", gathered_.data(), gathered_.size(), false);
+    this->visit_next_residual(v, prefix);
+  }
 
   /// Stage 7: decode the mean, outer step, copy-back; then keep the new
   /// error-feedback residual.

@@ -146,6 +146,17 @@ class gathered_mean : public diloco::detail::host_ballot, public diloco::detail:
   }
   // 4. agree on the round: vote_data() summed over the ranks, then result().
 
+  /// What step 5 reads once the round has completed, under `prefix`
+  /// (checkpoints of a reduction in flight): every rank's segment (the
+  /// decode reads their payloads, pointed at as check_gathered does) and the
+  /// residual it commits.
+  template <class Visitor>
+  void visit_ready(Visitor& v, const std::string& prefix) {
+    v.bytes(prefix + "gathered", gathered_.data(), gathered_.size(), false);
+    for (std::size_t k = 0; k < payloads_.size(); ++k) payloads_[k] = gathered_.data() + k * slot_ + wire::header_bytes;
+    this->visit_next_residual(v, prefix);
+  }
+
   /// 5. decode and sum in rank order, outer step, copy-back; keep the new
   /// residual.
   template <class Exec, class Update, class Merge = kernels::merge::overwrite>

@@ -118,6 +118,15 @@ class gathered_mean<Compressor, Space> : public device_detail::device_ballot<Spa
   void visit_state(Visitor& v, std::string_view prefix) {
     diloco::detail::visit_residual<Compressor>(v, prefix, residual_, true);
   }
+  /// What the decode-apply reads once the round has completed, under
+  /// `prefix` (checkpoints of a reduction in flight): the gathered segments
+  /// and the residual it commits, in device memory.
+  template <class Visitor>
+  void visit_ready(Visitor& v, const std::string& prefix) {
+    v.bytes(prefix + "gathered", gathered_.data(), gathered_.size(), true);
+    if constexpr (Compressor::has_error_feedback)
+      v.floats(prefix + "next_residual", next_residual_.data(), next_residual_.size(), true);
+  }
 
   /// 1. encode the whole fragment into this rank's segment, its checksum and
   /// header.

@@ -235,6 +235,16 @@ class low_rank_mean : public detail_low_rank::ballot<Space> {
   }
   // Then vote_data() summed over the ranks, and result().
 
+  /// What step 6 reads once the round has completed, under `prefix`
+  /// (checkpoints of a reduction in flight): the mean P and Q (P holding the
+  /// vectors' mean too) and the residual it keeps.
+  template <class Visitor>
+  void visit_ready(Visitor& v, const std::string& prefix) {
+    v.floats(prefix + "p_mean", p_mean_.data(), p_mean_.size(), on_device);
+    v.floats(prefix + "q_mean", q_mean_.data(), q_mean_.size(), on_device);
+    v.floats(prefix + "next_residual", next_residual_.data(), next_residual_.size(), on_device);
+  }
+
   /// 6. the mean P^ Q^T (and the vectors' mean), outer step, merge; keep the
   /// residual and warm-start Q with the mean Q.
   template <class Exec, class Update, class Merge = kernels::merge::overwrite>

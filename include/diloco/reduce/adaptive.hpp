@@ -98,6 +98,22 @@ class adaptive {
       v.scalar(diloco::detail::concat(a, "seconds_per_byte.", w), memory_.seconds_per_byte[w]);
   }
 
+  /// A completed round's result for apply(), under `prefix` (checkpoints of
+  /// a reduction in flight): the rung it used, then every rung's ready
+  /// buffers (the same entries whichever rung ran; the rule's memory,
+  /// already updated by wait(), is visited state).
+  template <class Visitor>
+  void visit_ready(Visitor& v, const std::string& prefix) {
+    std::uint64_t used = used_;
+    v.scalar(prefix + "adaptive.used", used);
+    if (used >= rungs)
+      diloco::detail::raise<state_error>("adaptive: a ready round names rung ", used, " of ", rungs,
+                                         ": a corrupt or foreign state was loaded");
+    used_ = static_cast<std::size_t>(used);
+    for (std::size_t j = 0; j < rungs; ++j)
+      on(j, [&](auto& r) { r.visit_ready(v, diloco::detail::concat(prefix, "rung", j, ".")); });
+  }
+
   /// Notes the compute time since the fragment's previous round and starts the active rung's
   /// reduction (reduce::staged::begin).
   void begin(Exec& exec, Comm& comm, transport& link, const float* ref, std::uint64_t round, bool overlap) {

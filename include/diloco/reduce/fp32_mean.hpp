@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -99,6 +100,15 @@ class fp32_mean {
     exec.to_host(norms_.data(), wire_.data() + params_->total(), norms_.size());
     check_norms(norms_, out);
     return out;
+  }
+
+  /// A completed reduction's result for apply(), under `prefix` (checkpoints
+  /// of a reduction in flight): the wire, the sum of the pseudo-gradients
+  /// and every rank's norm. Empty when the world of one keeps no wire
+  /// (nothing is in flight then).
+  template <class Visitor>
+  void visit_ready(Visitor& v, const std::string& prefix) {
+    v.floats(prefix + "wire", wire_.data(), wire_.size(), !std::is_same_v<Space, host_space>);
   }
 
   /// Outer step on `global` (the fragment's theta_global) with the mean,

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <thread>
 #include <type_traits>
@@ -87,6 +88,13 @@ class staged {
   template <class Visitor>
   void visit_state(Visitor& v, std::string_view prefix) {
     engine_->visit_state(v, prefix);
+  }
+
+  /// A completed exchange's result for apply(), under `prefix` (checkpoints
+  /// of a reduction in flight): what the engine's decode-apply reads.
+  template <class Visitor>
+  void visit_ready(Visitor& v, const std::string& prefix) {
+    engine_->visit_ready(v, prefix);
   }
 
   /// Encodes this rank's pseudo-gradient (Δ = ref − local; `round` seeds stochastic rounding)
