@@ -607,10 +607,14 @@ TEST_CASE("2 processes: every small format's compressed mean within its bound, t
   run_world(w, 120s, {"codecs"});
 }
 
-TEST_CASE("2 and 4 processes over a Redis store: every operation and the algorithm") {
+// Without redis-server (scripts/install-deps.sh installs it) the Redis
+// cases are reported as skipped by doctest's summary, not as passed.
+static bool no_redis_server() { return harness::find_program("redis-server").empty(); }
+
+TEST_CASE("2 and 4 processes over a Redis store: every operation and the algorithm" * doctest::skip(no_redis_server())) {
   harness::redis_server redis;
   if (!redis.available()) {
-    MESSAGE("redis-server is not installed: skipping the Redis store test (scripts/install-deps.sh installs it)");
+    FAIL("redis-server is not installed (scripts/install-deps.sh installs it)");
     return;
   }
   for (int m : {2, 4}) {
@@ -759,16 +763,25 @@ TEST_CASE("a rank that never comes: the others raise comm_error naming it within
     const auto& s = ps.status(static_cast<std::size_t>(r));
     INFO(harness::describe(s), ": ", harness::read_file(d.file("error." + std::to_string(r))));
     CHECK((s.exited && s.code == exit_caught_comm_error));
-    // Process start-up included; the wait itself is bounded by the timeout.
-    CHECK(harness::seconds_between(t0, s.at) < timeout_ms / 1000.0 + 2.0);
+    // What the timeout guarantees: no rank gives up before it has passed
+    // (measured from before the processes start, so start-up only adds).
+    // The upper bound includes process start-up, which takes seconds under
+    // sanitizers on two cores: it only rules out a wait of many timeouts
+    // (wait_all's 30 s rules out a hang).
+    CHECK(harness::seconds_between(t0, s.at) >= timeout_ms / 1000.0);
+    CHECK(harness::seconds_between(t0, s.at) < timeout_ms / 1000.0 + 10.0);
   }
 }
 
-TEST_CASE("a peer that registers but never connects: every rank raises within timeout + 0.5 s, naming it") {
+TEST_CASE("a peer that registers but never connects: every rank raises after the timeout, well before twice it, naming it") {
   // Gloo's own connect waited five times the timeout for such a peer and
-  // named only an address (issue 12, item 1).
+  // named only an address (issue 12, item 1). The constructor's own clock
+  // (timed_join) excludes process start-up. A "did not connect" verdict
+  // cannot come before the timeout has passed; the upper bound, twice the
+  // timeout, leaves 3 s for sanitizers on two cores and still tells the
+  // fix from the old five timeouts (15 s).
   constexpr int m = 3, fake = 2, timeout_ms = 3000;
-  constexpr double bound_s = timeout_ms / 1000.0 + 0.5;
+  constexpr double bound_s = 2.0 * timeout_ms / 1000.0;
   struct scenario {
     const char* fake;
     const char* expect;
@@ -806,6 +819,7 @@ TEST_CASE("a peer that registers but never connects: every rank raises within ti
       const double elapsed_s = std::atof(harness::read_file(d.file("elapsed_us." + std::to_string(r))).c_str()) / 1e6;
       MESSAGE(fake_kind, ": rank ", r, " raised after ", elapsed_s, " s: ", msg);
       CHECK(elapsed_s <= bound_s);
+      if (fake_kind != "port:0") CHECK(elapsed_s >= timeout_ms / 1000.0);
       CHECK(msg.find(sc.expect) != std::string::npos);
       CHECK(msg.find("rendezvous on rank " + std::to_string(r) + " of 3") != std::string::npos);
       // It is rank 2's fault, and no other rank is blamed.
@@ -1091,10 +1105,10 @@ TEST_CASE("an unreachable Redis store is a comm_error naming it") {
   CHECK(harness::seconds_between(t0, harness::clock::now()) < 5.0);
 }
 
-TEST_CASE("a Redis store that stops answering is a comm_error within the timeout, not a hang") {
+TEST_CASE("a Redis store that stops answering is a comm_error within the timeout, not a hang" * doctest::skip(no_redis_server())) {
   harness::redis_server redis;
   if (!redis.available()) {
-    MESSAGE("redis-server is not installed: skipping");
+    FAIL("redis-server is not installed (scripts/install-deps.sh installs it)");
     return;
   }
   redis.signal(SIGSTOP);  // the kernel still accepts connections; nobody answers

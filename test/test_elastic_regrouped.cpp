@@ -121,9 +121,39 @@ static_assert(dc::device_communicator<regrouped_sim> && dc::async_device_communi
 constexpr std::size_t n = 256;
 constexpr std::size_t H = 4;
 
-// Worker `seed`'s objective 0.5 * |x - c|^2 with its own c.
-float target(int seed, std::size_t i) {
-  return static_cast<float>(seed % 7) * 0.3f + static_cast<float>(i % 13) * 0.05f;
+// The objective 0.5 * |x - c|^2 of the worker started with rank `rank`,
+// in outer round `round` (counted from 1): a function of both, so the test
+// can replay the rounds by hand and see a lost contribution or a frozen
+// theta_global.
+float target(int rank, std::uint64_t round, std::size_t i) {
+  return static_cast<float>(rank + 1) * 0.3f + static_cast<float>(round % 5) * 0.2f + static_cast<float>(i % 13) * 0.05f;
+}
+
+constexpr float inner_lr = 0.1f, outer_lr = 0.7f, mu = 0.9f;  // outer: nesterov's defaults
+
+// The blocking rounds by hand (as test_elastic_threads.cpp): each member
+// (by its starting rank) runs H SGD steps from theta_global towards its
+// target of the round; the mean pseudo-gradient d takes one Nesterov step
+// (torch.optim.SGD, nesterov=True: b = d the first round, then
+// b = mu b + d; theta -= lr (d + mu b)). Start: every element 0.5.
+std::vector<double> by_hand(const std::vector<std::vector<int>>& members_per_round) {
+  std::vector<double> theta(n, 0.5), b(n, 0.0);
+  std::uint64_t round = 0;
+  for (const auto& members : members_per_round) {
+    ++round;
+    std::vector<double> d(n, 0.0);
+    for (int id : members) {
+      std::vector<double> x = theta;
+      for (std::size_t s = 0; s < H; ++s)
+        for (std::size_t i = 0; i < n; ++i) x[i] -= inner_lr * (x[i] - target(id, round, i));
+      for (std::size_t i = 0; i < n; ++i) d[i] += (theta[i] - x[i]) / static_cast<double>(members.size());
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      b[i] = round == 1 ? d[i] : mu * b[i] + d[i];
+      theta[i] -= outer_lr * (d[i] + mu * b[i]);
+    }
+  }
+  return theta;
 }
 
 // theta_global's tensors (not the device layout's padding), hashed.
@@ -156,13 +186,15 @@ int train_with(typename Sync::options so) {
   const int want_size = std::atoi(env_or("DILOCO_TEST_WANT_SIZE", "0").c_str());
   const auto leave_at = static_cast<std::uint64_t>(std::atoi(env_or("DILOCO_TEST_LEAVE_AT", "0").c_str()));
   const std::string me = std::to_string(getpid());
+  const int start_rank = std::atoi(env_or("DILOCO_RANK", "0").c_str());
   try {
     const auto o = gloo_comm::options_from_env();
     regrouped_sim comm(o, sim_factory{o, dir + "/data." + me});
     using trainer = dc::algorithm<dc::inner::sgd, dc::outer::nesterov, dc::compress::none, regrouped_sim, Sync>;
     typename trainer::options opts;
     opts.inner_steps = H;
-    opts.inner = {.lr = 0.1f};
+    opts.inner = {.lr = inner_lr};
+    opts.outer = {.lr = outer_lr, .momentum = mu};
     opts.sync = so;
     // "Device" memory is host memory in this program.
     std::vector<std::vector<float>> x(2, std::vector<float>(n / 2, 0.5f)), g(2, std::vector<float>(n / 2));
@@ -175,7 +207,7 @@ int train_with(typename Sync::options so) {
     std::uint64_t steps = 0;
     while (t.stats().rounds < rounds || t.world_size() < want_size) {
       for (std::size_t k = 0; k < 2; ++k)
-        for (std::size_t i = 0; i < n / 2; ++i) g[k][i] = x[k][i] - target(static_cast<int>(getpid()), k * n / 2 + i);
+        for (std::size_t i = 0; i < n / 2; ++i) g[k][i] = x[k][i] - target(start_rank, t.stats().rounds + 1, k * n / 2 + i);
       t.step(grads);
       ++steps;
       if (leave_at > 0 && steps == leave_at * H) {
@@ -185,6 +217,17 @@ int train_with(typename Sync::options so) {
       }
     }
     t.finish();
+    {
+      std::string values;  // theta_global's tensors, exactly (hexadecimal floats)
+      const auto gl = t.template global_parameters<dc::device_space>();
+      for (std::size_t k = 0; k < 2; ++k)
+        for (std::size_t i = 0; i < n / 2; ++i) {
+          char buf[32];
+          std::snprintf(buf, sizeof buf, "%a\n", static_cast<double>(gl.data()[t.global_offset(k) + i]));
+          values += buf;
+        }
+      harness::write_file(dir + "/values." + me, values);
+    }
     harness::write_file(dir + "/theta." + me, global_hash(t) + " " + std::to_string(t.world_size()) + " " +
                                                    std::to_string(t.stats().rounds) + " " +
                                                    std::to_string(comm.generation()) + " " +
@@ -406,6 +449,30 @@ void check_finished(const std::map<std::string, finished>& done, const std::vect
   }
 }
 
+// Every finished worker's theta_global (values.<pid>) against the blocking
+// rounds replayed by hand with these members (by starting rank) in each
+// round: fp32 against double, to 1e-5 relative, as test_elastic_threads.cpp
+// (a lost contribution or a frozen theta_global moves it by more than 1e-2).
+void check_by_hand(const std::string& dir, std::size_t workers, const std::vector<std::vector<int>>& members_per_round) {
+  const auto want = by_hand(members_per_round);
+  std::size_t seen = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().filename().string().rfind("values.", 0) != 0) continue;
+    ++seen;
+    const std::string text = harness::read_file(e.path().string());
+    std::vector<double> v;
+    const char* p = text.c_str();
+    char* end = nullptr;
+    for (double x = std::strtod(p, &end); end != p; x = std::strtod(p, &end)) v.push_back(x), p = end;
+    REQUIRE(v.size() == n);
+    for (std::size_t i = 0; i < n; ++i) {
+      CAPTURE(i);
+      CHECK(v[i] == doctest::Approx(want[i]).epsilon(1e-5));
+    }
+  }
+  CHECK(seen == workers);
+}
+
 // What the workers of a finished run left in `dir`, checked: `workers`
 // finished in a group of `size` with the same theta_global, and the data
 // communicators' records agree with the store (check_records).
@@ -458,6 +525,17 @@ TEST_CASE("4 workers over regrouped device communicators, one SIGKILLed: the 3 s
       REQUIRE(records.count(pid) == 1);
       CHECK(generations_made(records.at(pid)) == s.survivors_made);
       CHECK(f.generation == s.survivors_made.back());
+      if (s.sync == "blocking") CHECK(f.rounds == 6);
+    }
+    // Blocking: the victim's contribution is in the rounds before the one
+    // it died in (core/fault.hpp: stage:round; 0 = start-up), the survivors
+    // run that round again without it (docs/architecture.md, "Elastic
+    // membership").
+    if (s.sync == "blocking") {
+      const int with_victim = s.fault == "startup:0" ? 0 : 1;
+      std::vector<std::vector<int>> members;
+      for (int k = 1; k <= 6; ++k) members.push_back(k <= with_victim ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0, 1, 3});
+      check_by_hand(dir, 3, members);
     }
   }
 }
@@ -516,6 +594,8 @@ TEST_CASE("a worker that leaves aborts its data communicator and makes none; the
     CHECK(generations_made(r) == (left ? std::vector<std::uint64_t>{0} : std::vector<std::uint64_t>{0, 1}));
     if (left) CHECK(r.aborted == std::vector<std::uint64_t>{0});
   }
+  // Rank 3 left after round 2: its contribution is in rounds 1 and 2 only.
+  check_by_hand(dir, 3, {{0, 1, 2, 3}, {0, 1, 2, 3}, {0, 1, 2}, {0, 1, 2}, {0, 1, 2}, {0, 1, 2}});
 }
 
 TEST_SUITE_END();
