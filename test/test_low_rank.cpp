@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // low_rank (PowerSGD-style) over the threads communicator: a rank-R matrix
 // held by every worker is reproduced, error feedback stays bounded, vectors
-// travel exactly, replicas agree bit for bit for M = 1, 2, 3, 4, 7, and a
-// corrupt factor segment is refused on every rank.
+// travel exactly, replicas agree bit for bit for M = 1, 2, 3, 4, 7, a
+// corrupt factor segment is refused on every rank, three workers with
+// different matrices follow PowerSGD's round computed in double, and a
+// checkpoint round trip continues with the uninterrupted run's bits.
 #include <doctest/doctest.h>
 
 #include <algorithm>
