@@ -70,22 +70,22 @@ struct tensor_view {
   constexpr T& operator[](std::size_t i) const { return ptr[i]; }
   /// `n` elements from element `offset` (unchecked).
   constexpr tensor_view subview(std::size_t offset, std::size_t n) const { return {ptr + offset, n}; }
-  ///@{
-  /// The elements as a range (host memory only: a device pointer must not be
-  /// dereferenced on the host, so a device view is no range). A view is a
-  /// borrowed, contiguous, sized range: std::ranges algorithms and range-for
-  /// take it, and std::span<T> converts from it.
+  // The elements as a range (host memory only: a device pointer must not be
+  // dereferenced on the host, so a device view is no range). A host view is
+  // a borrowed, contiguous, sized range: std::ranges algorithms and
+  // range-for take it, and std::span<T> converts from it.
+  /// The first element, as a range's begin (host views only).
   constexpr T* begin() const
     requires std::same_as<Space, host_space>
   {
     return ptr;
   }
+  /// One past the last element, as a range's end (host views only).
   constexpr T* end() const
     requires std::same_as<Space, host_space>
   {
     return ptr + count;
   }
-  ///@}
 };
 
 /// A view of host memory.
@@ -266,9 +266,11 @@ tensor_shape tensor_shape_of(const T& t) {
 
 // Views do not own their elements: a view's iterators stay valid after the
 // view object is gone (so std::span<T> converts from an rvalue view too).
+/// @cond
 namespace std::ranges {
 template <class T, class Space>
 inline constexpr bool enable_borrowed_range<diloco::tensor_view<T, Space>> = true;
 template <class T, class Space>
 inline constexpr bool enable_borrowed_range<diloco::matrix_view<T, Space>> = true;
 }  // namespace std::ranges
+/// @endcond
