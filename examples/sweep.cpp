@@ -7,6 +7,10 @@
 //   sweep [--grid scale,shards,compressors,schedules] [--out DIR]
 //         [--workers 1,2,4,8] [--inner-steps 1,10,20,50,100,250] ...
 //
+// Outer step (--outer): Nesterov for every DiLoCo row, except SparseLoCo,
+// which takes its paper's plain outer SGD step (--outer-sgd-lr, no
+// momentum) unless --outer names one for every row.
+//
 // Grids:
 //   scale        DiLoCo (fp32, blocking) for every M x H, against data
 //                parallel and one worker with the same per-worker compute
@@ -46,35 +50,64 @@ namespace cs = char_mlp::compressors;
 namespace sy = diloco::sync;
 using adamw = diloco::inner::adamw;
 using nesterov = diloco::outer::nesterov;
+using outer_sgd = diloco::outer::sgd;
 
-template <class C>
-using with_compressor = dx::variant<adamw, nesterov, C>;
-template <class S>
-using with_schedule = dx::variant<adamw, nesterov, cs::none, S>;
+// V under `Label`, which names the outer step where it is not Nesterov:
+// "diloco+sparseloco (outer sgd)".
+template <dx::fixed_string Label, class V>
+struct labelled : V {
+  static std::string name() {
+    std::string out = Label.text;
+    if constexpr (!std::is_same_v<typename V::outer_type, nesterov>) out += std::string(" (") + V::outer_type::name + ")";
+    return out;
+  }
+};
 
-// The variants, at compile time.
+template <class O, class C>
+using with_compressor = dx::variant<adamw, O, C>;
+template <class O, class S>
+using with_schedule = dx::variant<adamw, O, cs::none, S>;
+
+// The variants, at compile time; the DiLoCo lists for either outer step O.
 using baselines = dx::variants<dx::data_parallel<adamw>, dx::single_worker<adamw>>;
-using plain = dx::variants<dx::named<"diloco", dx::variant<adamw, nesterov>>>;
+template <class O>
+using plain = dx::variants<labelled<"diloco", dx::variant<adamw, O>>>;
 using data_parallel = dx::variants<dx::data_parallel<adamw>>;
-using every_compressor =
-    dx::variants<dx::named<"diloco+bf16", with_compressor<cs::bf16>>,
-                 dx::named<"diloco+int8+ef", with_compressor<cs::int8>>,
-                 dx::named<"diloco+int4+ef", with_compressor<cs::int4>>,
-                 dx::named<"diloco+fp8_e4m3+ef", with_compressor<cs::fp8>>,
-                 dx::named<"diloco+fp8_e5m2+ef", with_compressor<cs::fp8e5m2>>,
-                 dx::named<"diloco+fp4_e3m0+ef", with_compressor<cs::fp4>>,
-                 dx::named<"diloco+int2+ef", with_compressor<cs::int2>>,
-                 dx::named<"diloco+sparseloco", with_compressor<cs::sparseloco>>,
-                 dx::named<"diloco+adaptive", with_compressor<cs::adaptive>>,
-                 dx::named<"diloco+top10%+ef", with_compressor<cs::topk>>,
-                 dx::named<"diloco+low_rank r4", with_compressor<cs::low_rank>>>;
-using every_schedule = dx::variants<dx::named<"diloco streaming", with_schedule<sy::streaming>>,
-                                    dx::named<"diloco one-step delay", with_schedule<sy::one_step_delay>>,
-                                    dx::named<"diloco eager", with_schedule<sy::eager>>>;
+template <class O>
+using compressors_before_sparse =
+    dx::variants<labelled<"diloco+bf16", with_compressor<O, cs::bf16>>,
+                 labelled<"diloco+int8+ef", with_compressor<O, cs::int8>>,
+                 labelled<"diloco+int4+ef", with_compressor<O, cs::int4>>,
+                 labelled<"diloco+fp8_e4m3+ef", with_compressor<O, cs::fp8>>,
+                 labelled<"diloco+fp8_e5m2+ef", with_compressor<O, cs::fp8e5m2>>,
+                 labelled<"diloco+fp4_e3m0+ef", with_compressor<O, cs::fp4>>,
+                 labelled<"diloco+int2+ef", with_compressor<O, cs::int2>>>;
+template <class O>
+using sparse = dx::variants<labelled<"diloco+sparseloco", with_compressor<O, cs::sparseloco>>>;
+template <class O>
+using compressors_after_sparse =
+    dx::variants<labelled<"diloco+adaptive", with_compressor<O, cs::adaptive>>,
+                 labelled<"diloco+top10%+ef", with_compressor<O, cs::topk>>,
+                 labelled<"diloco+low_rank r4", with_compressor<O, cs::low_rank>>>;
+template <class O>
+using every_schedule = dx::variants<labelled<"diloco streaming", with_schedule<O, sy::streaming>>,
+                                    labelled<"diloco one-step delay", with_schedule<O, sy::one_step_delay>>,
+                                    labelled<"diloco eager", with_schedule<O, sy::eager>>>;
+
+// Calls f.template operator()<O>() with O the outer step `o` names.
+template <class F>
+void with_outer(char_mlp::outer_step o, F&& f) {
+  if (o == char_mlp::outer_step::sgd)
+    f.template operator()<outer_sgd>();
+  else
+    f.template operator()<nesterov>();
+}
 
 struct sweep_options {
   char_mlp::config c;  // model, lr schedule, outer optimizer, streaming settings
   std::vector<std::string> grids{"scale", "shards", "compressors", "schedules"};
+  std::string outer;                  // --outer: every DiLoCo row's; empty: Nesterov, SparseLoCo outer SGD
+  std::vector<std::string> only;      // --variants: the compressors and schedules grids run only these
   std::vector<int> workers{1, 2, 4, 8};
   std::vector<int> inner_steps{1, 10, 20, 50, 100, 250};
   int compare_workers = 4, compare_h = 100, shards_h = 100;
@@ -137,20 +170,31 @@ class sweep {
       opts.inner = char_mlp::inner_options(c);
       using O = std::remove_cvref_t<decltype(opts)>;
       if constexpr (!std::is_void_v<dx::compressor_of_t<O>>) {
-        opts.outer = {.lr = c.outer_lr, .momentum = c.outer_momentum};
+        opts.outer = char_mlp::outer_options<dx::outer_of_t<O>>(c);
         opts.compress = cs::compressor_options<dx::compressor_of_t<O>>(c.feedback_decay);
         opts.sync = char_mlp::sync_options<dx::sync_of_t<O>>(c);
       }
     };
     const auto rows = dx::run<Variants>(char_mlp::problem{&d_, &c, &plan}, dx::on_threads{m}, s, configure);
     for (const auto& r : rows) {
-      std::printf("%-11s M=%d H=%-3d %-7s %-26s held-out %.4f  bytes %12llu  rounds %5llu  %6.1f s\n", grid.c_str(), m,
-                  h, char_mlp::name_of(shards), r.variant.c_str(), r.final_loss,
+      std::printf("%-11s M=%d H=%-3d %-7s %-26s %-14s held-out %.4f  bytes %12llu  rounds %5llu  %6.1f s\n",
+                  grid.c_str(), m, h, char_mlp::name_of(shards), r.variant.c_str(), r.outer.c_str(), r.final_loss,
                   static_cast<unsigned long long>(r.bytes_sent), static_cast<unsigned long long>(r.rounds), r.seconds);
       std::fflush(stdout);
       rows_.push_back(r);
     }
     write();
+  }
+
+  // Runs each variant of the list that --variants names (every one when it
+  // names none) on its own: the same rows as one run of the list.
+  template <class... V>
+  void run_each(dx::variants<V...>, const std::string& grid, int m, int h, char_mlp::shard_mode shards) {
+    auto one = [&]<class W>() {
+      if (o_.only.empty() || std::find(o_.only.begin(), o_.only.end(), W::name()) != o_.only.end())
+        run<dx::variants<W>>(grid, m, h, shards);
+    };
+    (one.template operator()<V>(), ...);
   }
 
   const std::vector<dx::row>& rows() const { return rows_; }
@@ -205,6 +249,18 @@ int run(int argc, char** argv) {
   app.add_option("--curve-points", o.curve_points, "held-out evaluations per run")
       ->capture_default_str()
       ->check(cd::int_in(1, 1000));
+  app.add_option("--outer", o.outer,
+                 "DiLoCo's outer step, every row: nesterov (lr 0.7, momentum 0.9) or sgd (no momentum, "
+                 "--outer-sgd-lr); default: nesterov, and sgd for SparseLoCo (its paper's outer step)")
+      ->check(CLI::IsMember(char_mlp::outer_names));
+  app.add_option("--outer-sgd-lr", o.c.sgd_outer_lr, "outer SGD's learning rate (1: plain averaging)")
+      ->capture_default_str()
+      ->check(cd::finite_in(0.0, 10.0, true));
+  app.add_option("--variants", o.only,
+                 "compressors and schedules grids: run only these variants, by label (e.g. "
+                 "diloco,\"diloco+sparseloco (outer sgd)\"); default: all")
+      ->delimiter(',')
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--hidden", o.c.dims.hidden, "hidden units")->capture_default_str()->check(cd::int_in(1, 65536));
   app.add_option("--lr", o.c.lr, "AdamW peak lr")->capture_default_str()->check(cd::finite_in(0.0, 10.0, true));
   app.add_option("--eval-windows", o.c.eval_windows, "held-out windows per evaluation")->capture_default_str();
@@ -221,6 +277,14 @@ int run(int argc, char** argv) {
               char_mlp::model(o.c.dims, o.c.seed).parameter_count());
   sweep sw(o, data);
   constexpr auto iid_mode = char_mlp::shard_mode::iid;
+  const auto outer = char_mlp::outer_for(o.outer, "none");                 // every DiLoCo row but SparseLoCo
+  const auto sparse_outer = char_mlp::outer_for(o.outer, "sparseloco");   // SparseLoCo's
+  std::printf("outer step: %s (lr %g)%s\n", char_mlp::name_of(outer),
+              static_cast<double>(outer == char_mlp::outer_step::sgd ? o.c.sgd_outer_lr : o.c.outer_lr),
+              outer == sparse_outer ? ""
+                                    : (std::string("; SparseLoCo: ") + char_mlp::name_of(sparse_outer) + " (lr " +
+                                       CLI::detail::to_string(o.c.sgd_outer_lr) + ", no momentum: its paper's)")
+                                          .c_str());
 
   if (wants(o.grids, "scale"))
     for (const int m : o.workers) {
@@ -232,19 +296,29 @@ int run(int argc, char** argv) {
           budgets_done.push_back(steps);
           sw.run<baselines>("scale", m, h, iid_mode);
         }
-        sw.run<plain>("scale", m, h, iid_mode);
+        with_outer(outer, [&]<class O>() { sw.run<plain<O>>("scale", m, h, iid_mode); });
       }
     }
   if (wants(o.grids, "shards"))
     for (const int m : o.workers) {
       if (m < 2) continue;
       for (const auto mode : {char_mlp::shard_mode::iid, char_mlp::shard_mode::by_file})
-        sw.run<dx::join<data_parallel, plain>>("shards", m, o.shards_h, mode);
+        with_outer(outer, [&]<class O>() { sw.run<dx::join<data_parallel, plain<O>>>("shards", m, o.shards_h, mode); });
     }
-  if (wants(o.grids, "compressors"))
-    sw.run<dx::join<plain, every_compressor>>("compressors", o.compare_workers, o.compare_h, iid_mode);
+  // The compressors and schedules grids in table order, each variant on its
+  // own (--variants picks them), SparseLoCo under its own outer step.
+  const int cm = o.compare_workers, ch = o.compare_h;
+  if (wants(o.grids, "compressors")) {
+    with_outer(outer, [&]<class O>() {
+      sw.run_each(dx::join<plain<O>, compressors_before_sparse<O>>{}, "compressors", cm, ch, iid_mode);
+    });
+    with_outer(sparse_outer, [&]<class O>() { sw.run_each(sparse<O>{}, "compressors", cm, ch, iid_mode); });
+    with_outer(outer, [&]<class O>() { sw.run_each(compressors_after_sparse<O>{}, "compressors", cm, ch, iid_mode); });
+  }
   if (wants(o.grids, "schedules"))
-    sw.run<dx::join<plain, every_schedule>>("schedules", o.compare_workers, o.compare_h, iid_mode);
+    with_outer(outer, [&]<class O>() {
+      sw.run_each(dx::join<plain<O>, every_schedule<O>>{}, "schedules", cm, ch, iid_mode);
+    });
 
   std::printf("\n");
   dx::write_table(stdout, sw.rows());

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The main demo: a character-level MLP trained three ways on the same data
-// (one worker, synchronous data parallel, DiLoCo) with simulated workers on
+// (synchronous data parallel, DiLoCo, and one worker with the same per-worker
+// compute) with simulated workers on
 // the in-process threads communicator; prints held-out loss and bytes sent.
 //
 //   train_char_mlp [--workers M] [--steps N] [--batch B] [--inner-steps H]
@@ -26,6 +27,7 @@ int main(int argc, char** argv) {
     const auto data = char_mlp::load_dataset(c);
     c.dims.vocab = data.vocab();
     char_mlp::print_header(c, data, "");
+    char_mlp::print_outer_steps(opts);
 
     std::vector<char_mlp::result> rows;
     const char_mlp::result* ddp = nullptr;

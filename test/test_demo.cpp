@@ -265,6 +265,46 @@ TEST_CASE("the synthetic corpus on the demo's former defaults: DiLoCo within 5% 
   CHECK(dl.rounds == static_cast<std::uint64_t>(c.steps / c.inner_steps));
 }
 
+TEST_CASE("the single worker has one worker's compute (batch / M, worker 0's samples), not data parallel's") {
+  // Small settings on the synthetic corpus: what is checked is which samples
+  // each method trains on, not how well.
+  char_mlp::config c;
+  c.synthetic = true;
+  c.corpus_chars = 100000;
+  c.steps = 40;
+  c.batch = 64;
+  c.workers = 4;
+  c.dims.hidden = 16;
+  c.eval_windows = 2048;
+  c.log_every = 0;
+  const auto data = char_mlp::load_dataset(c);
+  REQUIRE(data.fallback.empty());
+  c.dims.vocab = data.vocab();
+  auto ddp_of = [&](const char_mlp::config& cc) {
+    return char_mlp::on_threads(cc.workers, [&](auto& comm) { return char_mlp::run_data_parallel(cc, data, comm); });
+  };
+  const auto alone = char_mlp::run_single(c, data);
+  const auto ddp = ddp_of(c);
+  MESSAGE("single worker ", alone.held_out_loss, ", data parallel ", ddp.held_out_loss);
+  // The label documents the batch: 64 / 4 = 16 samples a step.
+  CHECK(alone.method == "single worker (batch 16)");
+  CHECK(alone.bytes_per_worker == 0);
+  CHECK(alone.rounds == 0);
+  // A quarter of the samples a step: not data parallel's update. The former
+  // row took the whole batch and printed data parallel's loss (3.0825 both
+  // here; they differed only by the order of the gradient sums, about 1e-7);
+  // a different sample set moves it by far more than 0.1% (3.1602 here).
+  CHECK(std::abs(alone.held_out_loss - ddp.held_out_loss) > 1e-3 * ddp.held_out_loss);
+  // With one worker, "the same per-worker compute" is the whole batch, and
+  // then the row is data parallel over one worker, bit for bit: worker 0's
+  // share is the batch, and a mean over one worker changes nothing.
+  auto one = c;
+  one.workers = 1;
+  const auto alone1 = char_mlp::run_single(one, data);
+  CHECK(alone1.method == "single worker (batch 64)");
+  CHECK(alone1.held_out_loss == ddp_of(one).held_out_loss);
+}
+
 TEST_CASE("fortune files: separators, overstrikes, tabs and stray bytes are cleaned") {
   CHECK(char_mlp::clean_fortune_text("one\ttwo\n%\n_\bU_\bn_\bd_\be_\br\x01lined caf\xc3\xa9\n%\nlast") ==
         "one two\n\nUnderlined caf\n\nlast");

@@ -213,6 +213,48 @@ TEST_CASE("the baselines follow their definitions") {
   CHECK(alone.workers == workers);  // the world whose worker 0 it mirrors
 }
 
+TEST_CASE("outer_of_t names a variant's outer optimizer: outer SGD configured through it is local SGD's averaging") {
+  using avg = dx::variant<sgd, diloco::outer::sgd>;
+  static_assert(std::is_same_v<dx::outer_of_t<avg::options>, diloco::outer::sgd>);
+  static_assert(std::is_same_v<dx::outer_of_t<blocking::options>, diloco::outer::nesterov>);
+  static_assert(std::is_void_v<dx::outer_of_t<dx::data_parallel<sgd>::options>>);
+  constexpr float outer_lr = 0.5f;
+  auto by_outer = [](auto& o, std::string_view) {
+    configure(o, "");
+    if constexpr (std::is_same_v<dx::outer_of_t<decltype(o)>, diloco::outer::sgd>) o.outer = {.lr = outer_lr};
+  };
+  const auto s = small_settings();
+  const int workers = 2;
+  const auto rows = dx::run<dx::variants<avg>>(problem, dx::on_threads{workers}, s, by_outer);
+  REQUIRE(rows.size() == 1);
+  CHECK(rows[0].outer == "outer sgd");
+  // Written out: every round each worker takes H plain SGD steps from
+  // theta_global on its own samples; theta_global moves outer_lr of the way
+  // to the workers' mean.
+  std::vector<float> w(features, 0.0f);
+  float b = 0.0f;
+  std::vector<double> gw;
+  double gb;
+  for (std::uint64_t round = 0; round < s.steps / s.inner_steps; ++round) {
+    std::vector<double> mean_w(features, 0.0);
+    double mean_b = 0.0;
+    for (int r = 0; r < workers; ++r) {
+      auto wr = w;
+      float br = b;
+      for (std::uint64_t k = 0; k < s.inner_steps; ++k) {
+        regression::gradient(s.seed, r, workers, round * s.inner_steps + k, wr, br, gw, gb);
+        for (std::size_t j = 0; j < features; ++j) wr[j] -= inner_lr * static_cast<float>(gw[j]);
+        br -= inner_lr * static_cast<float>(gb);
+      }
+      for (std::size_t j = 0; j < features; ++j) mean_w[j] += wr[j] / static_cast<double>(workers);
+      mean_b += br / static_cast<double>(workers);
+    }
+    for (std::size_t j = 0; j < features; ++j) w[j] -= outer_lr * static_cast<float>(w[j] - mean_w[j]);
+    b -= outer_lr * static_cast<float>(b - mean_b);
+  }
+  CHECK(rows[0].final_loss == doctest::Approx(regression::held_out_loss(s.seed, w, b)).epsilon(1e-5));
+}
+
 TEST_CASE("grid and named spell variant lists") {
   namespace cp = diloco::compress;
   using g = dx::grid<dx::list<sgd>, dx::list<diloco::outer::nesterov, diloco::outer::sgd>,

@@ -42,6 +42,9 @@ struct cli {
   std::vector<std::string> methods{"single", "ddp", "diloco"};
   std::vector<std::string> compressors{"none", "bf16", "int8", "int4"};  // DiLoCo rows
   std::vector<std::string> syncs{"blocking", "streaming", "delay", "eager"};  // DiLoCo rows
+  // --outer: every DiLoCo row's outer step; empty (the default): Nesterov,
+  // and outer SGD for the sparseloco rows (outer_for).
+  std::string outer;
   bool help = false;  // --help was given: the usage was printed (or not, off rank 0), nothing to run
   bool crash_option = false;  // offer --crash (train_char_mlp_gloo, where a process can die alone)
 
@@ -54,7 +57,11 @@ struct cli {
 struct diloco_variant {
   std::string compress = "none";  // one of compressor_names
   std::string sync = "blocking";  // one of sync_names
+  outer_step outer = outer_step::nesterov;
 };
+
+// The outer step of a row with this compressor (experiment.hpp's outer_for).
+inline outer_step outer_for(const cli& opts, const std::string& compress) { return outer_for(opts.outer, compress); }
 
 // The DiLoCo rows asked for, in table order: the blocking schedule with
 // every compressor asked for, then each other schedule with fp32
@@ -66,16 +73,18 @@ inline std::vector<diloco_variant> diloco_variants(const cli& opts) {
   std::vector<diloco_variant> out;
   if (chosen(opts.syncs, "blocking"))
     for (const auto& name : compressor_names)
-      if (chosen(opts.compressors, name)) out.push_back({.compress = name, .sync = "blocking"});
+      if (chosen(opts.compressors, name))
+        out.push_back({.compress = name, .sync = "blocking", .outer = outer_for(opts, name)});
   for (const auto& sync : sync_names)
-    if (sync != "blocking" && chosen(opts.syncs, sync)) out.push_back({.compress = "none", .sync = sync});
+    if (sync != "blocking" && chosen(opts.syncs, sync))
+      out.push_back({.compress = "none", .sync = sync, .outer = outer_for(opts, "none")});
   return out;
 }
 
 // One DiLoCo variant trained on `comm` (this process's worker, or one
 // thread of an in-process world).
 template <class Comm>
-result run_diloco_variant(const diloco_variant& v, const config& c, const dataset& data, Comm& comm) {
+result run_diloco_variant_as(const diloco_variant& v, const config& c, const dataset& data, Comm& comm) {
   namespace cs = compressors;
   namespace sy = diloco::sync;
   if (v.sync == "streaming")
@@ -101,6 +110,17 @@ result run_diloco_variant(const diloco_variant& v, const config& c, const datase
   throw diloco::config_error("demo: unknown compressor '" + v.compress + "'");
 }
 
+// The row with its outer step (v.outer); a row stepped by outer SGD says so
+// in its label.
+template <class Comm>
+result run_diloco_variant(const diloco_variant& v, const config& row, const dataset& data, Comm& comm) {
+  config c = row;
+  c.outer = v.outer;
+  result r = run_diloco_variant_as(v, c, data, comm);
+  if (v.outer == outer_step::sgd) r.method += " (outer sgd)";
+  return r;
+}
+
 // Parses argv on top of `defaults`. Malformed or out-of-range values,
 // unknown options and extra arguments throw config_errors that name the
 // option. --help prints the usage (when `print_help`; processes that should
@@ -109,8 +129,9 @@ result run_diloco_variant(const diloco_variant& v, const config& c, const datase
 inline cli parse_cli(int argc, char** argv, const cli& defaults, const char* workers_help, bool print_help = true) {
   cli out = defaults;
   config& c = out.c;
-  CLI::App app{"Trains a character-level MLP three ways on the same data (one worker, synchronous data parallel, "
-               "DiLoCo with optionally compressed pseudo-gradients) and prints held-out loss and bytes sent.",
+  CLI::App app{"Trains a character-level MLP three ways on the same data (synchronous data parallel, DiLoCo with "
+               "optionally compressed pseudo-gradients, and one worker with the same per-worker compute: batch / "
+               "workers samples a step) and prints held-out loss and bytes sent.",
                argc > 0 ? argv[0] : "train_char_mlp"};
   app.get_formatter()->column_width(34);
   // An option given twice takes its last value (lists, --methods and
@@ -130,12 +151,20 @@ inline cli parse_cli(int argc, char** argv, const cli& defaults, const char* wor
   app.add_option("--lr", c.lr, "AdamW peak learning rate, every method")
       ->capture_default_str()
       ->check(detail::finite_in(0.0, 10.0, true));
+  app.add_option("--outer", out.outer,
+                 "DiLoCo's outer step, every row: nesterov (--outer-lr, --outer-momentum) or sgd (a plain step "
+                 "along the averaged pseudo-gradient, --outer-sgd-lr, no momentum); default: nesterov, and sgd for "
+                 "the sparseloco rows (the SparseLoCo paper's: its error feedback plays the part of momentum)")
+      ->check(CLI::IsMember(outer_names));
   app.add_option("--outer-lr", c.outer_lr, "DiLoCo outer Nesterov learning rate")
       ->capture_default_str()
       ->check(detail::finite_in(0.0, 10.0, true));
   app.add_option("--outer-momentum", c.outer_momentum, "DiLoCo outer Nesterov momentum")
       ->capture_default_str()
       ->check(detail::finite_in(0.0, 0.999));
+  app.add_option("--outer-sgd-lr", c.sgd_outer_lr, "DiLoCo outer SGD learning rate (1: plain averaging)")
+      ->capture_default_str()
+      ->check(detail::finite_in(0.0, 10.0, true));
   app.add_option("--hidden", c.dims.hidden, "hidden units")->capture_default_str()->check(detail::int_in(1, 65536));
   app.add_option("--context", c.dims.context, "characters of context")
       ->capture_default_str()
@@ -248,6 +277,34 @@ inline void print_header(const config& c, const dataset& data, const char* worke
   std::printf("\n");
 }
 
+// Which outer step the DiLoCo rows take, and with which settings: one line
+// under the header (when DiLoCo runs).
+inline void print_outer_steps(const cli& opts) {
+  if (!opts.wants("diloco")) return;
+  const config& c = opts.c;
+  auto describe = [&](outer_step o) {
+    char text[96];
+    if (o == outer_step::sgd)
+      std::snprintf(text, sizeof text, "sgd (lr %g, no momentum)", static_cast<double>(c.sgd_outer_lr));
+    else
+      std::snprintf(text, sizeof text, "nesterov (lr %g, momentum %g)", static_cast<double>(c.outer_lr),
+                    static_cast<double>(c.outer_momentum));
+    return std::string(text);
+  };
+  bool sparse_sgd = false;
+  for (const auto& v : diloco_variants(opts))
+    if (v.compress == "sparseloco" && v.outer == outer_step::sgd && opts.outer.empty()) sparse_sgd = true;
+  if (!opts.outer.empty())
+    std::printf("outer step: %s, every DiLoCo row (--outer %s)\n",
+                describe(outer_for(opts, "none")).c_str(), opts.outer.c_str());
+  else if (sparse_sgd)
+    std::printf("outer step: %s; sparseloco rows: %s, as in the SparseLoCo paper (its error feedback is the "
+                "momentum)\n",
+                describe(outer_step::nesterov).c_str(), describe(outer_step::sgd).c_str());
+  else
+    std::printf("outer step: %s\n", describe(outer_step::nesterov).c_str());
+}
+
 // The DiLoCo rows asked for, each run through `on`, which runs a per-worker
 // function on the demo's communicator and returns the result to report
 // (threads: one world per row; MPI or Gloo: this process's rank). Returns
@@ -282,7 +339,10 @@ void run_one_worker_per_process(Comm& comm, const cli& opts, const char* workers
   const auto data = load_dataset(c);  // every process builds the same data from the seed
   c.dims.vocab = data.vocab();
   const bool lead = comm.rank() == 0;
-  if (lead) print_header(c, data, workers_note);
+  if (lead) {
+    print_header(c, data, workers_note);
+    print_outer_steps(opts);
+  }
   if (!lead) c.log_every = 0;
   std::vector<result> rows;
   rows.reserve(2 + diloco_variants(opts).size());  // pointers into it are kept

@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// The demo's experiment: one model trained three ways on the same data and
-// the same number of samples: one worker; synchronous data parallel over M
-// workers (gradients all-reduced every step); DiLoCo over M workers with H
-// inner steps. Every global step consumes the same `batch` samples, split
-// evenly over the workers, so all methods see exactly the same data.
+// The demo's experiment: one model trained three ways on the same data:
+// synchronous data parallel over M workers (gradients all-reduced every
+// step); DiLoCo over M workers with H inner steps; and one worker alone with
+// the same per-worker compute (worker 0's share of every step, batch / M
+// samples). Every global step of data parallel and DiLoCo consumes the same
+// `batch` samples, split evenly over the workers, so both see exactly the
+// same data.
 
 #include <signal.h>
 #include <unistd.h>
@@ -17,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <diloco/diloco.hpp>
+#include <diloco/outer/sgd.hpp>
 #include <string>
 #include <vector>
 
@@ -25,6 +28,27 @@
 #include "shards.hpp"
 
 namespace char_mlp {
+
+// DiLoCo's outer step (--outer): Nesterov momentum (DiLoCo's) or plain SGD
+// (diloco::outer::sgd without momentum: lr 1 is model averaging).
+enum class outer_step { nesterov, sgd };
+
+inline const char* name_of(outer_step o) { return o == outer_step::sgd ? "sgd" : "nesterov"; }
+
+// The values of --outer (the demo's and the sweep's).
+inline const std::vector<std::string> outer_names{"nesterov", "sgd"};
+
+// The outer step of a row with compressor `compress` (a name of --compress)
+// under --outer `choice`: the step it names, or where it names none,
+// Nesterov, except SparseLoCo, whose paper (arXiv 2508.15706) takes a plain
+// outer SGD step and lets the error feedback play the part of momentum
+// (under Nesterov 0.9 on top of it the demo's row lost about 50%).
+inline outer_step outer_for(const std::string& choice, const std::string& compress) {
+  if (choice == "sgd") return outer_step::sgd;
+  if (choice == "nesterov") return outer_step::nesterov;
+  if (!choice.empty()) throw diloco::config_error("--outer must be nesterov or sgd, not '" + choice + "'");
+  return compress == "sparseloco" ? outer_step::sgd : outer_step::nesterov;
+}
 
 // The defaults are sized for the fortunes (2.3 M training characters): 4500
 // steps of 512 samples are one pass over the training text (sampled with
@@ -48,8 +72,16 @@ struct config {
   // lr/(1-momentum) = 7), which on this small model and short run costs
   // DiLoCo several percent of loss. Try --weight-decay 0.1 to see it.
   float weight_decay = 0.0f;
-  float outer_lr = 0.7f;
-  float outer_momentum = 0.9f;
+  // The outer step of the DiLoCo runs (the demo's and the sweep's command
+  // lines choose it per row: SparseLoCo rows take outer SGD by default).
+  outer_step outer = outer_step::nesterov;
+  float outer_lr = 0.7f;        // outer Nesterov
+  float outer_momentum = 0.9f;  // outer Nesterov
+  // Outer SGD's lr, no momentum: the SparseLoCo paper's outer step (arXiv
+  // 2508.15706, theta <- theta - alpha * mean of the sent updates; its
+  // error feedback plays the part of momentum). 1 is plain averaging of
+  // what was sent.
+  float sgd_outer_lr = 1.0f;
   float feedback_decay = 0.95f;  // sparseloco rows: r <- beta (r + delta - sent), SparseLoCo's 0.95
   // sync::streaming rows (--fragments, --delay, --alpha): P = 4 fragments,
   // each exchange overlapping tau = 2 inner steps, alpha = 0.5 of the local
@@ -106,13 +138,6 @@ struct batch_buffer {
     contexts.resize(static_cast<std::size_t>(count) * static_cast<std::size_t>(c.dims.context));
     targets.resize(static_cast<std::size_t>(count));
     write(d, c, plan, step, worker, first, count, 0);
-  }
-  // The whole batch of a step: every worker's share in rank order.
-  void fill_all(const dataset& d, const config& c, const shard_plan& plan, int step) {
-    contexts.resize(static_cast<std::size_t>(c.batch) * static_cast<std::size_t>(c.dims.context));
-    targets.resize(static_cast<std::size_t>(c.batch));
-    const int share = c.batch / c.workers;
-    for (int w = 0; w < c.workers; ++w) write(d, c, plan, step, w, w * share, share, w * share);
   }
 
  private:
@@ -205,20 +230,30 @@ inline void check(const config& c) {
   if (c.steps < 1 || c.inner_steps < 1) throw diloco::config_error("demo: --steps and --inner-steps must be >= 1");
 }
 
-// One worker, the whole batch every step.
+// The single-worker row's label: it names the per-step batch.
+inline std::string single_worker_label(const config& c) {
+  return "single worker (batch " + std::to_string(c.batch / c.workers) + ")";
+}
+
+// One worker alone with the same per-worker compute as each data-parallel or
+// DiLoCo worker: worker 0's share of every step (batch / M samples, the
+// samples worker 0 takes in the other methods) and no communication. This
+// is what the extra workers are measured against; the whole batch on one
+// worker would be data parallel itself (the same update, bit for bit).
 inline result run_single(const config& c, const dataset& d) {
   model m(c.dims, c.seed);
   diloco::optimizer<diloco::inner::adamw> opt(m.parameters(), inner_options(c));
   batch_buffer b;
   const auto plan = make_shards(d, c);
+  const int share = c.batch / c.workers;
   progress log{c, "single"};
   for (int step = 0; step < c.steps; ++step) {
-    b.fill_all(d, c, plan, step);
-    log.add(step, m.forward(b.contexts.data(), b.targets.data(), c.batch, true), true);
+    b.fill(d, c, plan, step, 0, 0, share);
+    log.add(step, m.forward(b.contexts.data(), b.targets.data(), share, true), true);
     opt.set_lr(lr_at(c, step));
     opt.step(m.gradients());
   }
-  return {"single worker", held_out_loss(m, d, c), 0, 0, log.seconds()};
+  return {single_worker_label(c), held_out_loss(m, d, c), 0, 0, log.seconds()};
 }
 
 // Synchronous data parallel: each worker's gradient on its share of the
@@ -256,18 +291,40 @@ typename Sync::options sync_options(const config& c) {
     return {};
 }
 
-// DiLoCo: each worker's AdamW on its share of the batch, outer Nesterov
-// steps as the schedule (Sync) places them: every H steps for the whole
-// model by default.
+// The outer optimizer's options from the config: Nesterov's lr and
+// momentum, or outer SGD's lr with no momentum.
+template <class Outer>
+typename Outer::options outer_options(const config& c) {
+  if constexpr (std::is_same_v<Outer, diloco::outer::sgd>)
+    return {.lr = c.sgd_outer_lr};
+  else
+    return {.lr = c.outer_lr, .momentum = c.outer_momentum};
+}
+
+template <class Outer, class Compressor, class Comm, class Sync>
+result run_diloco_with(const config& c, const dataset& d, Comm& comm, const std::string& label,
+                       typename Compressor::options compress);
+
+// DiLoCo: each worker's AdamW on its share of the batch, outer steps (c.outer:
+// Nesterov or SGD) as the schedule (Sync) places them: every H steps for the
+// whole model by default.
 template <class Compressor, class Comm, class Sync = diloco::sync::blocking>
 result run_diloco(const config& c, const dataset& d, Comm& comm, const std::string& label,
                   typename Compressor::options compress = {}) {
+  if (c.outer == outer_step::sgd)
+    return run_diloco_with<diloco::outer::sgd, Compressor, Comm, Sync>(c, d, comm, label, compress);
+  return run_diloco_with<diloco::outer::nesterov, Compressor, Comm, Sync>(c, d, comm, label, compress);
+}
+
+template <class Outer, class Compressor, class Comm, class Sync>
+result run_diloco_with(const config& c, const dataset& d, Comm& comm, const std::string& label,
+                       typename Compressor::options compress) {
   model m(c.dims, c.seed);
-  using trainer = diloco::algorithm<diloco::inner::adamw, diloco::outer::nesterov, Compressor, Comm, Sync>;
+  using trainer = diloco::algorithm<diloco::inner::adamw, Outer, Compressor, Comm, Sync>;
   trainer t(m.parameters(), comm,
             {.inner_steps = static_cast<std::size_t>(c.inner_steps),
              .inner = inner_options(c),
-             .outer = {.lr = c.outer_lr, .momentum = c.outer_momentum},
+             .outer = outer_options<Outer>(c),
              .compress = compress,
              .sync = sync_options<Sync>(c)});
   batch_buffer b;

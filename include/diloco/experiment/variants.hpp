@@ -81,12 +81,13 @@ struct variant {
 };
 
 /// The policies of a DiLoCo variant's options type, for configure callables
-/// that set per-compressor or per-schedule options:
+/// that set per-compressor, per-schedule or per-outer-optimizer options:
 ///   if constexpr (std::is_same_v<compressor_of_t<O>, my_compressor>) o.compress = ...;
 template <class Options>
 struct policies_of {
   ///@{
-  /// Not a DiLoCo variant's options: no compressor or schedule.
+  /// Not a DiLoCo variant's options: no outer optimizer, compressor or schedule.
+  using outer = void;
   using compressor = void;
   using sync = void;
   ///@}
@@ -95,11 +96,15 @@ struct policies_of {
 template <class Inner, class Outer, class Compressor, class Sync>
 struct policies_of<algorithm_options<Inner, Outer, Compressor, Sync>> {
   ///@{
-  /// The compressor and the schedule the options are for.
+  /// The outer optimizer, the compressor and the schedule the options are for.
+  using outer = Outer;
   using compressor = Compressor;
   using sync = Sync;
   ///@}
 };
+/// The outer optimizer of a variant's options type (void for the baselines).
+template <class Options>
+using outer_of_t = typename policies_of<std::remove_cvref_t<Options>>::outer;
 /// The compressor of a variant's options type (void for the baselines).
 template <class Options>
 using compressor_of_t = typename policies_of<std::remove_cvref_t<Options>>::compressor;
