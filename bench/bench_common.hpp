@@ -10,9 +10,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
+
+#if defined(__unix__)
+#include <sys/wait.h>
+#include <unistd.h>
+#endif
 
 #if defined(_OPENMP)
 #include <omp.h>
@@ -96,8 +102,70 @@ class cli {
   CLI::App app_;
 };
 
+// Runs this program again as a separate process with `args` (argv[0]'s
+// binary, through /proc/self/exe where there is one) and returns what it
+// wrote to stdout; exits non-zero, naming the command, if the child fails.
+// Fresh processes see what one process cannot: placement that is fixed
+// for a process's life (its pages, its addresses) and differs between runs.
+inline std::string run_self(const char* argv0, const std::vector<std::string>& args) {
+#if defined(__unix__)
+  std::vector<std::string> all{argv0};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  int fd[2];
+  if (::pipe(fd) != 0) {
+    std::perror("pipe");
+    std::exit(2);
+  }
+  std::fflush(stdout);
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    std::perror("fork");
+    std::exit(2);
+  }
+  if (pid == 0) {
+    ::dup2(fd[1], 1);
+    ::close(fd[0]);
+    ::close(fd[1]);
+    ::execv("/proc/self/exe", argv.data());
+    ::execvp(argv0, argv.data());
+    std::perror(argv0);
+    std::_Exit(127);
+  }
+  ::close(fd[1]);
+  std::string out;
+  char chunk[4096];
+  for (ssize_t got; (got = ::read(fd[0], chunk, sizeof chunk)) > 0;) out.append(chunk, static_cast<std::size_t>(got));
+  ::close(fd[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::string cmd;
+    for (auto& a : all) cmd += " " + a;
+    std::fprintf(stderr, "a child process failed (status %d):%s\n", status, cmd.c_str());
+    std::exit(1);
+  }
+  return out;
+#else
+  (void)argv0;
+  (void)args;
+  std::fprintf(stderr, "--processes needs fork/exec (POSIX)\n");
+  std::exit(2);
+#endif
+}
+
+// The value of the line `name: value` in text (NaN when absent).
+inline double value_of(const std::string& text, const std::string& name) {
+  const std::string key = name + ": ";
+  for (std::size_t at = text.find(key); at != std::string::npos; at = text.find(key, at + 1))
+    if (at == 0 || text[at - 1] == '\n') return std::strtod(text.c_str() + at + key.size(), nullptr);
+  return std::strtod("nan", nullptr);
+}
+
 // Parallel first touch, the way the passes will use the pages.
-inline void fill(std::vector<float>& v, float base) {
+inline void fill(std::span<float> v, float base) {
   const auto n = static_cast<std::ptrdiff_t>(v.size());
 #pragma omp parallel for schedule(static)
   for (std::ptrdiff_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = base + 1e-7f * static_cast<float>(i % 1000);

@@ -20,8 +20,28 @@
 // the time ratios to one flat tensor, measured in alternation in the same
 // run. Last, the apply pass of the flat layout with each schedule's merge
 // (`apply_<merge>_gbps`, `apply_<merge>_vs_overwrite`: time ratios).
+//
+//   bench_outer_step --processes 10 [--round-log2 24] [--round-tensors 1]
+//                    [--replica buffer|vector] [--reps 9]
+//
+// runs only the outer round of a world of one (diloco::algorithm, AdamW +
+// Nesterov over comm::local, an untimed inner step before each round) in N
+// separate processes, one after another: this program re-executes itself,
+// each child prints the median of --reps rounds, and the parent prints
+// each process's median (`outer_round_seconds.process[i]`), their median
+// and `outer_round.process_spread: max/min` (and the same of the rounds'
+// process CPU time, `outer_round.process_cpu_spread`, which the other
+// jobs on a shared machine disturb less). Placement fixed for a
+// process's life (which pages it got) is invisible to in-process
+// alternation; docs/performance.md, "Page size and the outer round".
+// --replica: the model's tensors in a diloco::host_buffer (2 MiB pages,
+// advised huge, as the library's own state) or a std::vector (small pages).
 
 #include <diloco/diloco.hpp>
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -135,6 +155,77 @@ void layouts(const std::string& list, long log2, int reps) {
   }
 }
 
+// Transparent huge pages this process holds (kB; -1 where unknown): each
+// child prints it, so a slow process can be told from a fast one by it.
+long anon_huge_kb() {
+  std::ifstream in("/proc/self/smaps_rollup");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("AnonHugePages:", 0) == 0) return std::stol(line.substr(14));
+  return -1;
+}
+
+// One process's outer round: the median of `reps` rounds of a world of
+// one over 2^log2 parameters in `tensors` equal tensors.
+template <class Storage>
+void round_in_this_process(long log2, long tensors, int reps) {
+  const std::size_t n = std::size_t{1} << log2;
+  Storage storage(n), grad_storage(n);
+  const std::span<float> all(storage.data(), n), grads_all(grad_storage.data(), n);
+  bench::fill(all, 0.5f);
+  bench::fill(grads_all, 0.01f);
+  std::vector<std::span<float>> params, grads;
+  const auto sizes = bench::layout_sizes(std::to_string(tensors), n);
+  std::size_t off = 0;
+  for (std::size_t s : sizes) {
+    params.push_back(all.subspan(off, s));
+    grads.push_back(grads_all.subspan(off, s));
+    off += s;
+  }
+  dc::comm::local comm;
+  dc::algorithm<dc::inner::adamw, dc::outer::nesterov, dc::compress::none, dc::comm::local> t(
+      params, comm, {.inner_steps = 1000});
+  // Wall time, and the process's CPU time: on a shared machine the wall
+  // time also counts the time others' jobs held the cores.
+  const auto cpu = [] { return static_cast<double>(std::clock()) / CLOCKS_PER_SEC; };
+  std::vector<double> times, cpu_times;
+  for (int r = 0; r <= reps; ++r) {  // round 0 warms up
+    t.inner_step(grads);
+    const auto t0 = std::chrono::steady_clock::now();
+    const double c0 = cpu();
+    t.outer_round();
+    const double c = cpu() - c0;
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r > 0) times.push_back(s), cpu_times.push_back(c);
+  }
+  std::sort(times.begin(), times.end());
+  std::sort(cpu_times.begin(), cpu_times.end());
+  bench::print("outer_round_seconds", times[times.size() / 2]);
+  bench::print("outer_round_cpu_seconds", cpu_times[cpu_times.size() / 2]);
+  bench::print("anon_huge_kb", static_cast<double>(anon_huge_kb()));
+}
+
+// The parent of --processes: N children one after another, each's median,
+// and the spread between processes.
+void round_in_processes(const char* argv0, int processes, const std::vector<std::string>& child_args) {
+  std::vector<double> medians, cpu_medians;
+  for (int p = 0; p < processes; ++p) {
+    const std::string out = bench::run_self(argv0, child_args);
+    const double s = bench::value_of(out, "outer_round_seconds");
+    const double c = bench::value_of(out, "outer_round_cpu_seconds");
+    const std::string tag = "[" + std::to_string(p) + "]";
+    bench::print("outer_round_seconds.process" + tag, s);
+    bench::print("outer_round_cpu_seconds.process" + tag, c);
+    bench::print("anon_huge_kb.process" + tag, bench::value_of(out, "anon_huge_kb"));
+    medians.push_back(s);
+    cpu_medians.push_back(c);
+  }
+  std::sort(medians.begin(), medians.end());
+  std::sort(cpu_medians.begin(), cpu_medians.end());
+  bench::print("outer_round.process_median_seconds", medians[medians.size() / 2]);
+  bench::print("outer_round.process_spread", medians.back() / medians.front());
+  bench::print("outer_round.process_cpu_spread", cpu_medians.back() / cpu_medians.front());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -151,9 +242,44 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(bench::check_layouts);
   cli.option("--layout-log2", layout_log2, "parameters of the layout comparison, log2", 10L, 30L);
+  int processes = 0;
+  long round_log2 = 24, round_tensors = 1;
+  std::string replica = "buffer";
+  bool child = false;
+  cli.option("--processes", processes,
+             "only the outer round of a world of one, in this many separate processes (0: the in-process benchmark)",
+             0, 1000);
+  cli.option("--round-log2", round_log2, "--processes: parameters, log2", 4L, 30L);
+  cli.option("--round-tensors", round_tensors, "--processes: equal tensors they are split into", 1L, 65536L);
+  cli.app()
+      .add_option("--replica", replica, "--processes: the model's storage (buffer: diloco::host_buffer; vector)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"buffer", "vector"}));
+  cli.app().add_flag("--child-round", child, "(internal) one process of --processes")->group("");
   cli.parse(argc, argv);
-  constexpr int world = 4;  // the mean's 1/M; any M > 1 runs the same passes
+  if (round_tensors > (1L << round_log2)) {
+    std::fprintf(stderr, "--round-tensors: %ld tensors over 2^%ld parameters, expected at most %ld (one parameter each)\n",
+                 round_tensors, round_log2, 1L << round_log2);
+    return 2;
+  }
+  if (child) {
+    if (replica == "buffer")
+      round_in_this_process<dc::host_buffer<float>>(round_log2, round_tensors, reps);
+    else
+      round_in_this_process<std::vector<float>>(round_log2, round_tensors, reps);
+    return 0;
+  }
   bench::print("threads", bench::threads());
+  if (processes > 0) {
+    bench::print("round_parameters", "2^" + std::to_string(round_log2));
+    bench::print("round_tensors", static_cast<double>(round_tensors));
+    bench::print("replica", replica);
+    round_in_processes(argv[0], processes,
+                       {"--child-round", "--round-log2", std::to_string(round_log2), "--round-tensors",
+                        std::to_string(round_tensors), "--replica", replica, "--reps", std::to_string(reps)});
+    return 0;
+  }
+  constexpr int world = 4;  // the mean's 1/M; any M > 1 runs the same passes
 
   // Buffers for the largest size, allocated and first touched once; each
   // size uses their prefixes (no allocation churn between sizes).
