@@ -32,17 +32,25 @@ function(diloco_mpi_command out ranks exe)
 endfunction()
 
 # diloco_add_mpi_test(<name> RANKS <n> COMMAND <exe> [args...] [LABELS ...]
-#                     [TIMEOUT <s>] [ENVIRONMENT ...]): a CTest test running
-# <exe> on <n> ranks. A failure on any rank fails mpirun and so the test; the
-# timeout turns a hang into a failure.
+#                     [TIMEOUT <s>] [ENVIRONMENT ...] [PASS <regex>]): a CTest
+# test running <exe> on <n> ranks. A failure on any rank fails mpirun and so
+# the test; the timeout turns a hang into a failure. PASS: the output must
+# also match <regex> (diloco_checked_test.cmake keeps the exit status
+# checked, which PASS_REGULAR_EXPRESSION alone would not).
 function(diloco_add_mpi_test name)
-  cmake_parse_arguments(T "" "RANKS;TIMEOUT" "COMMAND;LABELS;ENVIRONMENT" ${ARGN})
+  cmake_parse_arguments(T "" "RANKS;TIMEOUT;PASS" "COMMAND;LABELS;ENVIRONMENT" ${ARGN})
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 120)
   endif()
   list(POP_FRONT T_COMMAND exe)
   diloco_mpi_command(cmd ${T_RANKS} $<TARGET_FILE:${exe}> ${T_COMMAND})
+  if(DEFINED T_PASS)
+    diloco_checked_command(cmd ${cmd})
+  endif()
   add_test(NAME ${name} COMMAND ${cmd})
+  if(DEFINED T_PASS)
+    diloco_expect_output(${name} "${T_PASS}")
+  endif()
   set(env ${DILOCO_MPIEXEC_ENVIRONMENT} ${T_ENVIRONMENT})
   set_tests_properties(${name} PROPERTIES LABELS "mpi;${T_LABELS}" TIMEOUT ${T_TIMEOUT})
   if(env)
