@@ -50,8 +50,8 @@ if(DILOCO_HAVE_CUDA)
   add_executable(test_mpi_layout mpi_layout/main.cpp mpi_layout/nvcc.cu)
   target_link_libraries(test_mpi_layout PRIVATE test_mpi_layout_host_only diloco::mpi diloco::cuda
                                                 diloco_project_options)
-  diloco_add_mpi_test(test_mpi_layout_np2 RANKS 2 COMMAND test_mpi_layout LABELS unit)
-  set_tests_properties(test_mpi_layout_np2 PROPERTIES PASS_REGULAR_EXPRESSION "one layout; the request crossed")
+  diloco_add_mpi_test(test_mpi_layout_np2 RANKS 2 COMMAND test_mpi_layout LABELS unit
+                      PASS "one layout; the request crossed")
 endif()
 
 # Packaging: a consumer of the installed package, find_package(diloco
@@ -75,9 +75,18 @@ include(diloco_doc_examples)
 diloco_doc_example(${PROJECT_SOURCE_DIR}/README.md readme-mpi-example ${CMAKE_CURRENT_BINARY_DIR}/readme_mpi_example.cpp)
 add_executable(readme_mpi_example ${CMAKE_CURRENT_BINARY_DIR}/readme_mpi_example.cpp)
 target_link_libraries(readme_mpi_example PRIVATE diloco::mpi diloco_project_options)
-diloco_add_mpi_test(readme_mpi_example_np2 RANKS 2 COMMAND readme_mpi_example LABELS "unit;readme")
-set_tests_properties(readme_mpi_example_np2 PROPERTIES
-  PASS_REGULAR_EXPRESSION "w = \\((1\\.99[5-9]|2\\.00[0-5]), (0\\.99[5-9]|1\\.00[0-5])\\) on 2 ranks")
+diloco_add_mpi_test(readme_mpi_example_np2 RANKS 2 COMMAND readme_mpi_example LABELS "unit;readme"
+  PASS "w = \\((1\\.99[5-9]|2\\.00[0-5]), (0\\.99[5-9]|1\\.00[0-5])\\) on 2 ranks")
+
+# Under mpirun: rank 0 prints the expected line and rank 1 exits 3. mpirun
+# exits non-zero, so the checked test fails (WILL_FAIL: this test passes);
+# PASS_REGULAR_EXPRESSION alone saw rank 0's line and passed.
+diloco_mpi_command(_other_rank_fails 2 sh -c
+  "test \"$OMPI_COMM_WORLD_RANK\" = 1 && exit 3 || echo the-expected-line")
+diloco_add_checked_test(NAME checked_output_fails_when_another_rank_fails COMMAND ${_other_rank_fails}
+  PASS "the-expected-line")
+set_tests_properties(checked_output_fails_when_another_rank_fails PROPERTIES WILL_FAIL TRUE
+  LABELS "unit;mpi" TIMEOUT 120 RESOURCE_LOCK mpi_job ENVIRONMENT "${DILOCO_MPIEXEC_ENVIRONMENT}")
 
 # Counts above INT_MAX for real: opt-in, it needs about 2.2 GB per rank.
 option(DILOCO_TEST_LARGE_COUNTS "Add the MPI test that broadcasts more than INT_MAX bytes" OFF)
@@ -90,18 +99,19 @@ endif()
 # A rank killed (SIGKILL) while mpirun keeps the job alive
 # (orte_abort_on_non_zero_status 0, Open MPI only): the survivors, with a
 # 1000 ms timeout, raise comm_error within the timeout + 2 s (error), or end
-# the job with MPI_Abort when asked to (abort). Judged from the output by
+# the job with MPI_Abort when asked to (abort); with no timeout set they
+# raise at the default one, 30 s (default). Judged from the output by
 # run_mpi_peer_death.cmake; the TIMEOUT keeps a hang from lasting.
 add_executable(test_comm_mpi_peer_death test_comm_mpi_peer_death.cpp)
 target_link_libraries(test_comm_mpi_peer_death PRIVATE diloco::mpi diloco_project_options)
 if(DILOCO_MPIEXEC_EXTRA_FLAGS MATCHES "oversubscribe")  # Open MPI
   set(_launch ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 3 ${DILOCO_MPIEXEC_EXTRA_FLAGS}
       --mca orte_abort_on_non_zero_status 0 ${MPIEXEC_PREFLAGS})
-  foreach(mode error abort)
+  foreach(mode error abort default)
     add_test(NAME test_comm_mpi_peer_death_${mode}_np3
       COMMAND ${CMAKE_COMMAND} "-DLAUNCH=${_launch}" -DEXE=$<TARGET_FILE:test_comm_mpi_peer_death>
         "-DPOSTFLAGS=${MPIEXEC_POSTFLAGS}" -DMODE=${mode} -P ${CMAKE_CURRENT_SOURCE_DIR}/run_mpi_peer_death.cmake)
-    set_tests_properties(test_comm_mpi_peer_death_${mode}_np3 PROPERTIES LABELS "mpi;unit" TIMEOUT 90
+    set_tests_properties(test_comm_mpi_peer_death_${mode}_np3 PROPERTIES LABELS "mpi;unit" TIMEOUT 150
       RESOURCE_LOCK mpi_job ENVIRONMENT "${DILOCO_MPIEXEC_ENVIRONMENT}")
   endforeach()
 endif()

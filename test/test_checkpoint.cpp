@@ -161,14 +161,15 @@ TEST_CASE("visit_options lists every option of algorithm_options by name, with i
   CHECK(got[0].value.type == dc::option_value::kind::unsigned_integer);
   CHECK(got.back().value.type == dc::option_value::kind::signed_integer);
 
-  // Policies with no options list nothing; each policy's own fields.
+  // Policies with no options (compress::none) list nothing; each policy's
+  // own fields, eager's one (outer_lr, 0: its stable default) among them.
   const dc::algorithm_options<dc::inner::sgd, dc::outer::sgd, dc::compress::none, dc::sync::eager> plain{};
   std::vector<std::string> names;
   for (const auto& f : dc::option_fields(plain)) names.push_back(f.name);
   CHECK(names == std::vector<std::string>{"inner_steps", "inner.lr", "inner.momentum", "inner.dampening",
                                           "inner.weight_decay", "inner.nesterov", "inner.max_grad_norm", "outer.lr",
                                           "outer.momentum", "outer.dampening", "outer.weight_decay",
-                                          "outer.nesterov", "broadcast_initial", "host_threads"});
+                                          "outer.nesterov", "sync.outer_lr", "broadcast_initial", "host_threads"});
   const auto topk = dc::option_fields(dc::compress::topk_options{.fraction = 0.5f});
   REQUIRE(topk.size() == 1);
   CHECK(topk[0].name == "fraction");

@@ -84,11 +84,12 @@ struct config {
   float sgd_outer_lr = 1.0f;
   float feedback_decay = 0.95f;  // sparseloco rows: r <- beta (r + delta - sent), SparseLoCo's 0.95
   // sync::streaming rows (--fragments, --delay, --alpha): P = 4 fragments,
-  // each exchange overlapping tau = 2 inner steps, alpha = 0.5 of the local
-  // value kept at the merge (the paper's tau = 1-5 and alpha in {0, 0.5}).
+  // each exchange overlapping tau = 2 inner steps, alpha = 0: the merged
+  // fragment is theta_global, as torchft's default and the library's (the
+  // paper's tau = 1-5 and alpha in {0, 0.5}; 0.5 lost 2 % at M = 8, issue 38).
   int fragments = 4;
   int delay = 2;
-  float alpha = 0.5f;
+  float alpha = 0.0f;
   shape dims{};            // vocab is filled in from the corpus
   shard_mode shards = shard_mode::iid;  // how the training text is split over the workers (shards.hpp)
   std::uint64_t seed = 1;

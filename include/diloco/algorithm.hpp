@@ -7,11 +7,15 @@
 
 #include "diloco/core/require_cxx20.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
+#include <filesystem>
+#include <functional>
 #include <istream>
 #include <iterator>
 #include <limits>
@@ -27,6 +31,8 @@
 #include "diloco/checkpoint/format.hpp"
 #include "diloco/checkpoint/state_io.hpp"
 #include "diloco/compress/fingerprint.hpp"
+#include "diloco/core/agreement.hpp"
+#include "diloco/core/checksum.hpp"
 #include "diloco/core/concepts.hpp"
 #include "diloco/core/error.hpp"
 #include "diloco/core/options.hpp"
@@ -223,30 +229,37 @@ class algorithm {
   /// A worker checkpoint holds everything this rank needs to resume bit for
   /// bit: every visited state entry (theta_global, outer and inner slots and
   /// step counts, error-feedback residuals, rounds, the schedule's clock and
-  /// buffers) and the replica (the parameters), under a header naming the
-  /// policies, the options (by field), rank, world size, memory space and
-  /// sizes. Format and guarantees: docs/architecture.md, "Checkpoints".
+  /// buffers), the replica (the parameters), and each reduction in flight,
+  /// completed but not applied (its verdict and the result its application
+  /// reads), under a header naming the policies, the options (by field),
+  /// rank, world size, memory space and sizes. Format and guarantees:
+  /// docs/architecture.md, "Checkpoints".
   ///
-  /// save is collective (every rank calls it): it first calls finish(), so
-  /// no reduction is in flight, then writes this rank's state. The file is
-  /// written to a temporary in the same directory, fsynced and renamed over
-  /// `path` (checkpoint/file.hpp): a crash leaves the previous checkpoint.
+  /// save is collective (every rank calls it at the same step) and changes
+  /// nothing in the run: it waits for the reductions in flight to complete
+  /// but leaves them to be applied at the schedule's own step, so a run that
+  /// saves, and one resumed from the file, end with the bits of a run that
+  /// never saved. The file is written to a temporary in the same directory,
+  /// fsynced and renamed over `path` (checkpoint/file.hpp): a crash leaves
+  /// the previous checkpoint.
   void save(const std::string& path) { checkpoint::write_file(path, save_bytes()); }
   /// save() to a stream.
   void save(std::ostream& out) { write_stream(out, save_bytes(), "save"); }
   /// The checkpoint as bytes (collective, as save).
   std::vector<std::byte> save_bytes(checkpoint::scope s = checkpoint::scope::worker) {
-    finish();
+    engine_->settle();
     return checkpoint::detail::serialize(*engine_, expected_fields(s), s);
   }
   /// The part equal on every rank (theta_global, outer slots and step
   /// counts, rounds, the schedule's clock), once for the run: collective (it
-  /// drains as save does); rank 0 writes the file, the others only drain.
+  /// waits for what is in flight as save does; what is in flight is not in
+  /// it: call finish() first for a theta_global that includes it); rank 0
+  /// writes the file.
   void save_global(const std::string& path) {
     auto bytes = save_bytes(checkpoint::scope::global);
     if (engine_->rank() == 0) checkpoint::write_file(path, bytes);
   }
-  /// save_global() to a stream (every rank drains; only rank 0 writes).
+  /// save_global() to a stream (every rank waits for what is in flight; only rank 0 writes).
   void save_global(std::ostream& out) { write_stream(out, save_bytes(checkpoint::scope::global), "save_global"); }
 
   /// Restores a worker checkpoint written by save() on the same rank of a
@@ -254,20 +267,108 @@ class algorithm {
   /// sizes (the inner optimizer's options and host_threads may differ).
   /// The whole file is read and verified before the live state is touched:
   /// a corrupt, truncated or mismatched file is a format_error naming the
-  /// field or section and what was expected, with the state unchanged. Not
-  /// collective; raises state_error while a reduction is in flight (load
-  /// into a fresh instance, or call finish() first).
-  void load(const std::string& path) { load_bytes(checkpoint::read_file(path), path); }
-  /// load() from a stream, read to its end.
-  void load(std::istream& in) {
-    std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (in.bad()) detail::raise<error>("checkpoint: reading the input stream failed");
-    std::vector<std::byte> bytes(chars.size());
-    if (!chars.empty()) std::memcpy(bytes.data(), chars.data(), chars.size());
-    load_bytes(bytes, "input stream");
+  /// field or section and what was expected, with the state unchanged.
+  ///
+  /// load is collective: every rank calls it, each with its own file. Once
+  /// each rank has restored its file, the ranks compare what they restored:
+  /// the round, the schedule position and a checksum of the state every
+  /// rank holds identically (theta_global, the outer state and counters).
+  /// When they differ (files of different rounds: a crash while saving can
+  /// leave them) every rank raises state_error naming each rank's round, and
+  /// when one rank's file fails, that rank raises its error and the others a
+  /// state_error naming it; either way every rank's live state is left as
+  /// it was before load (it keeps a host copy of its state until the ranks
+  /// agree). Raises state_error while a reduction is in flight (load into a
+  /// fresh instance, or call finish() first).
+  void load(const std::string& path) {
+    load_collective([&] { return checkpoint::read_file(path); }, path);
   }
-  /// load() from bytes in memory (as save_bytes() returns them).
-  void load(std::span<const std::byte> bytes) { load_bytes(bytes, "memory"); }
+  /// load() from a stream, read to its end (collective, as load(path)).
+  void load(std::istream& in) {
+    load_collective(
+        [&] {
+          std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+          if (in.bad()) detail::raise<error>("checkpoint: reading the input stream failed");
+          std::vector<std::byte> bytes(chars.size());
+          if (!chars.empty()) std::memcpy(bytes.data(), chars.data(), chars.size());
+          return bytes;
+        },
+        "input stream");
+  }
+  /// load() from bytes in memory, as save_bytes() returns them (collective).
+  void load(std::span<const std::byte> bytes) {
+    load_collective([&] { return bytes; }, "memory");
+  }
+
+  /// Saves this rank's checkpoint (save(): collective, durable) as
+  /// `<dir>/rank-<r>/round-<n>.ckpt`, where r is the rank and n the rounds
+  /// applied when it saves (stats().rounds), creating the folders; then deletes this rank's older `round-<m>.ckpt`
+  /// files beyond the newest `keep` (at least 1). Deleting happens only
+  /// after the new file is renamed in place and its folder synced, so a
+  /// crash at any point leaves at least the previous `keep` files. Returns
+  /// the path written. load_latest_common() resumes from such a folder.
+  std::string save_round(const std::string& dir, std::size_t keep = 2) {
+    if (keep == 0)
+      detail::raise<config_error>("save_round: keep must be at least 1 (the checkpoint just written), got 0");
+    const std::vector<std::byte> bytes = save_bytes();
+    const std::filesystem::path folder = std::filesystem::path(dir) / detail::concat("rank-", engine_->rank());
+    std::error_code ec;
+    std::filesystem::create_directories(folder, ec);
+    if (ec) detail::raise<error>("save_round: cannot create the folder ", folder.string(), ": ", ec.message());
+    const std::uint64_t round = engine_->statistics().rounds;
+    const std::string path = (folder / detail::concat("round-", round, ".ckpt")).string();
+    checkpoint::write_file(path, bytes);
+    std::vector<std::uint64_t> rounds = saved_rounds(folder);
+    std::sort(rounds.begin(), rounds.end(), std::greater<>());
+    for (std::size_t i = keep; i < rounds.size(); ++i)
+      if (rounds[i] != round)
+        // A file that cannot be removed stays; it is older than the ones kept.
+        std::filesystem::remove(folder / detail::concat("round-", rounds[i], ".ckpt"), ec);
+    return path;
+  }
+
+  /// Resumes from the newest round that every rank saved with save_round():
+  /// collective. Each rank lists its `<dir>/rank-<r>/round-<n>.ckpt` files,
+  /// the ranks exchange the lists, and every rank loads its file of the
+  /// largest n that all of them have (load(): verified across ranks).
+  /// Returns that round. When no round is common to all ranks, every rank
+  /// raises state_error naming each rank's rounds, with its state unchanged.
+  /// (A group killed while saving can leave one rank a round ahead: its
+  /// newest file is skipped, and save_round's `keep` >= 2 keeps the round
+  /// before.)
+  std::uint64_t load_latest_common(const std::string& dir) {
+    const std::filesystem::path folder = std::filesystem::path(dir) / detail::concat("rank-", engine_->rank());
+    std::string mine;
+    for (std::uint64_t n : saved_rounds(folder)) mine += detail::concat(mine.empty() ? "" : " ", n);
+    const std::vector<std::string> all = engine_->exchange_text(mine);
+    std::vector<std::vector<std::uint64_t>> lists;
+    for (const std::string& text : all) {
+      std::vector<std::uint64_t> list;
+      for (std::size_t pos = 0; pos < text.size();) {
+        const std::size_t end = std::min(text.find(' ', pos), text.size());
+        list.push_back(std::stoull(text.substr(pos, end - pos)));
+        pos = end + 1;
+      }
+      std::sort(list.begin(), list.end());
+      lists.push_back(std::move(list));
+    }
+    std::vector<std::uint64_t> common = lists.at(0);
+    for (const auto& list : lists) {
+      std::vector<std::uint64_t> both;
+      std::set_intersection(common.begin(), common.end(), list.begin(), list.end(), std::back_inserter(both));
+      common = std::move(both);
+    }
+    if (common.empty()) {
+      std::string each;
+      for (std::size_t r = 0; r < all.size(); ++r)
+        each += detail::concat(r ? "; " : "", "rank ", r, ": ", all[r].empty() ? "none" : all[r]);
+      detail::raise<state_error>("load_latest_common: no round has a checkpoint on every rank under ", dir,
+                                 " (rounds saved by save_round, per rank: ", each, "); every rank raises this");
+    }
+    const std::uint64_t round = common.back();
+    load((folder / detail::concat("round-", round, ".ckpt")).string());
+    return round;
+  }
 
   /// The error-feedback residual in flat layout (empty without error
   /// feedback, and with several fragments: see state()). In the parameters'
@@ -291,6 +392,59 @@ class algorithm {
   std::size_t global_offset(std::size_t k) const {
     check_tensor(k, "global_offset");
     return engine_->offset(k);
+  }
+
+  /// Copies theta_global into `targets`: a range of writable fp32 tensors
+  /// with the parameters' count and sizes, in their memory space (or one
+  /// tensor). What to evaluate or export at the end of training: the replica
+  /// (the parameters) is not theta_global between rounds, and under
+  /// sync::one_step_delay and sync::eager not even after finish() (it keeps
+  /// the progress made since the last reduction began, re-based on the new
+  /// theta_global), nor under sync::streaming with alpha > 0. Call finish()
+  /// first (state_error while a reduction is in flight, which theta_global
+  /// does not include yet); a count or size mismatch is a config_error, with
+  /// nothing written. Local, not collective. Targets other than the
+  /// parameters leave the run as it is; copying into the parameters
+  /// themselves puts theta_global in the model for good (training may go on,
+  /// but no longer on the trajectory of a run that did not copy).
+  template <tensor_argument Targets>
+  void copy_global_to(Targets&& targets) {
+    using T = detail::argument_tensor_t<Targets>;
+    static_assert(mutable_float_tensor<T>, "diloco::algorithm::copy_global_to: the targets must be writable fp32 "
+                                           "tensors, one per parameter tensor");
+    if constexpr (mutable_float_tensor<T>) {
+      using Space = tensor_space_t<T>;
+      check_space<Space>();
+      if (engine_->in_flight())
+        detail::raise<state_error>("copy_global_to: a reduction is in flight and theta_global does not include it "
+                                   "yet; call finish() (collective) first");
+      std::vector<tensor_view<float, Space>> views;
+      if constexpr (float_tensor<Targets>)
+        views.emplace_back(tensor_data(targets), tensor_size(targets));
+      else
+        for (auto&& t : targets) views.emplace_back(tensor_data(t), tensor_size(t));
+      if (views.size() != tensor_elements_.size())
+        detail::raise<config_error>("copy_global_to: got ", views.size(), " tensors, expected ",
+                                    tensor_elements_.size(), " (one per parameter tensor)");
+      for (std::size_t k = 0; k < views.size(); ++k)
+        if (views[k].size() != tensor_elements_[k])
+          detail::raise<config_error>("copy_global_to: tensor ", k, " has ", views[k].size(),
+                                      " elements, parameter tensor ", k, " has ", tensor_elements_[k]);
+      // Host memory copies directly; device memory goes through the
+      // engine's host copies (the engine_base interface has no device copy),
+      // which is fine for a once-per-evaluation call.
+      std::vector<float> staged;
+      for (std::size_t k = 0; k < views.size(); ++k) {
+        const float* src = engine_->global_data() + engine_->offset(k);
+        if constexpr (std::is_same_v<Space, host_space>) {
+          engine_->to_host(views[k].data(), src, views[k].size());
+        } else {
+          staged.resize(views[k].size());
+          engine_->to_host(staged.data(), src, staged.size());
+          engine_->from_host(views[k].data(), staged.data(), staged.size());
+        }
+      }
+    }
   }
 
  private:
@@ -355,6 +509,140 @@ class algorithm {
     } catch (const format_error& e) {
       throw format_error(detail::concat(e.what(), " [", source, "]"));
     }
+  }
+
+  // load(): each rank reads and restores its bytes (`read`), keeping a copy
+  // of its live state first when there are peers to disagree with; then the
+  // ranks exchange what they restored (core/agreement.hpp) and all keep it,
+  // or all roll back and raise.
+  template <class Read>
+  void load_collective(Read&& read, const std::string& source) {
+    const bool peers = engine_->world() > 1;
+    detail::restore_record mine;
+    std::exception_ptr failure;
+    std::vector<std::vector<float>> backup;
+    std::vector<std::uint64_t> backup_scalars;
+    bool restored = false;
+    try {
+      if (peers && !engine_->in_flight()) copy_state(backup, backup_scalars, false);
+      load_bytes(read(), source);
+      restored = true;
+      mine = {true, engine_->statistics().rounds, state_scalar("schedule.position"), shared_checksum(), {}};
+    } catch (const std::exception& e) {
+      failure = std::current_exception();
+      mine.problem = detail::unprefixed(e.what());
+    }
+    if (!peers) {
+      if (failure) std::rethrow_exception(failure);
+      return;
+    }
+    std::vector<detail::restore_record> all;
+    try {
+      const std::vector<std::string> texts = engine_->exchange_text(detail::restore_text(mine));
+      for (std::size_t r = 0; r < texts.size(); ++r)
+        all.push_back(detail::parse_restore_text(texts[r], static_cast<int>(r)));
+    } catch (...) {
+      if (restored) copy_state(backup, backup_scalars, true);
+      throw;
+    }
+    std::string refused;
+    for (std::size_t r = 0; r < all.size(); ++r)
+      if (!all[r].ok) refused += detail::concat(refused.empty() ? "" : "; ", "rank ", r, ": ", all[r].problem);
+    if (refused.empty()) refused = detail::compare_restores(all);
+    else
+      refused = detail::concat("load: not every rank could restore its checkpoint (", refused,
+                               "); every rank keeps the state it had before load()");
+    if (refused.empty()) return;
+    if (restored) copy_state(backup, backup_scalars, true);
+    if (failure) std::rethrow_exception(failure);
+    detail::raise<state_error>(refused);
+  }
+
+  // Copies every state entry and the replica to host memory (`back`:
+  // false), or back into the live state (true), then takes back any
+  // reduction the restore put in flight (nothing was before load).
+  void copy_state(std::vector<std::vector<float>>& buffers, std::vector<std::uint64_t>& scalars, bool back) {
+    if (back) engine_->drop_ready();
+    struct copier final : state_visitor {
+      detail::engine_base* e;
+      std::vector<std::vector<float>>* buffers;
+      std::vector<std::uint64_t>* scalars;
+      bool back;
+      std::size_t b = 0, s = 0;
+      void buffer(std::string_view, float* data, std::size_t size, bool device) override {
+        if (!back) buffers->emplace_back(size);
+        std::vector<float>& keep = (*buffers)[b++];
+        if (back)
+          device ? e->from_host(data, keep.data(), size) : (void)std::memcpy(data, keep.data(), size * sizeof(float));
+        else
+          device ? e->to_host(keep.data(), data, size) : (void)std::memcpy(keep.data(), data, size * sizeof(float));
+      }
+      void scalar(std::string_view, std::uint64_t& value) override {
+        if (back)
+          value = (*scalars)[s++];
+        else
+          scalars->push_back(value);
+      }
+    } c;
+    c.e = engine_.get();
+    c.buffers = &buffers;
+    c.scalars = &scalars;
+    c.back = back;
+    engine_->visit_state(c);
+    engine_->visit_replica(c);
+    // The reductions the file held in flight go too: nothing was in flight
+    // before load (it refuses otherwise).
+    if (back) engine_->drop_ready();
+  }
+
+  std::uint64_t state_scalar(std::string_view name) const {
+    for (const state_entry& x : state())
+      if (x.is_scalar && x.name == name) return x.value;
+    return 0;
+  }
+
+  // The checksum (core/checksum.hpp) of the entries every rank holds
+  // identically (checkpoint::is_global_entry: theta_global, the outer
+  // slots, rounds, the schedule's clock, outer step counts), in visit order.
+  std::uint64_t shared_checksum() const {
+    std::uint64_t sum = 0, bytes = 0;
+    std::vector<float> host;
+    for (const state_entry& x : state()) {
+      if (!checkpoint::is_global_entry(x.name)) continue;
+      const std::byte* data = reinterpret_cast<const std::byte*>(&x.value);
+      std::size_t n = sizeof x.value;
+      if (!x.is_scalar) {
+        const float* src = x.data;
+        if (x.device) {
+          host.resize(x.size);
+          engine_->to_host(host.data(), x.data, x.size);
+          src = host.data();
+        }
+        data = reinterpret_cast<const std::byte*>(src);
+        n = x.size * sizeof(float);
+      }
+      // Every entry starts at a fresh word, so its position counts too.
+      sum += checksum_words(data, n, (bytes + 7) / 8);
+      bytes = (bytes + 7) / 8 * 8 + n;
+    }
+    return checksum_finish(sum, bytes);
+  }
+
+  // The rounds of this rank's `round-<n>.ckpt` files in `folder` (none when
+  // it does not exist); other names (temporaries of a save) are skipped.
+  static std::vector<std::uint64_t> saved_rounds(const std::filesystem::path& folder) {
+    std::vector<std::uint64_t> out;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(folder, ec)) {
+      const std::string name = entry.path().filename().string();
+      constexpr std::string_view head = "round-", tail = ".ckpt";
+      if (name.size() <= head.size() + tail.size() || !name.starts_with(head) || !name.ends_with(tail)) continue;
+      const std::string digits = name.substr(head.size(), name.size() - head.size() - tail.size());
+      if (digits.size() > 19 || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+        continue;
+      out.push_back(std::stoull(digits));
+    }
+    return out;
   }
 
   static void write_stream(std::ostream& out, const std::vector<std::byte>& bytes, const char* what) {

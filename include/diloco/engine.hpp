@@ -29,6 +29,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -47,6 +48,7 @@
 #include "diloco/kernels/pseudo_gradient.hpp"
 #include "diloco/kernels/tensor_passes.hpp"
 #include "diloco/optimizer.hpp"
+#include "diloco/reduce/ready.hpp"
 #include "diloco/reduce/select.hpp"
 #include "diloco/sync/blocking.hpp"
 #include "diloco/sync/concepts.hpp"
@@ -183,6 +185,26 @@ struct engine_base {
   virtual bool in_flight() const = 0;
   virtual void to_host(float* host, const float* src, std::size_t n) = 0;
   virtual void from_host(float* dst, const float* host, std::size_t n) = 0;
+  virtual void to_host(std::byte* host, const std::byte* src, std::size_t n) = 0;
+  virtual void from_host(std::byte* dst, const std::byte* host, std::size_t n) = 0;
+  // Checkpoints of reductions in flight: settle() (collective) waits for
+  // each without applying it, so that it becomes ready (its collectives
+  // done, its verdict kept) and is applied at the schedule's own step as if
+  // nothing had happened; ready(p) says whether fragment p's is;
+  // visit_ready(p) walks what its application reads (the verdict, the
+  // reducer's result buffers); set_ready(p), after a restore has written
+  // them into an instance with nothing in flight, puts fragment p's
+  // reduction back in flight, ready.
+  virtual void settle() = 0;
+  virtual bool ready(std::size_t p) const = 0;
+  virtual void visit_ready(std::size_t p, reduce::ready_visitor& v) = 0;
+  virtual void set_ready(std::size_t p) = 0;
+  // Takes back what a restore put in flight with set_ready (a load that is
+  // rolled back leaves nothing in flight, as before it).
+  virtual void drop_ready() = 0;
+  // Collective: every rank's text, in rank order (algorithm::load compares
+  // what each rank restored with it).
+  virtual std::vector<std::string> exchange_text(const std::string& mine) = 0;
 };
 
 template <class Inner, class Outer, class Compressor, class Comm, class Space, class Sync>
@@ -219,6 +241,7 @@ class engine final : public engine_base {
     Sync::validate(opts_.sync, opts_.inner_steps, sizes.size());
     plan_ = Sync::plan(opts_.sync, opts_.inner_steps, sizes);
     outer_slots_ = Outer::state_slots(opts_.outer);
+    if constexpr (eager) set_eager_outer_lr();
     if constexpr (!Compressor::lossless) Compressor::validate(opts_.compress);
 
     // Fragments, their flat layout, and where each tensor landed.
@@ -295,6 +318,7 @@ class engine final : public engine_base {
     }
     if (opts_.broadcast_initial && world_ > 1) check_initial_after_broadcast();
     init_global_and_schedule();
+    deliver_hook_error();  // a hook that threw on a warning event
   }
 
   space_id space() const override { return space_id_v<Space>; }
@@ -343,6 +367,9 @@ class engine final : public engine_base {
   }
   void finish() override {
     guarded([&] { drain(); });
+  }
+  void settle() override {
+    guarded([&] { settle_in_flight(); });
   }
   void leave() override {
     guarded([&] { leave_group(); });
@@ -403,6 +430,37 @@ class engine final : public engine_base {
         recover_after_failure(where::in_round);
         return;
       }
+    }
+    // A fixed group checks that every rank reached finish() at the same
+    // inner step (a rank that took a step more would else leave its peers
+    // waiting in a round it never joins). Elastic groups realign their
+    // members' clocks when they re-form instead.
+    if (!elastic_) check_positions(position_kind::finish, 0);
+  }
+
+  // Waits for every reduction in flight without applying it (save): each
+  // becomes ready, its verdict kept, and complete() applies it at the
+  // schedule's step with the inputs it would have had. The waits give the
+  // same bits whenever they run (the stages read only what begin() wrote).
+  // Elastic: a failure aborts what is in flight and re-forms, as in drain().
+  void settle_in_flight() {
+    check_member("save");
+    for (std::size_t p = 0; p < frags_.size(); ++p) {
+      fragment& f = *frags_[p];
+      if (!f.in_flight || f.ready) continue;
+      const auto t0 = clock::now();
+      try {
+        f.result = wait_for(f);
+      } catch (const comm_error&) {
+        if (!elastic_) throw;
+        recover_after_failure(where::in_round);
+        return;
+      }
+      const auto t1 = clock::now();
+      f.blocked += seconds_between(t0, t1);
+      f.ready = true;
+      if (!f.completed) f.completed_at = t1;
+      f.completed = true;
     }
   }
 
@@ -468,6 +526,40 @@ class engine final : public engine_base {
   }
   void to_host(float* host, const float* src, std::size_t n) override { exec_.to_host(host, src, n); }
   void from_host(float* dst, const float* host, std::size_t n) override { exec_.from_host(dst, host, n); }
+  void to_host(std::byte* host, const std::byte* src, std::size_t n) override { exec_.to_host(host, src, n); }
+  void from_host(std::byte* dst, const std::byte* host, std::size_t n) override { exec_.from_host(dst, host, n); }
+  bool ready(std::size_t p) const override { return frags_[p]->ready; }
+  // Fragment p's ready result under "fragment.<p>.ready.": the verdict, then
+  // the reducer's buffers (whether or not it is ready: a restore checks the
+  // file against this walk before it writes).
+  void visit_ready(std::size_t p, reduce::ready_visitor& v) override {
+    fragment& f = *frags_[p];
+    const std::string name = concat("fragment.", p, ".ready.");
+    reduce::visit_verdict(v, name, f.result);
+    f.reducer->visit_ready(v, name);
+  }
+  void set_ready(std::size_t p) override {
+    fragment& f = *frags_[p];
+    if (f.in_flight) raise<state_error>("internal: set_ready(", p, ") while fragment ", p, "'s reduction is in flight");
+    f.in_flight = f.ready = f.completed = true;
+    f.failure = nullptr;
+    f.traffic0 = comm_.traffic();
+    f.begun = f.completed_at = clock::now();
+    f.blocked = 0.0;
+    round_open_ = true;
+  }
+  void drop_ready() override {
+    for (auto& fp : frags_) {
+      if (!fp->ready) continue;
+      fp->in_flight = fp->ready = fp->completed = false;
+      fp->result = {};
+    }
+    round_open_ = in_flight();
+  }
+  std::vector<std::string> exchange_text(const std::string& mine) override {
+    if (world_ == 1) return {mine};
+    return gather_text(mine);
+  }
 
  private:
   struct fragment {
@@ -480,6 +572,8 @@ class engine final : public engine_base {
     // The reduction in flight.
     bool in_flight = false;
     bool completed = false;  // poll() found it complete
+    bool ready = false;      // settle() waited for it (a save): `result` holds its verdict, not applied yet
+    reduce::verdict result;  // the verdict of a ready reduction
     traffic_counters traffic0{};
     clock::time_point begun{}, completed_at{};
     double blocked = 0.0;  // seconds this worker spent on it so far
@@ -572,6 +666,7 @@ class engine final : public engine_base {
   // depends on M is planned again.
   void replan() {
     world_ = comm_.size();
+    if constexpr (eager) set_eager_outer_lr();  // eager's default lr follows M
     rank_ = comm_.rank();
     transport_ = transport_type(world_ > 1 ? flat_ + static_cast<std::size_t>(world_) : 0);
     build_reducers();
@@ -743,6 +838,7 @@ class engine final : public engine_base {
       fp->reducer->abort();
       fp->in_flight = false;
       fp->completed = false;
+      fp->ready = false;
       fp->failure = nullptr;
     }
     if (any) {
@@ -851,6 +947,7 @@ class engine final : public engine_base {
     f.failure = nullptr;
     set_fault_round(stats_.rounds + 1);
     fault_point("pseudo_gradient");
+    check_positions(position_kind::begin, p);
     f.traffic0 = comm_.traffic();
     const auto t0 = clock::now();
     if constexpr (Compressor::lossless)
@@ -898,14 +995,10 @@ class engine final : public engine_base {
   // at the schedule's application step (eager re-joins theta_global then).
   void complete(std::size_t p, bool draining = false) {
     fragment& f = *frags_[p];
-    if (f.failure) std::rethrow_exception(f.failure);
     const auto t0 = clock::now();
-    const reduce::verdict v = [&] {
-      if constexpr (Compressor::lossless)
-        return f.reducer->wait(exec_);
-      else
-        return f.reducer->wait(exec_, comm_, transport_);
-    }();
+    // A ready reduction (a save waited for it) is not waited for again.
+    const reduce::verdict v = f.ready ? std::exchange(f.result, {}) : wait_for(f);
+    f.ready = false;
     const auto t1 = clock::now();
     f.in_flight = false;
     f.blocked += seconds_between(t0, t1);
@@ -944,6 +1037,16 @@ class engine final : public engine_base {
     steps_in_round_ = 0;
     stats_.outer_seconds += seconds_since(t1) + f.blocked;
     notify([&] { return reduction_event(event_kind::round, p, stats_.rounds, f.outer_steps); });
+  }
+
+  // Completes fragment f's reduction (its collectives, then the verdict,
+  // the same on every rank); rethrows a failure poll() kept.
+  reduce::verdict wait_for(fragment& f) {
+    if (f.failure) std::rethrow_exception(f.failure);
+    if constexpr (Compressor::lossless)
+      return f.reducer->wait(exec_);
+    else
+      return f.reducer->wait(exec_, comm_, transport_);
   }
 
   // sync::streaming after an inner step: begins first (with tau = 0 a
@@ -1155,6 +1258,84 @@ class engine final : public engine_base {
     per_rank_ = std::move(outcome.per_rank);
   }
 
+  // Before a reduction begins (position_kind::begin) and at finish(): the
+  // ranks compare where they stand (core/agreement.hpp, one all-gather of a
+  // 40-byte record, counted in setup_bytes) and all raise state_error when
+  // they differ. Under a delayed schedule the round's begin is also where
+  // its finiteness is checked, since its reduction completes only a phase
+  // later: a replica holding NaN/Inf refuses the round now, on every rank,
+  // as reject() refuses it at completion (a norm that overflows only in the
+  // pseudo-gradient is still found there).
+  void check_positions(position_kind kind, std::size_t p) {
+    // The check is a blocking collective, and a communicator need not order
+    // it after non-blocking ones still running: those complete first (only
+    // sync::streaming with a delay has one then, applied after this same
+    // step anyway).
+    if (world_ > 1 && overlap_)
+      while (std::any_of(frags_.begin(), frags_.end(), [](const auto& f) { return f->in_flight && !f->completed; })) {
+        poll_in_flight();
+        std::this_thread::yield();
+      }
+    position_record mine{static_cast<std::uint64_t>(kind), position_, stats_.rounds, p, 0};
+    if constexpr (delayed)
+      if (kind == position_kind::begin)
+        mine.non_finite = static_cast<std::uint64_t>(
+            exec_.transform_reduce_chunked(model_list_.chunks(), kernels::non_finite_in{model_list_.ptrs()}));
+    std::vector<position_record> all{mine};
+    if (world_ > 1) {
+      const auto traffic0 = comm_.traffic();
+      const auto t0 = clock::now();
+      std::vector<std::byte> bytes(sizeof mine);
+      std::memcpy(bytes.data(), &mine, sizeof mine);
+      const std::vector<std::byte> gathered = gather_bytes(bytes);
+      all.resize(static_cast<std::size_t>(world_));
+      std::memcpy(all.data(), gathered.data(), gathered.size());
+      stats_.setup_bytes += comm_.traffic().bytes_sent - traffic0.bytes_sent;
+      stats_.comm_seconds += seconds_since(t0);
+    }
+    if (const std::string wrong = compare_positions(all); !wrong.empty()) {
+      round_open_ = false;
+      raise<state_error>(wrong);
+    }
+    if (const std::string bad = non_finite_positions(all); !bad.empty()) {
+      reduce::verdict v;
+      v.accepted = false;
+      v.problem = bad;
+      reject(p, v);
+    }
+  }
+
+  // Every rank's text, in rank order: their lengths first, then the texts
+  // padded to the longest (counted in setup_bytes).
+  std::vector<std::string> gather_text(const std::string& text) {
+    const auto traffic0 = comm_.traffic();
+    const auto M = static_cast<std::size_t>(world_);
+    std::vector<std::byte> mine(sizeof(std::uint64_t));
+    const std::uint64_t len = text.size();
+    std::memcpy(mine.data(), &len, sizeof len);
+    const std::vector<std::byte> lengths = gather_bytes(mine);
+    std::size_t longest = 0;
+    for (std::size_t r = 0; r < M; ++r) {
+      std::uint64_t l = 0;
+      std::memcpy(&l, lengths.data() + r * sizeof l, sizeof l);
+      if (l > (std::size_t{1} << 24))
+        raise<format_error>("rank ", r, " announced a ", l,
+                            "-byte record (at most 16 MiB expected); are all ranks running the same program?");
+      longest = std::max<std::size_t>(longest, static_cast<std::size_t>(l));
+    }
+    mine.assign(longest, std::byte{0});
+    if (!text.empty()) std::memcpy(mine.data(), text.data(), text.size());
+    const std::vector<std::byte> all = gather_bytes(mine);
+    std::vector<std::string> out;
+    for (std::size_t r = 0; r < M; ++r) {
+      std::string t(reinterpret_cast<const char*>(all.data()) + r * longest, longest);
+      while (!t.empty() && t.back() == '\0') t.pop_back();
+      out.push_back(std::move(t));
+    }
+    stats_.setup_bytes += comm_.traffic().bytes_sent - traffic0.bytes_sent;
+    return out;
+  }
+
   // An all-gather of host bytes through the transport (staged through the
   // executor's memory for device tensors).
   std::vector<std::byte> gather_bytes(const std::vector<std::byte>& mine) {
@@ -1171,6 +1352,38 @@ class engine final : public engine_base {
       transport_.all_gather(comm_, exec_, mine.data(), n, all.data());
     }
     return all;
+  }
+
+  // sync::eager: the outer lr for the group's size now (sync/eager.hpp:
+  // the default follows M; a set lr above the stability bound is honoured
+  // and reported each time the group size changes). Both outer steps read opts_.outer.
+  // An outer policy without an lr option keeps its options.
+  void set_eager_outer_lr() {
+    if constexpr (requires(typename Outer::options& o) { o.lr = 1.0f; }) set_eager_outer_lr_now();
+  }
+  void set_eager_outer_lr_now() {
+    if (!user_outer_) user_outer_ = opts_.outer;
+    if (world_ < 1 || eager_lr_world_ == world_) return;  // a joiner before it joined has no group yet
+    eager_lr_world_ = world_;
+    const auto M = static_cast<std::size_t>(world_);
+    const auto r = sync::resolve_eager_outer_lr<Outer>(opts_.sync, *user_outer_, M);
+    opts_.outer.lr = r.lr;
+    if (r.automatic || !(static_cast<double>(r.lr) > r.bound)) return;
+    notify([&] {
+      typename Outer::options unset = *user_outer_;
+      unset.lr = typename Outer::options{}.lr;
+      const auto num = [](double v) {  // 0.7f as "0.7", not concat's "0.699999988"
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.6g", v);
+        return std::string(buf);
+      };
+      event e = make_event(event_kind::warning);
+      e.problem = concat("sync::eager: outer lr ", num(r.lr), " is above the stability bound ", num(r.bound), " for ",
+                         world_, " workers (the largest stable lr on f = theta^2/2 with this outer momentum, "
+                         "docs/algorithms.md section 4); it runs as set and may diverge. Unset, the lr would be ",
+                         num(sync::resolve_eager_outer_lr<Outer>({}, unset, M).lr));
+      return e;
+    });
   }
 
   // ------------------------------------------------------------- events
@@ -1296,6 +1509,8 @@ class engine final : public engine_base {
   buffer<float, Space> anchor_, own_;  // delayed schedules only
   buffer<float, Space> eager_slots_;   // sync::eager: this worker's outer state
   std::uint64_t eager_steps_ = 0;      // sync::eager: this worker's outer step count
+  int eager_lr_world_ = -1;            // sync::eager: the group size its outer lr was resolved for
+  std::optional<typename Outer::options> user_outer_;  // sync::eager: the outer options as the user gave them
   std::uint64_t steps_in_round_ = 0;
   std::uint64_t position_ = 0;  // inner steps taken: the schedule's clock
   std::vector<per_rank_option> per_rank_;  // per-rank options that differ between ranks
