@@ -18,6 +18,7 @@
 
 #include "codec_round_trip.hpp"
 #include "random_inputs.hpp"
+#include "resume_check.hpp"
 #include "threads_link.hpp"
 
 namespace dc = diloco;
@@ -353,21 +354,6 @@ TEST_CASE("chunk_topk: save_bytes, a fresh instance loads it and continues with 
     std::vector<float> a(300, 0.0f), b(300, 1.0f);
     T t(a, comm, opts), u(b, comm, opts);
     auto grads = [&](int s) { return random_normals(300, 700 + static_cast<unsigned>(7 * s + comm.rank())); };
-    for (int s = 0; s < 5; ++s) t.step(grads(s));  // 2 rounds and one inner step of the third
-    const auto bytes = t.save_bytes();
-    for (int s = 5; s < 11; ++s) t.step(grads(s));
-    const auto g = t.global_parameters();
-    const std::vector<float> want_global(g.data(), g.data() + g.size()), want_local = a;
-    const auto res = t.compression_residual();
-    const std::vector<float> want_residual(res.data(), res.data() + res.size());
-    u.load(std::span<const std::byte>(bytes));
-    for (int s = 5; s < 11; ++s) u.step(grads(s));
-    const auto ug = u.global_parameters();
-    const auto ures = u.compression_residual();
-    CHECK(std::memcmp(ug.data(), want_global.data(), want_global.size() * 4) == 0);
-    CHECK(std::memcmp(b.data(), want_local.data(), want_local.size() * 4) == 0);
-    REQUIRE(ures.size() == want_residual.size());
-    CHECK(std::memcmp(ures.data(), want_residual.data(), want_residual.size() * 4) == 0);
-    CHECK(u.stats().rounds == t.stats().rounds);
+    check_resume_bits(t, u, a, b, grads, 5, 11);  // saved after 2 rounds and one inner step of the third
   });
 }

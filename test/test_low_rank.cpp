@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "random_inputs.hpp"
+#include "resume_check.hpp"
 #include "threads_link.hpp"
 
 namespace dc = diloco;
@@ -233,9 +234,7 @@ TEST_CASE("low_rank options: rank 0 is a config_error") {
 
 
 TEST_CASE("low_rank: a corrupt P or Q segment is refused with format_error on every rank, theta_global unchanged") {
-  // A round's all-gathers, in order: the ranks' position record (the
-  // engine's check before a reduction begins), P, Q: damage P (2) or Q (3).
-  for (int which : {2, 3}) {
+  for (int which : {1, 2}) {
     CAPTURE(which);
     constexpr int m = 3;
     std::atomic<int> precise{0};
@@ -384,21 +383,6 @@ TEST_CASE("low_rank: save_bytes, a fresh instance loads it and continues with th
     auto grads = [&](int s) {
       return std::vector<std::vector<float>>{random_normals(160, 900 + static_cast<unsigned>(7 * s + comm.rank()))};
     };
-    for (int s = 0; s < 5; ++s) t.step(grads(s));  // 2 rounds and one inner step of the third
-    const auto bytes = t.save_bytes();
-    for (int s = 5; s < 11; ++s) t.step(grads(s));
-    const auto g = t.global_parameters();
-    const std::vector<float> want_global(g.data(), g.data() + g.size()), want_local = a;
-    const auto res = t.compression_residual();
-    const std::vector<float> want_residual(res.data(), res.data() + res.size());
-    u.load(std::span<const std::byte>(bytes));
-    for (int s = 5; s < 11; ++s) u.step(grads(s));
-    const auto ug = u.global_parameters();
-    const auto ures = u.compression_residual();
-    CHECK(std::memcmp(ug.data(), want_global.data(), want_global.size() * 4) == 0);
-    CHECK(std::memcmp(b.data(), want_local.data(), want_local.size() * 4) == 0);
-    REQUIRE(ures.size() == want_residual.size());
-    CHECK(std::memcmp(ures.data(), want_residual.data(), want_residual.size() * 4) == 0);
-    CHECK(u.stats().rounds == t.stats().rounds);
+    check_resume_bits(t, u, a, b, grads, 5, 11);  // saved after 2 rounds and one inner step of the third
   });
 }

@@ -76,9 +76,18 @@ class slow_link : public threads_link<Device> {
   diloco::comm::detail::progress_queue queue_;
 };
 
+// The engine's position record (core/agreement.hpp: one blocking all-gather
+// of sizeof(position_record) bytes before each reduction begins and at
+// finish()) is control traffic, not a round's segment: the links that log
+// or damage segments pass it by. No segment is that small (its header alone
+// is wire::header_bytes).
+inline bool position_record(std::size_t bytes) { return bytes == sizeof(diloco::detail::position_record); }
+static_assert(sizeof(diloco::detail::position_record) < diloco::wire::header_bytes);
+
 // A threads communicator that, once armed, flips one byte of what the
-// `which`-th all-gather after arming delivers to `victim`: byte `offset` of
-// rank 1's slot (inside its segment's payload, past the 64-byte header).
+// `which`-th segment all-gather after arming delivers to `victim`: byte
+// `offset` of rank 1's slot (inside its segment's payload, past the 64-byte
+// header).
 class flaky_gather : public threads_host_link {
  public:
   flaky_gather(diloco::comm::threads& c, int victim, int which = 1, std::size_t offset = 80)
@@ -86,6 +95,7 @@ class flaky_gather : public threads_host_link {
   void arm() { armed_ = 1; }
   void all_gather(std::span<const std::byte> s, std::span<std::byte> r) {
     threads().all_gather(s, r);
+    if (position_record(s.size())) return;
     if (armed_ > 0 && armed_++ == which_ && rank() == victim_) r[s.size() + offset_] ^= std::byte{0x10};
   }
 
