@@ -1225,33 +1225,11 @@ class engine final : public engine_base {
   // and every rank compares the same bytes, so all raise or none does. Its
   // traffic is counted in stats().setup_bytes, apart from the rounds'.
   void agree(std::vector<agreement_record> records) {
-    const auto traffic0 = comm_.traffic();
     const auto t0 = clock::now();
-    const std::string text = agreement_text(records);
-    const auto M = static_cast<std::size_t>(world_);
-    std::vector<std::byte> mine(sizeof(std::uint64_t));
-    const std::uint64_t len = text.size();
-    std::memcpy(mine.data(), &len, sizeof len);
-    const std::vector<std::byte> lengths = gather_bytes(mine);
-    std::size_t longest = 0;
-    for (std::size_t r = 0; r < M; ++r) {
-      std::uint64_t l = 0;
-      std::memcpy(&l, lengths.data() + r * sizeof l, sizeof l);
-      if (l > (std::size_t{1} << 24))
-        raise<format_error>("start-up agreement: rank ", r, " announced a ", l,
-                            "-byte record (at most 16 MiB expected); are all ranks running the same program?");
-      longest = std::max<std::size_t>(longest, static_cast<std::size_t>(l));
-    }
-    mine.assign(longest, std::byte{0});
-    std::memcpy(mine.data(), text.data(), text.size());
-    const std::vector<std::byte> all = gather_bytes(mine);
+    const std::vector<std::string> texts = gather_text(agreement_text(records));  // counts setup_bytes
     std::vector<std::vector<agreement_record>> ranks;
-    for (std::size_t r = 0; r < M; ++r)
-      ranks.push_back(parse_agreement_text(
-          std::string_view(reinterpret_cast<const char*>(all.data()) + r * longest, longest), static_cast<int>(r)));
+    for (std::size_t r = 0; r < texts.size(); ++r) ranks.push_back(parse_agreement_text(texts[r], static_cast<int>(r)));
     agreement_outcome outcome = compare_agreement(ranks);
-    const auto after = comm_.traffic();
-    stats_.setup_bytes += after.bytes_sent - traffic0.bytes_sent;
     stats_.comm_seconds += seconds_since(t0);
     if (outcome.mismatch) raise<config_error>(*outcome.mismatch);
     if (outcome.initial_check) raise<numeric_error>(*outcome.initial_check);
