@@ -910,7 +910,9 @@ TEST_CASE("eager on the quadratic: M = 2 converges and M = 4 diverges at outer l
 }
 
 TEST_CASE("eager on the quadratic: 5 % below the bound converges, 5 % above diverges (M = 2 and 4)") {
-  for (const auto& [workers, bound] : {std::pair{2, bound_m2}, std::pair{4, bound_m4}}) {
+  for (const auto& point : {std::pair{2, bound_m2}, std::pair{4, bound_m4}}) {
+    const int workers = point.first;  // not a structured binding: CAPTURE's lambda takes it (Clang 14)
+    const double bound = point.second;
     CAPTURE(workers);
     CHECK(converges(run_quadratic(workers, 2000, {.outer = {.lr = static_cast<float>(0.95 * bound)}})));
     CHECK(diverges(run_quadratic(workers, 2000, {.outer = {.lr = static_cast<float>(1.05 * bound)}})));
