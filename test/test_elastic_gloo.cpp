@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "elastic_by_hand.hpp"
 #include "process_harness.hpp"
 
 namespace dc = diloco;
@@ -42,40 +43,21 @@ constexpr std::size_t H = 4;
 // in outer round `round` (counted from 1): a function of both, so the test
 // can replay the rounds by hand and see a lost contribution or a frozen
 // theta_global.
+float target_at(int rank, std::uint64_t round, std::size_t i) {
+  return static_cast<float>(rank + 1) * 0.3f + static_cast<float>(round % 5) * 0.2f +
+         static_cast<float>(i % 13) * 0.05f;
+}
 std::vector<float> target(int rank, std::uint64_t round) {
   std::vector<float> c(n);
-  for (std::size_t i = 0; i < n; ++i)
-    c[i] = static_cast<float>(rank + 1) * 0.3f + static_cast<float>(round % 5) * 0.2f +
-           static_cast<float>(i % 13) * 0.05f;
+  for (std::size_t i = 0; i < n; ++i) c[i] = target_at(rank, round, i);
   return c;
 }
 
 constexpr float inner_lr = 0.1f, outer_lr = 0.7f, mu = 0.9f;  // outer: nesterov's defaults
 
-// The blocking rounds by hand (as test_elastic_threads.cpp): each member
-// (by its starting rank) runs H SGD steps from theta_global towards its
-// target of the round; the mean pseudo-gradient d takes one Nesterov step
-// (torch.optim.SGD, nesterov=True: b = d the first round, then
-// b = mu b + d; theta -= lr (d + mu b)). Start: every element 0.5.
+// The blocking rounds by hand (elastic_by_hand.hpp).
 std::vector<double> by_hand(const std::vector<std::vector<int>>& members_per_round) {
-  std::vector<double> theta(n, 0.5), b(n, 0.0);
-  std::uint64_t round = 0;
-  for (const auto& members : members_per_round) {
-    ++round;
-    std::vector<double> d(n, 0.0);
-    for (int id : members) {
-      const auto c = target(id, round);
-      std::vector<double> x = theta;
-      for (std::size_t s = 0; s < H; ++s)
-        for (std::size_t i = 0; i < n; ++i) x[i] -= inner_lr * (x[i] - c[i]);
-      for (std::size_t i = 0; i < n; ++i) d[i] += (theta[i] - x[i]) / static_cast<double>(members.size());
-    }
-    for (std::size_t i = 0; i < n; ++i) {
-      b[i] = round == 1 ? d[i] : mu * b[i] + d[i];
-      theta[i] -= outer_lr * (d[i] + mu * b[i]);
-    }
-  }
-  return theta;
+  return elastic_by_hand(n, H, inner_lr, outer_lr, mu, members_per_round, target_at);
 }
 
 std::string hex(const float* p, std::size_t count) {

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "comm_link.hpp"
+#include "elastic_by_hand.hpp"
 #include "process_harness.hpp"
 #include "rank_threads.hpp"
 #include "sim_device.hpp"
@@ -131,29 +132,9 @@ float target(int rank, std::uint64_t round, std::size_t i) {
 
 constexpr float inner_lr = 0.1f, outer_lr = 0.7f, mu = 0.9f;  // outer: nesterov's defaults
 
-// The blocking rounds by hand (as test_elastic_threads.cpp): each member
-// (by its starting rank) runs H SGD steps from theta_global towards its
-// target of the round; the mean pseudo-gradient d takes one Nesterov step
-// (torch.optim.SGD, nesterov=True: b = d the first round, then
-// b = mu b + d; theta -= lr (d + mu b)). Start: every element 0.5.
+// The blocking rounds by hand (elastic_by_hand.hpp).
 std::vector<double> by_hand(const std::vector<std::vector<int>>& members_per_round) {
-  std::vector<double> theta(n, 0.5), b(n, 0.0);
-  std::uint64_t round = 0;
-  for (const auto& members : members_per_round) {
-    ++round;
-    std::vector<double> d(n, 0.0);
-    for (int id : members) {
-      std::vector<double> x = theta;
-      for (std::size_t s = 0; s < H; ++s)
-        for (std::size_t i = 0; i < n; ++i) x[i] -= inner_lr * (x[i] - target(id, round, i));
-      for (std::size_t i = 0; i < n; ++i) d[i] += (theta[i] - x[i]) / static_cast<double>(members.size());
-    }
-    for (std::size_t i = 0; i < n; ++i) {
-      b[i] = round == 1 ? d[i] : mu * b[i] + d[i];
-      theta[i] -= outer_lr * (d[i] + mu * b[i]);
-    }
-  }
-  return theta;
+  return elastic_by_hand(n, H, inner_lr, outer_lr, mu, members_per_round, target);
 }
 
 // theta_global's tensors (not the device layout's padding), hashed.
