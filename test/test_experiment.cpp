@@ -108,6 +108,18 @@ dx::settings small_settings() {
   return {.steps = 40, .inner_steps = 10, .eval_every = 10, .seed = 3, .tags = {{"shards", "iid"}, {"note", "a,b"}}};
 }
 
+// Bytes one rank sends, as comm::threads accounts them (core/comm_types.hpp
+// documents the model; written out here, not taken from the library): a
+// ring all-reduce of B bytes over M ranks sends 2(M - 1)B/M (integer
+// division, per collective); a chain broadcast root -> root+1 -> ... has
+// every rank but the last forward the buffer once, so the root (rank 0,
+// M > 1) sends B.
+std::uint64_t ring_bytes(std::size_t bytes, int m) {
+  const auto mm = static_cast<std::uint64_t>(m);
+  return m > 1 ? 2 * (mm - 1) * bytes / mm : 0;
+}
+std::uint64_t chain_sent_by_root(std::size_t bytes, int m) { return m > 1 ? bytes : 0; }
+
 // A minimal CSV reader (RFC 4180 quoting), independent of the writer.
 std::vector<std::vector<std::string>> parse_csv(const std::string& text) {
   std::vector<std::vector<std::string>> out;
@@ -171,6 +183,15 @@ TEST_CASE("blocking and streaming with P = 1, tau = 0, alpha = 0 give equal rows
   }
   CHECK(dx::same_results(a, b));
   CHECK(a.bytes_sent > 0);
+  // Worker 0's bytes, as comm::threads counts them (core/comm_types.hpp):
+  // the initial broadcast of each tensor from rank 0, then per round one
+  // all-reduce of the 6 pseudo-gradient values plus one norm slot per rank
+  // (reduce/fp32_mean.hpp: M slots behind the values).
+  const int m = 3;
+  const std::uint64_t per_round = ring_bytes((features + 1 + static_cast<std::size_t>(m)) * sizeof(float), m);
+  const std::uint64_t broadcast = chain_sent_by_root(features * sizeof(float), m) + chain_sent_by_root(sizeof(float), m);
+  CHECK(a.bytes_sent == broadcast + a.rounds * per_round);
+  CHECK(a.bytes_sent == 6 * 4 + 4 * (2 * 2 * 9 * 4 / 3));  // the same, written out: 24 + 4 x 48
 }
 
 TEST_CASE("the baselines follow their definitions") {
@@ -206,6 +227,8 @@ TEST_CASE("the baselines follow their definitions") {
   CHECK(ddp.rounds == s.steps);
   // One all-reduce of 6 floats per step, as comm::threads accounts it.
   CHECK(ddp.bytes_sent > 0);
+  CHECK(ddp.bytes_sent == s.steps * ring_bytes((features + 1) * sizeof(float), workers));
+  CHECK(ddp.bytes_sent == 40 * (2 * 1 * 24 / 2));  // the same, written out: 24 bytes a step
   CHECK(alone.kind == "single_worker");
   CHECK(alone.final_loss == doctest::Approx(reference(1)).epsilon(1e-5));
   CHECK(alone.bytes_sent == 0);
