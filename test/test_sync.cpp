@@ -4,7 +4,8 @@
 // steps the definition gives; streaming, one-step delay and eager follow a
 // double-precision reference written from their definitions
 // (docs/algorithms.md); overlap hides a slow exchange; refused rounds keep
-// theta_global; bad options are config_errors.
+// theta_global; bad options are config_errors; with one worker eager is
+// blocking DiLoCo.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -544,15 +545,83 @@ TEST_CASE("overlap is real: one-step delay hides an exchange that a blocking rou
 TEST_CASE("a non-finite pseudo-gradient under streaming and one-step delay: refused on every rank, training goes on") {
   const std::vector<std::size_t> sizes{4, 4};
   SUBCASE("streaming: only the fragment's tensors are reset") {
+    // The reference, in double, from docs/algorithms.md §2 and §6: H = 4,
+    // P = 2 (contiguous: fragment 0 = tensor 0, fragment 1 = tensor 1), τ = 1,
+    // α = 0 (the default), outer Nesterov at its documented defaults (lr 0.7,
+    // μ 0.9: nesterov_ref), inner SGD at lr 0.1. s = (2, 4): fragment 0 begins
+    // after 1, 5, 9, 13 and is applied after 2, 6, 10, 14; fragment 1 begins
+    // after 3, 7, 11, 15 and is applied after 4, 8, 12, 16. Before step 7 rank
+    // 1's tensor 1 element 2 becomes NaN, so fragment 1's reduction begun
+    // after step 7 is refused at step 8: θ_g and S_1 (its step count too) stay,
+    // both ranks' tensor 1 becomes θ_g,1, and tensor 0 is left alone.
+    const std::size_t H = 4, tau = 1, half = 4;
+    std::vector<vec> ref_global;                     // after every step
+    std::vector<std::vector<vec>> ref_local(M);      // after every step
+    {
+      vec global = flat_init(sizes);
+      std::vector<vec> w(M, global), snap(M, vec(global.size(), 0.0));
+      const std::vector<vec> c{flat_targets(0, sizes), flat_targets(1, sizes)};
+      std::vector<nesterov_ref> frag(2);
+      for (int t = 1; t <= 16; ++t) {
+        if (t == 7) w[1][half + 2] = std::numeric_limits<double>::quiet_NaN();
+        for (std::size_t um = 0; um < M; ++um) inner_step(w[um], c[um]);
+        for (std::size_t p = 0; p < 2; ++p) {
+          const std::size_t lo = p * half, hi = lo + half;
+          const int sp = static_cast<int>((p + 1) * H / 2);
+          if ((t + static_cast<int>(tau) - sp) % static_cast<int>(H) == 0)  // begin: Δ_m,p = θ_g,p − θ_m,p
+            for (std::size_t um = 0; um < M; ++um)
+              for (std::size_t i = lo; i < hi; ++i) snap[um][i] = global[i] - w[um][i];
+          if ((t - sp) % static_cast<int>(H) != 0) continue;
+          bool finite = true;
+          for (std::size_t um = 0; um < M; ++um)
+            for (std::size_t i = lo; i < hi; ++i) finite = finite && std::isfinite(snap[um][i]);
+          if (finite) {
+            vec mean(global.size(), 0.0);
+            for (std::size_t i = lo; i < hi; ++i) mean[i] = (snap[0][i] + snap[1][i]) / M;
+            frag[p].step(global, mean, lo, hi);
+          }
+          for (std::size_t um = 0; um < M; ++um)  // α = 0 merge, or the refusal's reset: both θ_m,p ← θ_g,p
+            for (std::size_t i = lo; i < hi; ++i) w[um][i] = global[i];
+        }
+        ref_global.push_back(global);
+        for (std::size_t um = 0; um < M; ++um) ref_local[um].push_back(w[um]);
+      }
+      REQUIRE(frag[0].steps == 4);
+      REQUIRE(frag[1].steps == 3);  // the refused application did not count
+    }
+    auto part = [](const vec& x, std::size_t k) {
+      return vec(x.begin() + static_cast<std::ptrdiff_t>(k * half), x.begin() + static_cast<std::ptrdiff_t>((k + 1) * half));
+    };
+    auto as_vec = [](const float* p, std::size_t n) { return vec(p, p + n); };
+    // A wrong reset of fragment 0 at step 8 would put tensor 0 at θ_g,0, which
+    // the reference puts far outside the tolerance used below (1e-5).
+    for (std::size_t um = 0; um < M; ++um)
+      CHECK(rel_err(part(ref_local[um][7], 0), part(ref_global[7], 0)) > 1e-2);
     dc::comm::threads::world world(2);
     world.run([&](dc::comm::threads& comm) {
       const int m = comm.rank();
       model mdl(sizes);
       sgd_trainer<dc::sync::streaming> t(mdl.w, comm,
                                          {.inner_steps = 4, .inner = {.lr = 0.1f}, .sync = {.fragments = 2, .delay = 1}});
+      const auto um = static_cast<std::size_t>(m);
       for (int s = 0; s < 4; ++s) t.step(mdl.grads(m));  // fragments 0 and 1 applied once
       REQUIRE(t.stats().rounds == 2);
-      const std::vector<float> g0(t.global_parameters().data(), t.global_parameters().data() + 8);
+      auto global_flat = [&] {  // theta_global in model order
+        vec g;
+        for (std::size_t k = 0; k < 2; ++k) {
+          const vec x = as_vec(t.global_parameters().data() + t.global_offset(k), half);
+          g.insert(g.end(), x.begin(), x.end());
+        }
+        return g;
+      };
+      const vec g0 = global_flat();
+      CHECK(rel_err(ref_global[3], g0) <= 1e-5);
+      auto replica = [&] {
+        vec r(mdl.w[0].begin(), mdl.w[0].end());
+        r.insert(r.end(), mdl.w[1].begin(), mdl.w[1].end());
+        return r;
+      };
+      CHECK(rel_err(ref_local[um][3], replica()) <= 1e-5);
       t.step(mdl.grads(m));  // step 5: fragment 0 begins
       // Fragment 0 (tensor 0) went bad on rank 1 before it began? No: after.
       // Poison before the next begin instead: step 6 applies fragment 0 fine.
@@ -569,10 +638,27 @@ TEST_CASE("a non-finite pseudo-gradient under streaming and one-step delay: refu
       // Fragment 1's tensor is theta_global again; fragment 0's kept its step 8 progress.
       for (std::size_t i = 0; i < 4; ++i) CHECK(mdl.w[1][i] == after[t.global_offset(1) + i]);
       CHECK(mdl.w[0] != tensor0);  // step 8's inner step ran
+      // Exactly: tensor 0 is step 7's value after one inner SGD step
+      // (p − lr·(p − c), each operation rounded in fp32; volatile keeps the
+      // compiler from fusing them), and not reset.
+      for (std::size_t i = 0; i < 4; ++i) {
+        const volatile float grad = tensor0[i] - target(m, 0, i);
+        const volatile float move = 0.1f * grad;
+        const float want = tensor0[i] - move;
+        CAPTURE(i);
+        CHECK(mdl.w[0][i] == want);
+      }
+      // theta_global as step 6 left it, and both tensors where the reference
+      // puts them (tensor 0 with its progress, tensor 1 reset to θ_g,1).
+      CHECK(rel_err(ref_global[7], global_flat()) <= 1e-5);
+      CHECK(rel_err(part(ref_local[um][7], 0), part(replica(), 0)) <= 1e-5);
+      CHECK(rel_err(part(ref_local[um][7], 1), part(replica(), 1)) <= 1e-5);
       for (int s = 0; s < 8; ++s) t.step(mdl.grads(m));
       CHECK(t.stats().rounds == 7);
       for (float v : mdl.w[1]) CHECK(std::isfinite(v));
-      (void)g0;
+      // Training went on by step number, S_1's count untouched by the refusal.
+      CHECK(rel_err(ref_global[15], global_flat()) <= 1e-5);
+      CHECK(rel_err(ref_local[um][15], replica()) <= 1e-5);
     });
   }
   SUBCASE("one-step delay: the replica is reset and nothing stays in flight") {
@@ -957,4 +1043,135 @@ TEST_CASE("eager: a set outer lr above the bound runs as set and is reported as 
   CHECK(run_quadratic(2, 40, {.sync = {.outer_lr = 0.7f}}).warnings.empty());
   CHECK_THROWS_WITH_AS(run_quadratic(2, 1, {.sync = {.outer_lr = -1.0f}}),
                        doctest::Contains("sync::eager: outer_lr must be finite and >= 0"), dc::config_error);
+}
+
+namespace {
+
+// One worker, one tensor of f(w) = |w − c|²/2, sync::blocking and
+// sync::eager side by side on the same data: the replica after every step,
+// and at every phase end theta_global of both.
+struct one_worker_run {
+  std::vector<std::vector<float>> blocking_replica, eager_replica;  // after every step
+  std::vector<std::vector<float>> blocking_global, eager_global;    // after every phase end
+};
+
+one_worker_run run_one_worker(const std::vector<float>& init, const std::vector<float>& c, std::size_t H, int rounds,
+                              float inner_lr, dc::outer::nesterov::options outer, bool eager_outer_default) {
+  one_worker_run out;
+  dc::comm::threads::world world(1);
+  world.run([&](dc::comm::threads& comm) {
+    std::vector<float> wb = init, we = init;
+    sgd_trainer<dc::sync::blocking> tb(wb, comm, {.inner_steps = H, .inner = {.lr = inner_lr}, .outer = outer});
+    sgd_trainer<dc::sync::eager> te(we, comm, {.inner_steps = H, .inner = {.lr = inner_lr},
+                                               .outer = eager_outer_default ? dc::outer::nesterov::options{} : outer});
+    auto grad = [&](const std::vector<float>& w) {
+      std::vector<float> g(w.size());
+      for (std::size_t i = 0; i < w.size(); ++i) g[i] = w[i] - c[i];
+      return g;
+    };
+    for (std::size_t s = 1; s <= H * static_cast<std::size_t>(rounds); ++s) {
+      tb.step(grad(wb));
+      te.step(grad(we));
+      out.blocking_replica.push_back(wb);
+      out.eager_replica.push_back(we);
+      if (s % H == 0) {
+        out.blocking_global.emplace_back(tb.global_parameters().data(), tb.global_parameters().data() + init.size());
+        out.eager_global.emplace_back(te.global_parameters().data(), te.global_parameters().data() + init.size());
+      }
+    }
+  });
+  return out;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+// Why the identity holds (docs/algorithms.md §1 and §4): with M = 1 the mean
+// of one is the worker's own pseudo-gradient, Δ̄^(r) = Δ^(r) = own, so eager's
+// step direction g = Δ̄^(r) − own/M + Δ^(r+1)/M is Δ^(r+1): the progress of the
+// phase just ended, taken from where the phase began (s). Eager's replica is
+// Outer(s, E, Δ^(r+1)) and becomes the next phase's start; blocking's θ_g is
+// Outer(θ_g, S, Δ^(r+1)) with Δ taken from θ_g, and the replica restarts there.
+// Both start at θ_0 with a fresh outer state stepped once per phase end (the
+// first eager step takes b ← g like blocking's first round: nothing is in
+// flight, g = Δ^(1)), and both run the same inner steps from the same start:
+// by induction eager's replica is blocking's θ_g at every phase end and
+// blocking's replica after every step. Eager's θ_g takes the same means one
+// round late, so it is blocking's θ_g of the round before. The outer lr must
+// be the same: at M = 1 eager's default, min(0.7, 0.8 × 1.357), is blocking's
+// 0.7.
+//
+// Bit for bit needs fp32 arithmetic that does not round: the library keeps
+// eager's start as anchor = start + own and recovers it as anchor − own, and
+// forms g as Δ̄ + (fresh − own)/M; in real arithmetic both are exact, in fp32
+// each may be off by an ulp. So the identity is checked bit for bit with
+// dyadic values that every operation represents exactly (inner lr 1/2,
+// outer lr 1/2 and momentum 1/2, values on a 2^-4 grid, four rounds of
+// H = 2; the test checks the exactness itself against a double-precision
+// replay of blocking), and at the defaults (inner lr 0.1, outer lr 0.7,
+// μ 0.9) to a few ulp.
+TEST_CASE("eager with one worker is blocking DiLoCo: its replica is blocking's theta_global at every phase end") {
+  SUBCASE("bit for bit where fp32 does not round (dyadic values, lr 1/2, momentum 1/2)") {
+    const std::vector<float> init{0.5f, -0.75f, 0.25f, 1.0f}, c{1.0f, 0.25f, -0.5f, 0.0625f};
+    const std::size_t H = 2;
+    const int rounds = 4;
+    const dc::outer::nesterov::options outer{.lr = 0.5f, .momentum = 0.5f};
+    const auto r = run_one_worker(init, c, H, rounds, 0.5f, outer, false);
+    // Blocking's θ_g by docs/algorithms.md §1 in double: every value must be
+    // a float (no rounding happened), and blocking gives exactly those.
+    std::vector<double> g(init.begin(), init.end()), b(init.size(), 0.0);
+    for (int k = 0; k < rounds; ++k) {
+      std::vector<double> w = g;
+      for (std::size_t s = 0; s < H; ++s)
+        for (std::size_t i = 0; i < w.size(); ++i) w[i] -= 0.5 * (w[i] - c[i]);
+      for (std::size_t i = 0; i < w.size(); ++i) {
+        const double d = g[i] - w[i];
+        b[i] = k == 0 ? d : 0.5 * b[i] + d;
+        g[i] -= 0.5 * (d + 0.5 * b[i]);
+      }
+      CAPTURE(k);
+      for (std::size_t i = 0; i < g.size(); ++i) {
+        REQUIRE(static_cast<double>(static_cast<float>(g[i])) == g[i]);
+        CHECK(r.blocking_global[static_cast<std::size_t>(k)][i] == static_cast<float>(g[i]));
+      }
+    }
+    CHECK_FALSE(same_bits(r.blocking_global.back(), init));  // θ_g moved
+    for (std::size_t s = 0; s < r.eager_replica.size(); ++s) {
+      CAPTURE(s + 1);
+      CHECK(same_bits(r.eager_replica[s], r.blocking_replica[s]));
+    }
+    for (std::size_t k = 0; k < r.blocking_global.size(); ++k) {
+      CAPTURE(k + 1);
+      CHECK(same_bits(r.eager_replica[(k + 1) * H - 1], r.blocking_global[k]));
+      CHECK(same_bits(r.eager_global[k], k == 0 ? init : r.blocking_global[k - 1]));
+    }
+  }
+  SUBCASE("at the defaults (eager's own outer lr at M = 1): to a few ulp") {
+    const std::vector<float> init{0.5f, -0.3f, 0.2f, 1.1f, -0.9f}, c{1.0f, 0.25f, -0.45f, 0.07f, 0.6f};
+    const std::size_t H = 3;
+    const int rounds = 6;
+    const auto r = run_one_worker(init, c, H, rounds, 0.1f, {}, true);
+    // Each phase end may round the start (anchor − own) and g by an ulp of
+    // values below 2 in magnitude (2.4e-7); the dynamics contract (inner
+    // SGD, outer step below the bound), so the gap stays at a few of them.
+    auto gap = [](const std::vector<float>& a, const std::vector<float>& b) {
+      double d = 0.0;
+      for (std::size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(static_cast<double>(a[i]) - b[i]));
+      return d;
+    };
+    const double tol = 2e-6;
+    CHECK(gap(r.blocking_global.back(), init) > 1e3 * tol);  // θ_g moved far more than the tolerance
+    for (std::size_t k = 0; k < r.blocking_global.size(); ++k) {
+      CAPTURE(k + 1);
+      CHECK(gap(r.eager_replica[(k + 1) * H - 1], r.blocking_global[k]) <= tol);
+      CHECK(gap(r.eager_global[k], k == 0 ? init : r.blocking_global[k - 1]) <= tol);
+    }
+    for (std::size_t s = 0; s < r.eager_replica.size(); ++s) {
+      CAPTURE(s + 1);
+      CHECK(gap(r.eager_replica[s], r.blocking_replica[s]) <= tol);
+    }
+  }
 }
