@@ -43,6 +43,11 @@
 #include "diloco/core/options.hpp"
 #include "diloco/core/state.hpp"
 #include "diloco/core/stats.hpp"
+#include "diloco/engine/base.hpp"
+#include "diloco/engine/group.hpp"
+#include "diloco/engine/membership.hpp"
+#include "diloco/engine/options.hpp"
+#include "diloco/exec/executor_for.hpp"
 #include "diloco/exec/host.hpp"
 #include "diloco/kernels/merge.hpp"
 #include "diloco/kernels/pseudo_gradient.hpp"
@@ -61,178 +66,70 @@
 
 namespace diloco {
 
-/// Hyper-parameters of one algorithm instance. Algorithmic choices are the
-/// template's types; numbers live here, with designated-initializer defaults.
-template <class Inner, class Outer, class Compressor, class Sync = sync::blocking>
-struct algorithm_options {
-  std::size_t inner_steps = 500;  ///< H: inner steps between outer rounds
-  typename Inner::options inner{};  ///< the inner optimizer's options (may differ per rank)
-  typename Outer::options outer{};  ///< the outer optimizer's options
-  typename Compressor::options compress{};  ///< the compressor's options
-  typename Sync::options sync{};  ///< the schedule's options
-  /// At construction, rank 0's parameters are broadcast so every replica
-  /// starts from the same theta_global. Turn off only if the replicas are
-  /// already identical.
-  bool broadcast_initial = true;
-  /// Host threads per worker for the fused passes; 0 = the cores divided
-  /// among the workers that share this process.
-  int host_threads = 0;
-  /// Device tensors: the CUDA stream (a cudaStream_t) every pass and copy of
-  /// the algorithm runs on; nullptr is the legacy default stream. Work you
-  /// queue on that stream before step() (the backward pass that writes the
-  /// gradients) runs before the step's, and the step's runs before what you
-  /// queue after it; step() returns once its work is queued (it waits only
-  /// where the host needs a result: norms, verdicts, staged transfers). With
-  /// host tensors it must stay nullptr. Not an option of the algorithm's
-  /// math: not agreed across ranks, not in checkpoints.
-  void* device_stream = nullptr;
-  /// Called with each round summary, rejection, abort and membership change
-  /// (core/event.hpp, which also states what happens when it throws).
-  /// Empty: silent, and no event is built. Not an option of the algorithm's
-  /// math: not visited, not agreed across ranks, not in checkpoints.
-  event_hook on_event{};
-};
-
-/// Every option by name (core/options.hpp), with whether ranks must agree on
-/// it: H, broadcast_initial and the outer, compressor and schedule options
-/// must; the inner optimizer's options and host_threads may differ per rank.
-template <class Inner, class Outer, class Compressor, class Sync, class F>
-void visit_options(const algorithm_options<Inner, Outer, Compressor, Sync>& o, F&& f) {
-  auto under = [&f](const char* prefix, agreement a) {
-    return [&f, prefix, a](std::string_view name, const auto& value) { f(detail::concat(prefix, name), value, a); };
-  };
-  f("inner_steps", o.inner_steps, agreement::across_ranks);
-  visit_policy_options(o.inner, under("inner.", agreement::per_rank));
-  visit_policy_options(o.outer, under("outer.", agreement::across_ranks));
-  visit_policy_options(o.compress, under("compress.", agreement::across_ranks));
-  visit_policy_options(o.sync, under("sync.", agreement::across_ranks));
-  f("broadcast_initial", o.broadcast_initial, agreement::across_ranks);
-  f("host_threads", o.host_threads, agreement::per_rank);
-}
-
 namespace detail {
 
-enum class space_id { host, device };
-template <class Space>
-inline constexpr space_id space_id_v = std::is_same_v<Space, host_space> ? space_id::host : space_id::device;
-
-// The executor that runs passes over memory of a space. The CUDA backend
-// adds the device_space specialization (exec/cuda.hpp).
-template <class Space>
-struct executor_for;
-template <>
-struct executor_for<host_space> {
-  using type = exec::host;
-};
-
-// The executor of an engine: on the caller's device stream when it takes
-// one (exec::cuda::on_stream), else default-constructed.
-template <class Exec>
-Exec make_executor(void* stream) {
-  if constexpr (requires { Exec::on_stream(stream); })
-    return Exec::on_stream(stream);
-  else
-    return (void)stream, Exec{};
-}
-
-template <class Comm>
-int workers_on_host(const Comm& c) {
-  if constexpr (requires { c.workers_on_host(); })
-    return c.workers_on_host();
-  else
-    return 1;
-}
-
-// What the algorithm front end calls; one implementation per memory space,
-// instantiated only for the space the user's tensors live in.
-struct engine_base {
-  virtual ~engine_base() = default;
-  virtual space_id space() const = 0;
-  virtual void inner_step(std::span<const raw_tensor> grads) = 0;
-  // The schedule's decisions after a step(); true when a reduction was applied.
-  virtual bool after_step() = 0;
-  virtual void outer_round() = 0;
-  virtual void finish() = 0;
-  // Elastic membership: this worker leaves the group (collective with the
-  // members' next check); left() afterwards.
-  virtual void leave() = 0;
-  virtual bool left() const = 0;
-  // This worker's rank and the group's size now (they change when an
-  // elastic group re-forms).
-  virtual int rank() const = 0;
-  virtual int world() const = 0;
-  virtual void reset_inner_state() = 0;
-  virtual void set_inner_lr(float lr) = 0;
-  virtual float inner_lr() const = 0;
-  virtual const float* global_data() const = 0;
-  // The error-feedback residual (flat layout, the parameters' space).
-  virtual const float* residual_data() const = 0;
-  virtual std::size_t residual_size() const = 0;
-  virtual std::size_t parameter_count() const = 0;
-  virtual std::size_t flat_size() const = 0;
-  virtual std::size_t offset(std::size_t k) const = 0;
-  virtual std::size_t tensor_count() const = 0;
-  virtual std::size_t steps_in_round() const = 0;
-  virtual std::size_t fragment_count() const = 0;
-  virtual std::size_t fragment_of(std::size_t k) const = 0;
-  virtual const diloco::stats& statistics() const = 0;
-  virtual const std::vector<per_rank_option>& per_rank_options() const = 0;
-  virtual void visit_state(state_visitor& v) = 0;
-  // For checkpoints (checkpoint/): the replica (the user's tensors) as
-  // buffers "replica.<k>", whether a reduction is in flight, and copies
-  // between the engine's memory space and host memory (its executor's).
-  virtual void visit_replica(state_visitor& v) = 0;
-  virtual bool in_flight() const = 0;
-  virtual void to_host(float* host, const float* src, std::size_t n) = 0;
-  virtual void from_host(float* dst, const float* host, std::size_t n) = 0;
-  virtual void to_host(std::byte* host, const std::byte* src, std::size_t n) = 0;
-  virtual void from_host(std::byte* dst, const std::byte* host, std::size_t n) = 0;
-  // Checkpoints of reductions in flight: settle() (collective) waits for
-  // each without applying it, so that it becomes ready (its collectives
-  // done, its verdict kept) and is applied at the schedule's own step as if
-  // nothing had happened; ready(p) says whether fragment p's is;
-  // visit_ready(p) walks what its application reads (the verdict, the
-  // reducer's result buffers); set_ready(p), after a restore has written
-  // them into an instance with nothing in flight, puts fragment p's
-  // reduction back in flight, ready.
-  virtual void settle() = 0;
-  virtual bool ready(std::size_t p) const = 0;
-  virtual void visit_ready(std::size_t p, reduce::ready_visitor& v) = 0;
-  virtual void set_ready(std::size_t p) = 0;
-  // Takes back what a restore put in flight with set_ready (a load that is
-  // rolled back leaves nothing in flight, as before it).
-  virtual void drop_ready() = 0;
-  // Collective: every rank's text, in rank order (algorithm::load compares
-  // what each rank restored with it).
-  virtual std::vector<std::string> exchange_text(const std::string& mine) = 0;
-};
-
 template <class Inner, class Outer, class Compressor, class Comm, class Space, class Sync>
-class engine final : public engine_base {
+class engine final : public engine_membership<Comm, Space> {
+  using group = engine_group<Comm, Space>;
+  using membership = engine_membership<Comm, Space>;
+
  public:
   using options = algorithm_options<Inner, Outer, Compressor, Sync>;
-  using executor = typename executor_for<Space>::type;
+  using executor = typename group::executor;
   using clock = std::chrono::steady_clock;
-  using transport_type = wire_transport<Comm, Space, executor>;
+  using transport_type = typename group::transport_type;
+
+ private:
+  // What the engine uses of the layers below it (engine/group.hpp,
+  // engine/membership.hpp): named here, since they are members of a
+  // dependent base.
+  using group::comm_;
+  using group::world_;
+  using group::rank_;
+  using group::exec_;
+  using group::transport_;
+  using group::reserved_bytes_;
+  using group::stats_;
+  using group::per_rank_;
+  using group::steps_in_round_;
+  using group::position_;
+  using group::left_;
+  using group::round_open_;
+  using group::agree;
+  using group::check_member;
+  using group::deliver_hook_error;
+  using group::guarded;
+  using group::make_event;
+  using group::notify;
+  using group::seconds_between;
+  using group::seconds_since;
+  using typename membership::where;
+  using membership::elastic_;
+  using membership::joiner_;
+  using membership::fresh_;
+  using membership::recoveries_;
+  using membership::agreed_;
+  using membership::previous_rank_;
+  using membership::previous_world_;
+  using membership::membership_check;
+  using membership::recover_after_failure;
+  using membership::recover_comm;
+  using membership::resync_loop;
+
+ public:
   using reducer_type = reduce::reducer_t<Compressor, Comm, Space, executor>;  // reduce/select.hpp
   static constexpr bool switching = compress::switching_compressor<Compressor>;
   static constexpr bool blocking = std::is_same_v<Sync, sync::blocking>;
   static constexpr bool delayed = Sync::kind == sync::schedule_kind::delayed;
   static constexpr bool eager = std::is_same_v<Sync, sync::eager>;
-  static constexpr bool device = !std::is_same_v<Space, host_space>;
+  static constexpr bool device = group::device;
 
   // `agreed`: what the ranks must agree on (policies, layout, options; the
   // front end writes it), compared across ranks before anything else
   // travels.
   engine(parameter_set<float, Space> params, Comm& comm, const options& opts,
          std::vector<agreement_record> agreed = {})
-      : comm_(comm),
-        opts_(opts),
-        params_(std::move(params)),
-        world_(comm.size()),
-        rank_(comm.rank()),
-        exec_(make_executor<executor>(opts.device_stream)),
-        transport_(world_ > 1 ? params_.total() + static_cast<std::size_t>(world_) : 0) {
+      : membership(comm, opts.device_stream, params.total(), opts.on_event), opts_(opts), params_(std::move(params)) {
     if (!device && opts_.device_stream != nullptr)
       raise<config_error>("device_stream is set but the parameters are host tensors; it is the CUDA stream of an "
                           "algorithm over device tensors (leave it nullptr)");
@@ -321,8 +218,6 @@ class engine final : public engine_base {
     deliver_hook_error();  // a hook that threw on a warning event
   }
 
-  space_id space() const override { return space_id_v<Space>; }
-  const std::vector<per_rank_option>& per_rank_options() const override { return per_rank_; }
   const float* global_data() const override { return global_.data(); }
   const float* residual_data() const override {
     if constexpr (Compressor::has_error_feedback)
@@ -343,8 +238,6 @@ class engine final : public engine_base {
   std::size_t steps_in_round() const override { return steps_in_round_; }
   std::size_t fragment_count() const override { return frags_.size(); }
   std::size_t fragment_of(std::size_t k) const override { return fragment_of_[k]; }
-  const diloco::stats& statistics() const override { return stats_; }
-
   void reset_inner_state() override { inner_.reset(); }
   void set_inner_lr(float lr) override { inner_.set_lr(lr); }
   float inner_lr() const override { return inner_.settings().lr; }
@@ -374,10 +267,6 @@ class engine final : public engine_base {
   void leave() override {
     guarded([&] { leave_group(); });
   }
-
-  bool left() const override { return left_; }
-  int rank() const override { return rank_; }
-  int world() const override { return world_; }
 
  private:
   // The schedule's decisions after an inner step.
@@ -474,26 +363,7 @@ class engine final : public engine_base {
                          "multiple of inner_steps (", opts_.inner_steps, "); this worker is at inner step ",
                          position_);
     drain();
-    if constexpr (elastic_communicator<Comm>) {
-      try {
-        comm_.at_boundary(true, delayed ? boundary_kind::round_end : boundary_kind::round_start);
-      } catch (const comm_error&) {
-        // The group failed as this worker left: the survivors recover
-        // without it, which is what leaving asks for.
-      }
-    }
-    left_ = true;
-    stats_.workers = 0;
-    notify([&] {
-      event e = make_event(event_kind::membership);
-      e.rank = -1;
-      e.world = 0;
-      if constexpr (elastic_communicator<Comm>) e.generation = comm_.generation();
-      e.previous_rank = rank_;
-      e.previous_world = world_;
-      e.left = {rank_};
-      return e;
-    });
+    this->leave_at(delayed ? boundary_kind::round_end : boundary_kind::round_start);
   }
 
  public:
@@ -556,11 +426,6 @@ class engine final : public engine_base {
     }
     round_open_ = in_flight();
   }
-  std::vector<std::string> exchange_text(const std::string& mine) override {
-    if (world_ == 1) return {mine};
-    return gather_text(mine);
-  }
-
  private:
   struct fragment {
     parameter_set<float, Space> params;  // views of its tensors; offsets from `base`
@@ -625,13 +490,7 @@ class engine final : public engine_base {
       if (a.scalars[i].first == b.scalars[i].first) *b.scalars[i].second = *a.scalars[i].second;
   }
 
-  void set_host_threads() {
-    if constexpr (requires { exec_.set_threads(1); }) {
-      const int cores = executor{}.threads();
-      exec_.set_threads(opts_.host_threads > 0 ? opts_.host_threads
-                                               : std::max(1, cores / std::max(1, workers_on_host(comm_))));
-    }
-  }
+  void set_host_threads() { group::set_host_threads(opts_.host_threads); }
 
   void check_initial_after_broadcast() {
     // Every rank now holds rank 0's values: every rank finds the same.
@@ -658,13 +517,10 @@ class engine final : public engine_base {
   }
 
   // ------------------------------------------------- elastic membership
-  // Where this worker is when a membership check or a recovery happens;
-  // the digest every member sends in resync() carries it.
-  enum class where : std::uint8_t { before_round, in_round, after_round, phase_end };
-
+  // (engine/membership.hpp; these are its hooks.)
   // The group changed (a leave, a join, a recovery): everything that
   // depends on M is planned again.
-  void replan() {
+  void replan() override {
     world_ = comm_.size();
     if constexpr (eager) set_eager_outer_lr();  // eager's default lr follows M
     rank_ = comm_.rank();
@@ -695,123 +551,9 @@ class engine final : public engine_base {
     }
   }
 
-  // resync() until it succeeds, forming the next generation (another
-  // member failed meanwhile) in between.
-  bool resync_loop(where at) {
-    for (;;) {
-      try {
-        const bool retry = resync(at);
-        report_membership();
-        return retry;
-      } catch (const comm_error&) {
-        recover_comm();  // throws when this worker was dropped or too few remain
-        replan();
-      }
-    }
-  }
-
-  // After the group re-formed: every member agrees on the policies and
-  // options (a joiner must run the same program), then sends a digest
-  // (rounds applied, schedule position, where it stands, whether it is
-  // fresh). When they differ, the state every rank holds identically
-  // (theta_global, outer slots and step counts, rounds, the schedule's
-  // clock) goes from the lowest rank among those furthest along to all;
-  // the ranks that were behind or fresh restart their replica from it.
-  // Returns whether the round interrupted here is to be run again now: all
-  // members were inside it (or before it) with the same round count at the
-  // same inner step. Members that stand at different steps of the same
-  // round take the root's clock (a replica with fewer local steps lacks
-  // nothing), and none runs the rest of the interrupted step's schedule.
-  bool resync(where at) {
-    agree(agreed_);
-    // previous_rank: the member's rank in the group it last reported (-1:
-    // joining now), from which the membership event names who left and
-    // who joined.
-    struct digest {
-      std::uint64_t rounds, position;
-      std::uint8_t at, fresh, pad[2];
-      std::int32_t previous_rank;
-    };
-    digest mine{stats_.rounds, position_, static_cast<std::uint8_t>(at), static_cast<std::uint8_t>(fresh_ ? 1 : 0), {},
-                static_cast<std::int32_t>(previous_rank_)};
-    std::vector<std::byte> bytes(sizeof mine);
-    std::memcpy(bytes.data(), &mine, sizeof mine);
-    const std::vector<std::byte> all = gather_bytes(bytes);
-    std::vector<digest> d(static_cast<std::size_t>(world_));
-    std::memcpy(d.data(), all.data(), all.size());
-    members_previous_.clear();
-    for (const digest& x : d) members_previous_.push_back(x.previous_rank);
-    // The root is the member furthest along: most rounds applied, then
-    // latest position (members that failed at different steps of the same
-    // round: a collective that completed on some ranks before a peer died
-    // lets them go on a step or two further before they notice).
-    auto further = [&](const digest& x, const digest& y) {
-      return x.rounds != y.rounds ? x.rounds > y.rounds : x.position > y.position;
-    };
-    int root = -1;
-    for (int r = 0; r < world_; ++r) {
-      const digest& x = d[static_cast<std::size_t>(r)];
-      if (x.fresh) continue;
-      if (root < 0 || further(x, d[static_cast<std::size_t>(root)])) root = r;
-    }
-    bool retry = root >= 0;
-    bool differ = root < 0;
-    for (int r = 0; r < world_; ++r) {
-      const digest& x = d[static_cast<std::size_t>(r)];
-      if (x.fresh) {
-        differ = true;
-        retry = false;
-        continue;
-      }
-      const digest& top = d[static_cast<std::size_t>(root)];
-      // Same rounds, an earlier position: the replica holds fewer local
-      // steps but nothing it lacks; the schedule's clock is the root's.
-      const bool level = x.rounds == top.rounds && x.position == top.position;
-      if (!level) differ = true;
-      if (!level || x.at == static_cast<std::uint8_t>(where::after_round)) retry = false;
-    }
-    if (root < 0) root = 0;
-    if (differ) {
-      const bool behind = fresh_ || mine.rounds != d[static_cast<std::size_t>(root)].rounds;
-      broadcast_global(root);
-      if (behind) reset_replica();
-    }
-    fresh_ = false;
-    round_open_ = false;
-    return retry;
-  }
-
-  // The state every rank holds identically, from `root` to all.
-  void broadcast_global(int root) {
-    if (world_ == 1) return;
-    struct collect final : state_visitor {
-      std::vector<std::pair<float*, std::size_t>> buffers;
-      std::vector<std::uint64_t*> scalars;
-      void buffer(std::string_view name, float* data, std::size_t size, bool) override {
-        if (checkpoint::is_global_entry(name)) buffers.push_back({data, size});
-      }
-      void scalar(std::string_view name, std::uint64_t& value) override {
-        if (checkpoint::is_global_entry(name)) scalars.push_back(&value);
-      }
-    } c;
-    visit_state(c);
-    const std::size_t chunk = std::max<std::size_t>(1, flat_);
-    for (auto [data, size] : c.buffers)
-      for (std::size_t at = 0; at < size; at += chunk)
-        transport_.broadcast(comm_, exec_, data + at, std::min(chunk, size - at), root);
-    // The counters travel as the bits of pairs of floats.
-    std::vector<float> packed(2 * c.scalars.size());
-    for (std::size_t i = 0; i < c.scalars.size(); ++i) std::memcpy(&packed[2 * i], c.scalars[i], sizeof(std::uint64_t));
-    buffer<float, Space> wire(packed.size());
-    exec_.from_host(wire.data(), packed.data(), packed.size());
-    transport_.broadcast(comm_, exec_, wire.data(), wire.size(), root);
-    exec_.to_host(packed.data(), wire.data(), packed.size());
-    for (std::size_t i = 0; i < c.scalars.size(); ++i) std::memcpy(c.scalars[i], &packed[2 * i], sizeof(std::uint64_t));
-  }
-
   // The replica (and the schedule's buffers) restart from theta_global;
   // the worker's outer state under sync::eager becomes the shared one.
-  void reset_replica() {
+  void reset_replica() override {
     exec_.for_each_chunked(model_list_.chunks(), kernels::scatter_tensors{global_.data(), model_list_.ptrs()});
     reset_schedule_buffers();
   }
@@ -830,7 +572,7 @@ class engine final : public engine_base {
   // and the local progress stays in the replica (its pseudo-gradient from
   // theta_global includes it next time). sync::eager's replica was stepped
   // with the worker's own outer state: it restarts from theta_global.
-  void abort_in_flight() {
+  void abort_in_flight() override {
     bool any = round_open_;
     for (auto& fp : frags_) {
       if (!fp->in_flight) continue;
@@ -858,55 +600,6 @@ class engine final : public engine_base {
       });
     }
     if constexpr (eager) reset_replica();
-  }
-
-  // A collective failed (a peer died or stalled): abort what is in flight,
-  // form the next generation with the survivors and resync. Returns whether
-  // the interrupted round is to be run again now (see resync).
-  bool recover_after_failure(where at) {
-    abort_in_flight();
-    ++recoveries_;
-    recover_comm();  // throws when this worker was dropped or too few remain
-    replan();
-    return resync_loop(at);
-  }
-
-  // A membership check at a point where nothing is in flight. Returns
-  // whether the interrupted round is to be run (only a failed check can
-  // say no).
-  bool membership_check(where at) {
-    if (!elastic_) return true;
-    bool changed = false;
-    try {
-      if constexpr (elastic_communicator<Comm>)
-        changed = comm_.at_boundary(false, at == where::before_round ? boundary_kind::round_start
-                                                                      : boundary_kind::round_end);
-    } catch (const comm_error&) {
-      return recover_after_failure(at);
-    }
-    if (changed) {
-      ++stats_.membership_changes;
-      replan();
-      return resync_loop(at);
-    }
-    return true;
-  }
-
-  // Every re-forming of the group passes here or through a membership
-  // check that changed the group: both count.
-  void recover_comm() {
-    ++stats_.membership_changes;
-    failure_since_report_ = true;
-    if constexpr (elastic_communicator<Comm>)
-      comm_.recover();
-    else
-      raise<state_error>("internal: a recovery was attempted on a communicator that is not elastic");
-  }
-
-  void check_member(const char* what) const {
-    if (left_)
-      raise<state_error>(what, "(): this worker has left the group (leave()); its algorithm instance keeps "
-                               "theta_global as it was, but takes no part in rounds");
   }
 
   // A delayed schedule's begin at a phase end, retried after a recovery.
@@ -1220,22 +913,6 @@ class engine final : public engine_base {
     return {};
   }
 
-  // The start-up agreement (core/agreement.hpp): every rank's records are
-  // gathered (their lengths first, then the records padded to the longest)
-  // and every rank compares the same bytes, so all raise or none does. Its
-  // traffic is counted in stats().setup_bytes, apart from the rounds'.
-  void agree(std::vector<agreement_record> records) {
-    const auto t0 = clock::now();
-    const std::vector<std::string> texts = gather_text(agreement_text(records));  // counts setup_bytes
-    std::vector<std::vector<agreement_record>> ranks;
-    for (std::size_t r = 0; r < texts.size(); ++r) ranks.push_back(parse_agreement_text(texts[r], static_cast<int>(r)));
-    agreement_outcome outcome = compare_agreement(ranks);
-    stats_.comm_seconds += seconds_since(t0);
-    if (outcome.mismatch) raise<config_error>(*outcome.mismatch);
-    if (outcome.initial_check) raise<numeric_error>(*outcome.initial_check);
-    per_rank_ = std::move(outcome.per_rank);
-  }
-
   // Before a reduction begins (position_kind::begin) and at finish(): the
   // ranks compare where they stand (core/agreement.hpp, one all-gather of a
   // 40-byte record, counted in setup_bytes) and all raise state_error when
@@ -1259,77 +936,13 @@ class engine final : public engine_base {
       if (kind == position_kind::begin)
         mine.non_finite = static_cast<std::uint64_t>(
             exec_.transform_reduce_chunked(model_list_.chunks(), kernels::non_finite_in{model_list_.ptrs()}));
-    std::vector<position_record> all{mine};
-    if (world_ > 1) {
-      const auto traffic0 = comm_.traffic();
-      const auto t0 = clock::now();
-      std::vector<std::byte> bytes(sizeof mine);
-      std::memcpy(bytes.data(), &mine, sizeof mine);
-      const std::vector<std::byte> gathered = gather_bytes(bytes);
-      all.resize(static_cast<std::size_t>(world_));
-      std::memcpy(all.data(), gathered.data(), gathered.size());
-      stats_.setup_bytes += comm_.traffic().bytes_sent - traffic0.bytes_sent;
-      stats_.comm_seconds += seconds_since(t0);
-    }
-    if (const std::string wrong = compare_positions(all); !wrong.empty()) {
-      round_open_ = false;
-      raise<state_error>(wrong);
-    }
+    const std::vector<position_record> all = this->exchange_positions(mine);
     if (const std::string bad = non_finite_positions(all); !bad.empty()) {
       reduce::verdict v;
       v.accepted = false;
       v.problem = bad;
       reject(p, v);
     }
-  }
-
-  // Every rank's text, in rank order: their lengths first, then the texts
-  // padded to the longest (counted in setup_bytes).
-  std::vector<std::string> gather_text(const std::string& text) {
-    const auto traffic0 = comm_.traffic();
-    const auto M = static_cast<std::size_t>(world_);
-    std::vector<std::byte> mine(sizeof(std::uint64_t));
-    const std::uint64_t len = text.size();
-    std::memcpy(mine.data(), &len, sizeof len);
-    const std::vector<std::byte> lengths = gather_bytes(mine);
-    std::size_t longest = 0;
-    for (std::size_t r = 0; r < M; ++r) {
-      std::uint64_t l = 0;
-      std::memcpy(&l, lengths.data() + r * sizeof l, sizeof l);
-      if (l > (std::size_t{1} << 24))
-        raise<format_error>("rank ", r, " announced a ", l,
-                            "-byte record (at most 16 MiB expected); are all ranks running the same program?");
-      longest = std::max<std::size_t>(longest, static_cast<std::size_t>(l));
-    }
-    mine.assign(longest, std::byte{0});
-    if (!text.empty()) std::memcpy(mine.data(), text.data(), text.size());
-    const std::vector<std::byte> all = gather_bytes(mine);
-    std::vector<std::string> out;
-    for (std::size_t r = 0; r < M; ++r) {
-      std::string t(reinterpret_cast<const char*>(all.data()) + r * longest, longest);
-      while (!t.empty() && t.back() == '\0') t.pop_back();
-      out.push_back(std::move(t));
-    }
-    stats_.setup_bytes += comm_.traffic().bytes_sent - traffic0.bytes_sent;
-    return out;
-  }
-
-  // An all-gather of host bytes through the transport (staged through the
-  // executor's memory for device tensors).
-  std::vector<std::byte> gather_bytes(const std::vector<std::byte>& mine) {
-    const std::size_t n = mine.size(), total = n * static_cast<std::size_t>(world_);
-    std::vector<std::byte> all(total);
-    if (n == 0) return all;
-    if constexpr (device) {
-      buffer<std::byte, Space> send(n), recv(total);
-      exec_.from_host(send.data(), mine.data(), n);
-      if (total > reserved_bytes_) transport_.reserve_bytes(reserved_bytes_ = total);
-      transport_.all_gather(comm_, exec_, send.data(), n, recv.data());
-      exec_.to_host(all.data(), recv.data(), total);
-    } else {
-      transport_.all_gather(comm_, exec_, mine.data(), n, all.data());
-    }
-    return all;
   }
 
   // sync::eager: the outer lr for the group's size now (sync/eager.hpp:
@@ -1364,30 +977,6 @@ class engine final : public engine_base {
     });
   }
 
-  // ------------------------------------------------------------- events
-  // The user's hook (core/event.hpp): the event is built only when one is
-  // set; what the hook throws is kept, and guarded() rethrows it once the
-  // public call has done its work.
-  template <class Make>
-  void notify(Make&& make) {
-    if (!opts_.on_event) return;
-    const event e = make();
-    try {
-      opts_.on_event(e);
-    } catch (...) {
-      if (!hook_error_) hook_error_ = std::current_exception();
-    }
-  }
-
-  event make_event(event_kind k) const {
-    event e;
-    e.kind = k;
-    e.rank = rank_;
-    e.world = world_;
-    e.inner_step = position_;
-    return e;
-  }
-
   // Fragment p's reduction, as account() left it in stats_.
   event reduction_event(event_kind k, std::size_t p, std::uint64_t round, std::uint64_t fragment_round) const {
     event e = make_event(k);
@@ -1405,74 +994,13 @@ class engine final : public engine_base {
     return e;
   }
 
-  // After a resync: a membership event when the group re-formed since the
-  // last one (or this worker was just admitted), from every member's
-  // previous rank (resync's digests).
-  void report_membership() {
-    if (stats_.membership_changes == reported_changes_ && previous_rank_ >= 0) return;
-    notify([&] {
-      event e = make_event(event_kind::membership);
-      if constexpr (elastic_communicator<Comm>) e.generation = comm_.generation();
-      e.previous_rank = previous_rank_;
-      e.previous_world = previous_world_;
-      e.after_failure = failure_since_report_;
-      std::vector<bool> stayed(static_cast<std::size_t>(std::max(previous_world_, 0)), false);
-      for (std::size_t r = 0; r < members_previous_.size(); ++r) {
-        const int before = members_previous_[r];
-        if (before < 0)
-          e.joined.push_back(static_cast<int>(r));
-        else if (static_cast<std::size_t>(before) < stayed.size())
-          stayed[static_cast<std::size_t>(before)] = true;
-      }
-      for (std::size_t r = 0; r < stayed.size(); ++r)
-        if (!stayed[r]) e.left.push_back(static_cast<int>(r));
-      return e;
-    });
-    reported_changes_ = stats_.membership_changes;
-    previous_rank_ = rank_;
-    previous_world_ = world_;
-    failure_since_report_ = false;
-  }
-
-  // Runs a public call's body; a hook's exception kept meanwhile is
-  // rethrown once the body returned, and dropped if the body raised.
-  template <class Body>
-  auto guarded(Body&& body) {
-    try {
-      if constexpr (std::is_void_v<decltype(body())>) {
-        body();
-        deliver_hook_error();
-      } else {
-        auto result = body();
-        deliver_hook_error();
-        return result;
-      }
-    } catch (...) {
-      hook_error_ = nullptr;
-      throw;
-    }
-  }
-
-  void deliver_hook_error() {
-    if (hook_error_) std::rethrow_exception(std::exchange(hook_error_, nullptr));
-  }
-
   void copy_local_to(float* flat) {
     exec_.for_each_chunked(model_list_.chunks(), kernels::gather_tensors{model_list_.ptrs(), flat});
   }
 
-  static double seconds_between(clock::time_point a, clock::time_point b) {
-    return std::chrono::duration<double>(b - a).count();
-  }
-  static double seconds_since(clock::time_point t0) { return seconds_between(t0, clock::now()); }
 
-  Comm& comm_;
   options opts_;
   parameter_set<float, Space> params_;
-  int world_;
-  int rank_;
-  executor exec_;
-  transport_type transport_;
   sync::fragment_plan plan_;
   std::vector<std::unique_ptr<fragment>> frags_;
   std::vector<std::size_t> offsets_;      // tensor k's start in the flat buffers
@@ -1489,29 +1017,6 @@ class engine final : public engine_base {
   std::uint64_t eager_steps_ = 0;      // sync::eager: this worker's outer step count
   int eager_lr_world_ = -1;            // sync::eager: the group size its outer lr was resolved for
   std::optional<typename Outer::options> user_outer_;  // sync::eager: the outer options as the user gave them
-  std::uint64_t steps_in_round_ = 0;
-  std::uint64_t position_ = 0;  // inner steps taken: the schedule's clock
-  std::vector<per_rank_option> per_rank_;  // per-rank options that differ between ranks
-  std::size_t reserved_bytes_ = 0;         // the transport's byte staging (device tensors)
-  diloco::stats stats_;
-  // Elastic membership (elastic_communicator with elastic() true).
-  bool elastic_ = false;
-  bool joiner_ = false;      // constructed by a worker joining a running group
-  bool fresh_ = false;       // holds no state of the group yet (start-up, joiner)
-  bool left_ = false;        // this worker left the group
-  bool round_open_ = false;  // a reduction began and was not applied yet
-  std::uint64_t recoveries_ = 0;  // recoveries from a failed collective
-  std::vector<agreement_record> agreed_;  // the start-up agreement, repeated at each re-forming
-  // Membership events: this worker's rank and group size when it last
-  // reported one (-1, 0: joining), the changes counted then, whether a
-  // failure forced a change since, and every member's previous rank as the
-  // last resync gathered them.
-  int previous_rank_ = 0;
-  int previous_world_ = 0;
-  std::uint64_t reported_changes_ = 0;
-  bool failure_since_report_ = false;
-  std::vector<int> members_previous_;
-  std::exception_ptr hook_error_;  // the first exception the hook threw in the current call
 };
 
 }  // namespace detail

@@ -13,9 +13,9 @@
 #include <cstdint>
 #include <cuda_runtime_api.h>
 
-#include "diloco/engine.hpp"
 #include "diloco/core/memory_space.hpp"
 #include "diloco/exec/chunks.hpp"
+#include "diloco/exec/executor_for.hpp"
 #include "diloco/exec/cuda/chunk_kernels.cuh"
 #include "diloco/exec/cuda/kernels.cuh"
 #include "diloco/exec/cuda/launch_plan.hpp"
