@@ -11,8 +11,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <cstdint>
 #include <diloco/comm/detail/async.hpp>
 #include <diloco/diloco.hpp>
+#include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <thread>
@@ -73,6 +77,177 @@ class slow_link : public threads_link<Device> {
     f();
   }
   std::chrono::milliseconds delay_;
+  diloco::comm::detail::progress_queue queue_;
+};
+
+// Whether a link's collectives ran beside the caller's inner steps or were
+// waited for: an event, counted, where a time would only stand for it.
+// gated_link holds each non-blocking collective on its progress thread
+// until the caller has started an inner step (step()) after issuing it, or
+// until the caller waits for it first; the collective then counts as
+// overlapped (a step released it) or waited (the caller waited with no
+// inner step in between). A blocking collective counts as waited. step()
+// lasts until every collective it released has completed (an inner step
+// that is longer than one collective, as a step that hides the exchange
+// is): a stage then completes within the step after it was issued, and the
+// engine's poll after that step finds it, whatever the scheduler does. One
+// gate per rank; only that rank's training thread calls step(). `limit`
+// only guards against a hang (counted in hung()).
+class overlap_gate {
+ public:
+  struct ticket {
+    std::uint64_t at;     // steps started when it was issued
+    bool waited = false;  // the caller waits for it (or dropped it)
+  };
+
+  explicit overlap_gate(std::chrono::seconds limit = std::chrono::seconds(60)) : limit_(limit) {}
+
+  // The caller starts an inner step.
+  void step() {
+    std::unique_lock lock(mutex_);
+    ++steps_;
+    cv_.notify_all();
+    if (!cv_.wait_for(lock, limit_, [&] { return finished_ == issued_; })) ++hung_;
+  }
+
+  // Counts from here on (after the algorithm's construction: its start-up
+  // agreement is blocking control traffic, not a round's).
+  void restart_counts() {
+    std::lock_guard lock(mutex_);
+    overlapped_ = waited_ = 0;
+  }
+  int overlapped() const { return get(overlapped_); }
+  int waited() const { return get(waited_); }
+  int hung() const { return get(hung_); }
+
+  // The link's side.
+  std::shared_ptr<ticket> issue() {
+    std::lock_guard lock(mutex_);
+    ++issued_;
+    return std::make_shared<ticket>(ticket{steps_});
+  }
+  // On the progress thread, before the collective runs.
+  void hold(const ticket& t) {
+    std::unique_lock lock(mutex_);
+    if (!cv_.wait_for(lock, limit_, [&] { return steps_ > t.at || t.waited; })) ++hung_;
+    ++(steps_ > t.at ? overlapped_ : waited_);
+  }
+  // On the progress thread, once the collective's request has completed.
+  void finished() {
+    std::lock_guard lock(mutex_);
+    ++finished_;
+    cv_.notify_all();
+  }
+  void caller_waits(ticket& t) {
+    std::lock_guard lock(mutex_);
+    t.waited = true;
+    cv_.notify_all();
+  }
+  void blocking() {
+    std::lock_guard lock(mutex_);
+    ++waited_;
+  }
+
+ private:
+  int get(const int& n) const {
+    std::lock_guard lock(mutex_);
+    return n;
+  }
+  std::chrono::seconds limit_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::uint64_t steps_ = 0;
+  int issued_ = 0, finished_ = 0, overlapped_ = 0, waited_ = 0, hung_ = 0;
+};
+
+// A gated_link's request: wait() (or dropping it) tells the gate that the
+// caller waits for the collective, then waits for it.
+class gated_request {
+ public:
+  gated_request() = default;
+  gated_request(overlap_gate& g, std::shared_ptr<overlap_gate::ticket> t, diloco::comm::async_request op,
+                diloco::comm::async_request marker)
+      : gate_(&g), ticket_(std::move(t)), op_(std::move(op)), marker_(std::move(marker)) {}
+  gated_request(gated_request&&) noexcept = default;
+  gated_request& operator=(gated_request&& o) noexcept {
+    if (this != &o) {
+      release();
+      gate_ = o.gate_;
+      ticket_ = std::move(o.ticket_);
+      op_ = std::move(o.op_);
+      marker_ = std::move(o.marker_);
+    }
+    return *this;
+  }
+  ~gated_request() { release(); }
+
+  void wait() {
+    release();
+    op_.wait();
+  }
+  bool test() { return op_.test(); }
+
+ private:
+  void release() {
+    if (ticket_) gate_->caller_waits(*ticket_);
+    ticket_.reset();
+  }
+  overlap_gate* gate_ = nullptr;
+  std::shared_ptr<overlap_gate::ticket> ticket_;
+  diloco::comm::async_request op_, marker_;
+};
+
+// A link whose fp32 all-reduce, all-to-all and all-gather go through an
+// overlap_gate: the non-blocking ones on a progress thread of the link's
+// own, held there as the gate says; the blocking ones (the position record
+// aside: control traffic) counted as waited. Device: over device views, as
+// a device communicator.
+template <bool Device>
+class gated_link : public threads_link<Device> {
+  using base = threads_link<Device>;
+  template <class T>
+  using view = typename base::template view<T>;
+
+ public:
+  gated_link(diloco::comm::threads& c, overlap_gate& g) : base(c), gate_(&g) {}
+  using request = gated_request;
+  void all_reduce(view<float> b, diloco::reduce_op op) {
+    gate_->blocking();
+    this->threads().all_reduce(base::span(b), op);
+  }
+  void all_to_all(view<const std::byte> s, view<std::byte> r) {
+    gate_->blocking();
+    this->threads().all_to_all(base::span(s), base::span(r));
+  }
+  void all_gather(view<const std::byte> s, view<std::byte> r) {
+    if (!position_record_bytes(s.size())) gate_->blocking();
+    this->threads().all_gather(base::span(s), base::span(r));
+  }
+  request iall_reduce(view<float> b, diloco::reduce_op op) {
+    return gated([this, b, op] { this->threads().all_reduce(base::span(b), op); });
+  }
+  request iall_to_all(view<const std::byte> s, view<std::byte> r) {
+    return gated([this, s, r] { this->threads().all_to_all(base::span(s), base::span(r)); });
+  }
+  request iall_gather(view<const std::byte> s, view<std::byte> r) {
+    return gated([this, s, r] { this->threads().all_gather(base::span(s), base::span(r)); });
+  }
+
+ private:
+  static bool position_record_bytes(std::size_t bytes) { return bytes == sizeof(diloco::detail::position_record); }
+  template <class F>
+  request gated(F f) {
+    auto t = gate_->issue();
+    auto op = queue_.submit([this, t, f] {
+      gate_->hold(*t);
+      f();
+    });
+    // Runs once the collective's request is complete (tasks run in order):
+    // a step that waits for finished() finds the request done.
+    auto marker = queue_.submit([this] { gate_->finished(); });
+    return request(*gate_, std::move(t), std::move(op), std::move(marker));
+  }
+  overlap_gate* gate_;
   diloco::comm::detail::progress_queue queue_;
 };
 
