@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "diloco/kernels/random.hpp"
+#include "diloco/core/mix64.hpp"
 
 namespace diloco {
 
@@ -23,14 +23,14 @@ inline std::uint64_t checksum_words(const std::byte* data, std::size_t bytes, st
   for (std::size_t i = 0; i < words; ++i) {
     std::uint64_t w = 0;
     std::memcpy(&w, data + 8 * i, i + 1 < words || bytes % 8 == 0 ? 8 : bytes % 8);
-    acc[i & 3] += kernels::mix64(w + (first_word_index + i + 1) * golden);
+    acc[i & 3] += detail::mix64(w + (first_word_index + i + 1) * golden);
   }
   return acc[0] + acc[1] + acc[2] + acc[3];
 }
 
 /// Finishes a checksum: the sum of checksum_words over a whole buffer, mixed with its length in bytes.
 inline std::uint64_t checksum_finish(std::uint64_t sum, std::uint64_t total_bytes) {
-  return kernels::mix64(sum ^ kernels::mix64(total_bytes));
+  return detail::mix64(sum ^ detail::mix64(total_bytes));
 }
 
 }  // namespace diloco

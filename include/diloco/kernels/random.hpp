@@ -4,22 +4,17 @@
 #include <cstdint>
 
 #include "diloco/core/macros.hpp"
+#include "diloco/core/mix64.hpp"
 
 DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::kernels {
 
-/// SplitMix64's finalizer: a bijective mix of 64 bits. Counter-based
-/// randomness (hash of seed and position) is what lets stochastic rounding be
-/// reproducible and identical on any number of host threads or GPU blocks.
-DILOCO_HD DILOCO_FORCEINLINE std::uint64_t mix64(std::uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
+// SplitMix64's finalizer (core/mix64.hpp): a bijective mix of 64 bits.
+// Counter-based randomness (hash of seed and position) is what lets
+// stochastic rounding be reproducible and identical on any number of host
+// threads or GPU blocks.
+using diloco::detail::mix64;
 
 /// 32 random bits for element `index` of the stream `stream` (a hash of the
 /// seed, the round, the rank and the stage).
