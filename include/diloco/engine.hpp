@@ -12,7 +12,12 @@
 //   schedule       the Sync policy (sync/): which fragment begins and which
 //                  is applied after each inner step;
 //   merge          how the outer step reaches the replica (kernels/merge.hpp),
-//                  fused into the apply pass.
+//                  fused into the apply pass;
+//   group          what depends only on the communicator and the memory
+//                  space, one layer each below this class:
+//                  engine/group.hpp (gathers, agreement, positions, events)
+//                  and engine/membership.hpp (elastic re-forming, through
+//                  the hooks replan, reset_replica and abort_in_flight).
 // Flat buffers are laid out fragment by fragment: fragment p occupies
 // [base_p, base_p + total_p) of theta_global and of every outer slot, so a
 // fragment's reducer sees a contiguous flat space. With one fragment this is
