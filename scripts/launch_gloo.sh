@@ -15,7 +15,7 @@
 # others are stopped and the launcher exits with the first failed rank's
 # status (128 + N for signal N, as a shell reports it).
 #
-# Elastic runs (comm::gloo with options.elastic, see README "Surviving
+# Elastic runs (comm::gloo with options.elastic, see docs/guide.md "Surviving
 # failures"): with --elastic every rank gets DILOCO_ELASTIC=1 and a failed
 # rank does not stop the others, who go on as a smaller group. With
 # --max-restarts K (which implies --elastic) a rank that fails is started

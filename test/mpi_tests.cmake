@@ -69,10 +69,11 @@ add_test(NAME packaging_find_package_mpi
 set_tests_properties(packaging_find_package_mpi PROPERTIES LABELS "packaging;mpi" TIMEOUT 600
   RESOURCE_LOCK mpi_job ENVIRONMENT "${DILOCO_MPIEXEC_ENVIRONMENT}")
 
-# The MPI example in README.md compiles and fits its line under mpirun -np 2
+# The MPI example (docs/launching.md, which it moved to from README.md with
+# its marker name and test) compiles and fits its line under mpirun -np 2
 # (extracted as the other README and docs/ programs are).
 include(diloco_doc_examples)
-diloco_doc_example(${PROJECT_SOURCE_DIR}/README.md readme-mpi-example ${CMAKE_CURRENT_BINARY_DIR}/readme_mpi_example.cpp)
+diloco_doc_example(${PROJECT_SOURCE_DIR}/docs/launching.md readme-mpi-example ${CMAKE_CURRENT_BINARY_DIR}/readme_mpi_example.cpp)
 add_executable(readme_mpi_example ${CMAKE_CURRENT_BINARY_DIR}/readme_mpi_example.cpp)
 target_link_libraries(readme_mpi_example PRIVATE diloco::mpi diloco_project_options)
 diloco_add_mpi_test(readme_mpi_example_np2 RANKS 2 COMMAND readme_mpi_example LABELS "unit;readme"

@@ -2,8 +2,8 @@
 # cmake -DDILOCO_SOURCE_DIR=.. -P check_component_lists.cmake
 # The CMake components are listed once, DILOCO_COMPONENTS in
 # cmake/diloco_install.cmake; every other list of them (the find_package
-# comments, README's table and its Conan and vcpkg paragraphs, the Conan
-# recipe's options, the vcpkg port's features, portfile and usage) must
+# comments, docs/installing.md's table and its Conan and vcpkg paragraphs,
+# the Conan recipe's options, the vcpkg port's features, portfile and usage) must
 # name the same ones. Fails naming each list that differs.
 cmake_minimum_required(VERSION 3.21)  # string(JSON)
 set(src ${DILOCO_SOURCE_DIR})
@@ -84,12 +84,16 @@ compare("ports/diloco/usage" ${l})
 file(READ ${src}/README.md readme)
 words_of(l "${readme}" "add COMPONENTS ([a-z ]+) as needed")
 compare("README's find_package comment" ${l})
-names_of(l "${readme}" "\n\\| `diloco::([a-z]+)` \\|")
-compare("README's table of components" ${l})
-words_of(l "${readme}" "\\(header-only; options ([`a-z, \n]+), all\n?[ ]?off by default")
-compare("README's Conan options" ${l})
-words_of(l "${readme}" "in, with features ([`a-z, \n]+):")
-compare("README's vcpkg features" ${l})
+
+file(READ ${src}/docs/installing.md installing)
+words_of(l "${installing}" "add COMPONENTS ([a-z ]+) as needed")
+compare("docs/installing.md's find_package comment" ${l})
+names_of(l "${installing}" "\n\\| `diloco::([a-z]+)` \\|")
+compare("docs/installing.md's table of components" ${l})
+words_of(l "${installing}" "\\(header-only; options ([`a-z, \n]+), all\n?[ ]?off by default")
+compare("docs/installing.md's Conan options" ${l})
+words_of(l "${installing}" "in, with features ([`a-z, \n]+):")
+compare("docs/installing.md's vcpkg features" ${l})
 
 if(differ)
   message(FATAL_ERROR "these lists of components differ from DILOCO_COMPONENTS (${canonical}):\n${differ}")

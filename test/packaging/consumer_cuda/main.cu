@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// README's GPU section as a user writes it: <diloco/cuda.hpp>, device
+// docs/guide.md's GPU section as a user writes it: <diloco/cuda.hpp>, device
 // tensors (thrust::device_vector), the same algorithm and calls as on the
 // host: AdamW uncompressed, and (SGD inner) int4 with error feedback. Four
 // workers fit w = 1.5 on their own device vectors (the gradient of
@@ -51,7 +51,7 @@ float train(float target, typename Inner::options inner) {
 
 int main() {
   if (dc::cuda_device_count() == 0) {
-    std::printf("no GPU: the README's GPU code compiled and linked; nothing to run\n");
+    std::printf("no GPU: the GPU code of docs/guide.md compiled and linked; nothing to run\n");
     return 0;
   }
   const float adamw = train<dc::inner::adamw, cp::none>(1.5f, {.lr = 0.05f, .weight_decay = 0.0f});
