@@ -8,7 +8,7 @@
 //
 // Rank 0 prints progress and the table.
 //
-// Elastic (README, "Surviving failures"): a worker dies and rejoins while
+// Elastic (docs/guide.md, "Surviving failures"): a worker dies and rejoins while
 // DiLoCo trains, the others going on without it in the meantime:
 //
 //   scripts/launch_gloo.sh 4 --max-restarts 1 --timeout-ms 3000 --
