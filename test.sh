@@ -24,19 +24,23 @@ generator() {
   echo "-G Ninja"
 }
 
-echo "== release build, all tests"
+# Each stage's header says how long the run has taken so far (bash's
+# SECONDS), so a log shows what each stage cost.
+stage() { echo "== $1 ($((SECONDS / 60)) min $((SECONDS % 60)) s since the start)"; }
+
+stage "release build, all tests"
 cmake -S . -B build $(generator build) -DCMAKE_BUILD_TYPE=Release -DDILOCO_WARNINGS_AS_ERRORS=ON
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
 
-echo "== ASan + UBSan"
+stage "ASan + UBSan"
 cmake -S . -B build-asan $(generator build-asan) -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug -DDILOCO_WARNINGS_AS_ERRORS=ON \
   -DDILOCO_SANITIZE=address,undefined -DDILOCO_ENABLE_CUDA=OFF -DDILOCO_ENABLE_TORCH=OFF -DDILOCO_BUILD_BENCHMARKS=OFF
 asan_tests=(-L "unit|asan" -LE "slow|packaging|compile|codegen|demo")
 scripts/build-tested.py build-asan "$jobs" "${asan_tests[@]}"
 ctest --test-dir build-asan --output-on-failure -j"$jobs" "${asan_tests[@]}"
 
-echo "== ASan + UBSan (g++): the libtorch adapter"
+stage "ASan + UBSan (g++): the libtorch adapter"
 # Clang 14 cannot compile libtorch 1.13's headers as C++20 (an incomplete
 # c10::IValue in std::vector), so test_torch runs under g++'s sanitizers.
 cmake -S . -B build-asan-torch $(generator build-asan-torch) -DCMAKE_CXX_COMPILER=g++ -DCMAKE_BUILD_TYPE=Debug \
@@ -46,7 +50,7 @@ torch_tests=(-R "^test_torch$")
 scripts/build-tested.py build-asan-torch "$jobs" "${torch_tests[@]}"
 ctest --test-dir build-asan-torch --output-on-failure "${torch_tests[@]}" --no-tests=error
 
-echo "== TSan (threads communicator, Gloo, threaded engine tests)"
+stage "TSan (threads communicator, Gloo, threaded engine tests)"
 # OpenMP is off here: its runtime is not instrumented and would report its own
 # synchronization as races.
 cmake -S . -B build-tsan $(generator build-tsan) -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug -DDILOCO_WARNINGS_AS_ERRORS=ON \
@@ -56,4 +60,4 @@ tsan_tests=(-L "threads|tsan" -LE "slow|codegen|replay")
 scripts/build-tested.py build-tsan "$jobs" "${tsan_tests[@]}"
 ctest --test-dir build-tsan --output-on-failure -j"$jobs" "${tsan_tests[@]}"
 
-echo "== all test suites passed"
+stage "all test suites passed"
