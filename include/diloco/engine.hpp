@@ -28,7 +28,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <exception>
 #include <memory>
 #include <span>
@@ -1002,7 +1001,6 @@ class engine final : public engine_membership<Comm, Space> {
   void copy_local_to(float* flat) {
     exec_.for_each_chunked(model_list_.chunks(), kernels::gather_tensors{model_list_.ptrs(), flat});
   }
-
 
   options opts_;
   parameter_set<float, Space> params_;
