@@ -7,13 +7,29 @@
 // the same steps [saved_at, end). θ_global, the replica and the
 // error-feedback residual must equal t's bit for bit, and so must the round
 // count: state a load dropped (a residual, a seed's round counter, Q's warm
-// start) would give other bits.
+// start) would give other bits. Also what a refused load said
+// (load_error), for the damaged- and hand-built-checkpoint tests.
 
 #include <doctest/doctest.h>
 
 #include <cstring>
+#include <diloco/core/error.hpp>
 #include <span>
+#include <string>
 #include <vector>
+
+// What loading `bytes` into `t` raised as format_error, or "(no
+// format_error)" (the damaged- and hand-built-checkpoint tests).
+template <class T>
+std::string load_error(T& t, std::span<const std::byte> bytes) {
+  try {
+    t.load(bytes);
+  } catch (const diloco::format_error& e) {
+    return e.what();
+  }
+  return "(no format_error)";
+}
+inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 template <class T, class Grads>
 void check_resume_bits(T& t, T& u, const std::vector<float>& a, const std::vector<float>& b, Grads&& grads,

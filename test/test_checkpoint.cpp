@@ -19,6 +19,8 @@
 #include <unistd.h>
 #include <vector>
 
+#include "resume_check.hpp"
+
 namespace dc = diloco;
 namespace fs = std::filesystem;
 
@@ -273,17 +275,6 @@ std::vector<std::byte> reseal(const dc::checkpoint::image& img, const std::vecto
   }
   return std::move(w).finish();
 }
-
-std::string load_error(rich& t, std::span<const std::byte> bytes) {
-  try {
-    t.load(bytes);
-  } catch (const dc::format_error& e) {
-    return e.what();
-  }
-  return "(no format_error)";
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 }  // namespace
 

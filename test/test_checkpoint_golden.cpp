@@ -37,6 +37,8 @@
 #include <string>
 #include <vector>
 
+#include "resume_check.hpp"
+
 namespace dc = diloco;
 
 namespace {
@@ -368,16 +370,6 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
-template <class T>
-std::string load_error(T& t, std::span<const std::byte> bytes) {
-  try {
-    t.load(bytes);
-  } catch (const dc::format_error& e) {
-    return e.what();
-  }
-  return "(no format_error)";
-}
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 // The fresh instance's own state (before any load), to see that a refused
 // file leaves it untouched.
