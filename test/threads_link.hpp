@@ -80,6 +80,14 @@ class slow_link : public threads_link<Device> {
   diloco::comm::detail::progress_queue queue_;
 };
 
+// The engine's position record (core/agreement.hpp: one blocking all-gather
+// of sizeof(position_record) bytes before each reduction begins and at
+// finish()) is control traffic, not a round's segment: the links that log
+// or damage segments pass it by. No segment is that small (its header alone
+// is wire::header_bytes).
+inline bool position_record(std::size_t bytes) { return bytes == sizeof(diloco::detail::position_record); }
+static_assert(sizeof(diloco::detail::position_record) < diloco::wire::header_bytes);
+
 // Whether a link's collectives ran beside the caller's inner steps or were
 // waited for: an event, counted, where a time would only stand for it.
 // gated_link holds each non-blocking collective on its progress thread
@@ -220,7 +228,7 @@ class gated_link : public threads_link<Device> {
     this->threads().all_to_all(base::span(s), base::span(r));
   }
   void all_gather(view<const std::byte> s, view<std::byte> r) {
-    if (!position_record_bytes(s.size())) gate_->blocking();
+    if (!position_record(s.size())) gate_->blocking();
     this->threads().all_gather(base::span(s), base::span(r));
   }
   request iall_reduce(view<float> b, diloco::reduce_op op) {
@@ -234,7 +242,6 @@ class gated_link : public threads_link<Device> {
   }
 
  private:
-  static bool position_record_bytes(std::size_t bytes) { return bytes == sizeof(diloco::detail::position_record); }
   template <class F>
   request gated(F f) {
     auto t = gate_->issue();
@@ -250,14 +257,6 @@ class gated_link : public threads_link<Device> {
   overlap_gate* gate_;
   diloco::comm::detail::progress_queue queue_;
 };
-
-// The engine's position record (core/agreement.hpp: one blocking all-gather
-// of sizeof(position_record) bytes before each reduction begins and at
-// finish()) is control traffic, not a round's segment: the links that log
-// or damage segments pass it by. No segment is that small (its header alone
-// is wire::header_bytes).
-inline bool position_record(std::size_t bytes) { return bytes == sizeof(diloco::detail::position_record); }
-static_assert(sizeof(diloco::detail::position_record) < diloco::wire::header_bytes);
 
 // A threads communicator that, once armed, flips one byte of what the
 // `which`-th segment all-gather after arming delivers to `victim`: byte
