@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "resume_check.hpp"
+#include "same_bits.hpp"
 
 namespace dc = diloco;
 
@@ -364,10 +365,6 @@ std::vector<std::string> names_of(const T& t) {
   std::vector<std::string> out;
   for (const auto& e : t.state()) out.push_back(e.name);
   return out;
-}
-// Bitwise equality (a -0.0 for 0.0 or a changed NaN would be a difference).
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cuda_grid_sim.hpp"
+#include "same_bits.hpp"
 
 namespace dc = diloco;
 namespace ex = dc::exec;
@@ -79,9 +80,6 @@ struct tensors {
 
 std::size_t total(const std::vector<std::size_t>& sizes) { return std::accumulate(sizes.begin(), sizes.end(), std::size_t{0}); }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-}
 
 // The sum exec/chunks.hpp defines, written from its text: chunks of 8192
 // flat elements; in each, lane l adds the elements at positions congruent

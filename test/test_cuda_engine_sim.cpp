@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "same_bits.hpp"
 #include "sim_device.hpp"
 #include "threads_link.hpp"
 
@@ -111,9 +112,6 @@ run_result train(typename dc::algorithm_options<Inner, Outer, Compressor, Sync> 
 auto plain_comm = [](dc::comm::threads& c) { return &c; };
 auto no_inspect = [](auto&, int) {};
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 // A communicator of device memory only, over comm::threads (in this program
 // device memory is host memory). Counts the calls it receives.

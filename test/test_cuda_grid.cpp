@@ -16,6 +16,7 @@
 
 #include "cuda_grid_sim.hpp"
 #include "random_inputs.hpp"
+#include "same_bits.hpp"
 
 namespace dc = diloco;
 namespace grid = dc::exec::grid;
@@ -60,9 +61,6 @@ struct array {
   std::vector<float> values(std::size_t n) { return {data(), data() + n}; }
 };
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-}
 
 }  // namespace
 

@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "same_bits.hpp"
 #include "threads_link.hpp"
 
 namespace dc = diloco;
@@ -1150,9 +1151,6 @@ one_worker_run run_one_worker(const std::vector<float>& init, const std::vector<
   return out;
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 }  // namespace
 
