@@ -22,6 +22,7 @@
 
 #include "diloco/core/concepts.hpp"
 #include "diloco/core/error.hpp"
+#include "diloco/core/tensor_step.hpp"
 #include "diloco/exec/host.hpp"
 #include "diloco/kernels/tensor_passes.hpp"
 #include "diloco/tensor/argument_checks.hpp"
@@ -47,9 +48,23 @@ float max_grad_norm_of(const Options& o) {
     return 0.0f;
 }
 
+// What a whole-tensor policy keeps per memory space besides its slots
+// (scratch, handles); nothing for an element-wise one.
+struct no_stepper {};
+template <class Opt, class Space>
+struct stepper_of {
+  using type = no_stepper;
+};
+template <class Opt, class Space>
+  requires tensor_optimizer_policy<Opt>
+struct stepper_of<Opt, Space> {
+  using type = typename Opt::template stepper<Space>;
+};
+
 // The state of one optimizer over one parameter set, and its step: clip
 // (one reduction over all gradients), then one fused pass over all tensors
-// (exec/chunks.hpp: one parallel region on the host, one launch on the GPU).
+// (exec/chunks.hpp: one parallel region on the host, one launch on the GPU),
+// or, for a whole-tensor policy, its stepper once per tensor with its shape.
 template <class Opt, class Space>
 class optimizer_core {
  public:
@@ -81,9 +96,17 @@ class optimizer_core {
       const double coef = static_cast<double>(max_norm) / (std::sqrt(sq) + 1e-6);
       scale = static_cast<float>(std::min(coef, 1.0));
     }
-    const auto update = Opt::make_update(opts_, ++steps_);
-    exec.for_each_chunked(list_.chunks(), kernels::inner_steps<typename Opt::update>{
-                                              update, list_.ptrs(), g, scale, slots_ ? state_.data() : nullptr, total_});
+    if constexpr (tensor_optimizer_policy<Opt>) {
+      ++steps_;
+      for (std::size_t k = 0; k < params.count(); ++k)
+        stepper_.step(exec, opts_, steps_,
+                      tensor_step{params[k].data(), grads[k].data, scale,
+                                  slots_ ? state_.data() + params.offset(k) : nullptr, total_, params.shape(k)});
+    } else {
+      const auto update = Opt::make_update(opts_, ++steps_);
+      exec.for_each_chunked(list_.chunks(), kernels::inner_steps<typename Opt::update>{
+                                                update, list_.ptrs(), g, scale, slots_ ? state_.data() : nullptr, total_});
+    }
   }
 
   void reset() {
@@ -115,6 +138,7 @@ class optimizer_core {
   std::uint64_t steps_ = 0;
   tensor_list<Space> list_;
   gradient_list<Space> grads_;
+  [[no_unique_address]] typename stepper_of<Opt, Space>::type stepper_;
 };
 
 // The memory space an executor runs in: its `memory_space`, host if it
@@ -158,7 +182,7 @@ void collect(Grads&& grads, std::vector<raw_tensor>& out) {
 /// memory space: exec::host (the default) takes host tensors,
 /// exec::cuda (<diloco/cuda.hpp>) device tensors, and the whole step runs as
 /// fused kernels on the GPU. Tensors of the other space do not compile.
-template <optimizer_policy Opt, class Exec = exec::host>
+template <any_optimizer_policy Opt, class Exec = exec::host>
 class optimizer {
  public:
   using memory_space = typename detail::executor_space<Exec>::type;  ///< host_space or device_space, from the executor

@@ -91,6 +91,31 @@ concept optimizer_policy =
       writable.lr = lr;
     };
 
+/// A whole-tensor optimizer policy (inner::muon): options with `lr`, `name`,
+/// `validate` and `state_slots` as above, but instead of an element functor
+/// a `stepper<Space>`: scratch memory and handles for one memory space
+/// (default-constructible, movable, no training state) whose
+/// step(exec, options, step, tensor_step) updates one whole tensor, with its
+/// shape (core/tensor_step.hpp). optimizer_core calls it once per tensor
+/// after clipping. Its slots live in the same flat buffer as an element-wise
+/// policy's, so they are visited and checkpointed the same way.
+template <class O>
+concept tensor_optimizer_policy = requires(const typename O::options& o, typename O::options& writable, float lr) {
+  typename O::options;
+  typename O::template stepper<host_space>;
+  requires std::default_initializable<typename O::template stepper<host_space>>;
+  requires std::movable<typename O::template stepper<host_space>>;
+  { O::name } -> std::convertible_to<const char*>;
+  { O::validate(o) };
+  { O::state_slots(o) } -> std::convertible_to<std::size_t>;
+  { o.lr } -> std::convertible_to<float>;
+  writable.lr = lr;
+};
+
+/// Either kind of optimizer policy: what diloco::optimizer and the inner slot take.
+template <class O>
+concept any_optimizer_policy = optimizer_policy<O> || tensor_optimizer_policy<O>;
+
 /// An optimizer policy's role (core/optimizer_role.hpp): its `role`, or any.
 template <class O>
 consteval optimizer_role optimizer_role_of() {
@@ -100,9 +125,10 @@ consteval optimizer_role optimizer_role_of() {
     return optimizer_role::any;
 }
 
-/// The optimizer each worker runs on its replica between rounds.
+/// The optimizer each worker runs on its replica between rounds: element-wise
+/// or whole-tensor.
 template <class O>
-concept inner_optimizer = optimizer_policy<O>;
+concept inner_optimizer = any_optimizer_policy<O>;
 
 /// The optimizer applied to the global parameters with the averaged
 /// pseudo-gradient as its gradient.
