@@ -1210,27 +1210,6 @@ TEST_CASE("from_env reads the launcher's variables and names any missing or malf
   CHECK(std::get<gloo_comm::redis_store>(gloo_comm::options_from_env().rendezvous).port == 6379);
 }
 
-TEST_CASE("argument headers: every rank reaches the same verdict") {
-  using dc::comm::detail_gloo::call_header;
-  using dc::comm::detail_gloo::disagreement;
-  using dc::comm::detail_gloo::op_code;
-  auto h = [](op_code op, std::uint64_t n, std::int64_t arg = 0, std::uint64_t seq = 1) {
-    return call_header{static_cast<std::uint32_t>(op), 0, n, arg, seq};
-  };
-  std::vector<call_header> same{h(op_code::all_reduce, 8), h(op_code::all_reduce, 8), h(op_code::all_reduce, 8)};
-  for (int r = 0; r < 3; ++r) CHECK(disagreement(same, r).empty());
-  auto sizes = same;
-  sizes[2].count = 9;
-  for (int r = 0; r < 3; ++r) CHECK(disagreement(sizes, r).find("buffer sizes differ across ranks") != std::string::npos);
-  auto step = same;
-  step[1].sequence = 2;
-  CHECK(disagreement(step, 0).find("out of step") != std::string::npos);
-  auto rejected = same;
-  rejected[1].rejected = 1;
-  rejected[2].count = 3;  // a rejection is reported before other differences
-  CHECK(disagreement(rejected, 0).find("rank 1 rejected its own arguments to all_reduce") != std::string::npos);
-}
-
 TEST_CASE("a Gloo message naming a peer's address is mapped to its rank, whole ports only") {
   using dc::comm::detail_gloo::rank_named_in;
   const std::vector<dc::comm::detail_gloo::peer_alias> peers{

@@ -30,8 +30,8 @@
 #include <gloo/common/logging.h>
 #include <gloo/rendezvous/context.h>
 
+#include "diloco/comm/detail/agreement.hpp"
 #include "diloco/comm/detail/async.hpp"
-#include "diloco/comm/gloo/agreement.hpp"
 #include "diloco/comm/gloo/options.hpp"
 #include "diloco/comm/gloo/rendezvous.hpp"
 #include "diloco/comm/gloo/sigpipe.hpp"
@@ -216,6 +216,7 @@ class gloo {
   /// with the same bits, and the same world size and inputs give the same
   /// bits on every run; the summation order is the ring's, not rank order.
   void all_reduce(std::span<float> buf, reduce_op op) {
+    validated(op_code::all_reduce, buf.size(), static_cast<int>(op), detail::reduce_problem(site(), op));
     account_all_reduce(buf.size());
     blocking([&] { do_all_reduce(buf, op); });
   }
@@ -223,12 +224,12 @@ class gloo {
   /// Copies root's buffer into every rank's buffer.
   void broadcast(std::span<float> buf, int root) {
     std::span<std::byte> bytes(reinterpret_cast<std::byte*>(buf.data()), buf.size_bytes());
-    validated(detail_gloo::op_code::broadcast, bytes.size(), root, check_root(root));
+    validated(op_code::broadcast, bytes.size(), root, check_root(root));
     account_broadcast(bytes.size(), root);
     blocking([&] { do_broadcast(bytes, root); });
   }
   void broadcast(std::span<std::byte> buf, int root) {
-    validated(detail_gloo::op_code::broadcast, buf.size(), root, check_root(root));
+    validated(op_code::broadcast, buf.size(), root, check_root(root));
     account_broadcast(buf.size(), root);
     blocking([&] { do_broadcast(buf, root); });
   }
@@ -236,15 +237,15 @@ class gloo {
   /// send holds M equal blocks, block k for rank k; recv receives block
   /// `rank` of every rank's send, in rank order.
   void all_to_all(std::span<const std::byte> send, std::span<std::byte> recv) {
-    validated(detail_gloo::op_code::all_to_all, send.size(), 0,
-              check_exchange("all_to_all", send, recv, send.size()));
+    validated(op_code::all_to_all, send.size(), 0,
+              check_exchange(op_code::all_to_all, send, recv));
     account_exchange(send.size() / static_cast<std::size_t>(size()));
     blocking([&] { do_all_to_all(send, recv); });
   }
   /// recv receives every rank's send, in rank order (M blocks).
   void all_gather(std::span<const std::byte> send, std::span<std::byte> recv) {
-    validated(detail_gloo::op_code::all_gather, send.size(), 0,
-              check_exchange("all_gather", send, recv, send.size() * static_cast<std::size_t>(size())));
+    validated(op_code::all_gather, send.size(), 0,
+              check_exchange(op_code::all_gather, send, recv));
     account_exchange(send.size());
     blocking([&] { do_all_gather(send, recv); });
   }
@@ -260,29 +261,30 @@ class gloo {
   /// wait() returns. Arguments this rank rejects throw config_error at the
   /// call, after the other ranks have been told (so it may wait for them).
   request iall_reduce(std::span<float> buf, reduce_op op) {
+    validated(op_code::all_reduce, buf.size(), static_cast<int>(op), detail::reduce_problem(site(), op));
     account_all_reduce(buf.size());
     return queue_.submit([this, buf, op] { do_all_reduce(buf, op); });
   }
   request ibroadcast(std::span<float> buf, int root) {
     std::span<std::byte> bytes(reinterpret_cast<std::byte*>(buf.data()), buf.size_bytes());
-    validated(detail_gloo::op_code::broadcast, bytes.size(), root, check_root(root));
+    validated(op_code::broadcast, bytes.size(), root, check_root(root));
     account_broadcast(bytes.size(), root);
     return queue_.submit([this, bytes, root] { do_broadcast(bytes, root); });
   }
   request ibroadcast(std::span<std::byte> buf, int root) {
-    validated(detail_gloo::op_code::broadcast, buf.size(), root, check_root(root));
+    validated(op_code::broadcast, buf.size(), root, check_root(root));
     account_broadcast(buf.size(), root);
     return queue_.submit([this, buf, root] { do_broadcast(buf, root); });
   }
   request iall_to_all(std::span<const std::byte> send, std::span<std::byte> recv) {
-    validated(detail_gloo::op_code::all_to_all, send.size(), 0,
-              check_exchange("all_to_all", send, recv, send.size()));
+    validated(op_code::all_to_all, send.size(), 0,
+              check_exchange(op_code::all_to_all, send, recv));
     account_exchange(send.size() / static_cast<std::size_t>(size()));
     return queue_.submit([this, send, recv] { do_all_to_all(send, recv); });
   }
   request iall_gather(std::span<const std::byte> send, std::span<std::byte> recv) {
-    validated(detail_gloo::op_code::all_gather, send.size(), 0,
-              check_exchange("all_gather", send, recv, send.size() * static_cast<std::size_t>(size())));
+    validated(op_code::all_gather, send.size(), 0,
+              check_exchange(op_code::all_gather, send, recv));
     account_exchange(send.size());
     return queue_.submit([this, send, recv] { do_all_gather(send, recv); });
   }
@@ -300,7 +302,7 @@ class gloo {
   request submit(std::function<void()> task) { return queue_.submit(std::move(task)); }
 
  private:
-  using op_code = detail_gloo::op_code;
+  using op_code = detail::collective;
   /// Gloo matches messages by slot: argument headers and payloads use
   /// different tags so the two can never be confused.
   static constexpr std::uint32_t header_tag = 0;
@@ -313,27 +315,15 @@ class gloo {
   }
 
   // ------------------------------------------------ argument validation
+  /// The local checks shared by every communicator (comm/detail/arguments.hpp).
+  detail::call_site site() const { return {"comm::gloo", "world", rank()}; }
+
   std::string check_root(int root) const {
-    if (root < 0 || root >= size())
-      return diloco::detail::concat("diloco: comm::gloo broadcast on rank ", rank(), ": root ", root,
-                                    " is not a rank of a world of ", size());
-    return {};
+    return detail::root_problem(site(), op_code::broadcast, root, size());
   }
 
-  std::string check_exchange(const char* op, std::span<const std::byte> send, std::span<std::byte> recv,
-                             std::size_t want_recv) const {
-    const auto m = static_cast<std::size_t>(size());
-    auto prefix = [&] { return diloco::detail::concat("diloco: comm::gloo ", op, " on rank ", rank(), ": "); };
-    if (std::strcmp(op, "all_to_all") == 0 && send.size() % m != 0)
-      return prefix() + diloco::detail::concat("send has ", send.size(), " bytes, not a multiple of the world size ", m);
-    if (recv.size() != want_recv)
-      return prefix() + diloco::detail::concat("recv has ", recv.size(), " bytes, expected ", want_recv, " for ",
-                                               send.size(), " bytes sent by each of ", m, " ranks");
-    const auto* s0 = send.data();
-    const auto* r0 = recv.data();
-    if (!send.empty() && !recv.empty() && s0 < r0 + recv.size() && r0 < s0 + send.size())
-      return prefix() + "send and recv buffers overlap";
-    return {};
+  std::string check_exchange(op_code op, std::span<const std::byte> send, std::span<std::byte> recv) const {
+    return detail::exchange_problem(site(), op, send.data(), send.size(), recv.data(), recv.size(), size());
   }
 
   /// Throws config_error if this rank rejected its arguments (`problem` is
@@ -345,13 +335,13 @@ class gloo {
       try {
         blocking([&] {
           detail_gloo::sigpipe_guard guard;
-          if (closed_reason().empty()) agree(op, count, arg, true);
+          if (closed_reason().empty()) agree(op, count, arg, problem);
         });
       } catch (const comm_error&) {
         // The caller's own mistake is the error to report.
       }
     }
-    throw config_error(problem);
+    diloco::detail::raise<config_error>(problem);
   }
 
   // ------------------------------------------------------------ traffic
@@ -367,30 +357,35 @@ class gloo {
   template <class Transfer>
   void collective(op_code op, std::uint64_t count, int arg, Transfer&& transfer) {
     detail_gloo::sigpipe_guard guard;
-    const char* name = detail_gloo::op_name(op);
+    const char* name = detail::name(op);
     if (std::string reason = closed_reason(); !reason.empty())
       diloco::detail::raise<comm_error>("comm::gloo ", name, " on rank ", rank(),
                                         ": the communicator is closed since an earlier operation failed (",
                                         reason, ")");
     diloco::detail::fault_point(name);
-    if (opts_.check_arguments && size() > 1) agree(op, count, arg, false);
+    if (opts_.check_arguments && size() > 1) agree(op, count, arg, {});
     if (count == 0 && op != op_code::barrier) return;
     guarded(name, transfer);
   }
 
-  void agree(op_code op, std::uint64_t count, int arg, bool rejected) {
-    detail_gloo::call_header mine{static_cast<std::uint32_t>(op), rejected ? 1u : 0u, count, arg, ++sequence_};
-    std::vector<detail_gloo::call_header> all(static_cast<std::size_t>(size()));
-    guarded(detail_gloo::op_name(op), [&] {
-      ::gloo::AllgatherOptions o(conn_.context);
-      o.setInput(reinterpret_cast<std::uint8_t*>(&mine), sizeof mine);
-      o.setOutput(reinterpret_cast<std::uint8_t*>(all.data()), all.size() * sizeof mine);
-      o.setTag(header_tag);
-      o.setTimeout(detail_gloo::gloo_wait(opts_.timeout));
-      closing_on_failure([&] { ::gloo::allgather(o); });
+  /// The shared agreement check (comm/detail/agreement.hpp) over one Gloo
+  /// all-gather of the records, on a tag of its own; the records carry a
+  /// sequence number, so ranks out of step are named as such.
+  void agree(op_code op, std::uint64_t count, int arg, const std::string& problem) {
+    detail::call_record record = detail::record_of(op, count, arg);
+    record.sequence = ++sequence_;
+    std::vector<detail::call_record> all(static_cast<std::size_t>(size()));
+    detail::agree(site(), record, problem, [&](const detail::call_record& mine) {
+      guarded(detail::name(op), [&] {
+        ::gloo::AllgatherOptions o(conn_.context);
+        o.setInput(const_cast<std::uint8_t*>(reinterpret_cast<const std::uint8_t*>(&mine)), sizeof mine);
+        o.setOutput(reinterpret_cast<std::uint8_t*>(all.data()), all.size() * sizeof mine);
+        o.setTag(header_tag);
+        o.setTimeout(detail_gloo::gloo_wait(opts_.timeout));
+        closing_on_failure([&] { ::gloo::allgather(o); });
+      });
+      return std::span<const detail::call_record>(all);
     });
-    if (rejected) return;  // the caller raises its own config_error
-    if (std::string why = detail_gloo::disagreement(all, rank()); !why.empty()) throw comm_error(why);
   }
 
   /// Any failure inside Gloo closes this communicator's connections, so that

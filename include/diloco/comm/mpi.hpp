@@ -16,9 +16,10 @@
 #include <utility>
 #include <vector>
 
-#include "diloco/comm/detail/mpi_agreement.hpp"
+#include "diloco/comm/detail/agreement.hpp"
 #include "diloco/comm/detail/mpi_call.hpp"
 #include "diloco/comm/detail/mpi_wait.hpp"
+#include "diloco/comm/detail/request.hpp"
 #include "diloco/core/comm_types.hpp"
 #include "diloco/core/concepts.hpp"
 #include "diloco/core/error.hpp"
@@ -272,116 +273,79 @@ class pinned_device_support final : public device_support {
 
 }  // namespace detail_mpi
 
-/// The handle of a non-blocking MPI collective. wait() completes it (and
-/// rethrows its error as comm_error); test() polls. The buffers must stay
-/// alive and untouched until then. Destroying an unfinished request waits for
-/// it (an error is dropped there: call wait() to see it).
-class mpi_request {
- public:
-  mpi_request() = default;
-  ///@{
-  /// Moving hands the operation over; assigning to a request first waits for the one it holds.
-  mpi_request(mpi_request&& other) noexcept
-      : ctx_(std::move(other.ctx_)),
-        operation_(other.operation_),
-        mpi_call_(other.mpi_call_),
-        pending_(std::move(other.pending_)),
-        then_(other.then_),
-        blocking_(other.blocking_),
-        deadline_(other.deadline_) {
-    other.pending_.clear();
-  }
-  mpi_request& operator=(mpi_request&& other) noexcept {
-    if (this != &other) {
-      drain();
-      ctx_ = std::move(other.ctx_);
-      operation_ = other.operation_;
-      mpi_call_ = other.mpi_call_;
-      pending_ = std::move(other.pending_);
-      then_ = other.then_;
-      blocking_ = other.blocking_;
-      deadline_ = other.deadline_;
-      other.pending_.clear();
-    }
-    return *this;
-  }
-  ///@}
-  mpi_request(const mpi_request&) = delete;
-  mpi_request& operator=(const mpi_request&) = delete;
-  ~mpi_request() { drain(); }
+class mpi;
 
-  /// False for a default-constructed or moved-from request.
-  bool valid() const { return ctx_ != nullptr; }
+namespace detail_mpi {
 
-  /// Completes the operation, rethrowing its error as comm_error. With comm::mpi's timeout set,
-  /// waits at most that long (from this call) and then throws comm_error; the communicator is
-  /// unusable afterwards.
+// An MPI operation in flight, as its request holds it (comm/detail/request.hpp).
+struct pending_op {
+  using issuer = comm::mpi;
+
+  std::shared_ptr<context> ctx;
+  const char* operation = "";
+  const char* mpi_call = "";  // the (first) MPI call it posted, for messages
+  request_set pending;
+  completion then;
+  // Set for the internal request of a blocking call with a timeout: its
+  // deadline runs from the start of the call.
+  bool blocking = false;
+  std::chrono::steady_clock::time_point deadline{};
+
+  bool active() const { return ctx != nullptr; }
+
+  void add(MPI_Request r, const char* call) {
+    if (pending.size() == 0) mpi_call = call;
+    pending.add(r);
+  }
+
+  // With comm::mpi's timeout set, waits at most that long (from this call)
+  // and then throws comm_error; the communicator is unusable afterwards.
   void wait() {
-    if (!ctx_) return;
     // A blocking call's deadline was set when it started.
-    const auto deadline = blocking_ ? deadline_ : diloco::detail::deadline_after(ctx_->policy.timeout);
+    const auto until = blocking ? deadline : diloco::detail::deadline_after(ctx->policy.timeout);
     bool late = false;
     const char* waited_with = "";
-    const int rc = detail_mpi::wait_all(pending_.size(), pending_.data(), ctx_->policy, deadline, late, &waited_with);
+    const int rc = wait_all(pending.size(), pending.data(), ctx->policy, until, late, &waited_with);
     if (late) time_out();
     finish(rc, waited_with);
   }
 
-  /// True once the operation has completed (then as wait(), rethrowing its error); false while it
-  /// runs.
   bool test() {
-    if (!ctx_) return true;
     int done = 0;
-    const int rc = MPI_Testall(pending_.size(), pending_.data(), &done, MPI_STATUSES_IGNORE);
+    const int rc = MPI_Testall(pending.size(), pending.data(), &done, MPI_STATUSES_IGNORE);
     if (rc == MPI_SUCCESS && !done) return false;
     finish(rc, "MPI_Testall");
     return true;
   }
 
- private:
-  friend class mpi;
-
-  void add(MPI_Request r, const char* mpi_call) {
-    if (pending_.size() == 0) mpi_call_ = mpi_call;
-    pending_.add(r);
-  }
-
-  /// The MPI requests stay active (MPI cannot cancel or free a collective's):
-  /// they, and the staging slot if any, are left to the failed communicator.
+  // The MPI requests stay active (MPI cannot cancel or free a collective's):
+  // they, and the staging slot if any, are left to the failed communicator.
   [[noreturn]] void time_out() {
-    auto ctx = std::move(ctx_);
-    pending_.clear();
-    ctx->time_out(mpi_call_, operation_);
+    auto c = std::move(ctx);
+    pending.clear();
+    c->time_out(mpi_call, operation);
   }
 
-  /// The request is spent afterwards, whether or not the operation failed.
-  void finish(int rc, const char* mpi_call) {
-    auto ctx = std::move(ctx_);
-    pending_.clear();
+  // The operation is spent afterwards, whether or not it failed.
+  void finish(int rc, const char* call) {
+    auto c = std::move(ctx);
+    pending.clear();
     if (rc != MPI_SUCCESS) {
-      then_.abandon(*ctx);
-      detail_mpi::check(rc, mpi_call, operation_, ctx->rank);
+      then.abandon(*c);
+      check(rc, call, operation, c->rank);
     }
-    then_.run(*ctx, operation_);
+    then.run(*c, operation);
   }
-
-  void drain() noexcept {
-    try {
-      wait();
-    } catch (...) {
-    }
-  }
-
-  std::shared_ptr<detail_mpi::context> ctx_;
-  const char* operation_ = "";
-  const char* mpi_call_ = "";  ///< the (first) MPI call it posted, for messages
-  detail_mpi::request_set pending_;
-  detail_mpi::completion then_;
-  /// Set for the internal request of a blocking call with a timeout: its
-  /// deadline runs from the start of the call.
-  bool blocking_ = false;
-  std::chrono::steady_clock::time_point deadline_{};
 };
+
+}  // namespace detail_mpi
+
+/// The handle of a non-blocking MPI collective (detail::basic_request).
+/// wait() completes it (and rethrows its error as comm_error); test() polls.
+/// The buffers must stay alive and untouched until then. With comm::mpi's
+/// timeout set, wait() waits at most that long (from the call) and then
+/// throws comm_error; the communicator is unusable afterwards.
+using mpi_request = detail::basic_request<detail_mpi::pending_op>;
 
 /// diloco::comm::mpi: the workers are the ranks of an MPI communicator the
 /// user created (diloco never calls MPI_Init or MPI_Finalize). Link the
@@ -479,7 +443,7 @@ class mpi {
   /// In-place all-reduce of fp32 buffers: MPI_Allreduce with MPI_SUM; mean
   /// divides the sum by the world size afterwards.
   void all_reduce(std::span<float> buf, reduce_op op) {
-    blocking("all_reduce", [&](request* out) {
+    blocking("all_reduce", [&](pending* out) {
       start_all_reduce(buf.data(), buf.size(), op, out);
     });
   }
@@ -487,31 +451,31 @@ class mpi {
   /// Copies root's buffer into every rank's buffer.
   /// Copies root's buffer into every rank's buffer.
   void broadcast(std::span<float> buf, int root) {
-    blocking("broadcast", [&](request* out) {
-      start_broadcast(detail_mpi::collective::broadcast_fp32, buf.data(), buf.size(), root, out);
+    blocking("broadcast", [&](pending* out) {
+      start_broadcast(detail::collective::broadcast_fp32, buf.data(), buf.size(), root, out);
     });
   }
   void broadcast(std::span<std::byte> buf, int root) {
-    blocking("broadcast", [&](request* out) {
-      start_broadcast(detail_mpi::collective::broadcast_bytes, buf.data(), buf.size(), root, out);
+    blocking("broadcast", [&](pending* out) {
+      start_broadcast(detail::collective::broadcast_bytes, buf.data(), buf.size(), root, out);
     });
   }
   ///@}
   /// send holds M equal blocks, block k for rank k; recv receives block
   /// `rank` of every rank's send, in rank order.
   void all_to_all(std::span<const std::byte> send, std::span<std::byte> recv) {
-    blocking("all_to_all", [&](request* out) {
-      start_exchange(detail_mpi::collective::all_to_all, send.data(), send.size(), recv.data(), recv.size(), out);
+    blocking("all_to_all", [&](pending* out) {
+      start_exchange(detail::collective::all_to_all, send.data(), send.size(), recv.data(), recv.size(), out);
     });
   }
   /// recv receives every rank's send, in rank order (M blocks).
   void all_gather(std::span<const std::byte> send, std::span<std::byte> recv) {
-    blocking("all_gather", [&](request* out) {
-      start_exchange(detail_mpi::collective::all_gather, send.data(), send.size(), recv.data(), recv.size(), out);
+    blocking("all_gather", [&](pending* out) {
+      start_exchange(detail::collective::all_gather, send.data(), send.size(), recv.data(), recv.size(), out);
     });
   }
   /// Returns once every rank has entered it.
-  void barrier() { blocking("barrier", [&](request* out) { start_barrier(out); }); }
+  void barrier() { blocking("barrier", [&](pending* out) { start_barrier(out); }); }
 
   // -------------------------------------------------------- non-blocking
   ///@{
@@ -519,32 +483,32 @@ class mpi {
   /// must stay untouched until wait() returns.
   request iall_reduce(std::span<float> buf, reduce_op op) {
     request r = make_request("all_reduce");
-    start_all_reduce(buf.data(), buf.size(), op, &r);
+    start_all_reduce(buf.data(), buf.size(), op, &r.op_);
     return r;
   }
   request ibroadcast(std::span<float> buf, int root) {
     request r = make_request("broadcast");
-    start_broadcast(detail_mpi::collective::broadcast_fp32, buf.data(), buf.size(), root, &r);
+    start_broadcast(detail::collective::broadcast_fp32, buf.data(), buf.size(), root, &r.op_);
     return r;
   }
   request ibroadcast(std::span<std::byte> buf, int root) {
     request r = make_request("broadcast");
-    start_broadcast(detail_mpi::collective::broadcast_bytes, buf.data(), buf.size(), root, &r);
+    start_broadcast(detail::collective::broadcast_bytes, buf.data(), buf.size(), root, &r.op_);
     return r;
   }
   request iall_to_all(std::span<const std::byte> send, std::span<std::byte> recv) {
     request r = make_request("all_to_all");
-    start_exchange(detail_mpi::collective::all_to_all, send.data(), send.size(), recv.data(), recv.size(), &r);
+    start_exchange(detail::collective::all_to_all, send.data(), send.size(), recv.data(), recv.size(), &r.op_);
     return r;
   }
   request iall_gather(std::span<const std::byte> send, std::span<std::byte> recv) {
     request r = make_request("all_gather");
-    start_exchange(detail_mpi::collective::all_gather, send.data(), send.size(), recv.data(), recv.size(), &r);
+    start_exchange(detail::collective::all_gather, send.data(), send.size(), recv.data(), recv.size(), &r.op_);
     return r;
   }
   request ibarrier() {
     request r = make_request("barrier");
-    start_barrier(&r);
+    start_barrier(&r.op_);
     return r;
   }
   ///@}
@@ -556,61 +520,62 @@ class mpi {
   /// (kernels writing them finished) when the call is made; staging copies
   /// use cudaMemcpy, which orders itself after the legacy default stream.
   void all_reduce(device_view<float> buf, reduce_op op) {
-    blocking("all_reduce", [&](request* out) {
+    blocking("all_reduce", [&](pending* out) {
       start_device_all_reduce(buf, op, out);
     });
   }
   void broadcast(device_view<float> buf, int root) {
-    blocking("broadcast", [&](request* out) {
-      start_device_broadcast(detail_mpi::collective::broadcast_fp32, buf.data(), buf.size(), root, out);
+    blocking("broadcast", [&](pending* out) {
+      start_device_broadcast(detail::collective::broadcast_fp32, buf.data(), buf.size(), root, out);
     });
   }
   void broadcast(device_view<std::byte> buf, int root) {
-    blocking("broadcast", [&](request* out) {
-      start_device_broadcast(detail_mpi::collective::broadcast_bytes, buf.data(), buf.size(), root, out);
+    blocking("broadcast", [&](pending* out) {
+      start_device_broadcast(detail::collective::broadcast_bytes, buf.data(), buf.size(), root, out);
     });
   }
   void all_to_all(device_view<const std::byte> send, device_view<std::byte> recv) {
-    blocking("all_to_all", [&](request* out) {
-      start_device_exchange(detail_mpi::collective::all_to_all, send, recv, out);
+    blocking("all_to_all", [&](pending* out) {
+      start_device_exchange(detail::collective::all_to_all, send, recv, out);
     });
   }
   void all_gather(device_view<const std::byte> send, device_view<std::byte> recv) {
-    blocking("all_gather", [&](request* out) {
-      start_device_exchange(detail_mpi::collective::all_gather, send, recv, out);
+    blocking("all_gather", [&](pending* out) {
+      start_device_exchange(detail::collective::all_gather, send, recv, out);
     });
   }
 
   request iall_reduce(device_view<float> buf, reduce_op op) {
     request r = make_request("all_reduce");
-    start_device_all_reduce(buf, op, &r);
+    start_device_all_reduce(buf, op, &r.op_);
     return r;
   }
   request ibroadcast(device_view<float> buf, int root) {
     request r = make_request("broadcast");
-    start_device_broadcast(detail_mpi::collective::broadcast_fp32, buf.data(), buf.size(), root, &r);
+    start_device_broadcast(detail::collective::broadcast_fp32, buf.data(), buf.size(), root, &r.op_);
     return r;
   }
   request ibroadcast(device_view<std::byte> buf, int root) {
     request r = make_request("broadcast");
-    start_device_broadcast(detail_mpi::collective::broadcast_bytes, buf.data(), buf.size(), root, &r);
+    start_device_broadcast(detail::collective::broadcast_bytes, buf.data(), buf.size(), root, &r.op_);
     return r;
   }
   request iall_to_all(device_view<const std::byte> send, device_view<std::byte> recv) {
     request r = make_request("all_to_all");
-    start_device_exchange(detail_mpi::collective::all_to_all, send, recv, &r);
+    start_device_exchange(detail::collective::all_to_all, send, recv, &r.op_);
     return r;
   }
   request iall_gather(device_view<const std::byte> send, device_view<std::byte> recv) {
     request r = make_request("all_gather");
-    start_device_exchange(detail_mpi::collective::all_gather, send, recv, &r);
+    start_device_exchange(detail::collective::all_gather, send, recv, &r.op_);
     return r;
   }
   ///@}
 #endif
 
  private:
-  using collective = detail_mpi::collective;
+  using collective = detail::collective;
+  using pending = detail_mpi::pending_op;
 
   /// MPI_Comm_dup, or with a timeout MPI_Comm_idup polled against it (a rank
   /// that died before the constructor is a timeout, not a hang).
@@ -668,10 +633,10 @@ class mpi {
   }
 
   request make_request(const char* operation) const {
-    request r;
-    r.ctx_ = ctx_;
-    r.operation_ = operation;
-    return r;
+    pending op;
+    op.ctx = ctx_;
+    op.operation = operation;
+    return request(std::move(op));
   }
 
   /// A blocking call: without a timeout MPI's blocking form (out is null);
@@ -680,77 +645,76 @@ class mpi {
   template <class Start>
   void blocking(const char* operation, Start&& start) {
     if (!ctx_->policy.timed()) {
-      start(static_cast<request*>(nullptr));
+      start(static_cast<pending*>(nullptr));
       return;
     }
     request r = make_request(operation);
-    r.blocking_ = true;
-    r.deadline_ = diloco::detail::deadline_after(ctx_->policy.timeout);
-    start(&r);
+    r.op_.blocking = true;
+    r.op_.deadline = diloco::detail::deadline_after(ctx_->policy.timeout);
+    start(&r.op_);
     r.wait();
   }
 
-  static bool nonblocking(const request* out) { return out != nullptr && !out->blocking_; }
+  static bool nonblocking(const pending* out) { return out != nullptr && !out->blocking; }
 
-  /// Agrees on the call across ranks (or, unchecked, reports a local problem
-  /// at once). Nothing has moved when this throws. `out` is the request of a
-  /// non-blocking call, or of a blocking one with a timeout, null otherwise.
-  void begin(detail_mpi::call c, const std::string& problem, const request* out) const {
-    ctx_->check_usable(detail_mpi::name(c.op));
-    c.timed = ctx_->policy.timed();
-    if (opts_.check_arguments) {
-      // A blocking call's deadline covers the check too; a non-blocking
-      // call's check gets a timeout of its own.
-      const auto deadline =
-          out && out->blocking_ ? out->deadline_ : diloco::detail::deadline_after(ctx_->policy.timeout);
-      detail_mpi::agree(ctx_->comm, ctx_->rank, c, problem,
-                        [&](int n, MPI_Request* reqs, const char* mpi_call, const char* operation) {
-                          ctx_->complete(n, reqs, deadline, mpi_call, operation);
-                        });
-    } else if (!problem.empty()) {
-      diloco::detail::raise<config_error>(problem);
+  /// Agrees on the call across ranks (comm/detail/agreement.hpp, over one
+  /// MPI_Iallreduce of the records, whatever the timeout, so that ranks with
+  /// and without one still pair up there), or, unchecked, reports a local
+  /// problem at once. Nothing has moved when this throws. `out` is the
+  /// operation of a non-blocking call, or of a blocking one with a timeout,
+  /// null otherwise.
+  void begin(collective c, std::uint64_t count, std::int64_t arg, const std::string& problem,
+             const pending* out) const {
+    const char* what = detail::name(c);
+    ctx_->check_usable(what);
+    if (!opts_.check_arguments) {
+      if (!problem.empty()) diloco::detail::raise<config_error>(problem);
+      return;
     }
+    // A blocking call's deadline covers the check too; a non-blocking
+    // call's check gets a timeout of its own.
+    const auto deadline = out && out->blocking ? out->deadline : diloco::detail::deadline_after(ctx_->policy.timeout);
+    detail::call_record mine = detail::record_of(c, count, arg);
+    if (nonblocking(out)) mine.flags |= detail::call_record::nonblocking;
+    if (ctx_->policy.timed()) mine.flags |= detail::call_record::timed;
+    std::vector<detail::call_record> all(static_cast<std::size_t>(size()));
+    detail::agree(site(), mine, problem, [&](const detail::call_record& record) {
+      // Each rank's record in its own slot of zeros, OR-ed together: an
+      // all-gather of the records as one MPI_Iallreduce.
+      all[static_cast<std::size_t>(rank())] = record;
+      constexpr int words = sizeof record / sizeof(std::uint64_t);
+      MPI_Request pending_check = MPI_REQUEST_NULL;
+      detail_mpi::check(MPI_Iallreduce(MPI_IN_PLACE, all.data(), words * size(), MPI_UINT64_T, MPI_BOR, ctx_->comm,
+                                       &pending_check),
+                        "MPI_Iallreduce (argument check)", what, rank());
+      ctx_->complete(1, &pending_check, deadline, "MPI_Iallreduce (argument check)", what);
+      return std::span<const detail::call_record>(all);
+    });
   }
 
   /// A blocking call completes here; a non-blocking one hands what is left
   /// to its request.
-  void end(detail_mpi::completion then, request* out, const char* operation) {
+  void end(detail_mpi::completion then, pending* out, const char* operation) {
     if (out)
-      out->then_ = then;
+      out->then = then;
     else
       then.run(*ctx_, operation);
   }
 
-  std::string root_problem(collective c, int root) const {
-    if (root >= 0 && root < size()) return {};
-    return diloco::detail::concat("mpi ", detail_mpi::name(c), " on rank ", rank(), ": root ", root,
-                                  " is not a rank of a communicator of ", size(), " ranks");
-  }
+  /// The local checks shared by every communicator (comm/detail/arguments.hpp).
+  detail::call_site site() const { return {"mpi", "communicator", rank()}; }
+
+  std::string root_problem(collective c, int root) const { return detail::root_problem(site(), c, root, size()); }
 
   std::string exchange_problem(collective c, const std::byte* send, std::size_t send_bytes, const std::byte* recv,
                                std::size_t recv_bytes) const {
-    const auto m = static_cast<std::size_t>(size());
-    const char* op = detail_mpi::name(c);
-    if (c == collective::all_to_all && send_bytes % m != 0)
-      return diloco::detail::concat("mpi ", op, " on rank ", rank(), ": send has ", send_bytes,
-                                    " bytes, not a multiple of the world size ", m);
-    const std::size_t want = c == collective::all_to_all ? send_bytes : send_bytes * m;
-    if (recv_bytes != want)
-      return diloco::detail::concat("mpi ", op, " on rank ", rank(), ": recv has ", recv_bytes, " bytes, expected ",
-                                    want, " for ", send_bytes, " bytes sent by each of ", m, " ranks");
-    if (send_bytes && recv_bytes && send < recv + recv_bytes && recv < send + send_bytes)
-      return diloco::detail::concat("mpi ", op, " on rank ", rank(), ": send and recv buffers overlap");
-    return {};
+    return detail::exchange_problem(site(), c, send, send_bytes, recv, recv_bytes, size());
   }
 
-  std::string reduce_problem(reduce_op op) const {
-    if (op == reduce_op::sum || op == reduce_op::mean) return {};
-    return diloco::detail::concat("mpi all_reduce on rank ", rank(), ": reduce_op ", static_cast<int>(op),
-                                  " is neither sum nor mean");
-  }
+  std::string reduce_problem(reduce_op op) const { return detail::reduce_problem(site(), op); }
 
   // --------------------------------------------------- the MPI calls
-  void post_sum(float* data, std::size_t n, request* out) {
+  void post_sum(float* data, std::size_t n, pending* out) {
     detail_mpi::for_each_piece(n, opts_.max_count_per_call, [&](std::size_t off, int count) {
       if (out) {
         MPI_Request r = MPI_REQUEST_NULL;
@@ -765,7 +729,7 @@ class mpi {
   }
 
   void post_broadcast(void* data, std::size_t n, MPI_Datatype type, std::size_t element_bytes, int root,
-                      request* out) {
+                      pending* out) {
     auto* bytes = static_cast<std::byte*>(data);
     detail_mpi::for_each_piece(n, opts_.max_count_per_call, [&](std::size_t off, int count) {
       void* at = bytes + off * element_bytes;
@@ -782,9 +746,9 @@ class mpi {
   /// Blocks too large for one call travel in slices: slice [off, off + len)
   /// of every block at once, described by a byte type whose extent is the
   /// block, so it lands at the same offset of every rank's block.
-  void post_exchange(collective c, const std::byte* send, std::byte* recv, std::size_t block, request* out) {
+  void post_exchange(collective c, const std::byte* send, std::byte* recv, std::size_t block, pending* out) {
     const bool to_all = c == collective::all_to_all;
-    const char* op = detail_mpi::name(c);
+    const char* op = detail::name(c);
     const char* call = to_all ? (out ? "MPI_Ialltoall" : "MPI_Alltoall") : (out ? "MPI_Iallgather" : "MPI_Allgather");
     auto post = [&](const std::byte* s, int send_count, MPI_Datatype send_type, std::byte* r, int recv_count,
                     MPI_Datatype recv_type) {
@@ -816,8 +780,8 @@ class mpi {
   }
 
   // ------------------------------------------------ host operations
-  void start_all_reduce(float* data, std::size_t n, reduce_op op, request* out) {
-    begin({collective::all_reduce, nonblocking(out), n, static_cast<std::int64_t>(op)}, reduce_problem(op), out);
+  void start_all_reduce(float* data, std::size_t n, reduce_op op, pending* out) {
+    begin(collective::all_reduce, n, static_cast<std::int64_t>(op), reduce_problem(op), out);
     account_all_reduce(n);
     post_sum(data, n, out);
     detail_mpi::completion then;
@@ -829,24 +793,24 @@ class mpi {
   }
 
   template <class T>
-  void start_broadcast(collective c, T* data, std::size_t n, int root, request* out) {
-    begin({c, nonblocking(out), n, root}, root_problem(c, root), out);
+  void start_broadcast(collective c, T* data, std::size_t n, int root, pending* out) {
+    begin(c, n, root, root_problem(c, root), out);
     account_broadcast(n * sizeof(T), root);
     post_broadcast(data, n, c == collective::broadcast_fp32 ? MPI_FLOAT : MPI_BYTE, sizeof(T), root, out);
     end({}, out, "broadcast");
   }
 
   void start_exchange(collective c, const std::byte* send, std::size_t send_bytes, std::byte* recv,
-                      std::size_t recv_bytes, request* out) {
-    begin({c, nonblocking(out), send_bytes, 0}, exchange_problem(c, send, send_bytes, recv, recv_bytes), out);
+                      std::size_t recv_bytes, pending* out) {
+    begin(c, send_bytes, 0, exchange_problem(c, send, send_bytes, recv, recv_bytes), out);
     const std::size_t block = c == collective::all_to_all ? send_bytes / static_cast<std::size_t>(size()) : send_bytes;
     account_exchange(block);
     post_exchange(c, send, recv, block, out);
-    end({}, out, detail_mpi::name(c));
+    end({}, out, detail::name(c));
   }
 
-  void start_barrier(request* out) {
-    begin({collective::barrier, nonblocking(out), 0, 0}, {}, out);
+  void start_barrier(pending* out) {
+    begin(collective::barrier, 0, 0, {}, out);
     if (out) {
       MPI_Request r = MPI_REQUEST_NULL;
       detail_mpi::check(MPI_Ibarrier(ctx_->comm, &r), "MPI_Ibarrier", "barrier", rank());
@@ -886,9 +850,9 @@ class mpi {
                              operation, rank());
   }
 
-  void start_device_all_reduce(device_view<float> buf, reduce_op op, request* out) {
+  void start_device_all_reduce(device_view<float> buf, reduce_op op, pending* out) {
     const std::size_t n = buf.size();
-    begin({collective::all_reduce, nonblocking(out), n, static_cast<std::int64_t>(op)}, reduce_problem(op), out);
+    begin(collective::all_reduce, n, static_cast<std::int64_t>(op), reduce_problem(op), out);
     account_all_reduce(n);
     detail_mpi::completion then;
     if (direct_device_) {
@@ -914,8 +878,8 @@ class mpi {
   }
 
   template <class T>
-  void start_device_broadcast(collective c, T* data, std::size_t n, int root, request* out) {
-    begin({c, nonblocking(out), n, root}, root_problem(c, root), out);
+  void start_device_broadcast(collective c, T* data, std::size_t n, int root, pending* out) {
+    begin(c, n, root, root_problem(c, root), out);
     const std::size_t bytes = n * sizeof(T);
     account_broadcast(bytes, root);
     const MPI_Datatype type = c == collective::broadcast_fp32 ? MPI_FLOAT : MPI_BYTE;
@@ -936,13 +900,12 @@ class mpi {
   }
 
   void start_device_exchange(collective c, device_view<const std::byte> send, device_view<std::byte> recv,
-                             request* out) {
-    begin({c, nonblocking(out), send.size(), 0},
-          exchange_problem(c, send.data(), send.size(), recv.data(), recv.size()), out);
+                             pending* out) {
+    begin(c, send.size(), 0, exchange_problem(c, send.data(), send.size(), recv.data(), recv.size()), out);
     const std::size_t block =
         c == collective::all_to_all ? send.size() / static_cast<std::size_t>(size()) : send.size();
     account_exchange(block);
-    const char* op = detail_mpi::name(c);
+    const char* op = detail::name(c);
     detail_mpi::completion then;
     if (direct_device_) {
       post_exchange(c, send.data(), recv.data(), block, out);

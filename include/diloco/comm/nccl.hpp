@@ -17,8 +17,10 @@
 #include <utility>
 #include <vector>
 
+#include "diloco/comm/detail/agreement.hpp"
 #include "diloco/comm/detail/nccl_status.hpp"
 #include "diloco/comm/detail/nccl_unique_id.hpp"
+#include "diloco/comm/detail/request.hpp"
 #include "diloco/core/comm_types.hpp"
 #include "diloco/core/concepts.hpp"
 #include "diloco/core/error.hpp"
@@ -56,24 +58,11 @@ struct nccl_options {
   bool check_agreement = true;
 };
 
+class nccl;
+
 namespace detail_nccl {
 
 using clock = std::chrono::steady_clock;
-
-// Operation codes the agreement check compares.
-enum class op_code : std::uint64_t { all_reduce = 1, broadcast_float, broadcast_bytes, all_to_all, all_gather, barrier };
-
-inline const char* op_name(std::uint64_t code) {
-  switch (static_cast<op_code>(code)) {
-    case op_code::all_reduce: return "all_reduce";
-    case op_code::broadcast_float: return "broadcast (float)";
-    case op_code::broadcast_bytes: return "broadcast (bytes)";
-    case op_code::all_to_all: return "all_to_all";
-    case op_code::all_gather: return "all_gather";
-    case op_code::barrier: return "barrier";
-  }
-  return "an unknown operation";
-}
 
 // Spins briefly (short collectives finish in microseconds), then sleeps so a
 // long wait does not burn a core.
@@ -104,9 +93,9 @@ struct shared_state {
   bool check_agreement = true;
   std::string aborted_because;  // empty while usable
 
-  // Agreement check: this rank's triple then everyone's (pinned host and
-  // device), and one float the barrier all-reduces.
-  std::uint64_t* host_scratch = nullptr;
+  // Agreement check: this rank's call record then everyone's (pinned host
+  // and device), and one float the barrier all-reduces.
+  comm::detail::call_record* host_scratch = nullptr;
   void* device_scratch = nullptr;
 
   std::mutex events_mutex;
@@ -313,6 +302,64 @@ struct mpi_bootstrap {
                 "diloco::comm::nccl::from_mpi needs #include <diloco/comm/nccl_mpi.hpp> (and the diloco::mpi target)");
 };
 
+// Returns an event to the pool however the wait on it ends.
+struct event_lease {
+  shared_state& state;
+  cudaEvent_t event;
+  ~event_lease() { state.release_event(event); }
+};
+
+// An operation in flight, as its request holds it (comm/detail/request.hpp):
+// a CUDA event recorded on the stream after it.
+struct pending_op {
+  using issuer = comm::nccl;
+
+  std::shared_ptr<shared_state> state;
+  cudaEvent_t event = nullptr;
+  clock::time_point issued{};
+  const char* op = "";
+
+  pending_op() = default;
+  pending_op(std::shared_ptr<shared_state> s, cudaEvent_t e, clock::time_point at, const char* name)
+      : state(std::move(s)), event(e), issued(at), op(name) {}
+  pending_op(pending_op&& other) noexcept
+      : state(std::move(other.state)), event(std::exchange(other.event, nullptr)), issued(other.issued),
+        op(other.op) {}
+  pending_op& operator=(pending_op&& other) noexcept {
+    state = std::move(other.state);
+    event = std::exchange(other.event, nullptr);
+    issued = other.issued;
+    op = other.op;
+    return *this;
+  }
+
+  bool active() const { return state != nullptr; }
+
+  void wait() {
+    const auto s = std::move(state);
+    const event_lease lease{*s, std::exchange(event, nullptr)};
+    device_guard guard(s->device, s->rank);
+    s->wait(lease.event, issued, op);
+  }
+
+  bool test() {
+    bool done = false;
+    try {
+      device_guard guard(state->device, state->rank);
+      done = state->poll(event, issued, op);
+    } catch (...) {
+      const auto s = std::move(state);
+      const event_lease lease{*s, std::exchange(event, nullptr)};
+      throw;
+    }
+    if (done) {
+      state->release_event(std::exchange(event, nullptr));
+      state.reset();
+    }
+    return done;
+  }
+};
+
 }  // namespace detail_nccl
 
 /// NCCL communicator: one rank per CUDA device, every operation over device
@@ -328,98 +375,18 @@ struct mpi_bootstrap {
 /// thread at a time uses a communicator and its requests.
 class nccl {
   using shared_state = detail_nccl::shared_state;
+  using collective = detail::collective;
   using clock = detail_nccl::clock;
 
  public:
   using options = nccl_options;  ///< device, stream, timeouts, agreement check (nccl_options)
 
-  /// The handle of an operation in flight: a CUDA event recorded on the
-  /// stream after it. wait() polls the event and NCCL's asynchronous error
-  /// state until the operation completes, fails, or times out; test() looks
-  /// once. Buffers must stay alive and untouched until then. A request
-  /// destroyed unwaited waits in its destructor (dropping any error: call
-  /// wait() to see it).
-  class request {
-   public:
-    request() = default;
-    ///@{
-    /// Moving hands the operation over; assigning to a request first waits for the one it holds.
-    request(request&& other) noexcept
-        : state_(std::move(other.state_)),
-          event_(std::exchange(other.event_, nullptr)),
-          issued_(other.issued_),
-          op_(other.op_) {}
-    request& operator=(request&& other) noexcept {
-      if (this != &other) {
-        drain();
-        state_ = std::move(other.state_);
-        event_ = std::exchange(other.event_, nullptr);
-        issued_ = other.issued_;
-        op_ = other.op_;
-      }
-      return *this;
-    }
-    ///@}
-    request(const request&) = delete;
-    request& operator=(const request&) = delete;
-    ~request() { drain(); }
-
-    /// False for a default-constructed or moved-from request.
-    bool valid() const { return state_ != nullptr; }
-
-    /// Blocks until the operation has completed; throws comm_error (and aborts the communicator)
-    /// on a failure or when options.timeout passes.
-    void wait() {
-      if (!state_) return;
-      const auto state = std::move(state_);
-      const event_lease lease{*state, std::exchange(event_, nullptr)};
-      detail_nccl::device_guard guard(state->device, state->rank);
-      state->wait(lease.event, issued_, op_);
-    }
-
-    /// True once the operation has completed; throws as wait() does when it failed.
-    bool test() {
-      if (!state_) return true;
-      bool done = false;
-      try {
-        detail_nccl::device_guard guard(state_->device, state_->rank);
-        done = state_->poll(event_, issued_, op_);
-      } catch (...) {
-        const auto state = std::move(state_);
-        const event_lease lease{*state, std::exchange(event_, nullptr)};
-        throw;
-      }
-      if (done) {
-        state_->release_event(std::exchange(event_, nullptr));
-        state_.reset();
-      }
-      return done;
-    }
-
-   private:
-    friend class nccl;
-    request(std::shared_ptr<shared_state> s, cudaEvent_t e, clock::time_point issued, const char* op)
-        : state_(std::move(s)), event_(e), issued_(issued), op_(op) {}
-
-    /// Returns the event to the pool however the wait ends.
-    struct event_lease {
-      shared_state& state;
-      cudaEvent_t event;
-      ~event_lease() { state.release_event(event); }
-    };
-
-    void drain() noexcept {
-      try {
-        wait();
-      } catch (...) {
-      }
-    }
-
-    std::shared_ptr<shared_state> state_;
-    cudaEvent_t event_ = nullptr;
-    clock::time_point issued_{};
-    const char* op_ = "";
-  };
+  /// The handle of an operation in flight (detail::basic_request): a CUDA
+  /// event recorded on the stream after it. wait() polls the event and
+  /// NCCL's asynchronous error state until the operation completes, fails,
+  /// or times out (then it throws comm_error and aborts the communicator);
+  /// test() looks once. Buffers must stay alive and untouched until then.
+  using request = detail::basic_request<detail_nccl::pending_op>;
 
   /// Throws config_error for a rank outside [0, size), a size below 1, a
   /// device below -1 or a timeout that is not positive.
@@ -484,11 +451,12 @@ class nccl {
                               rank);
       s.owns_stream = true;
     }
-    const std::size_t triples = 3 * (static_cast<std::size_t>(size) + 1);
+    const std::size_t records = static_cast<std::size_t>(size) + 1;
     void* host_scratch = nullptr;
-    detail_nccl::check_cuda(cudaMallocHost(&host_scratch, triples * sizeof(std::uint64_t)), "cudaMallocHost", rank);
-    s.host_scratch = static_cast<std::uint64_t*>(host_scratch);
-    const std::size_t scratch_bytes = triples * sizeof(std::uint64_t) + sizeof(float);
+    detail_nccl::check_cuda(cudaMallocHost(&host_scratch, records * sizeof(detail::call_record)), "cudaMallocHost",
+                            rank);
+    s.host_scratch = static_cast<detail::call_record*>(host_scratch);
+    const std::size_t scratch_bytes = records * sizeof(detail::call_record) + sizeof(float);
     detail_nccl::check_cuda(cudaMalloc(&s.device_scratch, scratch_bytes), "cudaMalloc", rank);
     detail_nccl::check_cuda(cudaMemsetAsync(s.device_scratch, 0, scratch_bytes, s.stream), "cudaMemsetAsync", rank);
 
@@ -602,9 +570,8 @@ class nccl {
   /// operations issued before (the check reads its result on the host).
   request iall_reduce(device_view<float> buf, reduce_op op) {
     check_memory(buf.data(), buf.size() * sizeof(float), "all_reduce", "the buffer");
-    if (op != reduce_op::sum && op != reduce_op::mean)
-      diloco::detail::raise<config_error>("nccl all_reduce: unknown reduce_op ", static_cast<int>(op));
-    auto req = launch(detail_nccl::op_code::all_reduce, "all_reduce", buf.size(), static_cast<std::uint64_t>(op),
+    raise_if(detail::reduce_problem(site(), op));
+    auto req = launch(collective::all_reduce, buf.size(), static_cast<std::int64_t>(op),
                       [&](shared_state& s, clock::time_point issued) {
                         if (buf.empty()) return;
                         s.settle(ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32,
@@ -616,19 +583,15 @@ class nccl {
   }
   request ibroadcast(device_view<float> buf, int root) {
     return broadcast_bytes(buf.data(), buf.size() * sizeof(float), buf.size(), ncclFloat32, root,
-                           detail_nccl::op_code::broadcast_float);
+                           collective::broadcast_fp32);
   }
   request ibroadcast(device_view<std::byte> buf, int root) {
-    return broadcast_bytes(buf.data(), buf.size(), buf.size(), ncclUint8, root, detail_nccl::op_code::broadcast_bytes);
+    return broadcast_bytes(buf.data(), buf.size(), buf.size(), ncclUint8, root, collective::broadcast_bytes);
   }
   request iall_to_all(device_view<const std::byte> send, device_view<std::byte> recv) {
-    const auto m = static_cast<std::size_t>(size());
-    if (send.size() % m != 0)
-      diloco::detail::raise<config_error>("nccl all_to_all: send has ", send.size(),
-                                          " bytes, not a multiple of the world size ", m);
-    check_exchange("all_to_all", send, recv, send.size());
-    const std::size_t block = send.size() / m;
-    auto req = launch(detail_nccl::op_code::all_to_all, "all_to_all", send.size(), 0,
+    check_exchange(collective::all_to_all, send, recv);
+    const std::size_t block = send.size() / static_cast<std::size_t>(size());
+    auto req = launch(collective::all_to_all, send.size(), 0,
                       [&](shared_state& s, clock::time_point issued) {
                         if (block == 0) return;
                         const std::size_t me = static_cast<std::size_t>(s.rank) * block;
@@ -661,8 +624,8 @@ class nccl {
     return req;
   }
   request iall_gather(device_view<const std::byte> send, device_view<std::byte> recv) {
-    check_exchange("all_gather", send, recv, send.size() * static_cast<std::size_t>(size()));
-    auto req = launch(detail_nccl::op_code::all_gather, "all_gather", send.size(), 0,
+    check_exchange(collective::all_gather, send, recv);
+    auto req = launch(collective::all_gather, send.size(), 0,
                       [&](shared_state& s, clock::time_point issued) {
                         if (send.empty()) return;
                         s.settle(ncclAllGather(send.data(), recv.data(), send.size(), ncclUint8, s.comm, s.stream),
@@ -675,7 +638,7 @@ class nccl {
   /// Completes once every rank has reached it and the operations issued
   /// before it on this rank are done.
   request ibarrier() {
-    return launch(detail_nccl::op_code::barrier, "barrier", 1, 0, [](shared_state& s, clock::time_point issued) {
+    return launch(collective::barrier, 0, 0, [](shared_state& s, clock::time_point issued) {
       float* token = barrier_token(s);
       s.settle(ncclAllReduce(token, token, 1, ncclFloat32, ncclSum, s.comm, s.stream), "ncclAllReduce", "barrier",
                issued);
@@ -689,8 +652,8 @@ class nccl {
   }
 
   static float* barrier_token(shared_state& s) {
-    const std::size_t triples = 3 * (static_cast<std::size_t>(s.size) + 1);
-    return reinterpret_cast<float*>(static_cast<std::uint64_t*>(s.device_scratch) + triples);
+    const std::size_t records = static_cast<std::size_t>(s.size) + 1;
+    return reinterpret_cast<float*>(static_cast<detail::call_record*>(s.device_scratch) + records);
   }
 
   /// Checks, on this rank alone, that `bytes` at p are device memory of this
@@ -717,26 +680,26 @@ class nccl {
                           ", this communicator on device ", s.device);
   }
 
-  void check_exchange(const char* op, device_view<const std::byte> send, device_view<std::byte> recv,
-                      std::size_t want_recv) const {
-    const auto m = static_cast<std::size_t>(size());
-    if (recv.size() != want_recv)
-      diloco::detail::raise<config_error>("nccl ", op, ": recv has ", recv.size(), " bytes, expected ", want_recv,
-                                          " for ", send.size(), " bytes sent by each of ", m, " ranks");
-    const std::byte* s0 = send.data();
-    const std::byte* r0 = recv.data();
-    if (!send.empty() && !recv.empty() && s0 < r0 + recv.size() && r0 < s0 + send.size())
-      diloco::detail::raise<config_error>("nccl ", op, ": send and recv buffers overlap");
-    check_memory(send.data(), send.size(), op, "send");
-    check_memory(recv.data(), recv.size(), op, "recv");
+  /// The local checks shared by every communicator (comm/detail/arguments.hpp),
+  /// raised at once: the ranks' records travel on the device, behind the
+  /// operations issued before, so a rank does not enter the check with them.
+  detail::call_site site() const { return {"nccl", "world", rank()}; }
+
+  static void raise_if(const std::string& problem) {
+    if (!problem.empty()) diloco::detail::raise<config_error>(problem);
+  }
+
+  void check_exchange(collective c, device_view<const std::byte> send, device_view<std::byte> recv) const {
+    raise_if(detail::exchange_problem(site(), c, send.data(), send.size(), recv.data(), recv.size(), size()));
+    check_memory(send.data(), send.size(), detail::name(c), "send");
+    check_memory(recv.data(), recv.size(), detail::name(c), "recv");
   }
 
   request broadcast_bytes(void* data, std::size_t bytes, std::size_t count, ncclDataType_t type, int root,
-                          detail_nccl::op_code code) {
-    if (root < 0 || root >= size())
-      diloco::detail::raise<config_error>("nccl broadcast: root ", root, " is not a rank of a world of ", size());
+                          collective c) {
+    raise_if(detail::root_problem(site(), c, root, size()));
     check_memory(data, bytes, "broadcast", "the buffer");
-    auto req = launch(code, "broadcast", bytes, static_cast<std::uint64_t>(root),
+    auto req = launch(c, count, root,
                       [&](shared_state& s, clock::time_point issued) {
                         if (count == 0) return;
                         s.settle(ncclBroadcast(data, data, count, type, root, s.comm, s.stream), "ncclBroadcast",
@@ -751,51 +714,37 @@ class nccl {
   /// Agreement check, then the operation's NCCL calls, then the event the
   /// request waits on.
   template <class Issue>
-  request launch(detail_nccl::op_code code, const char* op, std::uint64_t count, std::uint64_t arg, Issue&& issue) {
+  request launch(collective c, std::uint64_t count, std::int64_t arg, Issue&& issue) {
+    const char* op = detail::name(c);
     shared_state& s = state();
     s.require_usable(op);
     detail_nccl::device_guard guard(s.device, s.rank);
     const auto issued = clock::now();
-    agree(s, code, count, arg, op, issued);
+    if (s.check_agreement && s.size > 1)
+      detail::agree(site(), detail::record_of(c, count, arg), {},
+                    [&](const detail::call_record& mine) { return exchange_records(s, mine, op, issued); });
     issue(s, issued);
-    return request(state_, s.record(op), issued, op);
+    return request(detail_nccl::pending_op(state_, s.record(op), issued, op));
   }
 
-  /// Every rank contributes (operation, count, arg); every rank receives all
-  /// of them and runs the same comparison, so all reach the same verdict and
-  /// none is left inside a mismatched collective.
-  static void agree(shared_state& s, detail_nccl::op_code code, std::uint64_t count, std::uint64_t arg,
-                    const char* op, clock::time_point issued) {
-    using diloco::detail::raise;
-    if (!s.check_agreement || s.size == 1) return;
-    std::uint64_t* mine = s.host_scratch;
-    mine[0] = static_cast<std::uint64_t>(code);
-    mine[1] = count;
-    mine[2] = arg;
-    auto* dev = static_cast<std::uint64_t*>(s.device_scratch);
-    const std::size_t all_bytes = 3 * sizeof(std::uint64_t) * static_cast<std::size_t>(s.size);
-    s.check_cuda_call(cudaMemcpyAsync(dev, mine, 3 * sizeof(std::uint64_t), cudaMemcpyHostToDevice, s.stream),
-                      "cudaMemcpyAsync", op);
-    s.settle(ncclAllGather(dev, dev + 3, 3, ncclUint64, s.comm, s.stream), "ncclAllGather (agreement check)", op,
+  /// The records' exchange for the shared agreement check
+  /// (comm/detail/agreement.hpp): one ncclAllGather on the stream, read
+  /// back on the host.
+  static std::span<const detail::call_record> exchange_records(shared_state& s, const detail::call_record& record,
+                                                               const char* op, clock::time_point issued) {
+    constexpr std::size_t bytes = sizeof(detail::call_record);
+    detail::call_record* mine = s.host_scratch;
+    *mine = record;
+    auto* dev = static_cast<detail::call_record*>(s.device_scratch);
+    const std::size_t all_bytes = bytes * static_cast<std::size_t>(s.size);
+    s.check_cuda_call(cudaMemcpyAsync(dev, mine, bytes, cudaMemcpyHostToDevice, s.stream), "cudaMemcpyAsync", op);
+    s.settle(ncclAllGather(dev, dev + 1, bytes, ncclUint8, s.comm, s.stream), "ncclAllGather (agreement check)", op,
              issued);
-    s.check_cuda_call(cudaMemcpyAsync(mine + 3, dev + 3, all_bytes, cudaMemcpyDeviceToHost, s.stream),
+    s.check_cuda_call(cudaMemcpyAsync(mine + 1, dev + 1, all_bytes, cudaMemcpyDeviceToHost, s.stream),
                       "cudaMemcpyAsync", op);
-    const request::event_lease lease{s, s.record(op)};
+    const detail_nccl::event_lease lease{s, s.record(op)};
     s.wait(lease.event, issued, op);
-    const std::uint64_t* all = mine + 3;
-    for (int k = 0; k < s.size; ++k) {
-      const std::uint64_t* theirs = all + 3 * static_cast<std::size_t>(k);
-      if (theirs[0] != mine[0])
-        raise<comm_error>("nccl ", op, " on rank ", s.rank, ": rank ", k, " entered ", detail_nccl::op_name(theirs[0]),
-                          " instead; every rank must call the same operation in the same order");
-      if (theirs[1] != mine[1])
-        raise<comm_error>("nccl ", op, " on rank ", s.rank, ": buffer sizes differ across ranks (rank ", k, " has ",
-                          theirs[1], ", rank ", s.rank, " has ", mine[1], ")");
-      if (theirs[2] != mine[2])
-        raise<comm_error>("nccl ", op, " on rank ", s.rank, ": ranks disagree on the ",
-                          code == detail_nccl::op_code::all_reduce ? "reduction" : "root", " (rank ", k, " passed ",
-                          theirs[2], ", rank ", s.rank, " passed ", mine[2], ")");
-    }
+    return {mine + 1, static_cast<std::size_t>(s.size)};
   }
 
   std::shared_ptr<shared_state> state_;

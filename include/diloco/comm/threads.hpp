@@ -20,25 +20,25 @@
 #include "diloco/core/concepts.hpp"
 #include "diloco/core/error.hpp"
 #include "diloco/core/timeout.hpp"
+#include "diloco/comm/detail/agreement.hpp"
 #include "diloco/comm/detail/async.hpp"
 
 namespace diloco::comm {
 
 namespace detail_threads {
 
-// What one rank announced for the collective it entered.
+// Where one rank's buffers for the collective it entered are (its call
+// itself is its record in group::calls).
 struct slot {
-  const char* op = nullptr;  // operation name, for messages and agreement checks
   const void* send = nullptr;
-  void* data = nullptr;   // the buffer written (in place for all_reduce/broadcast)
-  std::size_t count = 0;  // elements (bytes for byte operations)
-  int arg = 0;            // reduce_op or root
+  void* data = nullptr;           // the buffer written (in place for all_reduce/broadcast)
   const char* problem = nullptr;  // what is wrong with this rank's arguments, if anything
 };
 
 // State shared by the ranks of one world.
 struct group {
-  explicit group(int n, std::chrono::milliseconds t) : size(n), timeout(t), slots(n), arrived(n), departed(n) {}
+  explicit group(int n, std::chrono::milliseconds t)
+      : size(n), timeout(t), slots(n), calls(n), arrived(n), departed(n) {}
 
   const int size;
   const std::chrono::milliseconds timeout;
@@ -47,6 +47,7 @@ struct group {
   std::uint64_t generation = 0;
   int arrived_count = 0;
   std::vector<slot> slots;
+  std::vector<comm::detail::call_record> calls;  // what each rank entered, for the agreement check
   std::vector<char> arrived;   // who reached the current barrier
   std::vector<char> departed;  // whose worker function has returned
   bool broken = false;
@@ -386,8 +387,9 @@ class threads {
   /// all of them, so the bits never depend on thread timing.
   void all_reduce(std::span<float> buf, reduce_op op) {
     require_member("all_reduce");
-    account_all_reduce(buf.size());
-    blocking([&] { do_all_reduce(buf, op); });
+    const std::string problem = detail::reduce_problem(site(), op);
+    if (problem.empty()) account_all_reduce(buf.size());
+    blocking([&] { do_all_reduce(buf, op, problem); });
   }
   ///@{
   /// Copies root's buffer into every rank's buffer.
@@ -408,14 +410,14 @@ class threads {
   /// `rank` of every rank's send, in rank order.
   void all_to_all(std::span<const std::byte> send, std::span<std::byte> recv) {
     require_member("all_to_all");
-    const std::string problem = exchange_problem("all_to_all", send, recv, send.size());
+    const std::string problem = exchange_problem(detail::collective::all_to_all, send, recv);
     if (problem.empty()) account_exchange(send.size() / static_cast<std::size_t>(size()));
     blocking([&] { do_all_to_all(send, recv, problem); });
   }
   /// recv receives every rank's send, in rank order (M blocks).
   void all_gather(std::span<const std::byte> send, std::span<std::byte> recv) {
     require_member("all_gather");
-    const std::string problem = exchange_problem("all_gather", send, recv, send.size() * static_cast<std::size_t>(size()));
+    const std::string problem = exchange_problem(detail::collective::all_gather, send, recv);
     if (problem.empty()) account_exchange(send.size());
     blocking([&] { do_all_gather(send, recv, problem); });
   }
@@ -431,8 +433,9 @@ class threads {
   /// in issue order. Buffers must stay untouched until wait() returns.
   request iall_reduce(std::span<float> buf, reduce_op op) {
     require_member("iall_reduce");
-    account_all_reduce(buf.size());
-    return queue_.submit([this, buf, op] { do_all_reduce(buf, op); });
+    std::string problem = detail::reduce_problem(site(), op);
+    if (problem.empty()) account_all_reduce(buf.size());
+    return queue_.submit([this, buf, op, problem = std::move(problem)] { do_all_reduce(buf, op, problem); });
   }
   request ibroadcast(std::span<float> buf, int root) {
     require_member("ibroadcast");
@@ -452,13 +455,13 @@ class threads {
   }
   request iall_to_all(std::span<const std::byte> send, std::span<std::byte> recv) {
     require_member("iall_to_all");
-    std::string problem = exchange_problem("all_to_all", send, recv, send.size());
+    std::string problem = exchange_problem(detail::collective::all_to_all, send, recv);
     if (problem.empty()) account_exchange(send.size() / static_cast<std::size_t>(size()));
     return queue_.submit([this, send, recv, problem = std::move(problem)] { do_all_to_all(send, recv, problem); });
   }
   request iall_gather(std::span<const std::byte> send, std::span<std::byte> recv) {
     require_member("iall_gather");
-    std::string problem = exchange_problem("all_gather", send, recv, send.size() * static_cast<std::size_t>(size()));
+    std::string problem = exchange_problem(detail::collective::all_gather, send, recv);
     if (problem.empty()) account_exchange(send.size());
     return queue_.submit([this, send, recv, problem = std::move(problem)] { do_all_gather(send, recv, problem); });
   }
@@ -498,8 +501,8 @@ class threads {
     auto g = group_;
     {
       std::lock_guard lock(g->mutex);
-      g->slots[static_cast<std::size_t>(rank_)] =
-          detail_threads::slot{"membership_check", nullptr, nullptr, 0, leave ? 1 : 0, nullptr};
+      g->calls[static_cast<std::size_t>(rank_)] =
+          detail::record_of(detail::collective::membership_check, 0, leave ? 1 : 0);
     }
     g->arrive_and_wait(rank_, "membership_check", [&] {
       // The last to arrive decides for all, under the group's lock.
@@ -507,13 +510,14 @@ class threads {
       g->next_rank.assign(static_cast<std::size_t>(g->size), -1);
       g->check_problem.clear();
       for (int k = 0; k < g->size; ++k)
-        if (std::strcmp(g->slots[static_cast<std::size_t>(k)].op, "membership_check") != 0)
-          g->check_problem = diloco::detail::concat("rank ", k, " entered ", g->slots[static_cast<std::size_t>(k)].op,
+        if (const auto op = static_cast<detail::collective>(g->calls[static_cast<std::size_t>(k)].op);
+            op != detail::collective::membership_check)
+          g->check_problem = diloco::detail::concat("rank ", k, " entered ", detail::name(op),
                                                     " instead of the membership check");
       if (!g->check_problem.empty()) return;
       int next_size = 0;
       for (int k = 0; k < g->size; ++k)
-        if (!g->slots[static_cast<std::size_t>(k)].arg) g->next_rank[static_cast<std::size_t>(k)] = next_size++;
+        if (!g->calls[static_cast<std::size_t>(k)].arg) g->next_rank[static_cast<std::size_t>(k)] = next_size++;
       std::vector<detail_threads::member*> admitted;
       {
         std::lock_guard roster_lock(roster_->mutex);
@@ -556,29 +560,19 @@ class threads {
     queue_.run_in_order(std::forward<F>(f));
   }
 
-  /// Local argument checks. They do not throw here: the rank still enters the
-  /// collective with its problem, so every rank learns of it at once (this
-  /// rank gets a config_error, the others a comm_error naming it) instead of
-  /// waiting for a rank that left.
+  /// Local argument checks (comm/detail/arguments.hpp). They do not throw
+  /// here: the rank still enters the collective with its problem, so every
+  /// rank learns of it at once (this rank gets a config_error, the others a
+  /// comm_error naming it) instead of waiting for a rank that left.
+  detail::call_site site() const { return {"threads", "world", rank_}; }
+
   std::string root_problem(int root) const {
-    if (root >= 0 && root < size()) return {};
-    return diloco::detail::concat("diloco: threads broadcast: root ", root, " is not a rank of a world of ", size());
+    return detail::root_problem(site(), detail::collective::broadcast, root, size());
   }
 
-  std::string exchange_problem(const char* op, std::span<const std::byte> send, std::span<std::byte> recv,
-                               std::size_t want_recv) const {
-    const auto m = static_cast<std::size_t>(size());
-    if (std::strcmp(op, "all_to_all") == 0 && send.size() % m != 0)
-      return diloco::detail::concat("diloco: threads all_to_all: send has ", send.size(),
-                                    " bytes, not a multiple of the world size ", m);
-    if (recv.size() != want_recv)
-      return diloco::detail::concat("diloco: threads ", op, ": recv has ", recv.size(), " bytes, expected ", want_recv,
-                                    " for ", send.size(), " bytes sent by each of ", m, " ranks");
-    const auto* s0 = send.data();
-    const auto* r0 = recv.data();
-    if (!send.empty() && !recv.empty() && s0 < r0 + recv.size() && r0 < s0 + send.size())
-      return diloco::detail::concat("diloco: threads ", op, ": send and recv buffers overlap");
-    return {};
+  std::string exchange_problem(detail::collective c, std::span<const std::byte> send,
+                               std::span<std::byte> recv) const {
+    return detail::exchange_problem(site(), c, send.data(), send.size(), recv.data(), recv.size(), size());
   }
 
   /// The traffic models shared by every communicator (core/comm_types.hpp).
@@ -586,8 +580,8 @@ class threads {
   void account_broadcast(std::size_t bytes, int root) { traffic_.add_broadcast(bytes, rank(), root, size()); }
   void account_exchange(std::size_t block) { traffic_.add_exchange(block, size()); }
 
-  void do_all_reduce(std::span<float> buf, reduce_op op) {
-    enter("all_reduce", nullptr, buf.data(), buf.size(), static_cast<int>(op));
+  void do_all_reduce(std::span<float> buf, reduce_op op, const std::string& problem) {
+    enter(detail::collective::all_reduce, nullptr, buf.data(), buf.size(), static_cast<int>(op), problem);
     const int m = size();
     const std::size_t n = buf.size();
     const std::size_t lo = n * static_cast<std::size_t>(rank_) / static_cast<std::size_t>(m);
@@ -617,14 +611,14 @@ class threads {
   }
 
   void do_broadcast(void* data, std::size_t bytes, int root, const std::string& problem) {
-    enter("broadcast", nullptr, data, bytes, root, problem);
+    enter(detail::collective::broadcast, nullptr, data, bytes, root, problem);
     if (rank_ != root && bytes != 0)
       std::memcpy(data, group_->slots[static_cast<std::size_t>(root)].data, bytes);
     group_->arrive_and_wait(rank_, "broadcast");
   }
 
   void do_all_to_all(std::span<const std::byte> send, std::span<std::byte> recv, const std::string& problem) {
-    enter("all_to_all", send.data(), recv.data(), send.size(), 0, problem);
+    enter(detail::collective::all_to_all, send.data(), recv.data(), send.size(), 0, problem);
     const std::size_t block = send.size() / static_cast<std::size_t>(size());
     for (int k = 0; k < size(); ++k) {
       const auto* src = static_cast<const std::byte*>(group_->slots[static_cast<std::size_t>(k)].send);
@@ -634,7 +628,7 @@ class threads {
   }
 
   void do_all_gather(std::span<const std::byte> send, std::span<std::byte> recv, const std::string& problem) {
-    enter("all_gather", send.data(), recv.data(), send.size(), 0, problem);
+    enter(detail::collective::all_gather, send.data(), recv.data(), send.size(), 0, problem);
     const std::size_t block = send.size();
     for (int k = 0; k < size(); ++k) {
       const auto* src = static_cast<const std::byte*>(group_->slots[static_cast<std::size_t>(k)].send);
@@ -643,49 +637,31 @@ class threads {
     group_->arrive_and_wait(rank_, "all_gather");
   }
 
-  /// Publishes this rank's arguments, waits for the others, and checks that
-  /// all ranks entered the same operation with the same sizes and valid
-  /// arguments. Every rank judges the same published slots, so all reach the
-  /// same verdict; on a bad one they meet once more (so no slot is reused
-  /// while another rank still reads it) and all throw.
-  void enter(const char* op, const void* send, void* data, std::size_t count, int arg,
-             const std::string& problem = {}) {
+  /// Publishes this rank's call and buffers, waits for the others, and runs
+  /// the shared agreement check (comm/detail/agreement.hpp) on the published
+  /// records. On a bad verdict the ranks meet once more (so no record is
+  /// overwritten while another rank still reads it) and all throw.
+  void enter(detail::collective op, const void* send, void* data, std::size_t count, int arg,
+             const std::string& problem) {
     auto& g = *group_;
-    {
-      std::lock_guard lock(g.mutex);
-      g.slots[static_cast<std::size_t>(rank_)] =
-          detail_threads::slot{op, send, data, count, arg, problem.empty() ? nullptr : problem.c_str()};
-    }
-    g.arrive_and_wait(rank_, op);
-    const std::string verdict = judge(op);
-    if (verdict.empty()) return;
-    g.arrive_and_wait(rank_, op);
-    if (!problem.empty()) throw config_error(problem);
-    throw comm_error(verdict);
-  }
-
-  std::string judge(const char* op) const {
-    const auto& g = *group_;
-    const auto& mine = g.slots[static_cast<std::size_t>(rank_)];
-    for (int k = 0; k < g.size; ++k)
-      if (const char* p = g.slots[static_cast<std::size_t>(k)].problem)
-        return diloco::detail::concat("diloco: threads ", op, " on rank ", rank_, ": rank ", k,
-                                      " passed invalid arguments (", p, ")");
-    for (int k = 0; k < g.size; ++k) {
-      const auto& s = g.slots[static_cast<std::size_t>(k)];
-      if (std::strcmp(s.op, op) != 0)
-        return diloco::detail::concat("diloco: threads ", op, " on rank ", rank_, ": rank ", k, " entered ", s.op,
-                                      " instead; every rank must call the same collective in the same order");
-      if (s.count != mine.count)
-        return diloco::detail::concat("diloco: threads ", op, " on rank ", rank_,
-                                      ": buffer sizes differ across ranks (rank ", k, " has ", s.count, ", rank ",
-                                      rank_, " has ", mine.count, ")");
-      if (s.arg != mine.arg)
-        return diloco::detail::concat("diloco: threads ", op, " on rank ", rank_, ": ranks disagree on the ",
-                                      std::strcmp(op, "broadcast") == 0 ? "root" : "reduction", " (rank ", k,
-                                      " passed ", s.arg, ", rank ", rank_, " passed ", mine.arg, ")");
-    }
-    return {};
+    const char* what = detail::name(op);
+    detail::agree(
+        site(), detail::record_of(op, count, arg), problem,
+        [&](const detail::call_record& mine) {
+          {
+            std::lock_guard lock(g.mutex);
+            g.slots[static_cast<std::size_t>(rank_)] =
+                detail_threads::slot{send, data, problem.empty() ? nullptr : problem.c_str()};
+            g.calls[static_cast<std::size_t>(rank_)] = mine;
+          }
+          g.arrive_and_wait(rank_, what);
+          return std::span<const detail::call_record>(g.calls);
+        },
+        [&] { g.arrive_and_wait(rank_, what); },
+        [&](int k) {
+          const char* p = g.slots[static_cast<std::size_t>(k)].problem;
+          return std::string_view(p ? p : "");
+        });
   }
 
   std::shared_ptr<detail_threads::group> group_;

@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "diloco/comm/detail/batch_policy.hpp"
+#include "diloco/comm/detail/request.hpp"
 #include "diloco/core/comm_types.hpp"
 
 namespace diloco::comm {
@@ -40,39 +41,19 @@ struct request_state {
 
 }  // namespace detail
 
-/// The handle of a non-blocking collective. wait() blocks until the operation
-/// has completed and rethrows its error; test() polls. The buffers passed to
-/// the operation must stay alive and untouched until then. A request that is
-/// destroyed unwaited waits in its destructor (its error is dropped there:
-/// call wait() to see it).
-class async_request {
- public:
-  async_request() = default;
-  /// A request for the operation whose completion `s` records (the communicator's progress thread
-  /// sets it).
-  explicit async_request(std::shared_ptr<detail::request_state> s) : state_(std::move(s)) {}
-  ///@{
-  /// Moving hands the operation over; assigning to a request first waits for the one it holds.
-  async_request(async_request&&) noexcept = default;
-  async_request& operator=(async_request&& other) noexcept {
-    if (this != &other) {
-      drain();
-      state_ = std::move(other.state_);
-    }
-    return *this;
-  }
-  ///@}
-  async_request(const async_request&) = delete;
-  async_request& operator=(const async_request&) = delete;
-  ~async_request() { drain(); }
+namespace detail {
 
-  /// False for a default-constructed or moved-from request.
-  bool valid() const { return state_ != nullptr; }
+class progress_queue;
 
-  /// Blocks until the operation has completed and rethrows its error; a second call returns at once.
+// A task on a progress thread, as a request holds it (request.hpp).
+struct queued_op {
+  using issuer = progress_queue;
+  std::shared_ptr<request_state> state;
+
+  bool active() const { return state != nullptr; }
+
   void wait() {
-    if (!state_) return;
-    auto s = std::move(state_);
+    auto s = std::move(state);
     std::unique_lock lock(s->mutex);
     s->cv.wait(lock, [&] { return s->done; });
     // Take the error out under the lock: the exception then belongs to the
@@ -82,27 +63,23 @@ class async_request {
     if (error) std::rethrow_exception(error);
   }
 
-  /// True once the operation has completed (then as wait(), rethrowing its error); false while it
-  /// runs.
   bool test() {
-    if (!state_) return true;
     {
-      std::lock_guard lock(state_->mutex);
-      if (!state_->done) return false;
+      std::lock_guard lock(state->mutex);
+      if (!state->done) return false;
     }
     wait();
     return true;
   }
-
- private:
-  void drain() noexcept {
-    try {
-      wait();
-    } catch (...) {
-    }
-  }
-  std::shared_ptr<detail::request_state> state_;
 };
+
+}  // namespace detail
+
+/// The handle of a non-blocking collective of comm::threads and comm::gloo
+/// (detail::basic_request): wait() blocks until the operation has completed
+/// and rethrows its error; test() polls. The buffers passed to the operation
+/// must stay alive and untouched until then.
+using async_request = detail::basic_request<detail::queued_op>;
 
 namespace detail {
 
@@ -157,7 +134,7 @@ class progress_queue {
       tasks_.push_back({std::move(task), state});
       cv_.notify_all();
     }
-    return async_request(state);
+    return async_request(queued_op{std::move(state)});
   }
 
  private:
