@@ -22,13 +22,13 @@
 
 #include "diloco/core/concepts.hpp"
 #include "diloco/core/error.hpp"
-#include "diloco/core/tensor_step.hpp"
 #include "diloco/exec/host.hpp"
 #include "diloco/kernels/tensor_passes.hpp"
 #include "diloco/tensor/argument_checks.hpp"
 #include "diloco/tensor/buffer.hpp"
 #include "diloco/tensor/parameter_set.hpp"
 #include "diloco/tensor/tensor_list.hpp"
+#include "diloco/tensor/tensor_step.hpp"
 
 namespace diloco {
 

@@ -96,7 +96,7 @@ concept optimizer_policy =
 /// a `stepper<Space>`: scratch memory and handles for one memory space
 /// (default-constructible, movable, no training state) whose
 /// step(exec, options, step, tensor_step) updates one whole tensor, with its
-/// shape (core/tensor_step.hpp). optimizer_core calls it once per tensor
+/// shape (tensor/tensor_step.hpp). optimizer_core calls it once per tensor
 /// after clipping. Its slots live in the same flat buffer as an element-wise
 /// policy's, so they are visited and checkpointed the same way.
 template <class O>

@@ -50,7 +50,6 @@
 #include "diloco/core/macros.hpp"
 #include "diloco/core/memory_space.hpp"
 #include "diloco/core/optimizer_role.hpp"
-#include "diloco/core/tensor_step.hpp"
 #include "diloco/core/validate.hpp"
 #include "diloco/inner/adamw.hpp"
 #include "diloco/kernels/adamw_update.hpp"
@@ -58,6 +57,7 @@
 #include "diloco/kernels/muon_passes.hpp"
 #include "diloco/kernels/pseudo_gradient.hpp"
 #include "diloco/tensor/buffer.hpp"
+#include "diloco/tensor/tensor_step.hpp"
 
 DILOCO_EXACT_FP_BEGIN
 

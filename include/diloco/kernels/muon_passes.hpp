@@ -35,7 +35,8 @@ struct muon_momentum {
   float momentum;                     ///< mu
   bool nesterov;                      ///< u = g + mu*b instead of b
   bool transpose;                     ///< x is the tensor's transpose
-  std::size_t rows, cols;             ///< the tensor's shape
+  std::size_t rows;                   ///< the tensor's rows
+  std::size_t cols;                   ///< the tensor's columns
 
   /// Element i of the tensor.
   DILOCO_HD DILOCO_FORCEINLINE void operator()(std::size_t i) const {
@@ -64,7 +65,8 @@ struct muon_apply {
   float decay;                   ///< 1 - lr * weight_decay
   float step;                    ///< lr * max(1, rows / cols)^(1/2)
   bool transpose;                ///< o is the tensor's transpose
-  std::size_t rows, cols;        ///< the tensor's shape
+  std::size_t rows;              ///< the tensor's rows
+  std::size_t cols;              ///< the tensor's columns
 
   /// Element i of the tensor.
   DILOCO_HD DILOCO_FORCEINLINE void operator()(std::size_t i) const {
