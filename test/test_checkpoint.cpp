@@ -767,7 +767,8 @@ void save_in_flight(int workers) {
 
 TEST_CASE_TEMPLATE("a save while a reduction is in flight changes nothing: saver and restored run end with the bits of "
                    "a run that never saved",
-                   Sync, dc::sync::blocking, dc::sync::streaming, dc::sync::one_step_delay, dc::sync::eager) {
+                   Sync, dc::sync::blocking, dc::sync::streaming, dc::sync::one_step_delay, dc::sync::eager,
+                   dc::sync::delayed) {
   namespace cp = dc::compress;
   SUBCASE("fp32 mean, 3 workers") { save_in_flight<Sync, cp::none>(3); }
   SUBCASE("blockwise int8 + error feedback, 3 workers") {

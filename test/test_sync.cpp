@@ -1240,3 +1240,86 @@ TEST_CASE("eager with one worker is blocking DiLoCo: its replica is blocking's t
     }
   }
 }
+
+// ------------------------------------------------------------ sync::delayed
+// The naive delayed step (sync/delayed.hpp), a schedule written as one
+// header against the runtime seam (sync/runtime.hpp).
+
+TEST_CASE("delayed: one scalar, two workers, the sequence worked by hand (and finish())") {
+  // Worker m minimises 1/2 (w - c_m)^2 with c = {0, 2}; inner SGD lr 1/2,
+  // H = 1; outer SGD lr 1 (theta_g -= mean). By the definition: at each phase
+  // end theta_g takes the previous round's mean, the phase's own
+  // pseudo-gradient is s - w (s: theta_g as the phase began), and the
+  // replica restarts from theta_g.
+  //   phase 1: w = {0, 1}; nothing to apply; d1 = 0 - w = {0, -1}; w <- 0
+  //   phase 2: w = {0, 1}; g = 0 - mean(d1) = 0.5;  d2 = 0 - w = {0, -1};    w <- 0.5
+  //   phase 3: w = {0.25, 1.25}; g = 0.5 + 0.5 = 1; d3 = 0.5 - w = {0.25, -0.75}; w <- 1
+  //   phase 4: w = {0.5, 1.5}; g = 1 + 0.25 = 1.25; d4 = 1 - w = {0.5, -0.5}; w <- 1.25
+  //   finish(): g = 1.25 - mean(d4) = 1.25, replica 1.25.
+  // Every value is dyadic: fp32 holds them exactly.
+  using T = dc::algorithm<dc::inner::sgd, dc::outer::sgd, dc::compress::none, dc::comm::threads, dc::sync::delayed>;
+  const std::vector<float> want_global{0.0f, 0.5f, 1.0f, 1.25f}, want_replica{0.0f, 0.5f, 1.0f, 1.25f};
+  std::vector<std::vector<float>> global(2), replica(2), trained(2);
+  dc::comm::threads::world world(2);
+  world.run([&](dc::comm::threads& comm) {
+    const auto m = static_cast<std::size_t>(comm.rank());
+    const float c = m == 0 ? 0.0f : 2.0f;
+    std::vector<float> w{0.0f};
+    T t(w, comm, {.inner_steps = 1, .inner = {.lr = 0.5f}, .outer = {.lr = 1.0f}});
+    for (int s = 0; s < 4; ++s) {
+      const std::vector<std::vector<float>> g{{w[0] - c}};
+      const bool applied = t.step(g);
+      CHECK(applied == (s > 0));
+      global[m].push_back(t.global_parameters().data()[0]);
+      replica[m].push_back(w[0]);
+    }
+    t.finish();
+    global[m].push_back(t.global_parameters().data()[0]);
+    replica[m].push_back(w[0]);
+    CHECK(t.stats().rounds == 4);
+  });
+  for (std::size_t m = 0; m < 2; ++m) {
+    CAPTURE(m);
+    CHECK(std::vector<float>(global[m].begin(), global[m].end() - 1) == want_global);
+    CHECK(std::vector<float>(replica[m].begin(), replica[m].end() - 1) == want_replica);
+    CHECK(global[m].back() == 1.25f);
+    CHECK(replica[m].back() == 1.25f);
+  }
+}
+
+TEST_CASE("delayed: four phases against the definition in double precision; one_step_delay keeps what delayed loses") {
+  const std::vector<std::size_t> sizes{2, 3};
+  const std::size_t H = 3;
+  const int steps = 4 * static_cast<int>(H);  // four phases: three applied rounds
+  vec global = flat_init(sizes);
+  const std::size_t n = global.size();
+  std::vector<vec> w(M, global);
+  std::vector<vec> c{flat_targets(0, sizes), flat_targets(1, sizes)};
+  vec start = global, mean(n, 0.0);
+  nesterov_ref outer;
+  bool in_flight = false;
+  std::vector<vec> ref_global;
+  std::vector<std::vector<vec>> ref_local(M);
+  for (int t = 1; t <= steps; ++t) {
+    for (int m = 0; m < M; ++m) inner_step(w[static_cast<std::size_t>(m)], c[static_cast<std::size_t>(m)]);
+    if (t % static_cast<int>(H) == 0) {
+      // The phase's pseudo-gradients, from theta_g as the phase began.
+      vec fresh_mean(n, 0.0);
+      for (int m = 0; m < M; ++m)
+        for (std::size_t i = 0; i < n; ++i) fresh_mean[i] += (start[i] - w[static_cast<std::size_t>(m)][i]) / M;
+      if (in_flight) outer.step(global, mean, 0, n);  // the previous round's mean
+      for (int m = 0; m < M; ++m) w[static_cast<std::size_t>(m)] = global;  // restart from theta_g
+      start = global;
+      mean = fresh_mean;
+      in_flight = true;
+    }
+    ref_global.push_back(global);
+    for (int m = 0; m < M; ++m) ref_local[static_cast<std::size_t>(m)].push_back(w[static_cast<std::size_t>(m)]);
+  }
+  const auto lib = run_library<dc::sync::delayed>(sizes, steps, H, {});
+  check_against(lib, ref_global, ref_local);
+  CHECK(outer.steps == 3);
+  // one_step_delay's replica keeps its last phase (re-based), so the two differ from the second round on.
+  const auto osd = run_library<dc::sync::one_step_delay>(sizes, steps, H, {});
+  CHECK(rel_err(ref_local[0][2 * H - 1], osd[0].local[2 * H - 1]) > 1e-3);
+}

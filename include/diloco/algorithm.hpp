@@ -46,6 +46,7 @@
 #include "diloco/tensor/buffer.hpp"
 #include "diloco/sync/blocking.hpp"
 #include "diloco/sync/concepts.hpp"
+#include "diloco/sync/delayed.hpp"
 #include "diloco/sync/eager.hpp"
 #include "diloco/sync/merge.hpp"
 #include "diloco/sync/one_step_delay.hpp"

@@ -9,10 +9,11 @@
 //   reducers       one per fragment (reduce/fp32_mean.hpp for lossless
 //                  pseudo-gradients, reduce/compressed.hpp for lossy codecs),
 //                  each begin -> poll/wait -> verdict -> apply(update, merge);
-//   schedule       the Sync policy (sync/): which fragment begins and which
-//                  is applied after each inner step;
-//   merge          how the outer step reaches the replica (kernels/merge.hpp),
-//                  fused into the apply pass;
+//   schedule       the Sync policy's runtime (sync/runtime.hpp), which owns
+//                  the schedule's state and decides, after each inner step,
+//                  which fragment begins and which is applied, and with which
+//                  merge (kernels/merge.hpp, fused into the apply pass); it
+//                  drives the engine through "What a schedule drives" below;
 //   group          what depends only on the communicator and the memory
 //                  space, one layer each below this class:
 //                  engine/group.hpp (gathers, agreement, positions, events)
@@ -61,9 +62,8 @@
 #include "diloco/reduce/select.hpp"
 #include "diloco/sync/blocking.hpp"
 #include "diloco/sync/concepts.hpp"
-#include "diloco/sync/eager.hpp"
-#include "diloco/sync/one_step_delay.hpp"
-#include "diloco/sync/streaming.hpp"
+#include "diloco/sync/periodic.hpp"
+#include "diloco/sync/runtime.hpp"
 #include "diloco/tensor/buffer.hpp"
 #include "diloco/tensor/parameter_set.hpp"
 #include "diloco/tensor/tensor_list.hpp"
@@ -122,10 +122,12 @@ class engine final : public engine_membership<Comm, Space> {
 
  public:
   using reducer_type = reduce::reducer_t<Compressor, Comm, Space, executor>;  // reduce/select.hpp
+  using schedule_type = sync::runtime_t<Sync, Space, Outer>;  // sync/runtime.hpp, sync/periodic.hpp
   static constexpr bool switching = compress::switching_compressor<Compressor>;
-  static constexpr bool blocking = std::is_same_v<Sync, sync::blocking>;
+  // A delayed schedule applies round r at the end of round r+1: its
+  // reduction is in flight at every round end (leaves and joins wait for
+  // it; a joiner begins with the group).
   static constexpr bool delayed = Sync::kind == sync::schedule_kind::delayed;
-  static constexpr bool eager = std::is_same_v<Sync, sync::eager>;
   static constexpr bool device = group::device;
 
   // `agreed`: what the ranks must agree on (policies, layout, options; the
@@ -133,7 +135,10 @@ class engine final : public engine_membership<Comm, Space> {
   // travels.
   engine(parameter_set<float, Space> params, Comm& comm, const options& opts,
          std::vector<agreement_record> agreed = {})
-      : membership(comm, opts.device_stream, params.total(), opts.on_event), opts_(opts), params_(std::move(params)) {
+      : membership(comm, opts.device_stream, params.total(), opts.on_event),
+        opts_(opts),
+        sched_(opts_.sync),
+        params_(std::move(params)) {
     if (!device && opts_.device_stream != nullptr)
       raise<config_error>("device_stream is set but the parameters are host tensors; it is the CUDA stream of an "
                           "algorithm over device tensors (leave it nullptr)");
@@ -142,7 +147,7 @@ class engine final : public engine_membership<Comm, Space> {
     Sync::validate(opts_.sync, opts_.inner_steps, sizes.size());
     plan_ = Sync::plan(opts_.sync, opts_.inner_steps, sizes);
     outer_slots_ = Outer::state_slots(opts_.outer);
-    if constexpr (eager) set_eager_outer_lr();
+    sched_.on_group(*this);
     if constexpr (!Compressor::lossless) Compressor::validate(opts_.compress);
 
     // Fragments, their flat layout, and where each tensor landed.
@@ -274,21 +279,46 @@ class engine final : public engine_membership<Comm, Space> {
 
  private:
   // The schedule's decisions after an inner step.
-  bool run_schedule() {
-    if constexpr (blocking) {
-      if (steps_in_round_ < opts_.inner_steps) return false;
-      const auto rounds = stats_.rounds;
-      run_outer_round();
-      return stats_.rounds != rounds;
-    } else {
-      poll_in_flight();
-      if constexpr (delayed) {
-        if (position_ % opts_.inner_steps != 0) return false;
-        return end_of_phase();
-      } else {
-        return streaming_step();
-      }
-    }
+  bool run_schedule() { return sched_.after_step(*this); }
+
+ public:
+  // ------------------------------------------- what a schedule drives
+  // (sync/runtime.hpp): the clock, the layout, the reductions and the
+  // group's membership, for the schedule's runtime.
+  std::size_t position() const { return position_; }
+  std::size_t inner_steps() const { return opts_.inner_steps; }
+  std::uint64_t rounds() const { return stats_.rounds; }
+  const sync::fragment_plan& plan() const { return plan_; }
+  bool fragment_in_flight(std::size_t p) const { return frags_[p]->in_flight; }
+  std::size_t fragment_base(std::size_t p) const { return frags_[p]->base; }
+  std::uint64_t outer_steps(std::size_t p) const { return frags_[p]->outer_steps; }
+  float* global() { return global_.data(); }
+  float* outer_state() { return outer_state_.data(); }
+  std::size_t outer_slots() const { return outer_slots_; }
+  typename Outer::options& outer_options() { return opts_.outer; }
+  int workers() const { return world_; }
+  executor& exec() { return exec_; }
+  const tensor_list<Space>& replica() const { return model_list_; }
+  void copy_replica_to(float* flat) {
+    exec_.for_each_chunked(model_list_.chunks(), kernels::gather_tensors{model_list_.ptrs(), flat});
+  }
+  void replica_from_global() {
+    exec_.for_each_chunked(model_list_.chunks(), kernels::scatter_tensors{global_.data(), model_list_.ptrs()});
+  }
+  bool elastic() const { return elastic_; }
+  std::uint64_t recoveries() const { return recoveries_; }
+  bool membership_before_round() { return membership_check(where::before_round); }
+  void membership_after_round() { membership_check(where::after_round); }
+  void recover_in_round() { recover_after_failure(where::in_round); }
+  void recover_at_phase_end() { recover_after_failure(where::phase_end); }
+  // A warning event; `problem` makes its text (only when a hook listens).
+  template <class Problem>
+  void warn(Problem&& problem) {
+    notify([&] {
+      event e = make_event(event_kind::warning);
+      e.problem = problem();
+      return e;
+    });
   }
 
   // The whole model's round now (sync::blocking). Elastic: a check before
@@ -312,6 +342,7 @@ class engine final : public engine_membership<Comm, Space> {
     membership_check(where::after_round);
   }
 
+ private:
   void drain() {
     check_member("finish");
     for (std::size_t p = 0; p < frags_.size(); ++p) {
@@ -383,12 +414,7 @@ class engine final : public engine_membership<Comm, Space> {
       v.scalar(name + ".outer_steps", frags_[p]->outer_steps);
       if constexpr (!Compressor::lossless) frags_[p]->reducer->visit_state(v, name);
     }
-    if constexpr (delayed) v.buffer(eager ? "schedule.anchor" : "schedule.start", anchor_.data(), anchor_.size(), device);
-    if constexpr (eager) {
-      v.buffer("schedule.own", own_.data(), own_.size(), device);
-      if (outer_slots_) v.buffer("schedule.eager_slots", eager_slots_.data(), eager_slots_.size(), device);
-      v.scalar("schedule.eager_steps", eager_steps_);
-    }
+    sched_.visit_state(*this, v);
   }
 
   void visit_replica(state_visitor& v) override {
@@ -507,17 +533,8 @@ class engine final : public engine_membership<Comm, Space> {
 
   // theta_global from the replica, and the schedule's buffers from it.
   void init_global_and_schedule() {
-    copy_local_to(global_.data());
-    if constexpr (delayed) {
-      // The schedule's anchor starts at theta_global (one_step_delay: the
-      // point the phase started from; eager: that point plus `own`).
-      anchor_ = buffer<float, Space>(flat_);
-      copy_local_to(anchor_.data());
-      if constexpr (eager) {
-        own_ = buffer<float, Space>(flat_);
-        eager_slots_ = buffer<float, Space>(flat_ * outer_slots_);
-      }
-    }
+    copy_replica_to(global_.data());
+    sched_.init(*this);
   }
 
   // ------------------------------------------------- elastic membership
@@ -526,7 +543,7 @@ class engine final : public engine_membership<Comm, Space> {
   // depends on M is planned again.
   void replan() override {
     world_ = comm_.size();
-    if constexpr (eager) set_eager_outer_lr();  // eager's default lr follows M
+    sched_.on_group(*this);  // eager's default lr follows M
     rank_ = comm_.rank();
     transport_ = transport_type(world_ > 1 ? flat_ + static_cast<std::size_t>(world_) : 0);
     build_reducers();
@@ -555,27 +572,21 @@ class engine final : public engine_membership<Comm, Space> {
     }
   }
 
-  // The replica (and the schedule's buffers) restart from theta_global;
-  // the worker's outer state under sync::eager becomes the shared one.
+  // The replica (and the schedule's state) restart from theta_global.
+ public:
   void reset_replica() override {
-    exec_.for_each_chunked(model_list_.chunks(), kernels::scatter_tensors{global_.data(), model_list_.ptrs()});
-    reset_schedule_buffers();
+    replica_from_global();
+    sched_.reset(*this);
   }
-  void reset_schedule_buffers() {
-    if constexpr (delayed) {
-      exec_.for_each(flat_, kernels::copy{global_.data(), anchor_.data()});
-      if constexpr (eager) {
-        exec_.for_each(flat_, kernels::fill{own_.data(), 0.0f});
-        rejoin_eager_state();
-      }
-    }
-  }
+
+ private:
 
   // Drops every reduction in flight: nothing was applied, theta_global and
   // the outer state are as they were, the residuals were not committed,
   // and the local progress stays in the replica (its pseudo-gradient from
-  // theta_global includes it next time). sync::eager's replica was stepped
-  // with the worker's own outer state: it restarts from theta_global.
+  // theta_global includes it next time); the schedule's runtime may restart
+  // it (sync::eager: its replica was stepped with the worker's own outer
+  // state).
   void abort_in_flight() override {
     bool any = round_open_;
     for (auto& fp : frags_) {
@@ -603,9 +614,10 @@ class engine final : public engine_membership<Comm, Space> {
         return e;
       });
     }
-    if constexpr (eager) reset_replica();
+    sched_.after_abort(*this);
   }
 
+ public:
   // A delayed schedule's begin at a phase end, retried after a recovery.
   void begin_elastic() {
     for (;;) {
@@ -615,29 +627,13 @@ class engine final : public engine_membership<Comm, Space> {
       } catch (const comm_error&) {
         if (!elastic_) throw;
         recover_after_failure(where::phase_end);
-        after_phase_recovery();
+        sched_.after_phase_recovery(*this);
       }
     }
   }
 
-  // sync::one_step_delay after a recovery at a phase end: the phase starts
-  // here (its reduction includes the progress of the aborted one).
-  void after_phase_recovery() {
-    if constexpr (delayed && !eager) anchor_from_replica();
-  }
-
-  // sync::one_step_delay: the phase starts from the replica as it is now.
-  void anchor_from_replica() { copy_local_to(anchor_.data()); }
-
-  // The point the fragment's pseudo-gradient is taken from: theta_global,
-  // or eager's anchor.
-  const float* reference() const {
-    if constexpr (eager)
-      return anchor_.data();
-    else
-      return global_.data();
-  }
-
+  // Begins fragment p's reduction, its pseudo-gradient taken from where the
+  // schedule says (theta_global, or its anchor).
   void begin(std::size_t p) {
     fragment& f = *frags_[p];
     round_open_ = true;
@@ -647,14 +643,16 @@ class engine final : public engine_membership<Comm, Space> {
     check_positions(position_kind::begin, p);
     f.traffic0 = comm_.traffic();
     const auto t0 = clock::now();
+    const float* reference = sched_.reference(*this) + f.base;
     if constexpr (Compressor::lossless)
-      f.reducer->begin(exec_, comm_, transport_, reference() + f.base, overlap_);
+      f.reducer->begin(exec_, comm_, transport_, reference, overlap_);
     else
-      f.reducer->begin(exec_, comm_, transport_, reference() + f.base, f.outer_steps + 1, overlap_);
+      f.reducer->begin(exec_, comm_, transport_, reference, f.outer_steps + 1, overlap_);
     f.in_flight = true;
     f.completed = false;
     f.begun = clock::now();
     f.blocked = seconds_between(t0, f.begun);
+    sched_.after_begin(*this, p);
   }
 
   // Lets in-flight reductions make progress (runs the stages whose
@@ -687,9 +685,9 @@ class engine final : public engine_membership<Comm, Space> {
     }
   }
 
-  // Waits for fragment p's reduction, accounts for it, and applies it (or
-  // refuses it, raising on every rank). `draining`: called by finish(), not
-  // at the schedule's application step (eager re-joins theta_global then).
+  // Waits for fragment p's reduction, accounts for it, and applies it with
+  // the schedule's merge (or refuses it, raising on every rank).
+  // `draining`: called by finish(), not at the schedule's application step.
   void complete(std::size_t p, bool draining = false) {
     fragment& f = *frags_[p];
     const auto t0 = clock::now();
@@ -708,34 +706,18 @@ class engine final : public engine_membership<Comm, Space> {
     const auto update = Outer::make_update(opts_.outer, f.outer_steps + 1);
     float* state = outer_slots_ ? outer_state_.data() + f.base : nullptr;
     float* global = global_.data() + f.base;
-    if constexpr (delayed) {
-      if constexpr (eager) {
-        if (draining) {
-          f.reducer->apply(exec_, update, global, state, flat_,
-                           kernels::merge::eager_rejoin{{}, anchor_.data() + f.base, own_.data() + f.base});
-        } else {
-          f.reducer->apply(exec_, update, global, state, flat_, eager_merge());
-          ++eager_steps_;
-        }
-      } else
-        f.reducer->apply(exec_, update, global, state, flat_, kernels::merge::rebase{{}, anchor_.data() + f.base});
-    } else {
-      const float alpha = mix_alpha();
-      if (alpha == 0.0f)
-        f.reducer->apply(exec_, update, global, state, flat_, kernels::merge::overwrite{});
-      else
-        f.reducer->apply(exec_, update, global, state, flat_, kernels::merge::mix{{}, alpha});
-    }
+    sched_.apply(*this, p, draining,
+                 [&](const auto& merge) { f.reducer->apply(exec_, update, global, state, flat_, merge); });
     ++f.outer_steps;
     round_open_ = false;
-    if constexpr (eager)
-      if (draining) rejoin_eager_state();
+    sched_.after_apply(*this, draining);
     ++stats_.rounds;
     steps_in_round_ = 0;
     stats_.outer_seconds += seconds_since(t1) + f.blocked;
     notify([&] { return reduction_event(event_kind::round, p, stats_.rounds, f.outer_steps); });
   }
 
+ private:
   // Completes fragment f's reduction (its collectives, then the verdict,
   // the same on every rank); rethrows a failure poll() kept.
   reduce::verdict wait_for(fragment& f) {
@@ -744,106 +726,6 @@ class engine final : public engine_membership<Comm, Space> {
       return f.reducer->wait(exec_);
     else
       return f.reducer->wait(exec_, comm_, transport_);
-  }
-
-  // sync::streaming after an inner step: begins first (with tau = 0 a
-  // fragment begins and is applied after the same step; fragments never
-  // overlap otherwise, by validation), then applications. Elastic: the
-  // check before fragment 0 begins (nothing is in flight then) and at each
-  // cycle's end once nothing is; a failure aborts what is in flight.
-  bool streaming_step() {
-    bool applied = false;
-    try {
-      for (std::size_t p = 0; p < frags_.size(); ++p)
-        if (plan_.begins_after(p, position_)) {
-          // A check that re-formed the group with members at different
-          // points (some failed a step or a collective later than others)
-          // leaves nothing in flight anywhere: fragment 0 sits this cycle
-          // out on every member (its progress goes into the next one).
-          if (p == 0 && elastic_ && !in_flight() && !membership_check(where::before_round)) continue;
-          begin(p);
-        }
-      for (std::size_t p = 0; p < frags_.size(); ++p)
-        if (plan_.applies_after(p, position_) && frags_[p]->in_flight) {
-          complete(p);
-          applied = true;
-        }
-    } catch (const comm_error&) {
-      if (!elastic_) throw;
-      recover_after_failure(where::in_round);
-      return applied;
-    }
-    if (elastic_ && position_ % opts_.inner_steps == 0 && !in_flight()) membership_check(where::after_round);
-    return applied;
-  }
-
-  // one_step_delay / eager: the end of an inner phase. Applies the
-  // reduction begun at the end of the previous phase (re-basing or eagerly
-  // stepping the replica), then begins this phase's.
-  bool end_of_phase() {
-    fragment& f = *frags_[0];
-    bool applied = false;
-    if (f.in_flight) {
-      try {
-        complete(0);
-        applied = true;
-      } catch (const comm_error&) {
-        if (!elastic_) throw;
-        recover_after_failure(where::phase_end);
-        after_phase_recovery();
-        begin_elastic();
-        return false;
-      }
-    } else {
-      // Nothing to apply (first phase, after finish() or a refused round).
-      // one_step_delay: the anchor is made this phase's start. eager: the
-      // worker still takes its eager step, along fresh/M alone.
-      if constexpr (eager) {
-        const auto m = eager_merge();
-        exec_.for_each_chunked(model_list_.chunks(),
-                               kernels::eager_advances<decltype(m.step)>{m, model_list_.ptrs()});
-        ++eager_steps_;
-      } else {
-        anchor_from_replica();
-      }
-    }
-    if (elastic_) {
-      // Nothing in flight: leaves and joins happen here. After a recovery
-      // the phase restarts from here.
-      const auto recoveries = recoveries_;
-      membership_check(where::after_round);
-      if (recoveries_ != recoveries) after_phase_recovery();
-      begin_elastic();
-    } else {
-      begin(0);
-    }
-    return applied;
-  }
-
-  // The worker's eager step (sync::eager): its own outer state and count.
-  auto eager_merge() {
-    using step_type = decltype(Outer::make_update(opts_.outer, 1));
-    return kernels::merge::eager<step_type>{{},
-                                            Outer::make_update(opts_.outer, eager_steps_ + 1),
-                                            anchor_.data(),
-                                            own_.data(),
-                                            outer_slots_ ? eager_slots_.data() : nullptr,
-                                            flat_,
-                                            1.0f / static_cast<float>(world_)};
-  }
-
-  // sync::eager after a drained or refused round: the worker's outer state
-  // becomes the shared one again.
-  void rejoin_eager_state() {
-    if (outer_slots_) exec_.for_each(flat_ * outer_slots_, kernels::copy{outer_state_.data(), eager_slots_.data()});
-    eager_steps_ = frags_[0]->outer_steps;
-  }
-
-  float mix_alpha() const {
-    if constexpr (requires { opts_.sync.alpha; })
-      return opts_.sync.alpha;
-    else
-      return 0.0f;
   }
 
   void account(std::size_t p, const reduce::verdict& v, double blocked, double hidden) {
@@ -880,7 +762,7 @@ class engine final : public engine_membership<Comm, Space> {
   [[noreturn]] void reject(std::size_t p, const reduce::verdict& v) {
     const fragment& f = *frags_[p];
     exec_.for_each_chunked(f.list.chunks(), kernels::scatter_tensors{global_.data() + f.base, f.list.ptrs()});
-    reset_schedule_buffers();
+    sched_.reset(*this);
     steps_in_round_ = 0;
     round_open_ = false;
     ++stats_.rejected_rounds;
@@ -949,38 +831,6 @@ class engine final : public engine_membership<Comm, Space> {
     }
   }
 
-  // sync::eager: the outer lr for the group's size now (sync/eager.hpp:
-  // the default follows M; a set lr above the stability bound is honoured
-  // and reported each time the group size changes). Both outer steps read opts_.outer.
-  // An outer policy without an lr option keeps its options.
-  void set_eager_outer_lr() {
-    if constexpr (requires(typename Outer::options& o) { o.lr = 1.0f; }) set_eager_outer_lr_now();
-  }
-  void set_eager_outer_lr_now() {
-    if (!user_outer_) user_outer_ = opts_.outer;
-    if (world_ < 1 || eager_lr_world_ == world_) return;  // a joiner before it joined has no group yet
-    eager_lr_world_ = world_;
-    const auto M = static_cast<std::size_t>(world_);
-    const auto r = sync::resolve_eager_outer_lr<Outer>(opts_.sync, *user_outer_, M);
-    opts_.outer.lr = r.lr;
-    if (r.automatic || !(static_cast<double>(r.lr) > r.bound)) return;
-    notify([&] {
-      typename Outer::options unset = *user_outer_;
-      unset.lr = typename Outer::options{}.lr;
-      const auto num = [](double v) {  // 0.7f as "0.7", not concat's "0.699999988"
-        char buf[32];
-        std::snprintf(buf, sizeof buf, "%.6g", v);
-        return std::string(buf);
-      };
-      event e = make_event(event_kind::warning);
-      e.problem = concat("sync::eager: outer lr ", num(r.lr), " is above the stability bound ", num(r.bound), " for ",
-                         world_, " workers (the largest stable lr on f = theta^2/2 with this outer momentum, "
-                         "docs/algorithms.md section 4); it runs as set and may diverge. Unset, the lr would be ",
-                         num(sync::resolve_eager_outer_lr<Outer>({}, unset, M).lr));
-      return e;
-    });
-  }
-
   // Fragment p's reduction, as account() left it in stats_.
   event reduction_event(event_kind k, std::size_t p, std::uint64_t round, std::uint64_t fragment_round) const {
     event e = make_event(k);
@@ -998,11 +848,8 @@ class engine final : public engine_membership<Comm, Space> {
     return e;
   }
 
-  void copy_local_to(float* flat) {
-    exec_.for_each_chunked(model_list_.chunks(), kernels::gather_tensors{model_list_.ptrs(), flat});
-  }
-
   options opts_;
+  schedule_type sched_;  // the schedule's state and decisions
   parameter_set<float, Space> params_;
   sync::fragment_plan plan_;
   std::vector<std::unique_ptr<fragment>> frags_;
@@ -1015,11 +862,6 @@ class engine final : public engine_membership<Comm, Space> {
   buffer<float, Space> global_;
   optimizer_core<Inner, Space> inner_;
   buffer<float, Space> outer_state_;
-  buffer<float, Space> anchor_, own_;  // delayed schedules only
-  buffer<float, Space> eager_slots_;   // sync::eager: this worker's outer state
-  std::uint64_t eager_steps_ = 0;      // sync::eager: this worker's outer step count
-  int eager_lr_world_ = -1;            // sync::eager: the group size its outer lr was resolved for
-  std::optional<typename Outer::options> user_outer_;  // sync::eager: the outer options as the user gave them
 };
 
 }  // namespace detail

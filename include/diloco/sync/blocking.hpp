@@ -1,8 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <cstddef>
+
+#include "diloco/kernels/merge.hpp"
 #include "diloco/sync/concepts.hpp"
 #include "diloco/sync/plan.hpp"
+#include "diloco/sync/runtime.hpp"
 #include "diloco/sync/whole_model.hpp"
 
 namespace diloco::sync {
@@ -13,6 +17,26 @@ namespace diloco::sync {
 /// before the next inner step. The default schedule.
 struct blocking : whole_model_schedule<schedule_kind::periodic, false> {
   static constexpr const char* name = "blocking";  ///< the schedule's name in messages, checkpoint headers and reports
+
+  /// One worker's schedule (sync/runtime.hpp): no state; the round runs
+  /// after every H-th inner step.
+  template <class Space, class Outer>
+  struct runtime : runtime_base {
+    explicit runtime(const options&) {}
+    /// The whole model's round once H inner steps were taken; whether it was applied.
+    template <class E>
+    bool after_step(E& e) {
+      if (e.steps_in_round() < e.inner_steps()) return false;
+      const auto rounds = e.rounds();
+      e.run_outer_round();
+      return e.rounds() != rounds;
+    }
+    /// Every replica becomes theta_global.
+    template <class E, class Run>
+    void apply(E&, std::size_t, bool, Run&& run) {
+      run(kernels::merge::overwrite{});
+    }
+  };
 };
 
 }  // namespace diloco::sync

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <span>
 
+#include "diloco/core/memory_space.hpp"
 #include "diloco/sync/plan.hpp"
 
 namespace diloco::sync {
@@ -30,6 +31,10 @@ enum class schedule_kind { periodic, delayed };
 ///                  (one-step delay, eager)
 /// validate(o, H, tensor count)   config_error naming the option and range
 /// plan(o, H, sizes)              the fragments and their steps (periodic)
+/// runtime<Space, Outer>          one worker's schedule: its state and the
+///                                hooks the engine calls (sync/runtime.hpp),
+///                                constructed from the options; optional for
+///                                a periodic schedule (sync/periodic.hpp)
 /// ```
 template <class S>
 concept sync_policy = requires(const typename S::options& o, std::size_t h, std::span<const std::size_t> sizes) {
@@ -39,6 +44,7 @@ concept sync_policy = requires(const typename S::options& o, std::size_t h, std:
   { S::kind } -> std::convertible_to<schedule_kind>;
   { S::validate(o, h, h) };
   { S::plan(o, h, sizes) } -> std::same_as<fragment_plan>;
+  requires S::kind == schedule_kind::periodic || requires { typename S::template runtime<host_space, void>; };
 };
 
 }  // namespace diloco::sync

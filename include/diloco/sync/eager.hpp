@@ -3,14 +3,24 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <optional>
 #include <span>
+#include <string>
 
 #include "diloco/core/error.hpp"
+#include "diloco/core/state.hpp"
+#include "diloco/kernels/merge.hpp"
+#include "diloco/kernels/pseudo_gradient.hpp"
+#include "diloco/kernels/tensor_passes.hpp"
 #include "diloco/sync/concepts.hpp"
+#include "diloco/sync/phase_end.hpp"
 #include "diloco/sync/plan.hpp"
+#include "diloco/sync/runtime.hpp"
 #include "diloco/sync/whole_model.hpp"
+#include "diloco/tensor/buffer.hpp"
 
 namespace diloco::sync {
 
@@ -68,6 +78,10 @@ struct eager : whole_model_schedule<schedule_kind::delayed, true> {
   static fragment_plan plan(const options&, std::size_t H, std::span<const std::size_t> sizes) {
     return fragment_plan::make(H, 1, 0, fragment_assignment::contiguous, sizes, "a whole-model schedule");
   }
+
+  /// One worker's schedule (sync/runtime.hpp, defined below).
+  template <class Space, class Outer>
+  struct runtime;
 };
 
 /// The outer step as eager_lr_bound reads it: SGD's momentum, dampening and
@@ -175,5 +189,140 @@ eager_outer_lr resolve_eager_outer_lr(const eager::options& so, const typename O
   const double safe = eager_lr_safety * bound;
   return {safe < static_cast<double>(preset) ? static_cast<float>(safe) : preset, bound, true};
 }
+
+/// One worker's eager schedule: the anchor (own + where the phase began),
+/// `own` (its pseudo-gradient inside the mean in flight), its own outer
+/// state and step count, and the outer lr for the group's size.
+template <class Space, class Outer>
+struct eager::runtime : runtime_base {
+  buffer<float, Space> anchor;  ///< "schedule.anchor"
+  buffer<float, Space> own;     ///< "schedule.own"
+  buffer<float, Space> slots;   ///< "schedule.eager_slots": this worker's outer state
+  std::uint64_t steps = 0;      ///< "schedule.eager_steps": this worker's outer step count
+  eager::options opts;
+  int lr_world = -1;                               ///< the group size the outer lr was resolved for
+  std::optional<typename Outer::options> user_outer;  ///< the outer options as the user gave them
+
+  explicit runtime(const eager::options& o) : opts(o) {}
+
+  /// The outer lr for the group's size now (the default follows M; a set lr
+  /// above the stability bound is honoured and reported each time the group
+  /// size changes). Both outer steps read the engine's outer options. An
+  /// outer policy without an lr option keeps its options.
+  template <class E>
+  void on_group(E& e) {
+    if constexpr (requires(typename Outer::options& o) { o.lr = 1.0f; }) {
+      auto& outer = e.outer_options();
+      if (!user_outer) user_outer = outer;
+      const int world = e.workers();
+      if (world < 1 || lr_world == world) return;  // a joiner before it joined has no group yet
+      lr_world = world;
+      const auto M = static_cast<std::size_t>(world);
+      const auto r = resolve_eager_outer_lr<Outer>(opts, *user_outer, M);
+      outer.lr = r.lr;
+      if (r.automatic || !(static_cast<double>(r.lr) > r.bound)) return;
+      e.warn([&] {
+        typename Outer::options unset = *user_outer;
+        unset.lr = typename Outer::options{}.lr;
+        const auto num = [](double v) {  // 0.7f as "0.7", not concat's "0.699999988"
+          char buf[32];
+          std::snprintf(buf, sizeof buf, "%.6g", v);
+          return std::string(buf);
+        };
+        return ::diloco::detail::concat(
+            "sync::eager: outer lr ", num(r.lr), " is above the stability bound ", num(r.bound), " for ", world,
+            " workers (the largest stable lr on f = theta^2/2 with this outer momentum, "
+            "docs/algorithms.md section 4); it runs as set and may diverge. Unset, the lr would be ",
+            num(resolve_eager_outer_lr<Outer>({}, unset, M).lr));
+      });
+    }
+  }
+  /// The anchor starts at theta_global with nothing owed.
+  template <class E>
+  void init(E& e) {
+    anchor = buffer<float, Space>(e.flat_size());
+    e.copy_replica_to(anchor.data());
+    own = buffer<float, Space>(e.flat_size());
+    slots = buffer<float, Space>(e.flat_size() * e.outer_slots());
+  }
+  /// The pseudo-gradient is taken from the anchor.
+  template <class E>
+  const float* reference(E&) const {
+    return anchor.data();
+  }
+  /// Applies the previous phase's round and begins this one's at a phase end.
+  template <class E>
+  bool after_step(E& e) {
+    return delayed_after_step(e, *this);
+  }
+  /// Nothing in flight: the worker still takes its eager step, along fresh/M alone.
+  template <class E>
+  void idle_phase_end(E& e) {
+    const auto m = merge(e);
+    e.exec().for_each_chunked(e.replica().chunks(), kernels::eager_advances<decltype(m.step)>{m, e.replica().ptrs()});
+    ++steps;
+  }
+  /// The worker's eager step (kernels::merge::eager); drained (finish()):
+  /// the replica re-joins theta_global keeping its phase's progress.
+  template <class E, class Run>
+  void apply(E& e, std::size_t p, bool draining, Run&& run) {
+    const std::size_t base = e.fragment_base(p);
+    if (draining) {
+      run(kernels::merge::eager_rejoin{{}, anchor.data() + base, own.data() + base});
+    } else {
+      run(merge(e));
+      ++steps;
+    }
+  }
+  /// Drained: the worker's outer state becomes the shared one again.
+  template <class E>
+  void after_apply(E& e, bool draining) {
+    if (draining) rejoin(e);
+  }
+  /// "schedule.anchor", "schedule.own", "schedule.eager_slots", "schedule.eager_steps".
+  template <class E>
+  void visit_state(E& e, state_visitor& v) {
+    v.buffer("schedule.anchor", anchor.data(), anchor.size(), E::device);
+    v.buffer("schedule.own", own.data(), own.size(), E::device);
+    if (e.outer_slots()) v.buffer("schedule.eager_slots", slots.data(), slots.size(), E::device);
+    v.scalar("schedule.eager_steps", steps);
+  }
+  /// The replica restarted from theta_global: so does the phase, owing
+  /// nothing, with the shared outer state.
+  template <class E>
+  void reset(E& e) {
+    e.exec().for_each(e.flat_size(), kernels::copy{e.global(), anchor.data()});
+    e.exec().for_each(e.flat_size(), kernels::fill{own.data(), 0.0f});
+    rejoin(e);
+  }
+  /// The replica was stepped with the worker's own outer state: it restarts
+  /// from theta_global.
+  template <class E>
+  void after_abort(E& e) {
+    e.reset_replica();
+  }
+
+ private:
+  // The worker's eager step: its own outer state and count.
+  template <class E>
+  auto merge(E& e) {
+    using step_type = decltype(Outer::make_update(e.outer_options(), 1));
+    return kernels::merge::eager<step_type>{{},
+                                            Outer::make_update(e.outer_options(), steps + 1),
+                                            anchor.data(),
+                                            own.data(),
+                                            e.outer_slots() ? slots.data() : nullptr,
+                                            e.flat_size(),
+                                            1.0f / static_cast<float>(e.workers())};
+  }
+  // After a drained or refused round: the worker's outer state becomes the
+  // shared one again.
+  template <class E>
+  void rejoin(E& e) {
+    if (e.outer_slots())
+      e.exec().for_each(e.flat_size() * e.outer_slots(), kernels::copy{e.outer_state(), slots.data()});
+    steps = e.outer_steps(0);
+  }
+};
 
 }  // namespace diloco::sync

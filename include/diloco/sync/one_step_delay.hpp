@@ -1,9 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <cstddef>
+
+#include "diloco/core/state.hpp"
+#include "diloco/kernels/merge.hpp"
+#include "diloco/kernels/pseudo_gradient.hpp"
 #include "diloco/sync/concepts.hpp"
+#include "diloco/sync/phase_end.hpp"
 #include "diloco/sync/plan.hpp"
+#include "diloco/sync/runtime.hpp"
 #include "diloco/sync/whole_model.hpp"
+#include "diloco/tensor/buffer.hpp"
 
 namespace diloco::sync {
 
@@ -18,6 +26,52 @@ namespace diloco::sync {
 struct one_step_delay : whole_model_schedule<schedule_kind::delayed, true> {
   /// The schedule's name in messages, checkpoint headers and reports.
   static constexpr const char* name = "one_step_delay";
+
+  /// One worker's schedule (sync/runtime.hpp): `start`, where its phase
+  /// started (re-based with the replica at each application).
+  template <class Space, class Outer>
+  struct runtime : runtime_base {
+    buffer<float, Space> start;  ///< s: where the phase started ("schedule.start")
+
+    explicit runtime(const options&) {}
+    /// s starts at theta_global.
+    template <class E>
+    void init(E& e) {
+      start = buffer<float, Space>(e.flat_size());
+      e.copy_replica_to(start.data());
+    }
+    /// Applies the previous phase's round and begins this one's at a phase end.
+    template <class E>
+    bool after_step(E& e) {
+      return delayed_after_step(e, *this);
+    }
+    /// Nothing to apply: the phase starts from the replica as it is.
+    template <class E>
+    void idle_phase_end(E& e) {
+      e.copy_replica_to(start.data());
+    }
+    /// θ_local ← θ_g − (s − θ_local), s ← θ_local.
+    template <class E, class Run>
+    void apply(E& e, std::size_t p, bool, Run&& run) {
+      run(kernels::merge::rebase{{}, start.data() + e.fragment_base(p)});
+    }
+    /// "schedule.start".
+    template <class E>
+    void visit_state(E&, state_visitor& v) {
+      v.buffer("schedule.start", start.data(), start.size(), E::device);
+    }
+    /// s follows the replica to theta_global.
+    template <class E>
+    void reset(E& e) {
+      e.exec().for_each(e.flat_size(), kernels::copy{e.global(), start.data()});
+    }
+    /// After a recovery at a phase end the phase starts here (its reduction
+    /// includes the progress of the aborted one).
+    template <class E>
+    void after_phase_recovery(E& e) {
+      e.copy_replica_to(start.data());
+    }
+  };
 };
 
 }  // namespace diloco::sync

@@ -8,6 +8,7 @@
 #include "diloco/core/error.hpp"
 #include "diloco/sync/concepts.hpp"
 #include "diloco/sync/plan.hpp"
+#include "diloco/sync/periodic.hpp"
 
 namespace diloco::sync {
 
@@ -59,6 +60,10 @@ struct streaming {
   static fragment_plan plan(const options& o, std::size_t H, std::span<const std::size_t> sizes) {
     return fragment_plan::make(H, o.fragments, o.delay, o.assignment, sizes, "sync::streaming");
   }
+
+  /// One worker's schedule: the periodic runtime with alpha's merge (sync/periodic.hpp).
+  template <class Space, class Outer>
+  using runtime = periodic_runtime<options>;
 };
 
 }  // namespace diloco::sync

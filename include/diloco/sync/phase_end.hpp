@@ -1,0 +1,51 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// What the delayed schedules (one_step_delay, eager, delayed) share: their
+// decisions after an inner step. At the end of each inner phase the
+// reduction begun at the previous phase end is applied (the schedule's
+// merge), then this phase's begins. A phase end with nothing in flight (the
+// first, after finish() or a refused round) calls the runtime's
+// idle_phase_end. Elastic: a failure while applying aborts the round and the
+// group re-forms; the phase then starts again from here
+// (after_phase_recovery) and its reduction begins once the group agrees.
+
+#include "diloco/core/error.hpp"
+
+namespace diloco::sync {
+
+/// A delayed schedule's runtime R after an inner step of engine E; whether a
+/// reduction was applied.
+template <class E, class R>
+bool delayed_after_step(E& e, R& r) {
+  e.poll_in_flight();
+  if (e.position() % e.inner_steps() != 0) return false;
+  bool applied = false;
+  if (e.fragment_in_flight(0)) {
+    try {
+      e.complete(0);
+      applied = true;
+    } catch (const comm_error&) {
+      if (!e.elastic()) throw;
+      e.recover_at_phase_end();
+      r.after_phase_recovery(e);
+      e.begin_elastic();
+      return false;
+    }
+  } else {
+    r.idle_phase_end(e);
+  }
+  if (e.elastic()) {
+    // Nothing in flight: leaves and joins happen here. After a recovery
+    // the phase restarts from here.
+    const auto recoveries = e.recoveries();
+    e.membership_after_round();
+    if (e.recoveries() != recoveries) r.after_phase_recovery(e);
+    e.begin_elastic();
+  } else {
+    e.begin(0);
+  }
+  return applied;
+}
+
+}  // namespace diloco::sync
