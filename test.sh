@@ -33,6 +33,18 @@ cmake -S . -B build $(generator build) -DCMAKE_BUILD_TYPE=Release -DDILOCO_WARNI
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
 
+stage "Python package: pip install . and pytest"
+# A virtual environment from Debian's python3 with its system packages
+# (python3-torch, python3-numpy), in a build folder; scikit-build-core keeps
+# its CMake tree in build-python/cmake, so a run rebuilds only what changed.
+py=build-python/venv/bin/python
+[ -x "$py" ] || /usr/bin/python3 -m venv --system-site-packages build-python/venv
+"$py" -c "import nanobind, scikit_build_core, pytest" 2>/dev/null ||
+  "$py" -m pip install -q nanobind scikit-build-core pytest
+CMAKE_BUILD_PARALLEL_LEVEL=$jobs "$py" -m pip install -q --no-build-isolation . \
+  --config-settings=build-dir=build-python/cmake --config-settings=cmake.define.DILOCO_WARNINGS_AS_ERRORS=ON
+(cd python/tests && "../../$py" -m pytest -q -p no:cacheprovider)
+
 stage "ASan + UBSan"
 cmake -S . -B build-asan $(generator build-asan) -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug -DDILOCO_WARNINGS_AS_ERRORS=ON \
   -DDILOCO_SANITIZE=address,undefined -DDILOCO_ENABLE_CUDA=OFF -DDILOCO_ENABLE_TORCH=OFF -DDILOCO_BUILD_BENCHMARKS=OFF

@@ -17,9 +17,13 @@ set -euo pipefail
 # compiles them in less than half GCC's time) and the libFuzzer test.
 # ninja-build: ./test.sh's generator (a Makefile build of several named
 # targets builds them one after another).
+# python3-venv, python3-torch, python3-numpy: the Python package's tests
+# (./test.sh makes a virtual environment from Debian's python3 with its
+# system packages, so PyTorch 1.13 and NumPy come from here; nanobind,
+# scikit-build-core and pytest come from PyPI into that environment).
 packages=(cmake g++ make python3 python3-venv doctest-dev libcli11-dev fortunes libopenmpi-dev openmpi-bin libgloo-dev libhiredis-dev
           redis-server clang libclang-rt-dev libtorch-dev libopenblas0-openmp nlohmann-json3-dev python3-matplotlib iproute2
-          doxygen libomp-dev ninja-build)
+          doxygen libomp-dev ninja-build python3-torch python3-numpy)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

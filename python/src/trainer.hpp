@@ -1,0 +1,86 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// The extension's DiLoCo trainer behind one interface (trainer_base), and
+// the explicit grid of compiled policy sets it is chosen from at run time
+// (make_trainer). Each schedule's trainers are compiled in their own
+// translation unit (trainers_<sync>.cpp); docs/python.md lists the grid.
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "any_comm.hpp"
+#include "diloco/core/event.hpp"
+#include "diloco/core/stats.hpp"
+
+namespace diloco::python {
+
+/// Everything the Python constructor takes besides the tensors and the communicator.
+struct trainer_config {
+  std::string outer = "nesterov";  ///< "nesterov" or "sgd"
+  std::string compress = "none";   ///< a key of compressor_names()
+  std::string sync = "blocking";   ///< a key of sync_names()
+  std::size_t inner_steps = 500;
+  float outer_lr = 0.7f;
+  float outer_momentum = 0.9f;
+  float outer_dampening = 0.0f;      ///< outer::sgd only
+  float outer_weight_decay = 0.0f;   ///< outer::sgd only
+  bool outer_nesterov = false;       ///< outer::sgd only
+  std::uint64_t seed = 0;            ///< a lossy codec's rounding seed
+  std::size_t fragments = 1;         ///< sync::streaming: P
+  std::size_t delay = 0;             ///< sync::streaming: tau
+  float alpha = 0.0f;                ///< sync::streaming: mixing factor
+  bool broadcast_initial = true;
+  int host_threads = 0;
+  event_hook on_event{};
+};
+
+/// One DiLoCo instance of some compiled policy set, over the user's fp32 host tensors.
+class trainer_base {
+ public:
+  virtual ~trainer_base() = default;
+  /// Counts an inner step taken by the user's optimizer and runs what the schedule asks for;
+  /// true when an outer step was applied.
+  virtual bool step() = 0;
+  virtual void finish() = 0;
+  virtual const diloco::stats& statistics() const = 0;
+  virtual std::vector<std::byte> save_bytes() = 0;
+  virtual void load_bytes(std::span<const std::byte> bytes) = 0;
+  virtual const float* global_data() const = 0;
+  virtual std::size_t global_size() const = 0;
+  virtual std::size_t global_offset(std::size_t k) const = 0;
+  virtual std::size_t tensor_count() const = 0;
+  virtual std::size_t steps_in_round() const = 0;
+  virtual std::size_t parameter_count() const = 0;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  virtual std::string policies() const = 0;
+};
+
+using trainer_factory =
+    std::function<std::unique_ptr<trainer_base>(const trainer_config&, std::vector<std::span<float>>&, any_comm)>;
+/// Key: "<outer>|<compress>|<sync>".
+using trainer_registry = std::map<std::string, trainer_factory>;
+
+///@{
+/// Each schedule's translation unit adds its compiled policy sets.
+void register_blocking(trainer_registry& r);
+void register_one_step_delay(trainer_registry& r);
+void register_streaming(trainer_registry& r);
+///@}
+
+/// The compiled grid (built once).
+const trainer_registry& registry();
+
+/// The trainer of `config`'s policy set (std::invalid_argument naming the allowed values when
+/// that set is not compiled).
+std::unique_ptr<trainer_base> make_trainer(const trainer_config& config, std::vector<std::span<float>>& params,
+                                           any_comm comm);
+
+}  // namespace diloco::python
