@@ -129,6 +129,44 @@ def test_gil_is_released_during_a_round():
     assert counts[0] > 20  # the ticker ran while rank 0 waited inside step()
 
 
+def test_streaming_fragments_over_threads():
+    def worker(comm):
+        model = make_model(seed=3)
+        opt = inner_optimizer("sgd", model.parameters())
+        outer = diloco.DiLoCo(model.parameters(), inner_steps=4, sync="streaming", fragments=2, comm=comm)
+        applied = 0
+        for t in range(1, 13):
+            inner_step(model, opt, comm.rank, t)
+            applied += outer.step()
+        outer.finish()
+        return applied, outer.stats(), outer.policies
+
+    for applied, stats, policies in diloco.threads(2).run(worker):
+        assert applied == 6 and stats["rounds"] == 6  # 2 fragments, each every 4 steps
+        assert len(stats["fragment_bytes_sent"]) == 2 and all(b > 0 for b in stats["fragment_bytes_sent"])
+        assert "streaming" in policies
+
+
+def test_event_hook_is_a_python_callable():
+    events = []
+    x = np.ones(8, dtype=np.float32)
+    t = diloco.DiLoCo([x], inner_steps=2, on_event=events.append)
+    for _ in range(4):
+        x -= 0.25
+        t.step()
+    assert [e["kind"] for e in events] == ["round", "round"]
+    assert [e["round"] for e in events] == [1, 2] and [e["inner_step"] for e in events] == [2, 4]
+    assert events[0]["pseudo_gradient_norm"] == pytest.approx(0.5 * np.sqrt(8), rel=1e-6)
+
+
+def test_type_stubs_are_installed():
+    stub = os.path.join(os.path.dirname(diloco.__file__), "_core.pyi")
+    with open(stub) as f:
+        text = f.read()
+    assert "class Trainer" in text and "class Comm" in text and "def threads_run" in text
+    assert os.path.exists(os.path.join(os.path.dirname(diloco.__file__), "py.typed"))
+
+
 # ---------------------------------------------------------------- errors
 def test_config_error_with_the_library_message():
     x = np.ones(4, dtype=np.float32)
