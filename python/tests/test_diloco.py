@@ -317,6 +317,32 @@ def test_gloo_two_processes_match_pytorch_diloco(tmp_path):
             assert close(a, b)
 
 
+@pytest.mark.skipif(not diloco.gloo.available(), reason="built without Gloo")
+def test_launch_starts_workers_like_the_cpp_launcher(tmp_path):
+    env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "DILOCO_STORE"):
+        env.pop(k, None)
+    script = tmp_path / "w.py"
+    script.write_text("import diloco, numpy as np\n"
+                      "c = diloco.gloo.from_env()\n"
+                      "x = np.full(4, float(c.rank), dtype=np.float32)\n"
+                      "t = diloco.DiLoCo([x], inner_steps=1, outer=diloco.SGD(), comm=c)\n"
+                      "x += c.rank\n"
+                      "t.step()\n"
+                      "print('done', c.rank, c.size, c.local_rank, x[0])\n")
+    r = subprocess.run([sys.executable, "-m", "diloco.launch", "--nproc", "2", str(script)], env=env,
+                       capture_output=True, timeout=120)
+    out = r.stdout.decode()
+    assert r.returncode == 0, out + r.stderr.decode()
+    # rank 0's x (0) is broadcast; the replicas move to 0 and 1; model averaging gives 0.5 on both
+    assert "[rank 0] done 0 2 0 0.5" in out and "[rank 1] done 1 2 1 0.5" in out, out
+    bad = tmp_path / "bad.py"
+    bad.write_text("import sys, time\nimport os\nsys.exit(3) if os.environ['RANK'] == '1' else time.sleep(60)\n")
+    r = subprocess.run([sys.executable, "-m", "diloco.launch", "--nproc", "2", str(bad)], env=env,
+                       capture_output=True, timeout=60)
+    assert r.returncode == 3 and b"rank 1 exited with status 3" in r.stderr
+
+
 def test_gloo_from_env_names_the_missing_variable():
     with pytest.raises(ValueError, match="WORLD_SIZE or DILOCO_WORLD_SIZE is not set"):
         diloco.gloo.from_env({})
