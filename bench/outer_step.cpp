@@ -204,6 +204,44 @@ void round_in_this_process(long log2, long tensors, int reps) {
   bench::print("anon_huge_kb", static_cast<double>(anon_huge_kb()));
 }
 
+// Wrapper mode's round against the fused path's (issue 40 item 6): the same
+// outer round (world of one, outer Nesterov, fp32 mean) after an inner step
+// taken by the library's AdamW (fused) and after one taken by the user's own
+// optimizer (inner::external: here a pass written in this file). Rounds
+// alternate between the two, so drift of the machine's speed hits both; the
+// median of each is printed, and their ratio (target: at most 1.05).
+void external_vs_fused(long log2, int reps) {
+  const std::size_t n = std::size_t{1} << log2;
+  std::vector<float> a(n), b(n), grads(n);
+  bench::fill(a, 0.5f);
+  bench::fill(b, 0.5f);
+  bench::fill(grads, 0.01f);
+  dc::comm::local comm;
+  dc::algorithm<dc::inner::adamw, dc::outer::nesterov, dc::compress::none, dc::comm::local> fused(
+      a, comm, {.inner_steps = 1000});
+  dc::algorithm<dc::inner::external, dc::outer::nesterov, dc::compress::none, dc::comm::local> wrapped(
+      b, comm, {.inner_steps = 1000});
+  const auto timed = [](auto&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  std::vector<double> t_fused, t_external;
+  for (int r = 0; r <= reps; ++r) {  // round 0 warms up
+    fused.inner_step(grads);
+    const double f = timed([&] { fused.outer_round(); });
+    for (std::size_t i = 0; i < n; ++i) b[i] -= 1e-3f * grads[i];  // the user's optimizer's step
+    const double e = timed([&] { wrapped.outer_round(); });
+    if (r > 0) t_fused.push_back(f), t_external.push_back(e);
+  }
+  std::sort(t_fused.begin(), t_fused.end());
+  std::sort(t_external.begin(), t_external.end());
+  const std::string tag = "[2^" + std::to_string(log2) + "]";
+  bench::print("outer_round_seconds.fused" + tag, t_fused[t_fused.size() / 2]);
+  bench::print("outer_round_seconds.external" + tag, t_external[t_external.size() / 2]);
+  bench::print("outer_round.external_vs_fused" + tag, t_external[t_external.size() / 2] / t_fused[t_fused.size() / 2]);
+}
+
 // The parent of --processes: N children one after another, each's median,
 // and the spread between processes.
 void round_in_processes(const char* argv0, int processes, const std::vector<std::string>& child_args) {
@@ -362,5 +400,6 @@ int main(int argc, char** argv) {
     bench::print("fused_vs_triad" + tag, fused_gbps / triad_gbps);
   }
   if (!tensors.empty()) layouts(tensors, layout_log2, reps);
+  external_vs_fused(layout_log2, reps);
   return 0;
 }

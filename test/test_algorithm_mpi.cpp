@@ -16,6 +16,7 @@
 #include <diloco/diloco.hpp>
 #include <mutex>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "linear_regression.hpp"
@@ -35,25 +36,37 @@ constexpr int h = 5, rounds = 6;
 constexpr float inner_lr = 0.05f, inner_mu = 0.9f, outer_lr = 0.7f, outer_mu = 0.9f;
 
 // One worker's whole run on any communicator: theta (= theta_global) after
-// every round, and the worker's statistics.
-template <class Comm>
+// every round, and the worker's statistics. `external`: inner::external,
+// the inner steps taken by a momentum SGD written here (PyTorch's SGD:
+// b = g at the first step, else mu b + g; w -= lr b), as a user's own
+// optimizer would.
+template <bool external = false, class Comm>
 std::vector<std::vector<float>> train(const dataset& data, Comm& comm, dc::stats* stats_out) {
   const int m = comm.rank();
   // Rank 0 starts from zeros, the others from garbage: the initial broadcast
   // must make every replica start from rank 0's parameters.
   std::vector<float> w(features, m == 0 ? 0.0f : 42.0f + static_cast<float>(m));
-  dc::algorithm<dc::inner::sgd, dc::outer::nesterov, dc::compress::none, Comm> t(
-      w, comm,
-      {.inner_steps = h,
-       .inner = {.lr = inner_lr, .momentum = inner_mu},
-       .outer = {.lr = outer_lr, .momentum = outer_mu},
-       .host_threads = 1});
+  using inner = std::conditional_t<external, dc::inner::external, dc::inner::sgd>;
+  typename inner::options io{};
+  if constexpr (!external) io = {.lr = inner_lr, .momentum = inner_mu};
+  dc::algorithm<inner, dc::outer::nesterov, dc::compress::none, Comm> t(
+      w, comm, {.inner_steps = h, .inner = io, .outer = {.lr = outer_lr, .momentum = outer_mu}, .host_threads = 1});
   std::vector<std::vector<float>> seen;
-  std::vector<float> g(features);
+  std::vector<float> g(features), b(features);
   for (int step = 0; step < h * rounds; ++step) {
     const auto gd = gradient(data, m, w);
     for (std::size_t j = 0; j < features; ++j) g[j] = static_cast<float>(gd[j]);
-    if (t.step(g)) seen.push_back(w);
+    bool applied = false;
+    if constexpr (external) {
+      for (std::size_t j = 0; j < features; ++j) {
+        b[j] = step == 0 ? g[j] : inner_mu * b[j] + g[j];
+        w[j] -= inner_lr * b[j];
+      }
+      applied = t.step();
+    } else {
+      applied = t.step(g);
+    }
+    if (applied) seen.push_back(w);
   }
   *stats_out = t.stats();
   return seen;
@@ -128,6 +141,26 @@ TEST_CASE("DiLoCo over MPI matches the threads communicator with the same M") {
   CHECK(mpi_stats.bytes_sent == ts.bytes_sent);
   CHECK(mpi_stats.bytes_received == ts.bytes_received);
   CHECK(mpi_stats.rounds == static_cast<std::uint64_t>(rounds));
+}
+
+TEST_CASE("inner::external over MPI: a momentum SGD written here takes the inner steps and gives inner::sgd's run") {
+  const int workers = world_size();
+  const auto data = make_data(workers);
+  dc::comm::mpi comm(MPI_COMM_WORLD, {.expected_size = workers});
+  dc::stats fused_stats, wrapped_stats;
+  const auto fused = train(data, comm, &fused_stats);
+  const auto wrapped = train<true>(data, comm, &wrapped_stats);
+  REQUIRE(fused.size() == static_cast<std::size_t>(rounds));
+  REQUIRE(wrapped.size() == fused.size());
+  double worst = 0.0;
+  for (std::size_t r = 0; r < fused.size(); ++r)
+    for (std::size_t j = 0; j < features; ++j)
+      worst = std::max(worst, std::abs(static_cast<double>(wrapped[r][j]) - fused[r][j]) / max_abs(fused[r]));
+  if (comm.rank() == 0) MESSAGE("M = ", workers, ": inner::external vs inner::sgd, largest relative deviation ", worst);
+  CHECK(worst <= 1e-6);
+  CHECK(max_abs(fused.back()) > 0.1);  // the model moved
+  CHECK(wrapped_stats.bytes_sent == fused_stats.bytes_sent);
+  CHECK(wrapped_stats.rounds == static_cast<std::uint64_t>(rounds));
 }
 
 TEST_CASE("AdamW inner over MPI, several tensors: replicas agree with threads and with each other") {

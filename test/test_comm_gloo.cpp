@@ -31,6 +31,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "comm_conformance.hpp"
@@ -137,16 +138,23 @@ shard make_shard(int m) {
 // theta_global after `rounds` rounds of DiLoCo (inner SGD with momentum,
 // outer Nesterov) over `comm`, with `Compressor` and `Sync`; `bytes_sent`
 // gets the worker's stats().bytes_sent.
-template <class Comm, class Compressor = dc::compress::none, class Sync = dc::sync::blocking>
+// `Inner` inner::external: the inner steps are a momentum SGD written here
+// (PyTorch's: b = g at the first step, else 0.9 b + g; w -= 0.05 b), as a
+// user's own optimizer would take them.
+template <class Comm, class Compressor = dc::compress::none, class Sync = dc::sync::blocking,
+          class Inner = dc::inner::sgd>
 std::vector<float> train_linear(Comm& comm, std::uint64_t* bytes_sent = nullptr) {
+  constexpr bool external = std::is_same_v<Inner, dc::inner::external>;
   const int m = comm.rank();
   const shard s = make_shard(m);
   // Rank 0 starts from zeros, the others from garbage that the initial
   // broadcast must replace.
   std::vector<float> w(features, m == 0 ? 0.0f : 42.0f + static_cast<float>(m));
-  dc::algorithm<dc::inner::sgd, dc::outer::nesterov, Compressor, Comm, Sync> t(
-      w, comm, {.inner_steps = inner_steps, .inner = {.lr = 0.05f, .momentum = 0.9f}, .outer = {.lr = 0.7f, .momentum = 0.9f}});
-  std::vector<float> g(features);
+  typename Inner::options io{};
+  if constexpr (!external) io = {.lr = 0.05f, .momentum = 0.9f};
+  dc::algorithm<Inner, dc::outer::nesterov, Compressor, Comm, Sync> t(
+      w, comm, {.inner_steps = inner_steps, .inner = io, .outer = {.lr = 0.7f, .momentum = 0.9f}});
+  std::vector<float> g(features), b(features);
   for (int step = 0; step < inner_steps * rounds; ++step) {
     std::fill(g.begin(), g.end(), 0.0f);
     for (std::size_t r = 0; r < rows; ++r) {
@@ -155,7 +163,15 @@ std::vector<float> train_linear(Comm& comm, std::uint64_t* bytes_sent = nullptr)
       const double err = pred - s.y[r];
       for (std::size_t j = 0; j < features; ++j) g[j] += static_cast<float>(err * s.x[r * features + j] / rows);
     }
-    t.step(g);
+    if constexpr (external) {
+      for (std::size_t j = 0; j < features; ++j) {
+        b[j] = step == 0 ? g[j] : 0.9f * b[j] + g[j];
+        w[j] -= 0.05f * b[j];
+      }
+      t.step();
+    } else {
+      t.step(g);
+    }
   }
   t.finish();
   if (bytes_sent) *bytes_sent = t.stats().bytes_sent;
@@ -259,6 +275,15 @@ TEST_CASE("child: algorithm" * doctest::skip()) {
   MESSAGE("rank ", comm.rank(), ": max |gloo - threads| = ", diff, " for max |theta| = ", scale);
   CHECK(scale > 0.1);  // the model moved
   CHECK(diff <= 1e-6 * scale);
+
+  // Wrapper mode over Gloo: the same run with the inner steps taken by the
+  // test's own momentum SGD (inner::external) reaches inner::sgd's result.
+  const auto wrapped = train_linear<gloo_comm, dc::compress::none, dc::sync::blocking, dc::inner::external>(comm);
+  double wdiff = 0;
+  for (std::size_t j = 0; j < features; ++j)
+    wdiff = std::max(wdiff, std::abs(static_cast<double>(wrapped[j]) - over_gloo[j]));
+  MESSAGE("rank ", comm.rank(), ": max |external - sgd| = ", wdiff);
+  CHECK(wdiff <= 1e-6 * scale);
 
   // Every replica holds the same theta_global, bit for bit.
   std::vector<std::byte> gathered(features * sizeof(float) * static_cast<std::size_t>(m));

@@ -17,6 +17,8 @@
 #include <filesystem>
 #include <functional>
 #include <istream>
+#include <ostream>
+#include <sstream>
 #include <iterator>
 #include <limits>
 #include <memory>
@@ -128,7 +130,23 @@ class algorithm {
   /// Returns true when an outer step was applied.
   template <tensor_argument Grads>
   bool step(Grads&& grads) {
+    static_assert(!external_inner<Inner>,
+                  "diloco::algorithm::step(grads): with inner::external your own optimizer takes the inner step, so "
+                  "call step() without gradients after it");
     if constexpr (detail::gradient_tensors_ok<Grads>()) take_inner_step(std::forward<Grads>(grads));
+    return engine_->after_step();
+  }
+
+  /// inner::external (wrapper mode): your optimizer has just taken an inner
+  /// step on the parameter tensors, in place; this counts it and does what
+  /// the schedule asks for after it, as step(grads) does. Returns true when
+  /// an outer step was applied (the tensors then hold the merged values).
+  bool step() {
+    static_assert(external_inner<Inner>,
+                  "diloco::algorithm::step(): a step without gradients is for inner::external (your optimizer "
+                  "takes the inner step), and with the library's inner optimizer pass this worker's "
+                  "gradients: step(grads)");
+    engine_->inner_step({});
     return engine_->after_step();
   }
 
@@ -137,6 +155,9 @@ class algorithm {
   template <tensor_argument Grads>
     requires std::same_as<Sync, sync::blocking>
   void inner_step(Grads&& grads) {
+    static_assert(!external_inner<Inner>,
+                  "diloco::algorithm::inner_step(grads): with inner::external your own optimizer takes the inner "
+                  "step, so call step() without gradients after it");
     if constexpr (detail::gradient_tensors_ok<Grads>()) take_inner_step(std::forward<Grads>(grads));
   }
 
@@ -244,6 +265,25 @@ class algorithm {
   /// fsynced and renamed over `path` (checkpoint/file.hpp): a crash leaves
   /// the previous checkpoint.
   void save(const std::string& path) { checkpoint::write_file(path, save_bytes()); }
+  /// save() with your own state in the same file (under inner::external:
+  /// your optimizer's; any bytes of yours). `write_user(std::ostream&)`
+  /// writes it, e.g. `torch::save(optimizer, out)`; the file is then
+  /// written as save() writes it (a temporary, fsync, rename), so the
+  /// library's state and yours land together or not at all. load(path,
+  /// reader) gives it back.
+  template <class WriteUser>
+    requires std::invocable<WriteUser&, std::ostream&>
+  void save(const std::string& path, WriteUser&& write_user) {
+    std::ostringstream out(std::ios::binary);
+    write_user(out);
+    if (!out) detail::raise<error>("save: the writer of the user's state left its stream failed; nothing was written");
+    const std::string text = std::move(out).str();
+    std::vector<std::byte> user(text.size());
+    if (!text.empty()) std::memcpy(user.data(), text.data(), text.size());
+    engine_->settle();
+    checkpoint::write_file(path, checkpoint::detail::serialize(*engine_, expected_fields(checkpoint::scope::worker),
+                                                               checkpoint::scope::worker, &user));
+  }
   /// save() to a stream.
   void save(std::ostream& out) { write_stream(out, save_bytes(), "save"); }
   /// The checkpoint as bytes (collective, as save).
@@ -283,6 +323,19 @@ class algorithm {
   /// fresh instance, or call finish() first).
   void load(const std::string& path) {
     load_collective([&] { return checkpoint::read_file(path); }, path);
+  }
+  /// load() of a file written by save(path, writer): once every rank has
+  /// restored its file and the ranks agree, `read_user(std::istream&)` reads
+  /// your state back (e.g. `torch::load(optimizer, in)`). A file without
+  /// your state is a format_error, on every rank, with nothing changed.
+  /// load(path) restores such a file's library state alone.
+  template <class ReadUser>
+    requires std::invocable<ReadUser&, std::istream&>
+  void load(const std::string& path, ReadUser&& read_user) {
+    std::vector<std::byte> user;
+    load_collective([&] { return checkpoint::read_file(path); }, path, &user);
+    std::istringstream in(std::string(reinterpret_cast<const char*>(user.data()), user.size()), std::ios::binary);
+    read_user(in);
   }
   /// load() from a stream, read to its end (collective, as load(path)).
   void load(std::istream& in) {
@@ -500,13 +553,13 @@ class algorithm {
   /// The compressor as the header names it (compress/fingerprint.hpp).
   static std::string compressor_fingerprint() { return compress::fingerprint<Compressor>(); }
 
-  void load_bytes(std::span<const std::byte> bytes, const std::string& source) {
+  void load_bytes(std::span<const std::byte> bytes, const std::string& source, std::vector<std::byte>* user = nullptr) {
     if (engine_->in_flight())
       detail::raise<state_error>("load: a reduction is in flight; load into a fresh instance, or call finish() "
                                  "(collective) first");
     try {
       checkpoint::detail::restore(*engine_, bytes, expected_fields(checkpoint::scope::worker),
-                                  checkpoint::scope::worker);
+                                  checkpoint::scope::worker, user);
     } catch (const format_error& e) {
       throw format_error(detail::concat(e.what(), " [", source, "]"));
     }
@@ -517,7 +570,7 @@ class algorithm {
   // ranks exchange what they restored (core/agreement.hpp) and all keep it,
   // or all roll back and raise.
   template <class Read>
-  void load_collective(Read&& read, const std::string& source) {
+  void load_collective(Read&& read, const std::string& source, std::vector<std::byte>* user = nullptr) {
     const bool peers = engine_->world() > 1;
     detail::restore_record mine;
     std::exception_ptr failure;
@@ -526,7 +579,7 @@ class algorithm {
     bool restored = false;
     try {
       if (peers && !engine_->in_flight()) copy_state(backup, backup_scalars, false);
-      load_bytes(read(), source);
+      load_bytes(read(), source, user);
       restored = true;
       mine = {true, engine_->statistics().rounds, state_scalar("schedule.position"), shared_checksum(), {}};
     } catch (const std::exception& e) {

@@ -17,6 +17,7 @@
 #include "diloco/tensor/tensor_traits.hpp"
 #include "diloco/exec/host.hpp"
 #include "diloco/inner/adamw.hpp"
+#include "diloco/inner/external.hpp"
 #include "diloco/inner/muon.hpp"
 #include "diloco/inner/sgd.hpp"
 #include "diloco/outer/nesterov.hpp"

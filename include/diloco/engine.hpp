@@ -249,7 +249,7 @@ class engine final : public engine_membership<Comm, Space> {
   std::size_t fragment_of(std::size_t k) const override { return fragment_of_[k]; }
   void reset_inner_state() override { inner_.reset(); }
   void set_inner_lr(float lr) override { inner_.set_lr(lr); }
-  float inner_lr() const override { return inner_.settings().lr; }
+  float inner_lr() const override { return inner_.lr(); }
 
   void inner_step(std::span<const raw_tensor> grads) override {
     check_member("step");

@@ -122,6 +122,7 @@ class optimizer_core {
   }
   std::uint64_t steps() const { return steps_; }
   const typename Opt::options& settings() const { return opts_; }
+  float lr() const { return opts_.lr; }
 
   // The moments (slot k of parameter i at k * total + i) and the step count.
   template <class Visitor>
@@ -139,6 +140,36 @@ class optimizer_core {
   tensor_list<Space> list_;
   gradient_list<Space> grads_;
   [[no_unique_address]] typename stepper_of<Opt, Space>::type stepper_;
+};
+
+// inner::external (wrapper mode): the user's optimizer takes the inner
+// steps on the replica's tensors; the library keeps no inner state and its
+// step only checks that no gradients came with it.
+template <class Opt, class Space>
+  requires external_inner<Opt>
+class optimizer_core<Opt, Space> {
+ public:
+  optimizer_core() = default;
+  optimizer_core(std::size_t, const typename Opt::options&) {}
+  template <class Exec>
+  void step(Exec&, const parameter_set<float, Space>&, std::span<const raw_tensor> grads) {
+    if (!grads.empty())
+      raise<config_error>("inner::external: the user's optimizer takes the inner steps, and ", grads.size(),
+                          " gradient tensors came with this one; call step() without gradients after your "
+                          "optimizer's step");
+  }
+  void reset() {}
+  [[noreturn]] void set_lr(float) const {
+    raise<config_error>("inner::external: the inner learning rate is your optimizer's (set it there); the library "
+                        "takes no inner step");
+  }
+  [[noreturn]] float lr() const {
+    raise<config_error>("inner::external: the inner learning rate is your optimizer's (read it there); the library "
+                        "takes no inner step");
+  }
+  std::uint64_t steps() const { return 0; }
+  template <class Visitor>
+  void visit_state(Visitor&, std::string_view) {}
 };
 
 // The memory space an executor runs in: its `memory_space`, host if it

@@ -182,8 +182,12 @@ class ready_reader final : public reduce::ready_visitor {
   std::vector<std::byte> bytes_;
 };
 
+// The user's own bytes (algorithm::save(path, writer)): the file's last
+// section, after the reductions in flight.
+inline constexpr const char* user_section = "user";
+
 inline std::vector<std::byte> serialize(diloco::detail::engine_base& e, const std::vector<expected_field>& fields,
-                                        scope s) {
+                                        scope s, const std::vector<std::byte>* user = nullptr) {
   std::vector<field> header;
   for (const expected_field& x : fields) header.push_back(x.f);
   writer w(header);
@@ -208,11 +212,14 @@ inline std::vector<std::byte> serialize(diloco::detail::engine_base& e, const st
       ready_writer rw(w, e);
       e.visit_ready(p, rw);
     }
+  if (user) w.bytes(user_section, user->data(), user->size());
   return std::move(w).finish();
 }
 
+// `user`: where the user's section goes (a format_error when the file has
+// none); without it such a section is skipped.
 inline void restore(diloco::detail::engine_base& e, std::span<const std::byte> bytes,
-                    const std::vector<expected_field>& expected, scope s) {
+                    const std::vector<expected_field>& expected, scope s, std::vector<std::byte>* user = nullptr) {
   using diloco::detail::raise;
   const image img = parse(bytes);
   check_header(img, expected);
@@ -246,6 +253,13 @@ inline void restore(diloco::detail::engine_base& e, std::span<const std::byte> b
     e.visit_ready(static_cast<std::size_t>(p), check);
     at = check.at();
   }
+  const bool has_user = at < img.sections.size() && at > live.size() && img.sections[at].kind == section_kind::bytes &&
+                        img.sections[at].name == user_section;
+  if (user && !has_user)
+    raise<format_error>("checkpoint holds no user state (it was written by save(path), not save(path, writer)); "
+                        "load(path) restores the library's state alone");
+  const std::size_t user_at = at;
+  if (has_user) ++at;
   if (in_file < live.size() || at != img.sections.size())
     raise<format_error>("checkpoint has ", in_file, " state sections; this instance has ", live.size(),
                         ready.empty() ? "" : diloco::detail::concat(" and ", at - live.size() - 1, " of reductions in flight"),
@@ -271,6 +285,10 @@ inline void restore(diloco::detail::engine_base& e, std::span<const std::byte> b
     ready_reader load(img, first, p, e, true);
     e.visit_ready(p, load);
     e.set_ready(p);
+  }
+  if (user && has_user) {
+    user->resize(img.sections[user_at].elements());
+    img.raw(img.sections[user_at], user->data());
   }
 }
 

@@ -125,10 +125,19 @@ consteval optimizer_role optimizer_role_of() {
     return optimizer_role::any;
 }
 
-/// The optimizer each worker runs on its replica between rounds: element-wise
-/// or whole-tensor.
+/// Wrapper mode's inner "optimizer" (inner::external): the user's own
+/// optimizer takes the inner steps; the policy only says so.
 template <class O>
-concept inner_optimizer = any_optimizer_policy<O>;
+concept external_inner = requires {
+  typename O::options;
+  { O::name } -> std::convertible_to<const char*>;
+  requires O::user_steps;
+};
+
+/// The optimizer each worker runs on its replica between rounds: element-wise
+/// or whole-tensor, or the user's own (inner::external).
+template <class O>
+concept inner_optimizer = any_optimizer_policy<O> || external_inner<O>;
 
 /// The optimizer applied to the global parameters with the averaged
 /// pseudo-gradient as its gradient.

@@ -22,6 +22,7 @@ struct blocking : whole_model_schedule<schedule_kind::periodic, false> {
   /// after every H-th inner step.
   template <class Space, class Outer>
   struct runtime : runtime_base {
+    /// No options to keep.
     explicit runtime(const options&) {}
     /// The whole model's round once H inner steps were taken; whether it was applied.
     template <class E>

@@ -53,6 +53,7 @@ struct delayed : whole_model_schedule<schedule_kind::delayed, true> {
   struct runtime : runtime_base {
     buffer<float, Space> start;  ///< s: θ_g when the phase started ("schedule.start")
 
+    /// No options to keep.
     explicit runtime(const options&) {}
     /// s starts at theta_global.
     template <class E>

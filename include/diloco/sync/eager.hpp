@@ -199,10 +199,11 @@ struct eager::runtime : runtime_base {
   buffer<float, Space> own;     ///< "schedule.own"
   buffer<float, Space> slots;   ///< "schedule.eager_slots": this worker's outer state
   std::uint64_t steps = 0;      ///< "schedule.eager_steps": this worker's outer step count
-  eager::options opts;
+  eager::options opts;  ///< the schedule's options (outer_lr)
   int lr_world = -1;                               ///< the group size the outer lr was resolved for
   std::optional<typename Outer::options> user_outer;  ///< the outer options as the user gave them
 
+  /// Keeps the options (outer_lr).
   explicit runtime(const eager::options& o) : opts(o) {}
 
   /// The outer lr for the group's size now (the default follows M; a set lr

@@ -33,6 +33,7 @@ struct one_step_delay : whole_model_schedule<schedule_kind::delayed, true> {
   struct runtime : runtime_base {
     buffer<float, Space> start;  ///< s: where the phase started ("schedule.start")
 
+    /// No options to keep.
     explicit runtime(const options&) {}
     /// s starts at theta_global.
     template <class E>

@@ -27,6 +27,7 @@ template <class Options>
 struct periodic_runtime : runtime_base {
   float alpha = 0.0f;  ///< the merge's weight of the local value
 
+  /// Takes alpha from the options when they have one.
   explicit periodic_runtime(const Options& o) {
     if constexpr (requires { static_cast<float>(o.alpha); }) alpha = static_cast<float>(o.alpha);
   }

@@ -51,7 +51,10 @@ class basic_request {
   bool test() { return !op_.active() || op_.test(); }
 
  private:
+  // Doxygen cannot resolve a dependent friend: hidden from it.
+  /// @cond
   friend typename Op::issuer;
+  /// @endcond
 
   void drain() noexcept {
     try {
