@@ -16,11 +16,9 @@
 
 namespace diloco::python {
 
-// The inner optimizer slot. INTERIM until inner::external lands in the
-// library: inner::sgd stepped with zero gradients leaves the replica
-// exactly as the user's optimizer left it (p - lr * 0 = p), so step() only
-// counts the step and runs the schedule, as inner::external will.
-using py_inner = inner::sgd;
+// The inner optimizer slot: the user's (torch.optim, ...) takes the inner
+// steps on the tensors in place; step() counts and runs the schedule.
+using py_inner = inner::external;
 
 template <class Outer>
 typename Outer::options outer_options(const trainer_config& c) {
@@ -41,18 +39,9 @@ class trainer_impl final : public trainer_base {
 
  public:
   trainer_impl(const trainer_config& c, std::vector<std::span<float>>& params, any_comm comm)
-      : comm_(std::move(comm)), algo_(params, comm_, make_options(c)) {
-    std::size_t n = 0;
-    for (const auto& p : params) n += p.size();
-    zeros_storage_.assign(n, 0.0f);
-    std::size_t at = 0;
-    for (const auto& p : params) {
-      zeros_.emplace_back(zeros_storage_.data() + at, p.size());
-      at += p.size();
-    }
-  }
+      : comm_(std::move(comm)), algo_(params, comm_, make_options(c)), tensors_(params.size()) {}
 
-  bool step() override { return algo_.step(zeros_); }
+  bool step() override { return algo_.step(); }
   void finish() override { algo_.finish(); }
   const diloco::stats& statistics() const override { return algo_.stats(); }
   std::vector<std::byte> save_bytes() override { return algo_.save_bytes(); }
@@ -60,7 +49,7 @@ class trainer_impl final : public trainer_base {
   const float* global_data() const override { return algo_.global_parameters().data(); }
   std::size_t global_size() const override { return algo_.global_parameters().size(); }
   std::size_t global_offset(std::size_t k) const override { return algo_.global_offset(k); }
-  std::size_t tensor_count() const override { return zeros_.size(); }
+  std::size_t tensor_count() const override { return tensors_; }
   std::size_t steps_in_round() const override { return algo_.steps_in_round(); }
   std::size_t parameter_count() const override { return algo_.parameter_count(); }
   int rank() const override { return algo_.rank(); }
@@ -88,8 +77,7 @@ class trainer_impl final : public trainer_base {
 
   any_comm comm_;  // before algo_: the algorithm keeps a reference to it
   algo algo_;
-  std::vector<float> zeros_storage_;
-  std::vector<std::span<float>> zeros_;
+  std::size_t tensors_;
 };
 
 /// Adds the trainers of one schedule: outer {nesterov, sgd} x the compressors below.
