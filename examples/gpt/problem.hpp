@@ -9,12 +9,20 @@
 // where the shard plan puts it (a function of the seed and id only), so
 // every variant sees the same data. The loss is the mean cross-entropy of
 // every next character in the windows.
+//
+// A worker's model also owns a torch::optim::AdamW (inner_step), for the
+// runs where the example's own optimizer takes the inner steps and diloco
+// wraps it (inner::external, examples/gpt/external.hpp): its lr set from
+// the schedule before each step and the gradients clipped by
+// torch::nn::utils::clip_grad_norm_, as a libtorch trainer does.
 
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <diloco/experiment/run.hpp>
+#include <functional>
+#include <memory>
 #include <diloco/tensor/torch.hpp>
 #include <vector>
 
@@ -24,8 +32,19 @@
 
 namespace gpt {
 
+// The example's own optimizer: torch::optim::AdamW with these settings
+// (the library's inner::adamw defaults for betas and eps, so both paths run
+// the same update) and the lr schedule `lr(step)`.
+struct torch_adamw_settings {
+  std::function<float(std::uint64_t step)> lr{};
+  float weight_decay = 0.0f;
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+  float max_grad_norm = 0.0f;  // clip_grad_norm_ before each step; 0: none
+};
+
 struct config {
   shape dims{};
+  torch_adamw_settings adamw{};  // for inner_step (the external path)
   int batch = 16;             // windows per global step, split over the workers
   int eval_windows = 1024;    // held-out windows per evaluation (evenly spaced, at most all of it)
   int threads_per_worker = 1; // libtorch's intra-op threads in each worker
@@ -82,6 +101,25 @@ class worker_model {
     return loss.item<double>();
   }
 
+  // The torch optimizer's step for global step `step` (after train(step),
+  // or after the gradients were replaced by their mean): the schedule's lr
+  // into every parameter group, clip_grad_norm_, AdamW's step. The
+  // optimizer is made at the first call; its state lives as long as the model.
+  void inner_step(std::uint64_t step) {
+    const auto& a = c_->adamw;
+    if (!opt_)
+      opt_ = std::make_unique<torch::optim::AdamW>(
+          m_->parameters(), torch::optim::AdamWOptions(a.lr ? a.lr(0) : 1e-3)
+                                .betas({a.beta1, a.beta2})
+                                .eps(a.eps)
+                                .weight_decay(a.weight_decay));
+    if (a.lr)
+      for (auto& group : opt_->param_groups())
+        static_cast<torch::optim::AdamWOptions&>(group.options()).lr(a.lr(step));
+    if (a.max_grad_norm > 0.0f) torch::nn::utils::clip_grad_norm_(m_->parameters(), a.max_grad_norm);
+    opt_->step();
+  }
+
   // Mean cross-entropy (nats per character) over evenly spaced held-out windows.
   double evaluate() {
     torch::NoGradGuard no_grad;
@@ -109,6 +147,7 @@ class worker_model {
   transformer m_;
   diloco::torch_parameters params_;
   window_batch batch_;
+  std::unique_ptr<torch::optim::AdamW> opt_;
 };
 
 struct problem {

@@ -5,6 +5,14 @@
 // for each, through diloco::experiment; prints progress, a table and the
 // comparisons, and writes CSV and JSON with --out.
 //
+// The inner optimizer (--inner): by default torch::optim::AdamW, the
+// example's own, with the warmup-cosine lr set on it each step and
+// clip_grad_norm_ (--max-grad-norm), wrapped by diloco through
+// inner::external (gpt/external.hpp); `adamw` is the library's fused
+// inner::adamw (the same update: the two agree to 1e-4 relative, test
+// demo_gpt_inner_paths_agree); `muon` is inner::muon (Muon for matrices at
+// --muon-lr, AdamW at --lr for the rest). A list runs each in turn.
+//
 //   train_gpt [--workers 8] [--inner-steps 50] [--shards iid|by-file] ...   (threads)
 //   mpirun -np 8 train_gpt --comm mpi ...                                    (MPI ranks)
 //   scripts/launch_gloo.sh 8 -- train_gpt --comm gloo ...                    (Gloo processes)
@@ -43,6 +51,7 @@
 #include "char_mlp/corpus.hpp"
 #include "char_mlp/experiment.hpp"
 #include "char_mlp/shards.hpp"
+#include "gpt/external.hpp"
 #include "gpt/model.hpp"
 #include "gpt/problem.hpp"
 
@@ -52,19 +61,26 @@ namespace dx = diloco::experiment;
 namespace cs = char_mlp::compressors;
 namespace sy = diloco::sync;
 using adamw = diloco::inner::adamw;
+using muon = diloco::inner::muon;
+using external = diloco::inner::external;
 using nesterov = diloco::outer::nesterov;
 
-// The variants, at compile time; --methods picks among them by label.
+// The variants, at compile time, for each inner optimizer; --methods picks
+// among them by label.
+template <class I>
 using all_variants =
-    dx::variants<dx::data_parallel<adamw>, dx::single_worker<adamw>, dx::named<"diloco", dx::variant<adamw, nesterov>>,
-                 dx::named<"diloco+int4+ef", dx::variant<adamw, nesterov, cs::int4>>,
-                 dx::named<"diloco+bf16", dx::variant<adamw, nesterov, cs::bf16>>,
-                 dx::named<"diloco streaming", dx::variant<adamw, nesterov, cs::none, sy::streaming>>,
-                 dx::named<"diloco one-step delay", dx::variant<adamw, nesterov, cs::none, sy::one_step_delay>>,
-                 dx::named<"diloco eager", dx::variant<adamw, nesterov, cs::none, sy::eager>>>;
+    dx::variants<dx::data_parallel<I>, dx::single_worker<I>, dx::named<"diloco", dx::variant<I, nesterov>>,
+                 dx::named<"diloco+int4+ef", dx::variant<I, nesterov, cs::int4>>,
+                 dx::named<"diloco+bf16", dx::variant<I, nesterov, cs::bf16>>,
+                 dx::named<"diloco streaming", dx::variant<I, nesterov, cs::none, sy::streaming>>,
+                 dx::named<"diloco one-step delay", dx::variant<I, nesterov, cs::none, sy::one_step_delay>>,
+                 dx::named<"diloco eager", dx::variant<I, nesterov, cs::none, sy::eager>>>;
 // --methods names them by these short names, in this order.
 const std::vector<std::string> method_names{"ddp", "single", "diloco", "int4", "bf16", "streaming", "delay", "eager"};
-static_assert(all_variants::size == 8, "one short name in method_names per variant");
+static_assert(all_variants<adamw>::size == 8, "one short name in method_names per variant");
+// --inner: torch::optim::AdamW wrapped by inner::external, the library's
+// fused AdamW, Muon.
+const std::vector<std::string> inner_names{"adamw-external", "adamw", "muon"};
 
 struct options {
   gpt::config g;
@@ -74,7 +90,9 @@ struct options {
   double passes = 1.0;
   int min_rounds = 40;
   int steps = 0;  // 0: from the budget
+  std::vector<std::string> inner{"adamw-external"};
   float lr = 2e-3f;
+  float muon_lr = 0.02f;
   int warmup = 100;
   double final_lr_fraction = 0.1;
   float weight_decay = 0.0f;
@@ -129,7 +147,16 @@ void parse(int argc, char** argv, options& o, bool print_help) {
   app.add_option("--heads", o.g.dims.heads, "attention heads (divide the width)")
       ->capture_default_str()
       ->check(cd::int_in(1, 64));
-  app.add_option("--lr", o.lr, "AdamW peak lr, every method")->capture_default_str()->check(cd::finite_in(0, 10, true));
+  cd::add_list(app, "--inner", o.inner,
+               "inner optimizer(s), each run in turn: adamw-external (torch::optim::AdamW, the example's own, wrapped "
+               "by inner::external), adamw (the library's fused inner::adamw), muon (inner::muon)",
+               inner_names);
+  app.add_option("--lr", o.lr, "AdamW peak lr, every method (with --inner muon: the non-matrix tensors')")
+      ->capture_default_str()
+      ->check(cd::finite_in(0, 10, true));
+  app.add_option("--muon-lr", o.muon_lr, "--inner muon: the matrices' peak lr (same schedule)")
+      ->capture_default_str()
+      ->check(cd::finite_in(0, 10, true));
   app.add_option("--warmup", o.warmup, "linear lr warmup steps")->capture_default_str()->check(cd::int_in(0));
   app.add_option("--final-lr", o.final_lr_fraction, "cosine decay ends at lr * X")
       ->capture_default_str()
@@ -206,7 +233,57 @@ plan budget(const options& o, std::size_t train_chars, int workers) {
   return p;
 }
 
-// Runs the variants --methods names, in the list's order.
+// Runs the variants --methods names, in the list's order, with inner optimizer I.
+template <class I, class Launch>
+std::vector<dx::row> run_inner(const options& o, const gpt::problem& problem, Launch& launch, const dx::settings& s) {
+  auto configure = [&o, h = o.inner_steps](auto& opts, std::string_view) {
+    using inner_options = std::remove_cvref_t<decltype(opts.inner)>;
+    if constexpr (std::is_same_v<inner_options, adamw::options>) {
+      opts.inner = {.lr = o.lr, .weight_decay = o.weight_decay, .max_grad_norm = o.max_grad_norm};
+    } else if constexpr (std::is_same_v<inner_options, muon::options>) {
+      // The non-matrix tensors' AdamW as --inner adamw's (lr --lr, betas
+      // (0.9, 0.95), eps 1e-8), its lr following the matrices' schedule.
+      opts.inner = {.lr = o.muon_lr,
+                    .weight_decay = o.weight_decay,
+                    .adamw_lr_scale = o.lr / o.muon_lr,
+                    .beta1 = 0.9f,
+                    .beta2 = 0.95f,
+                    .eps = 1e-8f,
+                    .adamw_weight_decay = o.weight_decay,
+                    .max_grad_norm = o.max_grad_norm};
+    }  // inner::external: no options (the model's torch optimizer has them)
+    using O = std::remove_cvref_t<decltype(opts)>;
+    if constexpr (!std::is_void_v<dx::sync_of_t<O>>) {
+      opts.outer = {.lr = o.outer_lr, .momentum = o.outer_momentum};
+      if constexpr (std::is_same_v<dx::sync_of_t<O>, sy::streaming>) {
+        // P and tau shrink to fit a small H unless that is impossible.
+        const int fragments = std::min(o.fragments, h);
+        opts.sync = {.fragments = static_cast<std::size_t>(fragments),
+                     .delay = static_cast<std::size_t>(std::min(o.delay, std::max(0, h / fragments - 1))),
+                     .alpha = o.alpha,
+                     .assignment = sy::fragment_assignment::strided};
+      }
+    }
+  };
+  std::vector<dx::row> rows;
+  std::size_t index = 0;
+  [&]<class... V>(dx::variants<V...>*) {
+    auto one = [&]<class Variant>() {
+      const std::string& method = method_names[index++];
+      if (std::find(o.methods.begin(), o.methods.end(), method) == o.methods.end()) return;
+      if constexpr (std::is_same_v<I, external>) {
+        for (auto& r : gpt::run_external<dx::variants<Variant>>(problem, launch, s, configure))
+          rows.push_back(std::move(r));
+      } else {
+        for (auto& r : dx::run<dx::variants<Variant>>(problem, launch, s, configure)) rows.push_back(std::move(r));
+      }
+    };
+    (one.template operator()<V>(), ...);
+  }(static_cast<all_variants<I>*>(nullptr));
+  return rows;
+}
+
+// Runs the variants --methods names for each inner optimizer --inner names.
 template <class Launch>
 std::vector<dx::row> run_methods(const options& o, const char_mlp::dataset& data, Launch& launch, bool lead) {
   const int workers = launch.size();
@@ -227,46 +304,48 @@ std::vector<dx::row> run_methods(const options& o, const char_mlp::dataset& data
     std::fflush(stdout);
   }
   const int steps = p.steps;
+  auto schedule = [&o, steps](float peak) {
+    return [&o, steps, peak](std::uint64_t step) {
+      return char_mlp::warmup_cosine_lr(peak, o.warmup, o.final_lr_fraction, steps, static_cast<int>(step));
+    };
+  };
+  // The torch optimizer of --inner adamw-external: the same schedule,
+  // weight decay and clipping as the library's inner::adamw gets.
+  g.adamw = {.lr = schedule(o.lr), .weight_decay = o.weight_decay, .max_grad_norm = o.max_grad_norm};
   dx::settings s{.steps = static_cast<std::uint64_t>(steps),
                  .inner_steps = static_cast<std::size_t>(o.inner_steps),
                  .eval_every = static_cast<std::uint64_t>(std::max(1, steps / o.curve_points)),
                  .seed = o.seed,
-                 .lr = [&o, steps](std::uint64_t step) {
-                   return char_mlp::warmup_cosine_lr(o.lr, o.warmup, o.final_lr_fraction, steps,
-                                                     static_cast<int>(step));
-                 },
+                 .lr = {},
                  .log = (lead && !o.quiet) ? stdout : nullptr,
                  .tags = {{"shards", char_mlp::name_of(o.shards)},
                           {"batch", std::to_string(p.batch)},
                           {"context", std::to_string(g.dims.context)},
                           {"width", std::to_string(g.dims.width)},
                           {"comm", o.comm}}};
-  auto configure = [&o, h = o.inner_steps](auto& opts, std::string_view) {
-    opts.inner = {.lr = o.lr, .weight_decay = o.weight_decay, .max_grad_norm = o.max_grad_norm};
-    using O = std::remove_cvref_t<decltype(opts)>;
-    if constexpr (!std::is_void_v<dx::sync_of_t<O>>) {
-      opts.outer = {.lr = o.outer_lr, .momentum = o.outer_momentum};
-      if constexpr (std::is_same_v<dx::sync_of_t<O>, sy::streaming>) {
-        // P and tau shrink to fit a small H unless that is impossible.
-        const int fragments = std::min(o.fragments, h);
-        opts.sync = {.fragments = static_cast<std::size_t>(fragments),
-                     .delay = static_cast<std::size_t>(std::min(o.delay, std::max(0, h / fragments - 1))),
-                     .alpha = o.alpha,
-                     .assignment = sy::fragment_assignment::strided};
-      }
-    }
-  };
   const gpt::problem problem{&data, &g, &shards};
   std::vector<dx::row> rows;
-  std::size_t index = 0;
-  [&]<class... V>(dx::variants<V...>*) {
-    auto one = [&]<class Variant>() {
-      const std::string& method = method_names[index++];
-      if (std::find(o.methods.begin(), o.methods.end(), method) == o.methods.end()) return;
-      for (auto& r : dx::run<dx::variants<Variant>>(problem, launch, s, configure)) rows.push_back(std::move(r));
-    };
-    (one.template operator()<V>(), ...);
-  }(static_cast<all_variants*>(nullptr));
+  for (const auto& inner : o.inner) {
+    if (lead)
+      std::printf("inner optimizer: %s\n",
+                  inner == "adamw-external" ? "torch::optim::AdamW (the example's own; diloco wraps it: inner::external)"
+                  : inner == "adamw"        ? "inner::adamw (the library's fused AdamW)"
+                                            : "inner::muon (Muon for matrices at --muon-lr, AdamW at --lr for the rest)");
+    std::vector<dx::row> part;
+    if (inner == "adamw-external") {
+      part = run_inner<external>(o, problem, launch, s);
+    } else if (inner == "adamw") {
+      s.lr = schedule(o.lr);
+      part = run_inner<adamw>(o, problem, launch, s);
+    } else {
+      s.lr = schedule(o.muon_lr);
+      part = run_inner<muon>(o, problem, launch, s);
+    }
+    for (auto& r : part) {
+      if (o.inner.size() > 1) r.variant += " [" + inner + "]";
+      rows.push_back(std::move(r));
+    }
+  }
   return rows;
 }
 
@@ -276,26 +355,49 @@ const dx::row* find(const std::vector<dx::row>& rows, const std::string& variant
   return nullptr;
 }
 
-void report(const options& o, const std::vector<dx::row>& rows) {
-  std::printf("\n");
-  dx::write_table(stdout, rows);
-  const auto* ddp = find(rows, "data parallel");
-  const auto* dl = find(rows, "diloco");
-  const auto* alone = find(rows, "single worker");
-  std::printf("\n");
+// The comparisons within one inner optimizer's rows (labels end in `suffix`).
+void compare(const options& o, const std::vector<dx::row>& rows, const std::string& suffix) {
+  const auto* ddp = find(rows, "data parallel" + suffix);
+  const auto* dl = find(rows, "diloco" + suffix);
+  const auto* alone = find(rows, "single worker" + suffix);
   if (ddp && dl)
-    std::printf("diloco / data parallel: held-out loss x%.4f (%+.2f%%), bytes %.1fx fewer (H/2 = %.1f)\n",
-                dl->final_loss / ddp->final_loss, 100.0 * (dl->final_loss / ddp->final_loss - 1.0),
+    std::printf("diloco%s / data parallel: held-out loss x%.4f (%+.2f%%), bytes %.1fx fewer (H/2 = %.1f)\n",
+                suffix.c_str(), dl->final_loss / ddp->final_loss, 100.0 * (dl->final_loss / ddp->final_loss - 1.0),
                 dl->bytes_sent ? static_cast<double>(ddp->bytes_sent) / static_cast<double>(dl->bytes_sent) : 0.0,
                 o.inner_steps / 2.0);
   if (alone && dl)
-    std::printf("diloco / single worker (same per-worker compute): held-out loss x%.4f\n",
+    std::printf("diloco%s / single worker (same per-worker compute): held-out loss x%.4f\n", suffix.c_str(),
                 dl->final_loss / alone->final_loss);
   for (const char* v : {"diloco+int4+ef", "diloco+bf16", "diloco streaming", "diloco one-step delay", "diloco eager"})
-    if (const auto* r = find(rows, v); r && dl)
-      std::printf("%s / diloco: held-out loss x%.4f (%+.2f%%), bytes %.1fx fewer\n", v, r->final_loss / dl->final_loss,
-                  100.0 * (r->final_loss / dl->final_loss - 1.0),
+    if (const auto* r = find(rows, v + suffix); r && dl)
+      std::printf("%s / diloco: held-out loss x%.4f (%+.2f%%), bytes %.1fx fewer\n", (v + suffix).c_str(),
+                  r->final_loss / dl->final_loss, 100.0 * (r->final_loss / dl->final_loss - 1.0),
                   r->bytes_sent ? static_cast<double>(dl->bytes_sent) / static_cast<double>(r->bytes_sent) : 0.0);
+}
+
+void report(const options& o, const std::vector<dx::row>& rows) {
+  std::printf("\n");
+  dx::write_table(stdout, rows);
+  std::printf("\n");
+  if (o.inner.size() == 1) {
+    compare(o, rows, "");
+  } else {
+    for (const auto& inner : o.inner) compare(o, rows, " [" + inner + "]");
+    // Each method's final held-out loss under each inner optimizer against
+    // the first listed (--inner adamw-external,adamw: the same AdamW update
+    // by libtorch and by the library).
+    const std::string first = " [" + o.inner.front() + "]";
+    for (const auto& r : rows) {
+      if (r.variant.size() < first.size() || r.variant.compare(r.variant.size() - first.size(), first.size(), first) != 0)
+        continue;
+      const std::string method = r.variant.substr(0, r.variant.size() - first.size());
+      for (std::size_t i = 1; i < o.inner.size(); ++i)
+        if (const auto* other = find(rows, method + " [" + o.inner[i] + "]"))
+          std::printf("%s: held-out loss %s %.6f against %s %.6f: relative difference %.2e\n", method.c_str(),
+                      o.inner[i].c_str(), other->final_loss, o.inner.front().c_str(), r.final_loss,
+                      std::abs(other->final_loss - r.final_loss) / std::abs(r.final_loss));
+    }
+  }
   if (!o.out.empty()) {
     dx::write_files(o.out, "gpt", rows);
     std::printf("wrote %s/gpt.csv, gpt_curves.csv, gpt.json\n", o.out.c_str());
