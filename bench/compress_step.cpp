@@ -261,11 +261,17 @@ int main(int argc, char** argv) {
   run<cp::error_feedback<cp::cast<dc::bf16>>>("bf16_ef", n, world, reps, triad);
   run<cp::blockwise<dc::int8>>("int8", n, world, reps, triad);
   run<cp::error_feedback<cp::blockwise<dc::int8>>>("int8_ef", n, world, reps, triad);
+  run<cp::blockwise<dc::int4>>("int4", n, world, reps, triad);
   run<cp::error_feedback<cp::blockwise<dc::int4>>>("int4_ef", n, world, reps, triad);
+  run<cp::blockwise<dc::fp8_e4m3>>("fp8_e4m3", n, world, reps, triad);
   run<cp::error_feedback<cp::blockwise<dc::fp8_e4m3>>>("fp8_e4m3_ef", n, world, reps, triad);
+  run<cp::blockwise<dc::fp8_e5m2>>("fp8_e5m2", n, world, reps, triad);
   run<cp::error_feedback<cp::blockwise<dc::fp8_e5m2>>>("fp8_e5m2_ef", n, world, reps, triad);
+  run<cp::blockwise<dc::fp4_e3m0>>("fp4_e3m0", n, world, reps, triad);
   run<cp::error_feedback<cp::blockwise<dc::fp4_e3m0>>>("fp4_e3m0_ef", n, world, reps, triad);
+  run<cp::blockwise<dc::int2>>("int2", n, world, reps, triad);
   run<cp::error_feedback<cp::blockwise<dc::int2>>>("int2_ef", n, world, reps, triad);
+  run_gathered<cp::chunk_topk<4096, 64, dc::int2>>("chunk_topk_64_4096_int2", n, world, reps, triad);
   run_gathered<cp::error_feedback<cp::chunk_topk<4096, 64, dc::int2>>>("chunk_topk_64_4096_int2_ef", n, world, reps, triad);
   return 0;
 }

@@ -8,6 +8,7 @@
 
 #include "diloco/compress/codec.hpp"
 #include "diloco/compress/formats.hpp"
+#include "diloco/compress/packed_codes.hpp"
 #include "diloco/core/macros.hpp"
 #include "diloco/kernels/grids.hpp"
 #include "diloco/kernels/quantize.hpp"
@@ -51,6 +52,10 @@ struct blockwise_codec {
   DILOCO_HD void encode(const float* v, std::size_t len, std::byte* out, float* dq, std::uint64_t stream,
                         std::uint64_t index0) const {
     len = len < B ? len : B;  // blocks never exceed B; saying so bounds the padding loops for the compiler
+#if !defined(__CUDA_ARCH__)
+    if constexpr (!Rounding::stochastic && fused_nearest)
+      if (encode_nearest(v, len, out, dq)) return;
+#endif
     const float amax = kernels::block_amax(v, len);
     std::memcpy(out, &amax, 4);
     float q[B];
@@ -92,6 +97,9 @@ struct blockwise_codec {
     // non-finite) multiply; tiny blocks take dequantize()'s exact path.
     if (kernels::scale_is_normal(amax, levels) || !(amax - amax == 0.0f)) {
       const float scale = amax / levels;
+#if !defined(__CUDA_ARCH__)
+      if constexpr (table_decode) return decode_by_table(q, len, scale, dq);
+#endif
       if constexpr (Format::bits == 8) {
         for (std::size_t j = 0; j < len; ++j) dq[j] = g.value(static_cast<unsigned>(q[j])) * scale;
       } else {
@@ -126,8 +134,24 @@ struct blockwise_codec {
   DILOCO_HD static std::size_t clean_prefix(const std::byte* q) {
     using grid_type = kernels::grid_t<Format>;
     constexpr std::size_t words = value_bytes / 8;
-    if constexpr (std::is_same_v<grid_type, kernels::int2_grid>) {
+    static_assert(every_code_valid() || minifloat_pattern_holds(), "blockwise: clean_prefix's test of the codes never written");
+    if constexpr (std::is_same_v<grid_type, kernels::int2_grid> || every_code_valid()) {
       return value_bytes;
+    } else if constexpr (!is_int_grid && words > 0) {
+      // A small float's magnitudes never written are those above max_code,
+      // which are exactly the magnitudes m with m & P == P for P = max_code
+      // + 1 (a run of ones from the top: e4m3's 0x7f, e5m2's 0x7c..0x7f;
+      // minifloat_pattern_holds checks it): a byte is one iff (b & P) ^ P is
+      // zero, which (x - ones) & ~x & 0x80.. detects exactly.
+      constexpr std::uint64_t pattern = 0x0101010101010101ULL * (Format::max_code + 1u);
+      std::uint64_t found = 0;
+      for (std::size_t w = 0; w < words; ++w) {
+        std::uint64_t x;
+        std::memcpy(&x, q + 8 * w, 8);
+        x = (x & pattern) ^ pattern;
+        found |= (x - 0x0101010101010101ULL) & ~x & 0x8080808080808080ULL;
+      }
+      return found == 0 ? words * 8 : 0;
     } else if constexpr (std::is_same_v<grid_type, kernels::int_grid<Format::bits>> && words > 0) {
       // Code c is the sign bit alone iff c ^ sign is zero: a zero field,
       // which (x - ones) & ~x & sign detects exactly, whatever the others.
@@ -168,6 +192,74 @@ struct blockwise_codec {
     if (const std::size_t rest = len - first; rest < per_byte && (byte >> (rest * bits)) != 0)
       return "non-zero padding bits in a partial block's last byte";
     return nullptr;
+  }
+
+  /// Whether every code of the format is a value (int2, fp4_e3m0).
+  DILOCO_HD static constexpr bool every_code_valid() {
+    if constexpr (requires { Format::max_code; })
+      return Format::max_code + 1u == 1u << (Format::bits - 1);
+    else
+      return false;
+  }
+  /// The integer grids (int8, int4): their decode is arithmetic that vectorizes as it stands.
+  static constexpr bool is_int_grid = std::is_same_v<kernels::grid_t<Format>, kernels::int_grid<Format::bits>>;
+  /// Whether the host encodes with round to nearest by encode_nearest: the
+  /// small floats, whose rounding finds two neighbours per element with
+  /// branches (int2's and the integer grids' already vectorize).
+  static constexpr bool fused_nearest = requires(float y, unsigned c) { kernels::grid_t<Format>::round_nearest_code(y, c); };
+  /// Whether the host decodes by packed_codes' byte table: fp8, whose
+  /// value() takes a branch per code (fp4's and int2's vectorize as they are).
+  static constexpr bool table_decode = fused_nearest && Format::bits == 8;
+  /// clean_prefix's test of the small floats: the magnitudes above max_code
+  /// are those that have every bit of max_code + 1.
+  DILOCO_HD static constexpr bool minifloat_pattern_holds() {
+    if constexpr (requires { Format::max_code; }) {
+      constexpr unsigned p = Format::max_code + 1u, top = 1u << (Format::bits - 1);
+      for (unsigned m = 0; m < top; ++m)
+        if ((m > Format::max_code) != ((m & p) == p)) return false;
+    }
+    return true;
+  }
+
+  /// encode() with round to nearest for a block on quantize_block's common
+  /// path (a positive finite amax, L / amax finite, amax / L normal), in
+  /// one loop that vectorizes: each element rounded and coded without
+  /// branches (the grid's round_nearest_code), its codes packed a word at a
+  /// time. The same float operations, so the same bytes
+  /// and dq; any other block returns false and takes encode()'s own path.
+  bool encode_nearest(const float* v, std::size_t len, std::byte* out, float* dq) const {
+    const float amax = kernels::block_amax(v, len);
+    const float inv = levels / amax;
+    const float scale = amax / levels;
+    if (!(amax > 0.0f) || !(amax - amax == 0.0f) || !(inv - inv == 0.0f) || !(scale >= 1.17549435e-38f)) return false;
+    std::memcpy(out, &amax, 4);
+    constexpr auto g = kernels::grid<Format>();
+    alignas(16) unsigned char c[B];
+    const float* DILOCO_RESTRICT x = v;
+    float* DILOCO_RESTRICT d = dq;
+    for (std::size_t j = 0; j < len; ++j) {
+      const float y = x[j] * inv;
+      unsigned cj;
+      const float r = g.round_nearest_code(y, cj);
+      d[j] = r * scale;
+      c[j] = static_cast<unsigned char>(cj);
+    }
+    auto* bytes = reinterpret_cast<unsigned char*>(out + 4);
+    const std::size_t used = packed_codes::pack<Format::bits>(c, len, bytes);
+    if (used < value_bytes) std::memset(bytes + used, 0, value_bytes - used);
+    return true;
+  }
+  /// decode()'s plain case (value(code) * scale) by packed_codes' byte table.
+  static void decode_by_table(const std::byte* q, std::size_t len, float scale, float* dq) {
+    const auto& t = packed_codes::values_of_bytes<Format>();
+    const auto* bytes = reinterpret_cast<const unsigned char*>(q);
+    float* DILOCO_RESTRICT d = dq;
+    const std::size_t full = len / per_byte;
+    for (std::size_t p = 0; p < full; ++p) {
+      const float* tv = t.v[bytes[p]];
+      for (std::size_t i = 0; i < per_byte; ++i) d[p * per_byte + i] = tv[i] * scale;
+    }
+    for (std::size_t j = full * per_byte; j < len; ++j) d[j] = t.v[bytes[j / per_byte]][j % per_byte] * scale;
   }
 
   /// The code of element j.

@@ -118,17 +118,7 @@ struct chunk_topk_codec {
     // Selection: the n largest keys (|v| bits, then the lower index), so
     // every tie is decided and the result is the same on every machine.
     std::uint64_t keys[Chunk];
-    for (std::size_t j = 0; j < len; ++j) {
-      std::uint32_t b;
-      std::memcpy(&b, v + j, 4);
-      keys[j] = (static_cast<std::uint64_t>(b & 0x7fffffffu) << 32) | (0xffffffffu - static_cast<std::uint32_t>(j));
-    }
-    if (n < len) std::nth_element(keys, keys + n, keys + len, [](std::uint64_t a, std::uint64_t b) { return a > b; });
-    // The selected positions, in increasing order (sorted in place of their
-    // keys: the arrays are Chunk long, which keeps GCC's bounds analysis of
-    // std::sort quiet).
-    for (std::size_t e = 0; e < n; ++e) keys[e] = 0xffffffffu - (keys[e] & 0xffffffffu);
-    std::sort(keys, keys + n);
+    select(v, len, n, keys);
     const std::uint64_t* idx = keys;
     float sel[K], q[K], sdq[K];
     for (std::size_t e = 0; e < n; ++e) sel[e] = v[idx[e]];
@@ -145,6 +135,103 @@ struct chunk_topk_codec {
       detail_bits::or_field(out + 4, e, value_bits, g.code(q[e]));
       detail_bits::or_field(out + 4 + value_bytes, e, index_bits, static_cast<unsigned>(idx[e]));
       dq[idx[e]] = sdq[e];
+    }
+  }
+
+  /// The positions of the n largest keys of v[0, len) (key: |v| bits, then
+  /// the lower index; n <= len), in increasing order, into idx[0, n). The
+  /// top n of a total order are one set however they are found; this finds
+  /// them in two passes instead of a selection over the whole chunk: a
+  /// histogram of the keys' top 11 bits (the exponent and 3 mantissa bits)
+  /// finds the bin that holds the n-th largest, every element above it is
+  /// selected, and only that bin's elements are ordered (nth_element) to
+  /// find how many of it are; a last pass collects the selected positions
+  /// in order, so no sort either.
+  static void select(const float* v, std::size_t len, std::size_t n, std::uint64_t* idx) {
+    if (n >= len) {
+      for (std::size_t j = 0; j < len; ++j) idx[j] = j;
+      return;
+    }
+    auto magnitude = [v](std::size_t j) {
+      std::uint32_t b;
+      std::memcpy(&b, v + j, 4);
+      return b & 0x7fffffffu;
+    };
+    auto key = [](std::uint32_t mag, std::size_t j) {
+      return (static_cast<std::uint64_t>(mag) << 32) | (0xffffffffu - static_cast<std::uint32_t>(j));
+    };
+    constexpr unsigned bins = 2048, shift = 20;  // |v| bits are 31: their top 11
+    // Two histograms, even and odd positions: the counts of neighbours in
+    // one bin (most of a chunk's magnitudes share a few) do not wait on
+    // each other's stores.
+    std::uint16_t count[2][bins] = {};
+    for (std::size_t j = 0; j + 1 < len; j += 2) {
+      ++count[0][magnitude(j) >> shift];
+      ++count[1][magnitude(j + 1) >> shift];
+    }
+    if (len % 2) ++count[0][magnitude(len - 1) >> shift];
+    std::uint32_t largest = 0;  // where the scan down the bins starts: most bins above are empty
+    for (std::size_t j = 0; j < len; ++j) largest = magnitude(j) > largest ? magnitude(j) : largest;
+    unsigned bin = largest >> shift;
+    std::size_t above = 0;  // elements in the bins above `bin`
+    while (above + count[0][bin] + count[1][bin] < n) above += count[0][bin] + count[1][bin], --bin;
+    const std::size_t need = n - above;  // of the bin's elements, in [1, its count]
+    const std::size_t in_bin = count[0][bin] + count[1][bin];
+    auto greater = [](std::uint64_t a, std::uint64_t b) { return a > b; };
+    // The keys of every element in the bin or above, in position order
+    // (compacted without branches: store always, move on when it counts;
+    // which elements count follows the data, and mispredicted branches were
+    // most of the time). The bin's own are ordered in a small local copy to
+    // find the smallest selected one; then the list is filtered in place.
+    constexpr std::size_t small = 512;
+    if (in_bin <= small) {
+      // Eight at a time, and only a group with a candidate compacted (few
+      // are: about n of len elements).
+      const std::uint32_t lowest = static_cast<std::uint32_t>(bin) << shift;
+      std::size_t c = 0;
+      auto take = [&](std::size_t j) {
+        const std::uint32_t m = magnitude(j);
+        idx[c] = key(m, j);
+        c += m >= lowest;
+      };
+      std::size_t j = 0;
+      for (; j + 8 <= len; j += 8) {
+        std::uint32_t group = 0;
+        for (std::size_t i = 0; i < 8; ++i) group = magnitude(j + i) > group ? magnitude(j + i) : group;
+        if (group >= lowest)
+          for (std::size_t i = 0; i < 8; ++i) take(j + i);
+      }
+      for (; j < len; ++j) take(j);
+      std::uint64_t keys[small + 1];  // one more: the store after the last of the bin
+      std::size_t found = 0;
+      for (std::size_t i = 0; i < c; ++i) {
+        keys[found] = idx[i];
+        found += (idx[i] >> (32 + shift)) == bin;
+      }
+      std::nth_element(keys, keys + (need - 1), keys + found, greater);
+      const std::uint64_t threshold = keys[need - 1];
+      std::size_t e = 0;
+      for (std::size_t i = 0; i < c; ++i) {
+        const std::uint64_t ki = idx[i];
+        idx[e] = 0xffffffffu - (ki & 0xffffffffu);
+        e += ki >= threshold;  // every key above the bin is above the threshold too
+      }
+      return;
+    }
+    // A crowded bin: its keys ordered where they are, then one more pass.
+    std::size_t c = 0;
+    for (std::size_t j = 0; j < len; ++j) {
+      const std::uint32_t m = magnitude(j);
+      idx[c] = key(m, j);
+      c += (m >> shift) == bin;
+    }
+    std::nth_element(idx, idx + (need - 1), idx + c, greater);
+    const std::uint64_t threshold = idx[need - 1];
+    std::size_t e = 0;
+    for (std::size_t j = 0; j < len && e < n; ++j) {
+      const std::uint32_t m = magnitude(j);
+      idx[e] = j;
+      e += static_cast<std::size_t>((m >> shift) > bin) | static_cast<std::size_t>(key(m, j) >= threshold);
     }
   }
 

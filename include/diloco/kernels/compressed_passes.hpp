@@ -239,11 +239,50 @@ struct reduce_shard {
       for (std::size_t j = 0; j < blk.len; ++j) a[j] += d[j];
     }
     const auto m = static_cast<float>(world);
-    for (std::size_t j = 0; j < blk.len; ++j) acc[j] = acc[j] / m;
+    if ((world & (world - 1)) == 0) {
+      // x / 2^k and x * 2^-k are one real number, each rounded once: the
+      // same float (subnormal results too), and a multiply vectorizes cheaply.
+      const float inv = 1.0f / m;
+      for (std::size_t j = 0; j < blk.len; ++j) acc[j] = acc[j] * inv;
+    } else {
+      for (std::size_t j = 0; j < blk.len; ++j) acc[j] = acc[j] / m;
+    }
     codec.encode(acc, blk.len, payload + b * stride, dq, stream, offset[blk.tensor] + blk.start);
     return lane_squares<norm_lanes(Codec::block)>(blk.len, [&](std::size_t j) { return dq[j]; });
   }
 };
+
+namespace detail {
+
+template <class U, class M>
+DILOCO_HD DILOCO_FORCEINLINE void apply_element(const U& u, const M& m, std::size_t j, float* DILOCO_RESTRICT g,
+                                                float* DILOCO_RESTRICT l, float mean, float* s, std::size_t ss) {
+  float gj = g[j];
+  float lj = l[j];
+  merge::apply_element(u, m, j, gj, mean, s, ss, lj);
+  g[j] = gj;
+  l[j] = lj;
+}
+/// The apply passes' element loop over a block's means, in a form compilers
+/// vectorize: the update and the merge (already shifted to the block)
+/// copied to locals (no store through a float* can change them, so their
+/// branches leave the loop), the state's presence decided once, and the
+/// arrays distinct (restrict). Each element's operations are
+/// merge::apply_element's, in the same order, so the bits are too.
+template <class U, class M>
+DILOCO_HD DILOCO_FORCEINLINE void apply_elements(const U& update_, const M& merge_, float* DILOCO_RESTRICT g,
+                                                 float* DILOCO_RESTRICT l, const float* DILOCO_RESTRICT mean,
+                                                 std::size_t n, float* DILOCO_RESTRICT s, std::size_t ss) {
+  const U u = update_;
+  const M m = merge_;
+  if (s == nullptr) {
+    for (std::size_t j = 0; j < n; ++j) apply_element(u, m, j, g, l, mean[j], nullptr, 0);
+  } else {
+    for (std::size_t j = 0; j < n; ++j) apply_element(u, m, j, g, l, mean[j], s + j, ss);
+  }
+}
+
+}  // namespace detail
 
 /// The gathered (sparse) aggregation's last pass, per block: decode every
 /// rank's encoding of the block, sum in rank order (deterministic), divide
@@ -286,13 +325,17 @@ struct gathered_decode_apply {
       for (std::size_t j = 0; j < blk.len; ++j) acc[j] += dq[j];
     }
     const auto m = static_cast<float>(world);
-    for (std::size_t j = 0; j < blk.len; ++j) {
-      float g = global[off + j];
-      float l = local[j];
-      merge::apply_element(update, merge, off + j, g, acc[j] / m, state ? state + off + j : nullptr, state_stride, l);
-      global[off + j] = g;
-      local[j] = l;
+    for (std::size_t j = 0; j < blk.len; ++j) acc[j] = acc[j] / m;
+    // decode_apply's loop over the means (the merge shifted to the block,
+    // as decode_apply runs it), so it vectorizes as that pass does.
+    const Merge mg = merge.shifted(off);
+    float* DILOCO_RESTRICT g = global + off;
+    float* DILOCO_RESTRICT l = local;
+    float* const s = state == nullptr ? nullptr : state + off;
+    if constexpr (eager_sgd<std::remove_cv_t<Merge>, std::remove_cv_t<Update>>) {
+      if (eager_block<Codec::block>(update, mg, g, l, acc, blk.len, s)) return;
     }
+    detail::apply_elements(update, mg, g, l, acc, blk.len, s, state_stride);
   }
 };
 
@@ -342,31 +385,7 @@ struct decode_apply {
       // chosen here, let the loop vectorize (kernels/eager_block.hpp).
       if (eager_block<Codec::block>(update, m, g, l, dq, blk.len, s)) return;
     }
-    elements(update, m, g, l, dq, blk.len, s, state_stride);
-  }
-
- private:
-  template <class U, class M>
-  DILOCO_HD DILOCO_FORCEINLINE static void elements(const U& update_, const M& merge_, float* DILOCO_RESTRICT g,
-                                                    float* DILOCO_RESTRICT l, const float* DILOCO_RESTRICT dq,
-                                                    std::size_t n, float* DILOCO_RESTRICT s, std::size_t ss) {
-    const U u = update_;
-    const M m = merge_;
-    if (s == nullptr) {
-      for (std::size_t j = 0; j < n; ++j) element(u, m, j, g, l, dq[j], nullptr, 0);
-    } else {
-      for (std::size_t j = 0; j < n; ++j) element(u, m, j, g, l, dq[j], s + j, ss);
-    }
-  }
-  template <class U, class M>
-  DILOCO_HD DILOCO_FORCEINLINE static void element(const U& u, const M& m, std::size_t j,
-                                                   float* DILOCO_RESTRICT g, float* DILOCO_RESTRICT l, float mean,
-                                                   float* s, std::size_t ss) {
-    float gj = g[j];
-    float lj = l[j];
-    merge::apply_element(u, m, j, gj, mean, s, ss, lj);
-    g[j] = gj;
-    l[j] = lj;
+    detail::apply_elements(update, m, g, l, dq, blk.len, s, state_stride);
   }
 };
 

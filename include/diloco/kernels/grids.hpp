@@ -181,6 +181,43 @@ struct minifloat_grid {
   DILOCO_HD static bool valid(unsigned c) { return (c & (sign_bit - 1u)) <= Format::max_code; }
   static constexpr const char* invalid = "NaN or infinity code (the format saturates and never writes one)";
   ///@}
+
+  /// round<false>(y, 0) and code() of it at once, without branches, so that
+  /// a block's loop over it vectorizes on any SIMD level (the host's encode,
+  /// compress/blockwise.hpp). The same value and code for every y: at or
+  /// above the smallest normal, round to nearest even on the bit pattern
+  /// (adding half a format ulp less one plus the kept part's lowest bit and
+  /// truncating; the carry moves into the exponent exactly when it should);
+  /// below it, the multiples of the subnormal spacing 2^(1 - bias - M),
+  /// rounded by one fp32 add of a constant whose ulp is that spacing (ties
+  /// to the even multiple, i.e. the even code; removing the constant again is
+  /// exact). Both are round() to the nearest, ties to the even code, which
+  /// round() finds through the two neighbours; test_codec_fast_paths checks
+  /// every code's neighbourhood.
+  DILOCO_HD DILOCO_FORCEINLINE static float round_nearest_code(float y, unsigned& c) {
+    constexpr std::uint32_t drop = 23 - M;  // fp32 mantissa bits below the format's
+    constexpr std::uint32_t min_normal = static_cast<std::uint32_t>(127 + 1 - bias) << 23;
+    const std::uint32_t yb = float_bits(y);
+    const std::uint32_t ab = yb & 0x7fffffffu;
+    const std::uint32_t nb = (ab + ((1u << (drop - 1)) - 1u) + ((ab >> drop) & 1u)) & ~((1u << drop) - 1u);
+    const unsigned ncode = (nb >> drop) - (static_cast<unsigned>(127 - bias) << M);
+    const float magic = bits_float(static_cast<std::uint32_t>(127 + 1 - bias - M + 23) << 23);
+    const float a = bits_float(ab);
+    const float s = add_rn(a, magic);  // a < 2^(1 - bias) <= magic: s in [magic, 2 magic]
+    const unsigned scode = float_bits(s) - float_bits(magic);
+    // The choices as masks (and, or), which compilers vectorize where they
+    // leave selects of this shape as branches.
+    const std::uint32_t normal = 0u - static_cast<std::uint32_t>(ab >= min_normal);
+    const std::uint32_t saturate = 0u - static_cast<std::uint32_t>(!(a < levels));  // NaN too, as round() does
+    std::uint32_t mag = (nb & normal) | (float_bits(s - magic) & ~normal);
+    mag = (float_bits(levels) & saturate) | (mag & ~saturate);
+    std::uint32_t mc = (ncode & normal) | (scode & ~normal);
+    mc = (Format::max_code & saturate) | (mc & ~saturate);
+    // Zero is always +0 (code 0); y < 0 rather than the sign bit, as round() (-NaN saturates to +max).
+    const std::uint32_t negative = static_cast<std::uint32_t>(y < 0.0f) & static_cast<std::uint32_t>(mc != 0u);
+    c = mc | (negative << (E + M));
+    return bits_float(mag | (negative << 31));
+  }
 };
 
 namespace detail {
