@@ -280,6 +280,11 @@ void selection_everywhere() {
     inputs.push_back(random_normals(len, static_cast<std::uint32_t>(len) + 1, 1e-3f));
     inputs.push_back(std::vector<float>(len, 0.0f));           // every key in one bin, ties by index
     inputs.push_back(std::vector<float>(len, -0.25f));          // equal magnitudes
+    std::vector<float> flat(len);  // nearly equal: one top bin, then one middle bin, spread in the low bits
+    for (std::size_t j = 0; j < len; ++j) flat[j] = 0.001f + 1e-7f * static_cast<float>((j * 7) % 1000);
+    inputs.push_back(flat);
+    for (std::size_t j = 0; j < len; ++j) flat[j] = (j % 3 ? -1.0f : 1.0f) * (1.0f + 0x1p-23f * static_cast<float>(j % 300));
+    inputs.push_back(flat);
     auto few = random_values(len, static_cast<unsigned>(len) + 2, -3.0f, -2.0f);  // one bin, many
     inputs.push_back(few);
     auto special = random_values(len, static_cast<unsigned>(len) + 3, -4.0f, 4.0f);

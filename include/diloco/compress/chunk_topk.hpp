@@ -218,15 +218,38 @@ struct chunk_topk_codec {
       }
       return;
     }
-    // A crowded bin: its keys ordered where they are, then one more pass.
+    // A crowded bin (magnitudes that share their top bits, as a chunk of
+    // nearly equal values does): its keys, narrowed the same way on the
+    // next 11 magnitude bits and then the last 9, until what is left to
+    // order holds one magnitude (ties by position), then one more pass.
     std::size_t c = 0;
     for (std::size_t j = 0; j < len; ++j) {
       const std::uint32_t m = magnitude(j);
       idx[c] = key(m, j);
       c += (m >> shift) == bin;
     }
-    std::nth_element(idx, idx + (need - 1), idx + c, greater);
-    const std::uint64_t threshold = idx[need - 1];
+    std::size_t left = need;  // of the keys in idx[0, c)
+    for (const unsigned field : {9u, 0u}) {
+      const unsigned width = field == 9u ? 11u : 9u;
+      auto part = [&](std::uint64_t k) { return static_cast<unsigned>(k >> (32 + field)) & ((1u << width) - 1u); };
+      std::uint16_t* sub = count[0];
+      for (unsigned b = 0; b < (1u << width); ++b) sub[b] = 0;
+      for (std::size_t i = 0; i < c; ++i) ++sub[part(idx[i])];
+      unsigned sb = (1u << width) - 1u;
+      std::size_t higher = 0;
+      while (higher + sub[sb] < left) higher += sub[sb--];
+      left -= higher;
+      std::size_t kept = 0;
+      for (std::size_t i = 0; i < c; ++i) {
+        const std::uint64_t ki = idx[i];
+        idx[kept] = ki;
+        kept += part(ki) == sb;
+      }
+      c = kept;
+    }
+    const std::size_t need_here = left;
+    std::nth_element(idx, idx + (need_here - 1), idx + c, greater);
+    const std::uint64_t threshold = idx[need_here - 1];
     std::size_t e = 0;
     for (std::size_t j = 0; j < len && e < n; ++j) {
       const std::uint32_t m = magnitude(j);
