@@ -201,7 +201,7 @@ struct blockwise_codec {
     else
       return false;
   }
-  /// The integer grids (int8, int4): their decode is arithmetic that vectorizes as it stands.
+  /// The integer grids (int8, int4), whose one code never written clean_prefix finds its own way.
   static constexpr bool is_int_grid = std::is_same_v<kernels::grid_t<Format>, kernels::int_grid<Format::bits>>;
   /// Whether the host encodes with round to nearest by encode_nearest: the
   /// small floats, whose rounding finds two neighbours per element with
@@ -225,8 +225,8 @@ struct blockwise_codec {
   /// path (a positive finite amax, L / amax finite, amax / L normal), in
   /// one loop that vectorizes: each element rounded and coded without
   /// branches (the grid's round_nearest_code), its codes packed a word at a
-  /// time. The same float operations, so the same bytes
-  /// and dq; any other block returns false and takes encode()'s own path.
+  /// time. The same float operations, so the same bytes and dq; any other
+  /// block returns false and takes encode()'s own path.
   bool encode_nearest(const float* v, std::size_t len, std::byte* out, float* dq) const {
     const float amax = kernels::block_amax(v, len);
     const float inv = levels / amax;
