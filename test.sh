@@ -52,13 +52,15 @@ asan_tests=(-L "unit|asan" -LE "slow|packaging|compile|codegen|demo")
 scripts/build-tested.py build-asan "$jobs" "${asan_tests[@]}"
 ctest --test-dir build-asan --output-on-failure -j"$jobs" "${asan_tests[@]}"
 
-stage "ASan + UBSan (g++): the libtorch adapter"
+stage "ASan + UBSan (g++): the libtorch adapter and wrapper mode"
 # Clang 14 cannot compile libtorch 1.13's headers as C++20 (an incomplete
-# c10::IValue in std::vector), so test_torch runs under g++'s sanitizers.
+# c10::IValue in std::vector), so test_torch and test_external (inner::external
+# driving torch::optim, the user's state in the checkpoint) run under g++'s
+# sanitizers.
 cmake -S . -B build-asan-torch $(generator build-asan-torch) -DCMAKE_CXX_COMPILER=g++ -DCMAKE_BUILD_TYPE=Debug \
   -DDILOCO_WARNINGS_AS_ERRORS=ON -DDILOCO_SANITIZE=address,undefined -DDILOCO_ENABLE_CUDA=OFF -DDILOCO_ENABLE_TORCH=ON \
   -DDILOCO_BUILD_BENCHMARKS=OFF -DDILOCO_BUILD_EXAMPLES=OFF
-torch_tests=(-R "^test_torch$")
+torch_tests=(-R "^(test_torch|test_external)$")
 scripts/build-tested.py build-asan-torch "$jobs" "${torch_tests[@]}"
 ctest --test-dir build-asan-torch --output-on-failure "${torch_tests[@]}" --no-tests=error
 
