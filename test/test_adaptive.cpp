@@ -192,7 +192,7 @@ TEST_CASE("adaptive through the engine: a generous budget keeps the most accurat
     for (std::size_t r = 1; r < c.size(); ++r) CHECK(c[r].used == 0);
     if (m > 1) {
       // The bytes of a round, from docs/algorithms.md ("Bytes per block")
-      // and docs/architecture.md (shards all-to-all, reduced shards
+      // and docs/internals.md (shards all-to-all, reduced shards
       // all-gathered): every rank sends M - 1 slots in each of the two
       // exchanges, a slot being the 64-byte header and the largest shard's
       // blocks at the codec's stride (int8: 4 + 128 = 132 bytes a block,

@@ -4,7 +4,7 @@
 // to the layout that the writer and the reader share would pass them all. Here
 // the files are built by a small writer of the test's own (golden_file below:
 // it does not call checkpoint::writer, serialize or core/checksum.hpp), from
-// the layout as checkpoint/format.hpp's comment and docs/architecture.md
+// the layout as checkpoint/format.hpp's comment and docs/internals.md
 // ("Checkpoints") state it, with the values the test chose:
 //
 //   * format version 1 and version 2 (the current one), for sync::blocking

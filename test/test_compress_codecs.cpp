@@ -282,7 +282,7 @@ TEST_CASE("error feedback: the decoded transmissions sum to the true deltas minu
 
 namespace {
 
-// A block's ||delta||^2 in the order docs/architecture.md defines: element j
+// A block's ||delta||^2 in the order docs/internals.md defines: element j
 // into fp32 lane j % lanes, in order; the lanes added as a halving tree
 // (lane l += lane l + w for w = lanes / 2, ..., 1); the total to double.
 double documented_block_norm(const std::vector<float>& delta, std::size_t lanes) {
@@ -323,7 +323,7 @@ void check_documented_block_norms(std::size_t lanes) {
 }  // namespace
 
 TEST_CASE("a block's squared norms follow the documented order: about one fp32 lane per 16 elements, then a tree") {
-  // docs/architecture.md: 8 lanes up to B = 255, 64 at B = 1024, 256 from
+  // docs/internals.md: 8 lanes up to B = 255, 64 at B = 1024, 256 from
   // B = 4096 on (the device team sums the same lanes and the same tree).
   CHECK(dc::kernels::norm_lanes(64) == 8);
   CHECK(dc::kernels::norm_lanes(255) == 8);

@@ -281,7 +281,7 @@ TEST_CASE("4 Gloo workers, one SIGKILLed at each stage: the 3 survivors finish w
     const result res = collect(d.path().string());
     check_agree(res, 3, 3, 6);
     for (const auto& t : res.thetas) CHECK(t.rounds == 6);
-    // The rounds the victim took part in (docs/architecture.md, "Elastic
+    // The rounds the victim took part in (docs/internals.md, "Elastic
     // membership"; core/fault.hpp: stage:round, round 0 = start-up): none
     // when it died at start-up; those before round k when it died in round
     // k before its contribution was summed (the survivors run round k

@@ -510,7 +510,7 @@ TEST_CASE("4 workers over regrouped device communicators, one SIGKILLed: the 3 s
     }
     // Blocking: the victim's contribution is in the rounds before the one
     // it died in (core/fault.hpp: stage:round; 0 = start-up), the survivors
-    // run that round again without it (docs/architecture.md, "Elastic
+    // run that round again without it (docs/internals.md, "Elastic
     // membership").
     if (s.sync == "blocking") {
       const int with_victim = s.fault == "startup:0" ? 0 : 1;

@@ -255,7 +255,7 @@ class algorithm {
   /// completed but not applied (its verdict and the result its application
   /// reads), under a header naming the policies, the options (by field),
   /// rank, world size, memory space and sizes. Format and guarantees:
-  /// docs/architecture.md, "Checkpoints".
+  /// docs/internals.md, "Checkpoints".
   ///
   /// save is collective (every rank calls it at the same step) and changes
   /// nothing in the run: it waits for the reductions in flight to complete

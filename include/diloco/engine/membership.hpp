@@ -2,7 +2,7 @@
 #pragma once
 
 // detail::engine_membership<Comm, Space>: elastic membership, the part of
-// an engine that re-forms the group (docs/architecture.md, "Elastic
+// an engine that re-forms the group (docs/internals.md, "Elastic
 // membership"). It depends only on the communicator and the memory space;
 // what it needs of the engine above it is four hooks: replan() (everything
 // that depends on the group's size, after it changed), reset_replica() (the
