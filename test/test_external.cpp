@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "torch_classifier.hpp"
+
 // Debian's libtorch brings glog, whose CHECK (abort on failure) replaces
 // doctest's: take doctest's back, so a failed check is reported and counted.
 #undef CHECK
@@ -34,40 +36,17 @@ constexpr int M = 2;      // workers
 constexpr int H = 4;      // inner steps per round
 constexpr int steps = 14;  // three rounds and a half; finish() then applies what is in flight
 
-torch::nn::Sequential make_model() {
-  torch::manual_seed(7);
-  return torch::nn::Sequential(torch::nn::Linear(6, 16), torch::nn::Tanh(), torch::nn::Linear(16, 3));
-}
+using torch_classifier::batches;
+using torch_classifier::forward_backward;
+using torch_classifier::make_model;
+using torch_classifier::max_relative_difference;
 
 // Each worker's batches, made before the threads start (torch's generator is global).
-struct batches {
-  std::vector<torch::Tensor> inputs, targets;
-};
 std::vector<batches> make_data() {
   torch::manual_seed(11);
-  std::vector<batches> d(M);
-  for (auto& b : d)
-    for (int s = 0; s < 2 * steps; ++s) {
-      b.inputs.push_back(torch::randn({8, 6}));
-      b.targets.push_back(torch::randint(0, 3, {8}, torch::kLong));
-    }
+  std::vector<batches> d;
+  for (int m = 0; m < M; ++m) d.emplace_back(2 * steps);
   return d;
-}
-
-void forward_backward(torch::nn::Sequential& m, const batches& b, int step) {
-  m->zero_grad();
-  torch::nn::functional::cross_entropy(m->forward(b.inputs[static_cast<std::size_t>(step)]),
-                                       b.targets[static_cast<std::size_t>(step)])
-      .backward();
-}
-
-// max over tensors of ||a - b|| / ||b||
-double max_relative_difference(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  REQUIRE(a.size() == b.size());
-  double worst = 0.0;
-  for (std::size_t k = 0; k < a.size(); ++k)
-    worst = std::max(worst, (a[k] - b[k]).norm().item<double>() / b[k].norm().item<double>());
-  return worst;
 }
 
 std::vector<torch::Tensor> snapshot(torch::nn::Sequential& m) {

@@ -17,40 +17,23 @@
 #include <type_traits>
 #include <vector>
 
+#include "torch_classifier.hpp"
+
+// Debian's libtorch brings glog, whose CHECK (abort on failure) replaces
+// doctest's: take doctest's back, so a failed check is reported and counted.
+#undef CHECK
+#define CHECK DOCTEST_CHECK
+
 namespace {
 
-// A small classifier: 6 inputs, 16 tanh units, 3 classes.
-torch::nn::Sequential make_model() {
-  torch::manual_seed(7);
-  return torch::nn::Sequential(torch::nn::Linear(6, 16), torch::nn::Tanh(), torch::nn::Linear(16, 3));
-}
+using torch_classifier::forward_backward;
+using torch_classifier::make_model;
+using torch_classifier::max_relative_difference;
 
-struct batches {
-  std::vector<torch::Tensor> inputs, targets;
-  explicit batches(int steps) {
-    torch::manual_seed(11);
-    for (int s = 0; s < steps; ++s) {
-      inputs.push_back(torch::randn({8, 6}));
-      targets.push_back(torch::randint(0, 3, {8}, torch::kLong));
-    }
-  }
+// The batches every comparison here sees.
+struct batches : torch_classifier::batches {
+  explicit batches(int steps) : torch_classifier::batches((torch::manual_seed(11), steps)) {}
 };
-
-void forward_backward(torch::nn::Sequential& m, const batches& b, int step) {
-  m->zero_grad();
-  torch::nn::functional::cross_entropy(m->forward(b.inputs[static_cast<std::size_t>(step)]),
-                                       b.targets[static_cast<std::size_t>(step)])
-      .backward();
-}
-
-// max over tensors of ||a - b|| / ||b||
-double max_relative_difference(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  REQUIRE(a.size() == b.size());
-  double worst = 0.0;
-  for (std::size_t k = 0; k < a.size(); ++k)
-    worst = std::max(worst, (a[k] - b[k]).norm().item<double>() / b[k].norm().item<double>());
-  return worst;
-}
 
 constexpr int steps = 20;
 constexpr double lr = 1e-2, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;

@@ -50,17 +50,12 @@ struct delayed : whole_model_schedule<schedule_kind::delayed, true> {
   /// One worker's schedule (sync/runtime.hpp): `start`, θ_g as this phase
   /// began.
   template <class Space, class Outer>
-  struct runtime : runtime_base {
-    buffer<float, Space> start;  ///< s: θ_g when the phase started ("schedule.start")
+  struct runtime : phase_start_runtime<Space> {
+    using phase_start_runtime<Space>::start;  // s: θ_g when the phase started
+    using phase_start_runtime<Space>::reset;
 
     /// No options to keep.
     explicit runtime(const options&) {}
-    /// s starts at theta_global.
-    template <class E>
-    void init(E& e) {
-      start = buffer<float, Space>(e.flat_size());
-      e.copy_replica_to(start.data());
-    }
     /// Applies the previous phase's round and begins this one's at a phase end.
     template <class E>
     bool after_step(E& e) {
@@ -93,16 +88,6 @@ struct delayed : whole_model_schedule<schedule_kind::delayed, true> {
     template <class E>
     void after_apply(E& e, bool draining) {
       if (draining) reset(e);
-    }
-    /// "schedule.start".
-    template <class E>
-    void visit_state(E&, state_visitor& v) {
-      v.buffer("schedule.start", start.data(), start.size(), E::device);
-    }
-    /// s follows the replica to theta_global.
-    template <class E>
-    void reset(E& e) {
-      e.exec().for_each(e.flat_size(), kernels::copy{e.global(), start.data()});
     }
   };
 };

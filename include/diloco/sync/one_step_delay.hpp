@@ -30,17 +30,11 @@ struct one_step_delay : whole_model_schedule<schedule_kind::delayed, true> {
   /// One worker's schedule (sync/runtime.hpp): `start`, where its phase
   /// started (re-based with the replica at each application).
   template <class Space, class Outer>
-  struct runtime : runtime_base {
-    buffer<float, Space> start;  ///< s: where the phase started ("schedule.start")
+  struct runtime : phase_start_runtime<Space> {
+    using phase_start_runtime<Space>::start;
 
     /// No options to keep.
     explicit runtime(const options&) {}
-    /// s starts at theta_global.
-    template <class E>
-    void init(E& e) {
-      start = buffer<float, Space>(e.flat_size());
-      e.copy_replica_to(start.data());
-    }
     /// Applies the previous phase's round and begins this one's at a phase end.
     template <class E>
     bool after_step(E& e) {
@@ -55,16 +49,6 @@ struct one_step_delay : whole_model_schedule<schedule_kind::delayed, true> {
     template <class E, class Run>
     void apply(E& e, std::size_t p, bool, Run&& run) {
       run(kernels::merge::rebase{{}, start.data() + e.fragment_base(p)});
-    }
-    /// "schedule.start".
-    template <class E>
-    void visit_state(E&, state_visitor& v) {
-      v.buffer("schedule.start", start.data(), start.size(), E::device);
-    }
-    /// s follows the replica to theta_global.
-    template <class E>
-    void reset(E& e) {
-      e.exec().for_each(e.flat_size(), kernels::copy{e.global(), start.data()});
     }
     /// After a recovery at a phase end the phase starts here (its reduction
     /// includes the progress of the aborted one).

@@ -10,9 +10,41 @@
 // group re-forms; the phase then starts again from here
 // (after_phase_recovery) and its reduction begins once the group agrees.
 
+#include <cstddef>
+
 #include "diloco/core/error.hpp"
+#include "diloco/core/state.hpp"
+#include "diloco/kernels/pseudo_gradient.hpp"
+#include "diloco/sync/runtime.hpp"
+#include "diloco/tensor/buffer.hpp"
 
 namespace diloco::sync {
+
+/// The state one_step_delay and delayed keep: s, where the phase started
+/// ("schedule.start"), taken from the replica at the start and following
+/// theta_global when the replica restarts from it; and their decisions
+/// after a step (delayed_after_step, below).
+template <class Space>
+struct phase_start_runtime : runtime_base {
+  buffer<float, Space> start;  ///< s ("schedule.start")
+
+  /// s starts at theta_global.
+  template <class E>
+  void init(E& e) {
+    start = buffer<float, Space>(e.flat_size());
+    e.copy_replica_to(start.data());
+  }
+  /// "schedule.start".
+  template <class E>
+  void visit_state(E&, state_visitor& v) {
+    v.buffer("schedule.start", start.data(), start.size(), E::device);
+  }
+  /// s follows the replica to theta_global.
+  template <class E>
+  void reset(E& e) {
+    e.exec().for_each(e.flat_size(), kernels::copy{e.global(), start.data()});
+  }
+};
 
 /// A delayed schedule's runtime R after an inner step of engine E; whether a
 /// reduction was applied.
