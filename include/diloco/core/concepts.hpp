@@ -112,9 +112,61 @@ concept tensor_optimizer_policy = requires(const typename O::options& o, typenam
   writable.lr = lr;
 };
 
-/// Either kind of optimizer policy: what diloco::optimizer and the inner slot take.
+namespace detail_concepts {
+// Which kind of policy O says it is: 2 inner::external (user_steps), 1
+// whole-tensor (a stepper), 0 element-wise. The concepts below check O
+// against its own kind only, as a conjunction in which the other kinds'
+// concepts see a stand-in that satisfies them: a compiler explains the one
+// failing requirement of a conjunction (GCC at its default depth), where of
+// a disjunction ("no operand is satisfied") it says nothing more.
 template <class O>
-concept any_optimizer_policy = optimizer_policy<O> || tensor_optimizer_policy<O>;
+consteval int policy_kind() {
+  if constexpr (requires { O::user_steps; })
+    return 2;
+  else if constexpr (requires { typename O::template stepper<host_space>; })
+    return 1;
+  else
+    return 0;
+}
+struct stand_in_options {
+  float lr = 0.0f;
+};
+struct element_stand_in {
+  using options = stand_in_options;
+  struct update {
+    void operator()(float&, float, float*, std::size_t) const {}
+  };
+  static constexpr const char* name = "";
+  static void validate(const options&) {}
+  static std::size_t state_slots(const options&) { return 0; }
+  static update make_update(const options&, std::uint64_t) { return {}; }
+};
+struct tensor_stand_in {
+  using options = stand_in_options;
+  template <class Space>
+  struct stepper {};
+  static constexpr const char* name = "";
+  static void validate(const options&) {}
+  static std::size_t state_slots(const options&) { return 0; }
+};
+struct external_stand_in {
+  using options = stand_in_options;
+  static constexpr const char* name = "";
+  static constexpr bool user_steps = true;
+};
+// O where its kind is K, else the stand-in.
+template <class O, int K, class StandIn>
+using as_kind = std::conditional_t<policy_kind<O>() == K, O, StandIn>;
+}  // namespace detail_concepts
+
+/// Either kind of optimizer policy: what diloco::optimizer and the inner slot
+/// take (checked against the kind O declares, so a missing requirement is
+/// named).
+template <class O>
+concept any_optimizer_policy =
+    detail_concepts::policy_kind<O>() != 2 &&
+    optimizer_policy<detail_concepts::as_kind<O, 0, detail_concepts::element_stand_in>> &&
+    tensor_optimizer_policy<detail_concepts::as_kind<O, 1, detail_concepts::tensor_stand_in>>;
 
 /// An optimizer policy's role (core/optimizer_role.hpp): its `role`, or any.
 template <class O>
@@ -135,9 +187,12 @@ concept external_inner = requires {
 };
 
 /// The optimizer each worker runs on its replica between rounds: element-wise
-/// or whole-tensor, or the user's own (inner::external).
+/// or whole-tensor, or the user's own (inner::external); checked against the
+/// kind O declares, so a missing requirement is named.
 template <class O>
-concept inner_optimizer = any_optimizer_policy<O> || external_inner<O>;
+concept inner_optimizer = optimizer_policy<detail_concepts::as_kind<O, 0, detail_concepts::element_stand_in>> &&
+                          tensor_optimizer_policy<detail_concepts::as_kind<O, 1, detail_concepts::tensor_stand_in>> &&
+                          external_inner<detail_concepts::as_kind<O, 2, detail_concepts::external_stand_in>>;
 
 /// The optimizer applied to the global parameters with the averaged
 /// pseudo-gradient as its gradient.
