@@ -34,7 +34,7 @@ inline std::size_t pack(const unsigned char* c, std::size_t n, unsigned char* ou
   static_assert(Bits == 2 || Bits == 4 || Bits == 8, "packed_codes: 2, 4 or 8 bits per code");
   constexpr std::size_t per_byte = 8 / Bits;
   if constexpr (Bits == 8) {
-    std::memcpy(out, c, n);
+    if (n != 0) std::memcpy(out, c, n);  // memcpy's pointers must not be null, even for 0 bytes (an empty vector's are)
     return n;
   } else {
     constexpr std::size_t bytes_per_word = 8 / per_byte;  // 8 codes (one per byte) -> this many bytes
