@@ -280,17 +280,12 @@ class algorithm {
     const std::string text = std::move(out).str();
     std::vector<std::byte> user(text.size());
     if (!text.empty()) std::memcpy(user.data(), text.data(), text.size());
-    engine_->settle();
-    checkpoint::write_file(path, checkpoint::detail::serialize(*engine_, expected_fields(checkpoint::scope::worker),
-                                                               checkpoint::scope::worker, &user));
+    checkpoint::write_file(path, serialized(checkpoint::scope::worker, &user));
   }
   /// save() to a stream.
   void save(std::ostream& out) { write_stream(out, save_bytes(), "save"); }
   /// The checkpoint as bytes (collective, as save).
-  std::vector<std::byte> save_bytes(checkpoint::scope s = checkpoint::scope::worker) {
-    engine_->settle();
-    return checkpoint::detail::serialize(*engine_, expected_fields(s), s);
-  }
+  std::vector<std::byte> save_bytes(checkpoint::scope s = checkpoint::scope::worker) { return serialized(s, nullptr); }
   /// The part equal on every rank (theta_global, outer slots and step
   /// counts, rounds, the schedule's clock), once for the run: collective (it
   /// waits for what is in flight as save does; what is in flight is not in
@@ -552,6 +547,13 @@ class algorithm {
 
   /// The compressor as the header names it (compress/fingerprint.hpp).
   static std::string compressor_fingerprint() { return compress::fingerprint<Compressor>(); }
+
+  // The checkpoint's bytes once what is in flight has settled; `user`: the
+  // user's section (save(path, writer)), or none.
+  std::vector<std::byte> serialized(checkpoint::scope s, const std::vector<std::byte>* user) {
+    engine_->settle();
+    return checkpoint::detail::serialize(*engine_, expected_fields(s), s, user);
+  }
 
   void load_bytes(std::span<const std::byte> bytes, const std::string& source, std::vector<std::byte>* user = nullptr) {
     if (engine_->in_flight())
