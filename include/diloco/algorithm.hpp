@@ -46,6 +46,7 @@
 #include "diloco/optimizer.hpp"
 #include "diloco/tensor/argument_checks.hpp"
 #include "diloco/tensor/buffer.hpp"
+#include "diloco/tensor/low_precision.hpp"
 #include "diloco/sync/blocking.hpp"
 #include "diloco/sync/concepts.hpp"
 #include "diloco/sync/delayed.hpp"
@@ -101,13 +102,16 @@ class algorithm {
   /// The options type: algorithm_options of these policies.
   using options = algorithm_options<Inner, Outer, Compressor, Sync>;
 
-  /// `params`: a range of writable fp32 tensors, or one (other element
-  /// types and const tensors fail to compile, naming the rule).
+  /// `params`: a range of writable fp32 tensors, or one; under
+  /// inner::external also bf16 or fp16 tensors (diloco::bfloat16,
+  /// diloco::float16 in host memory: tensor/low_precision.hpp, the rules in
+  /// docs/algorithms.md). Other element types and const tensors fail to
+  /// compile, naming the rule.
   template <tensor_argument Params>
   algorithm(Params&& params, Comm& comm, options opts = {}) : opts_(opts) {
     if constexpr (detail::parameter_tensors_ok<Params>()) {
       validate(comm);
-      if constexpr (float_tensor<Params>) {
+      if constexpr (detail::replica_element_tensor<Params>) {
         init(std::span<std::remove_reference_t<Params>>(&params, 1), comm);
       } else {
         init(params, comm);
@@ -146,8 +150,14 @@ class algorithm {
                   "diloco::algorithm::step(): a step without gradients is for inner::external (your optimizer "
                   "takes the inner step), and with the library's inner optimizer pass this worker's "
                   "gradients: step(grads)");
-    engine_->inner_step({});
-    return engine_->after_step();
+    if (!mirror_) {
+      engine_->inner_step({});
+      return engine_->after_step();
+    }
+    return with_mirror([&] {
+      engine_->inner_step({});
+      return engine_->after_step();
+    });
   }
 
   /// One inner step only; no outer round, whatever the step count
@@ -167,14 +177,16 @@ class algorithm {
   void outer_round()
     requires std::same_as<Sync, sync::blocking>
   {
-    engine_->outer_round();
+    with_mirror([&] { engine_->outer_round(); });
   }
 
   /// Completes and applies every reduction in flight (collective), so that
   /// theta_global includes the last one: before evaluating
   /// global_parameters(), saving, leaving, and at the end of training. A
   /// no-op under sync::blocking. Training may go on afterwards.
-  void finish() { engine_->finish(); }
+  void finish() {
+    with_mirror([&] { engine_->finish(); });
+  }
 
   /// Elastic membership (a communicator modelling elastic_communicator with
   /// elastic() true: comm::threads over an elastic world, comm::gloo with
@@ -186,7 +198,9 @@ class algorithm {
   /// true, global_parameters() keep the last theta_global this worker saw,
   /// and step()/finish() raise state_error. Deaths need no call: the
   /// survivors find them at their next collective and re-form.
-  void leave() { engine_->leave(); }
+  void leave() {
+    with_mirror([&] { engine_->leave(); });
+  }
   /// True once leave() has taken this worker out of the group.
   bool left() const { return engine_->left(); }
   ///@{
@@ -511,6 +525,9 @@ class algorithm {
     add("policy.compressor", option_value::of_text(compressor_fingerprint()));
     add("policy.sync", text(Sync::name));
     add("memory_space", text(engine_->space() == detail::space_id::host ? "host" : "device"));
+    // Only a low-precision replica names its element type, so that fp32
+    // checkpoints keep their bytes; a file of the other kind is refused.
+    if (!replica_element_.empty()) add("replica_element", text(replica_element_.c_str()));
     if (s == checkpoint::scope::worker) {
       add("rank", option_value::of_unsigned(static_cast<std::uint64_t>(engine_->rank())));
       add("world", option_value::of_unsigned(static_cast<std::uint64_t>(engine_->world())));
@@ -537,6 +554,7 @@ class algorithm {
     out.push_back({'A', "policy.sync", Sync::name});
     // Host and device workers may share a group (the wire is the same).
     out.push_back({'R', "memory_space", space == detail::space_id::host ? "host" : "device"});
+    if (!replica_element_.empty()) out.push_back({'A', "replica_element", replica_element_});
     out.push_back({'A', "tensor_count", std::to_string(tensor_elements_.size())});
     for (std::size_t k = 0; k < tensor_elements_.size(); ++k)
       out.push_back({'A', detail::concat("tensor.", k, ".elements"), std::to_string(tensor_elements_[k])});
@@ -551,8 +569,10 @@ class algorithm {
   // The checkpoint's bytes once what is in flight has settled; `user`: the
   // user's section (save(path, writer)), or none.
   std::vector<std::byte> serialized(checkpoint::scope s, const std::vector<std::byte>* user) {
-    engine_->settle();
-    return checkpoint::detail::serialize(*engine_, expected_fields(s), s, user);
+    return with_mirror([&] {
+      engine_->settle();
+      return checkpoint::detail::serialize(*engine_, expected_fields(s), s, user);
+    });
   }
 
   void load_bytes(std::span<const std::byte> bytes, const std::string& source, std::vector<std::byte>* user = nullptr) {
@@ -573,6 +593,14 @@ class algorithm {
   // or all roll back and raise.
   template <class Read>
   void load_collective(Read&& read, const std::string& source, std::vector<std::byte>* user = nullptr) {
+    // A low-precision replica follows what was restored (or kept).
+    if (mirror_) mirror_->pull();
+    struct push_after {
+      detail::low_precision_mirror* m;
+      ~push_after() noexcept(false) {
+        if (m && std::uncaught_exceptions() == 0) m->push();
+      }
+    } push{mirror_.get()};
     const bool peers = engine_->world() > 1;
     detail::restore_record mine;
     std::exception_ptr failure;
@@ -738,9 +766,33 @@ class algorithm {
   template <class R>
   void init(R&& params, Comm& comm) {
     using Space = tensor_space_t<std::ranges::range_reference_t<R>>;
+    using E = std::remove_const_t<tensor_value_t<std::ranges::range_reference_t<R>>>;
     static_assert(requires { typename detail::executor_for<Space>::type; },
                   "diloco::algorithm: these tensors live in device memory; include <diloco/cuda.hpp> and compile "
                   "with nvcc to use the CUDA backend");
+    if constexpr (is_low_precision_v<E>) {
+      static_assert(external_inner<Inner>,
+                    "diloco::algorithm: bf16 / fp16 parameters (a low-precision replica) need inner::external: "
+                    "the library's own inner optimizers update fp32 tensors. Take the inner step with your own "
+                    "optimizer (inner::external), or pass fp32 tensors (your optimizer's fp32 master weights)");
+      static_assert(std::same_as<Space, host_space>,
+                    "diloco::algorithm: bf16 / fp16 parameters are supported in host memory only for now; pass "
+                    "the fp32 master weights of a device model");
+      std::vector<tensor_view<E>> views;
+      for (auto&& t : params) views.emplace_back(tensor_data(t), tensor_size(t));
+      mirror_ = std::make_unique<detail::host_low_precision_mirror<E>>(std::move(views), opts_.host_threads);
+      replica_element_ = low_precision_name_v<E>;
+      init_engine(mirror_->views(), comm);
+      written_ = engine_->replica_writes();
+      mirror_->push();  // an elastic joiner's replica came from theta_global
+    } else {
+      init_engine(params, comm);
+    }
+  }
+
+  template <class R>
+  void init_engine(R&& params, Comm& comm) {
+    using Space = tensor_space_t<std::ranges::range_reference_t<R>>;
     parameter_set<float, Space> set(params);
     for (const auto& t : set) tensor_elements_.push_back(t.size());
     if (set.elements() == 0) detail::raise<config_error>("the parameter list is empty (0 elements); nothing to train");
@@ -755,8 +807,37 @@ class algorithm {
                                   engine_->space() == detail::space_id::host ? "host" : "device", " memory");
   }
 
+  // Runs `f` (an engine call that may read and write the replica) with a
+  // low-precision replica's mirror pulled before and pushed after when the
+  // engine wrote it, also when `f` throws (a refused round resets the
+  // replica, then raises).
+  template <class F>
+  decltype(auto) with_mirror(F&& f) {
+    if (!mirror_) return f();
+    mirror_->pull();
+    struct push_if_written {
+      algorithm* a;
+      ~push_if_written() noexcept(false) {
+        const std::uint64_t now = a->engine_->replica_writes();
+        if (now == a->written_) return;
+        a->written_ = now;
+        if (std::uncaught_exceptions() == 0)
+          a->mirror_->push();
+        else
+          try {
+            a->mirror_->push();
+          } catch (...) {  // the error in flight is the one to report
+          }
+      }
+    } push{this};
+    return f();
+  }
+
   options opts_;
   std::vector<std::size_t> tensor_elements_;  ///< the parameters' sizes, for checkpoint headers
+  std::unique_ptr<detail::low_precision_mirror> mirror_;  ///< a bf16/fp16 replica's fp32 mirror (else null)
+  std::string replica_element_;                             ///< "bf16" or "fp16" for such a replica, else empty
+  std::uint64_t written_ = 0;                               ///< engine_->replica_writes() at the last push
   std::unique_ptr<detail::engine_base> engine_;
   std::vector<detail::raw_tensor> raw_grads_;
 };

@@ -156,6 +156,7 @@ class engine final : public engine_fragments<Compressor, Comm, Space> {
   using fragments::copy_replica_to;      // for the schedule's runtime too
   using fragments::poll_in_flight;       // ...
   using fragments::replica_from_global;  // ...
+  using fragments::replica_written;      // ...
 
   // `agreed`: what the ranks must agree on (policies, layout, options; the
   // front end writes it), compared across ranks before anything else
@@ -486,6 +487,7 @@ class engine final : public engine_fragments<Compressor, Comm, Space> {
     float* global = global_.data() + f.base;
     sched_.apply(*this, p, draining,
                  [&](const auto& merge) { f.reducer->apply(exec_, update, global, state, flat_, merge); });
+    replica_written();
     ++f.outer_steps;
     round_open_ = false;
     sched_.after_apply(*this, draining);
@@ -505,6 +507,7 @@ class engine final : public engine_fragments<Compressor, Comm, Space> {
   [[noreturn]] void reject(std::size_t p, const reduce::verdict& v) {
     const fragment& f = *frags_[p];
     exec_.for_each_chunked(f.list.chunks(), kernels::scatter_tensors{global_.data() + f.base, f.list.ptrs()});
+    replica_written();
     sched_.reset(*this);
     steps_in_round_ = 0;
     round_open_ = false;

@@ -18,6 +18,13 @@ void train(dc::comm::threads& comm) {
 #elif defined(CASE_int_parameters)
   std::vector<int> counts(2, 0);
   trainer t(counts, comm);
+#elif defined(CASE_bf16_internal_inner)
+  std::vector<dc::bfloat16> half(2);
+  trainer t(half, comm);
+#elif defined(CASE_bf16_external)
+  std::vector<dc::bfloat16> half(2);
+  dc::algorithm<dc::inner::external, dc::outer::nesterov, dc::compress::none, dc::comm::threads> t(half, comm);
+  t.step();
 #elif defined(CASE_int_gradients)
   std::vector<int> counts(2, 1);
   trainer t(w, comm);

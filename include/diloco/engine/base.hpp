@@ -7,6 +7,7 @@
 // tensors' memory space at run time and instantiates only that one.
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
@@ -59,6 +60,9 @@ struct engine_base {
   // buffers "replica.<k>", whether a reduction is in flight, and copies
   // between the engine's memory space and host memory (its executor's).
   virtual void visit_replica(state_visitor& v) = 0;
+  // How many passes have written the replica so far (a low-precision
+  // replica's tensors follow its mirror after each: tensor/low_precision.hpp).
+  virtual std::uint64_t replica_writes() const = 0;
   virtual bool in_flight() const = 0;
   virtual void to_host(float* host, const float* src, std::size_t n) = 0;
   virtual void from_host(float* dst, const float* host, std::size_t n) = 0;

@@ -161,7 +161,11 @@ class engine_fragments : public engine_membership<Comm, Space> {
   }
   void replica_from_global() {
     exec_.for_each_chunked(model_list_.chunks(), kernels::scatter_tensors{global_.data(), model_list_.ptrs()});
+    replica_written();
   }
+  // Every pass that writes the replica says so (replica_writes()).
+  void replica_written() { ++replica_writes_; }
+  std::uint64_t replica_writes() const override { return replica_writes_; }
   bool elastic() const { return elastic_; }
   std::uint64_t recoveries() const { return recoveries_; }
   bool membership_before_round() { return membership_check(where::before_round); }
@@ -426,6 +430,7 @@ class engine_fragments : public engine_membership<Comm, Space> {
   std::vector<std::unique_ptr<fragment>> frags_;
   std::vector<std::size_t> offsets_;      // tensor k's start in the flat buffers
   tensor_list<Space> model_list_;         // every tensor at offsets_, for the multi-tensor passes
+  std::uint64_t replica_writes_ = 0;      // passes that wrote the replica
   std::vector<std::size_t> fragment_of_;  // tensor k's fragment
   std::size_t flat_ = 0;
   std::size_t outer_slots_ = 0;

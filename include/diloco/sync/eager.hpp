@@ -261,6 +261,7 @@ struct eager::runtime : runtime_base {
   void idle_phase_end(E& e) {
     const auto m = merge(e);
     e.exec().for_each_chunked(e.replica().chunks(), kernels::eager_advances<decltype(m.step)>{m, e.replica().ptrs()});
+    e.replica_written();
     ++steps;
   }
   /// The worker's eager step (kernels::merge::eager); drained (finish()):

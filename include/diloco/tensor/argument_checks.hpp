@@ -12,19 +12,27 @@
 #include <type_traits>
 
 #include "diloco/core/concepts.hpp"
+#include "diloco/tensor/low_precision.hpp"
 #include "diloco/tensor/tensor_traits.hpp"
 
 namespace diloco::detail {
 
-// The tensor type of a tensor argument: itself when it is an fp32 tensor, a
-// list's elements when it is a list of tensors (std::vector<T> is a tensor
-// whatever T, so a list of vectors is one too), else itself.
+// Whether T is one tensor whose elements a replica may have: fp32, or bf16 /
+// fp16 (tensor/low_precision.hpp).
+template <class T>
+concept replica_element_tensor =
+    tensor<T> && (std::same_as<tensor_value_t<T>, float> || is_low_precision_v<tensor_value_t<T>>);
+
+// The tensor type of a tensor argument: itself when it is one tensor of a
+// replica element type, a list's elements when it is a list of tensors
+// (std::vector<T> is a tensor whatever T, so a list of vectors is one too),
+// else itself.
 template <class T>
 struct argument_tensor {
   using type = T;
 };
 template <class T>
-  requires(!float_tensor<T> && any_tensor_range<T>)
+  requires(!replica_element_tensor<T> && any_tensor_range<T>)
 struct argument_tensor<T> {
   using type = std::ranges::range_reference_t<T>;
 };
@@ -55,7 +63,7 @@ inline constexpr bool range_owns_elements_v =
 template <class Params>
 consteval bool parameters_outlive_call() {
   constexpr bool rvalue = !std::is_lvalue_reference_v<Params>;
-  if constexpr (float_tensor<Params>) {
+  if constexpr (replica_element_tensor<Params>) {
     return !(rvalue && tensor_owns_storage_v<Params>);
   } else {
     using Ref = std::ranges::range_reference_t<Params>;
@@ -69,12 +77,16 @@ consteval bool parameters_outlive_call() {
 template <tensor_argument Params>
 consteval bool parameter_tensors_ok() {
   using T = argument_tensor_t<Params>;
-  if constexpr (!std::same_as<tensor_value_t<T>, float>) {
-    static_assert(std::same_as<tensor_value_t<T>, float>,
-                  "diloco: parameters must be fp32 tensors (float elements): the optimizers and the outer state "
-                  "compute in fp32; keep an fp32 copy of the model (e.g. std::vector<float>) and train that");
+  using E = std::remove_const_t<tensor_value_t<T>>;
+  if constexpr (!std::same_as<E, float> && !is_low_precision_v<E>) {
+    static_assert(std::same_as<E, float> || is_low_precision_v<E>,
+                  "diloco: parameters must be fp32 tensors (float elements), or under inner::external bf16 / fp16 "
+                  "tensors (diloco::bfloat16, diloco::float16): the outer state computes in fp32; keep an fp32 "
+                  "copy of the model (e.g. std::vector<float>) and train that");
     return false;
-  } else if constexpr (!mutable_float_tensor<T>) {
+  } else if constexpr (!requires(std::remove_reference_t<T>& t) {
+                         { tensor_traits_of<T>::data(t) } -> std::convertible_to<E*>;
+                       }) {
     static_assert(mutable_float_tensor<T>,
                   "diloco: parameters must be writable: they are updated in place, so pass the parameter tensors "
                   "themselves, not const tensors (a const std::vector<float>) or views of const elements");

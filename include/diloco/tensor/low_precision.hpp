@@ -1,0 +1,200 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// Low-precision replicas (issue 40 item 2; docs/algorithms.md, "Low-precision
+// replicas"): parameter tensors in bf16 or fp16 while theta_global, the outer
+// state and the residuals stay in fp32.
+//
+// The element types: diloco::bfloat16 and diloco::float16 hold the 16 bits
+// of a value (the layout of torch.bfloat16 / torch.float16, __nv_bfloat16 /
+// __half), so a std::vector<diloco::bfloat16> or a tensor_view over a
+// framework's buffer is a replica tensor.
+//
+// The rules. The library keeps an fp32 mirror S of the replica, one float
+// per element, and runs every schedule on S exactly as on an fp32 replica.
+// Between the mirror and the replica tensors (T, the user's), with
+// RNE = round to nearest, ties to even:
+//
+//   push  T <- RNE(S)      after every pass that wrote S (a merge, a reset,
+//                          a restore)
+//   pull  before every pass that reads S, for each element:
+//         S <- S       where T == RNE(S) (untouched since the last write)
+//         S <- c = float(T) + (S - float(RNE(S)))   where RNE(c) == T
+//         S <- c'      the fp32 neighbour of c toward T, where RNE(c') == T
+//         S <- float(T)                              otherwise
+//
+// S - float(RNE(S)) is the rounding error of the last write, exact in fp32,
+// so the pseudo-gradient ref - S the engine forms is, as a real number,
+// float(a) - float(T) with a the value actually written at the phase start:
+// a phase without inner progress yields Delta = 0 exactly, and no rounding
+// drift enters theta_global. c is exact whenever the value stayed in its
+// binade or moved to a wider one. Two cases keep the invariant below at a
+// small cost: c on a rounding tie that goes to T's neighbour moves one fp32
+// ulp toward T (c'); T in a narrower binade, where the old rounding error
+// exceeds half the new spacing, drops that error (at most half a spacing of
+// the written value). After every pull and push T == RNE(S): S alone
+// determines the replica, so a checkpoint holds S (the engine's replica
+// entries) and a restore writes T = RNE(S).
+//
+// Only wrapper mode (inner::external) takes low-precision replicas: the
+// library's own inner optimizers update fp32 tensors. A user whose
+// optimizer keeps fp32 master weights wraps the masters instead (fp32
+// tensors, no mirror): the masters are the replica DiLoCo should average.
+// Host memory for now; device replicas are not yet supported.
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "diloco/core/error.hpp"
+#include "diloco/core/macros.hpp"
+#include "diloco/exec/host.hpp"
+#include "diloco/kernels/float_formats.hpp"
+#include "diloco/tensor/parameter_set.hpp"
+#include "diloco/tensor/tensor_traits.hpp"
+
+DILOCO_EXACT_FP_BEGIN
+
+namespace diloco {
+
+/// A bfloat16 value: the top 16 bits of an fp32 (torch.bfloat16's layout).
+struct bfloat16 {
+  std::uint16_t bits = 0;  ///< the code
+  /// The value of code `b`.
+  static constexpr bfloat16 from_bits(std::uint16_t b) { return bfloat16{b}; }
+  /// x rounded to nearest, ties to even (NaN stays NaN, overflow gives inf).
+  static bfloat16 round(float x) { return bfloat16{kernels::bf16_round_nearest(x)}; }
+  /// The value as an fp32 (exact).
+  explicit operator float() const { return kernels::bf16_format::decode(bits); }
+  /// Same code.
+  friend constexpr bool operator==(bfloat16, bfloat16) = default;
+};
+
+/// An IEEE binary16 value (torch.float16's layout).
+struct float16 {
+  std::uint16_t bits = 0;  ///< the code
+  /// The value of code `b`.
+  static constexpr float16 from_bits(std::uint16_t b) { return float16{b}; }
+  /// x rounded to nearest, ties to even (NaN stays NaN, |x| past 65504's
+  /// rounding range gives inf).
+  static float16 round(float x) { return float16{kernels::encode_float16<kernels::fp16_format>(x, -1.0f)}; }
+  /// The value as an fp32 (exact, subnormals included).
+  explicit operator float() const { return kernels::fp16_format::decode(bits); }
+  /// Same code.
+  friend constexpr bool operator==(float16, float16) = default;
+};
+
+static_assert(sizeof(bfloat16) == 2 && std::is_trivially_copyable_v<bfloat16>);
+static_assert(sizeof(float16) == 2 && std::is_trivially_copyable_v<float16>);
+
+/// Whether T is an element type a replica may have besides float.
+template <class T>
+inline constexpr bool is_low_precision_v = std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>;
+
+/// The element type's name in messages.
+template <class T>
+inline constexpr const char* low_precision_name_v = std::is_same_v<T, bfloat16> ? "bf16" : "fp16";
+
+namespace detail {
+
+/// The mirror of a low-precision replica, behind the interface the front end
+/// (algorithm.hpp) calls, whatever the element type.
+class low_precision_mirror {
+ public:
+  virtual ~low_precision_mirror() = default;
+  /// The fp32 mirror's tensors, for the engine (the same count and sizes).
+  virtual const std::vector<tensor_view<float>>& views() = 0;
+  /// S from the replica tensors, before the engine reads it.
+  virtual void pull() = 0;
+  /// The replica tensors from S, after the engine wrote it; raises
+  /// numeric_error when a finite value of S is beyond the element type's range.
+  virtual void push() = 0;
+};
+
+/// The mirror of a replica of T tensors in host memory.
+template <class T>
+class host_low_precision_mirror final : public low_precision_mirror {
+  static_assert(is_low_precision_v<T>);
+
+ public:
+  /// S = float(T) for every element (theta_global then starts at the
+  /// replica's exact values, so the first anchor is the replica itself).
+  host_low_precision_mirror(std::vector<tensor_view<T>> replica, int threads)
+      : replica_(std::move(replica)), exec_(threads) {
+    std::size_t total = 0;
+    for (const auto& t : replica_) total += t.size();
+    mirror_.resize(total);
+    std::size_t at = 0;
+    for (const auto& t : replica_) {
+      views_.emplace_back(mirror_.data() + at, t.size());
+      at += t.size();
+    }
+    for (std::size_t k = 0; k < replica_.size(); ++k) {
+      const T* src = replica_[k].data();
+      float* dst = views_[k].data();
+      exec_.for_each(replica_[k].size(), [=](std::size_t i) { dst[i] = static_cast<float>(src[i]); });
+    }
+  }
+
+  const std::vector<tensor_view<float>>& views() override { return views_; }
+
+  void pull() override {
+    for (std::size_t k = 0; k < replica_.size(); ++k) {
+      const T* t = replica_[k].data();
+      float* s = views_[k].data();
+      exec_.for_each(replica_[k].size(), [=](std::size_t i) {
+        const T written = T::round(s[i]);
+        if (t[i] == written) return;  // untouched since the write: S keeps its exact value
+        const float target = static_cast<float>(t[i]);
+        const float c = target + (s[i] - static_cast<float>(written));
+        if (T::round(c) == t[i]) {
+          s[i] = c;
+          return;
+        }
+        const float toward = std::nextafter(c, target);
+        s[i] = T::round(toward) == t[i] ? toward : target;
+      });
+    }
+  }
+
+  void push() override {
+    for (std::size_t k = 0; k < replica_.size(); ++k) {
+      T* t = replica_[k].data();
+      const float* s = views_[k].data();
+      const double overflow = exec_.transform_reduce(replica_[k].size(), [=](std::size_t i) {
+        t[i] = T::round(s[i]);
+        return overflows(s[i]) ? 1.0 : 0.0;
+      });
+      if (overflow > 0.0) report_overflow(k);
+    }
+  }
+
+ private:
+  // A finite value that rounds to inf.
+  static bool overflows(float s) {
+    const float back = static_cast<float>(T::round(s));
+    return s - s == 0.0f && back - back != 0.0f;
+  }
+  [[noreturn]] void report_overflow(std::size_t k) const {
+    const float* s = views_[k].data();
+    std::size_t i = 0;
+    while (i + 1 < views_[k].size() && !overflows(s[i])) ++i;
+    detail::raise<numeric_error>("low-precision replica: tensor ", k, " element ", i, " is ", s[i],
+                                 " after the outer step, beyond the range of ", low_precision_name_v<T>,
+                                 " (written as inf); keep the model in a wider type or lower the outer lr");
+  }
+
+  std::vector<tensor_view<T>> replica_;
+  std::vector<float> mirror_;
+  std::vector<tensor_view<float>> views_;
+  exec::host exec_;
+};
+
+}  // namespace detail
+}  // namespace diloco
+
+DILOCO_EXACT_FP_END

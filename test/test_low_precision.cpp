@@ -1,0 +1,330 @@
+// SPDX-License-Identifier: Apache-2.0
+// Low-precision replicas (issue 40 item 2; docs/algorithms.md, "Low-precision
+// replicas"): bf16 / fp16 parameter tensors under inner::external, theta_global
+// and the outer state in fp32. The rounding is checked on hand-picked values;
+// a blocking run of two workers follows a double-precision simulation of the
+// rules written here (the anchor a = RNE(theta_global), Delta = a - theta,
+// the merged value rounded to nearest even) bit for bit, on values chosen so
+// that every operation is exact and the means fall on rounding ties; under
+// every schedule a phase without inner progress changes nothing (Delta = 0
+// exactly, no rounding drift) although theta_global is not representable in
+// the replica's type; a checkpoint resumes bit for bit and is refused by an
+// fp32 run; an fp16 overflow after the outer step is a numeric_error; a
+// trainer with fp32 master weights keeps the merges only when it wraps the
+// masters.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <diloco/diloco.hpp>
+#include <diloco/tensor/low_precision.hpp>
+#include <string>
+#include <vector>
+
+namespace dc = diloco;
+
+namespace {
+
+// ------------------------------------------------ rounding, by hand
+// The nearest value of spacing `ulp` to x (x in the binade where that is the
+// spacing), ties to the even multiple: written from the definition, in
+// double, without the library's bit tricks.
+double round_to_spacing(double x, double ulp) {
+  const double q = x / ulp;
+  const double lo = std::floor(q);
+  const double rest = q - lo;
+  double n = lo;
+  if (rest > 0.5 || (rest == 0.5 && std::fmod(lo, 2.0) != 0.0)) n = lo + 1.0;
+  return n * ulp;
+}
+// bf16 in [1, 2): spacing 2^-7.
+double bf16_in_one_two(double x) {
+  REQUIRE(x >= 1.0);
+  REQUIRE(x < 2.0);
+  return round_to_spacing(x, 1.0 / 128.0);
+}
+
+TEST_CASE("bfloat16 and float16 round to nearest, ties to even (hand-picked values)") {
+  const auto bf = [](double x) { return static_cast<float>(dc::bfloat16::round(static_cast<float>(x))); };
+  CHECK(bf(1.0) == 1.0f);
+  CHECK(dc::bfloat16::round(1.0f).bits == 0x3f80);
+  CHECK(bf(1.0 + std::ldexp(1.0, -8)) == 1.0f);                                     // tie: to even (1.0)
+  CHECK(bf(1.0 + 3 * std::ldexp(1.0, -8)) == static_cast<float>(1.0 + std::ldexp(1.0, -6)));  // tie: up to even
+  CHECK(bf(1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -20)) == static_cast<float>(1.0 + std::ldexp(1.0, -7)));
+  CHECK(bf(-1.5) == -1.5f);
+  CHECK(std::isnan(static_cast<float>(dc::bfloat16::round(std::nanf("")))));
+
+  const auto h = [](double x) { return static_cast<float>(dc::float16::round(static_cast<float>(x))); };
+  CHECK(dc::float16::round(1.0f).bits == 0x3c00);
+  CHECK(h(1.0 + std::ldexp(1.0, -11)) == 1.0f);                                        // tie: to even
+  CHECK(h(1.0 + 3 * std::ldexp(1.0, -11)) == static_cast<float>(1.0 + std::ldexp(1.0, -9)));  // tie: up
+  CHECK(h(65519.0) == 65504.0f);
+  CHECK(std::isinf(h(65520.0)));  // the tie past 65504 (odd) goes to inf
+  CHECK(h(std::ldexp(1.0, -25)) == 0.0f);  // half the smallest subnormal: to even (0)
+  CHECK(h(3 * std::ldexp(1.0, -25)) == static_cast<float>(std::ldexp(1.0, -23)));
+  CHECK(h(std::ldexp(1.0, -24)) == static_cast<float>(std::ldexp(1.0, -24)));  // subnormal, exact
+}
+
+template <class T, class Sync = dc::sync::blocking>
+using trainer = dc::algorithm<dc::inner::external, dc::outer::sgd, dc::compress::none, dc::comm::threads, Sync>;
+
+template <class T>
+std::vector<T> rounded(const std::vector<double>& x) {
+  std::vector<T> out;
+  for (double v : x) out.push_back(T::round(static_cast<float>(v)));
+  return out;
+}
+
+// ------------------------------------ blocking against a double simulation
+TEST_CASE("blocking with bf16 replicas follows a double-precision simulation of the rules bit for bit") {
+  // Two workers, H = 2, plain averaging (outer sgd, lr 1). Worker m's
+  // optimizer moves element i by a multiple of 2^-7 (bf16's spacing in
+  // [1, 2)) each step, so its own steps are exact; the workers' means fall
+  // on odd multiples of 2^-8, ties of bf16, which the merge rounds to even.
+  constexpr int M = 2, H = 2, rounds = 4;
+  constexpr std::size_t n = 6;
+  const double u = 1.0 / 128.0;
+  auto move = [&](int m, std::size_t i, int step) { return static_cast<double>((m + static_cast<int>(i) + step) % 3 - 1) * u; };
+  std::vector<double> start(n);
+  for (std::size_t i = 0; i < n; ++i) start[i] = 1.5 + static_cast<double>(i) * u;
+
+  // The simulation, in double: theta_g; each worker's replica T and the
+  // library's fp32 mirror S of it, following the rules (docs/algorithms.md):
+  // a pull before each round sets S = T + (S - RNE(S)), moved one fp32 ulp
+  // toward T where that sum is a tie RNE would send away from T.
+  std::vector<double> g = start;
+  std::vector<std::vector<double>> rep(M, start), mir(M, start);
+  std::vector<std::vector<double>> expect_global, expect_replica;  // after each round
+  bool tie_seen = false, nudge_seen = false;
+  auto pull = [&](std::size_t m) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const double written = bf16_in_one_two(mir[m][i]);
+      if (rep[m][i] == written) continue;
+      double c = rep[m][i] + (mir[m][i] - written);
+      if (bf16_in_one_two(c) != rep[m][i]) {
+        c += (rep[m][i] > c ? 1.0 : -1.0) * std::ldexp(1.0, -23);  // an fp32 ulp in [1, 2)
+        nudge_seen = true;
+      }
+      REQUIRE(bf16_in_one_two(c) == rep[m][i]);
+      mir[m][i] = c;
+    }
+  };
+  int step = 0;
+  for (int r = 0; r < rounds; ++r) {
+    for (int s = 0; s < H; ++s, ++step)
+      for (int m = 0; m < M; ++m) {
+        for (std::size_t i = 0; i < n; ++i) rep[static_cast<std::size_t>(m)][i] += move(m, i, step);
+        pull(static_cast<std::size_t>(m));
+      }
+    for (std::size_t i = 0; i < n; ++i) {
+      double mean = 0.0;
+      for (int m = 0; m < M; ++m) mean += (g[i] - mir[static_cast<std::size_t>(m)][i]) / M;
+      g[i] -= mean;
+      tie_seen = tie_seen || bf16_in_one_two(g[i]) != g[i];
+      for (int m = 0; m < M; ++m) {
+        mir[static_cast<std::size_t>(m)][i] = g[i];
+        rep[static_cast<std::size_t>(m)][i] = bf16_in_one_two(g[i]);
+      }
+    }
+    expect_global.push_back(g);
+    expect_replica.push_back(rep[0]);
+  }
+  REQUIRE(tie_seen);    // theta_global left bf16's grid: the anchor rule is exercised
+  REQUIRE(nudge_seen);  // and a pull met a tie
+
+  std::vector<std::vector<std::vector<double>>> got_global(M), got_replica(M);
+  dc::comm::threads::world world(M);
+  world.run([&](dc::comm::threads& comm) {
+    const int m = comm.rank();
+    std::vector<dc::bfloat16> w = rounded<dc::bfloat16>(start);
+    trainer<dc::bfloat16> t(w, comm, {.inner_steps = H});
+    for (int s = 0; s < rounds * H; ++s) {
+      for (std::size_t i = 0; i < n; ++i) w[i] = dc::bfloat16::round(static_cast<float>(w[i]) + static_cast<float>(move(m, i, s)));
+      if (t.step()) {
+        const auto gl = t.global_parameters();
+        got_global[static_cast<std::size_t>(m)].emplace_back(gl.begin(), gl.end());
+        std::vector<double> wr;
+        for (auto x : w) wr.push_back(static_cast<float>(x));
+        got_replica[static_cast<std::size_t>(m)].push_back(wr);
+      }
+    }
+  });
+  for (int m = 0; m < M; ++m) {
+    REQUIRE(got_global[static_cast<std::size_t>(m)].size() == rounds);
+    for (int r = 0; r < rounds; ++r)
+      for (std::size_t i = 0; i < n; ++i) {
+        CAPTURE(m);
+        CAPTURE(r);
+        CAPTURE(i);
+        CHECK(got_global[static_cast<std::size_t>(m)][static_cast<std::size_t>(r)][i] == expect_global[static_cast<std::size_t>(r)][i]);
+        CHECK(got_replica[static_cast<std::size_t>(m)][static_cast<std::size_t>(r)][i] == expect_replica[static_cast<std::size_t>(r)][i]);
+      }
+  }
+}
+
+// --------------------------------------------- no progress, no drift
+// Two phases of progress leave theta_global off the replica type's grid;
+// then the workers' optimizers do nothing. Delta must be 0 exactly, so with
+// outer sgd (lr 0.3, no momentum) theta_global and the replica stop moving
+// once what was in flight is applied; Delta = theta_global - float(replica)
+// would move theta_global 0.3 of the way to the grid every round.
+template <class T, class Sync>
+void no_drift(typename Sync::options sync_options, const std::string& what) {
+  CAPTURE(what);
+  constexpr int M = 2, H = 4, progress_rounds = 2, idle_rounds = 6;
+  const std::vector<std::size_t> sizes{5, 4};
+  std::vector<std::vector<float>> last_global(M), before_global(M);
+  std::vector<std::vector<std::uint16_t>> last_replica(M), before_replica(M);
+  bool off_grid = false;
+  dc::comm::threads::world world(M);
+  world.run([&](dc::comm::threads& comm) {
+    const int m = comm.rank();
+    std::vector<std::vector<T>> w;
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      w.emplace_back();
+      for (std::size_t i = 0; i < sizes[k]; ++i) w[k].push_back(T::round(0.75f + 0.0625f * static_cast<float>(i + k)));
+    }
+    trainer<T, Sync> t(w, comm, {.inner_steps = H, .outer = {.lr = 0.3f}, .sync = sync_options});
+    auto snapshot = [&](std::vector<float>& g, std::vector<std::uint16_t>& r) {
+      const auto gl = t.global_parameters();
+      g.assign(gl.begin(), gl.end());
+      r.clear();
+      for (const auto& x : w)
+        for (auto v : x) r.push_back(v.bits);
+    };
+    for (int s = 0; s < (progress_rounds + idle_rounds) * H; ++s) {
+      if (s < progress_rounds * H)
+        for (std::size_t k = 0; k < w.size(); ++k)
+          for (std::size_t i = 0; i < w[k].size(); ++i)
+            w[k][i] = T::round(static_cast<float>(w[k][i]) - 0.01f * static_cast<float>(m + 1) * static_cast<float>(i + 1));
+      t.step();
+      if (s == (progress_rounds + idle_rounds - 1) * H - 1) snapshot(before_global[static_cast<std::size_t>(m)], before_replica[static_cast<std::size_t>(m)]);
+    }
+    snapshot(last_global[static_cast<std::size_t>(m)], last_replica[static_cast<std::size_t>(m)]);
+    if (m == 0)
+      for (float x : last_global[0]) off_grid = off_grid || static_cast<float>(T::round(x)) != x;
+  });
+  REQUIRE(off_grid);  // drift would show
+  for (int m = 0; m < M; ++m) {
+    CHECK(last_global[static_cast<std::size_t>(m)] == before_global[static_cast<std::size_t>(m)]);
+    CHECK(last_replica[static_cast<std::size_t>(m)] == before_replica[static_cast<std::size_t>(m)]);
+  }
+  CHECK(last_global[0] == last_global[1]);
+}
+
+TEST_CASE("a phase without inner progress leaves theta_global and the replica as they are, under every schedule") {
+  no_drift<dc::bfloat16, dc::sync::blocking>({}, "blocking, bf16");
+  no_drift<dc::float16, dc::sync::blocking>({}, "blocking, fp16");
+  no_drift<dc::bfloat16, dc::sync::streaming>({.fragments = 2, .delay = 1, .alpha = 0.0f}, "streaming (alpha 0: a mix with the local value moves on by itself), bf16");
+  no_drift<dc::bfloat16, dc::sync::one_step_delay>({}, "one-step delay, bf16");
+  no_drift<dc::float16, dc::sync::eager>({}, "eager, fp16");
+  no_drift<dc::bfloat16, dc::sync::delayed>({}, "delayed, bf16");
+}
+
+// ------------------------------------------------- fp32 master weights
+// A trainer whose optimizer keeps fp32 masters and casts them into the
+// model's bf16 copy after each step: wrapping the masters keeps the rounds'
+// merges (after a round both workers' masters are theta_global, bit for
+// bit); wrapping the bf16 copy loses them (the next cast from the unmerged
+// masters overwrites the merge, and the workers' masters never meet).
+TEST_CASE("with fp32 master weights, wrap the masters: wrapping the bf16 copy loses every merge") {
+  constexpr int M = 2, H = 3, steps = 2 * H;
+  const std::size_t n = 7;
+  auto grad = [](int m, std::size_t i, int s) { return 0.05f * static_cast<float>(m + 1) - 0.01f * static_cast<float>((static_cast<int>(i) + s) % 4); };
+  std::vector<std::vector<float>> masters_right(M), masters_wrong(M), global_right(M);
+  dc::comm::threads::world world(M);
+  world.run([&](dc::comm::threads& comm) {
+    const int m = comm.rank();
+    for (const bool wrap_masters : {true, false}) {
+      std::vector<float> master(n);
+      for (std::size_t i = 0; i < n; ++i) master[i] = 0.2f + 0.1f * static_cast<float>(i);
+      std::vector<dc::bfloat16> copy(n);
+      auto cast = [&] {
+        for (std::size_t i = 0; i < n; ++i) copy[i] = dc::bfloat16::round(master[i]);
+      };
+      cast();
+      auto optimizer_step = [&](int s) {  // SGD on the masters, then the cast
+        for (std::size_t i = 0; i < n; ++i) master[i] -= 0.1f * grad(m, i, s);
+        cast();
+      };
+      if (wrap_masters) {
+        dc::algorithm<dc::inner::external, dc::outer::sgd, dc::compress::none, dc::comm::threads> t(master, comm, {.inner_steps = H});
+        for (int s = 0; s < steps; ++s) {
+          optimizer_step(s);
+          if (t.step()) cast();  // the merged masters reach the model's copy
+        }
+        masters_right[static_cast<std::size_t>(m)] = master;
+        const auto g = t.global_parameters();
+        global_right[static_cast<std::size_t>(m)].assign(g.begin(), g.end());
+      } else {
+        dc::algorithm<dc::inner::external, dc::outer::sgd, dc::compress::none, dc::comm::threads> t(copy, comm, {.inner_steps = H});
+        for (int s = 0; s < steps; ++s) {
+          optimizer_step(s);
+          t.step();
+        }
+        masters_wrong[static_cast<std::size_t>(m)] = master;
+      }
+    }
+  });
+  // Wrapped masters: after the last round both workers' masters are theta_global.
+  CHECK(masters_right[0] == global_right[0]);
+  CHECK(masters_right[1] == global_right[1]);
+  CHECK(masters_right[0] == masters_right[1]);
+  // Wrapped copy: the masters never took a merge, so the workers' differ
+  // by their different gradients.
+  CHECK(masters_wrong[0] != masters_wrong[1]);
+}
+
+// ------------------------------------------------------- checkpoints
+TEST_CASE("a bf16 replica's checkpoint resumes bit for bit, and an fp32 run refuses it") {
+  constexpr int H = 2;
+  const std::size_t n = 9;
+  auto init = [&] {
+    std::vector<dc::bfloat16> w;
+    for (std::size_t i = 0; i < n; ++i) w.push_back(dc::bfloat16::round(0.3f + 0.11f * static_cast<float>(i)));
+    return w;
+  };
+  auto train = [&](auto& t, std::vector<dc::bfloat16>& w, int from, int to) {
+    for (int s = from; s < to; ++s) {
+      for (std::size_t i = 0; i < n; ++i)
+        w[i] = dc::bfloat16::round(static_cast<float>(w[i]) * 0.97f + 0.013f * static_cast<float>((s + static_cast<int>(i)) % 5));
+      t.step();
+    }
+  };
+  using nesterov_trainer = dc::algorithm<dc::inner::external, dc::outer::nesterov, dc::compress::none, dc::comm::threads>;
+  dc::comm::threads::world world(1);
+  world.run([&](dc::comm::threads& comm) {
+    std::vector<dc::bfloat16> a = init();
+    nesterov_trainer ta(a, comm, {.inner_steps = H, .outer = {.lr = 0.7f, .momentum = 0.9f}});
+    train(ta, a, 0, 5);  // two rounds and one step into the third
+    const std::vector<std::byte> saved = ta.save_bytes();
+    train(ta, a, 5, 10);
+
+    std::vector<dc::bfloat16> b(n, dc::bfloat16::round(9.0f));  // overwritten by load
+    nesterov_trainer tb(b, comm, {.inner_steps = H, .outer = {.lr = 0.7f, .momentum = 0.9f}});
+    tb.load(std::span<const std::byte>(saved));
+    train(tb, b, 5, 10);
+    CHECK(a == b);
+    const auto ga = ta.global_parameters(), gb = tb.global_parameters();
+    CHECK(std::memcmp(ga.data(), gb.data(), ga.size() * sizeof(float)) == 0);
+
+    std::vector<float> f(n, 0.5f);
+    nesterov_trainer tf(f, comm, {.inner_steps = H, .outer = {.lr = 0.7f, .momentum = 0.9f}});
+    CHECK_THROWS_WITH_AS(tf.load(std::span<const std::byte>(saved)), doctest::Contains("replica_element"), dc::format_error);
+  });
+}
+
+// ------------------------------------------------------------ errors
+TEST_CASE("an fp16 value beyond 65504 after the outer step is a numeric_error naming it") {
+  dc::comm::threads::world world(1);
+  world.run([&](dc::comm::threads& comm) {
+    std::vector<dc::float16> w{dc::float16::round(60000.0f), dc::float16::round(1.0f)};
+    trainer<dc::float16> t(w, comm, {.inner_steps = 1, .outer = {.lr = 3.0f}});
+    w[0] = dc::float16::round(64000.0f);  // Delta = -4000; theta_global = 60000 + 3 * 4000
+    CHECK_THROWS_WITH_AS(t.step(), doctest::Contains("tensor 0 element 0 is 72000"), dc::numeric_error);
+    CHECK_THROWS_WITH_AS(t.step(), doctest::Contains("beyond the range of fp16"), dc::numeric_error);
+  });
+}
+
+}  // namespace
