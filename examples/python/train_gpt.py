@@ -214,7 +214,7 @@ def worker(rank: int, method: str, a: argparse.Namespace, store_dir: str, result
     train_text, held_text = load_fortunes(a.fortunes_dir)
     train, held, vocab = encode(train_text, held_text)
     model = GPT(vocab, a.context, a.width, a.layers, a.heads, a.seed)
-    params = [p for p in model.parameters()]
+    params = list(model.parameters())
     n_params = sum(p.numel() for p in params)
     opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.95), weight_decay=a.weight_decay)
     gen = torch.Generator().manual_seed(a.seed * 1000003 + rank)
@@ -309,7 +309,8 @@ def parse(argv: List[str]) -> argparse.Namespace:
     ap.add_argument("--inner-steps", type=int, default=50, help="DiLoCo's H")
     ap.add_argument("--outer-lr", type=float, default=0.7)
     ap.add_argument("--outer-momentum", type=float, default=0.9)
-    ap.add_argument("--compress", default="none", help='DiLoCo\'s pseudo-gradient codec: "none", "int8+ef", "int4+ef"')
+    ap.add_argument("--compress", choices=("none", "int8+ef", "int4+ef"), default="none",
+                    help="DiLoCo's pseudo-gradient codec")
     ap.add_argument("--eval-windows", type=int, default=512, help="held-out windows evaluated")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--log-every", type=int, default=0, help="print rank 0's training loss every N steps")
@@ -327,6 +328,16 @@ def parse(argv: List[str]) -> argparse.Namespace:
 
 def main(argv: List[str]) -> int:
     a = parse(argv)
+    methods = ("ddp", "diloco") if a.method == "both" else (a.method,)
+    if "diloco" in methods:
+        try:
+            import diloco
+        except ImportError as e:
+            raise SystemExit(f"train_gpt: --method {a.method} needs the diloco package ({e}); install it with "
+                             f"`pip install .` from the repository root (docs/python.md)") from None
+        if not diloco.gloo.available():
+            raise SystemExit("train_gpt: this build of diloco has no Gloo (libgloo-dev was not found when it "
+                             "was built); --method ddp still runs")
     train_text, held_text = load_fortunes(a.fortunes_dir)
     train, held, vocab = encode(train_text, held_text)
     model = GPT(vocab, a.context, a.width, a.layers, a.heads, a.seed)
@@ -338,7 +349,6 @@ def main(argv: List[str]) -> int:
     print(f"workers: {a.workers}")
     print(f"tokens_per_method: {a.workers * a.steps * a.batch * a.context}")
     print(f"initial.held_out_loss: {held_out_loss(model, held, a.context, a.eval_windows):.4f}", flush=True)
-    methods = ("ddp", "diloco") if a.method == "both" else (a.method,)
     results = {}
     for m in methods:
         r = run_method(m, a)
@@ -348,8 +358,8 @@ def main(argv: List[str]) -> int:
         print(f"{m}.exchanges: {r['exchanges']}")
         print(f"{m}.wall_seconds: {r['wall_seconds']:.2f}", flush=True)
     print()
-    print(f"| method | held-out loss | bytes sent per worker | exchanges | wall s |")
-    print(f"|---|---|---|---|---|")
+    print("| method | held-out loss | bytes sent per worker | exchanges | wall s |")
+    print("|---|---|---|---|---|")
     for m, r in results.items():
         name = m if m == "ddp" else f"diloco (H={a.inner_steps}, {a.compress})"
         print(f"| {name} | {r['held_out_loss']:.4f} | {r['bytes_sent_per_worker'] / 1e6:.2f} MB | "
