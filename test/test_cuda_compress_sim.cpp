@@ -5,8 +5,8 @@
 // team programs (kernels/compressed_blocks.hpp), the device checksum and
 // structure checks (kernels/wire_passes.hpp) and the device compressed mean
 // (compress/compressed_mean_device.hpp), and chunk_topk's team programs
-// (kernels/topk_blocks.hpp) with the device gathered mean
-// (compress/gathered_mean_device.hpp), and low_rank's engine over device
+// (kernels/topk_blocks.hpp) with the gathered mean over device memory
+// (compress/gathered_mean.hpp), and low_rank's engine over device
 // memory (compress/low_rank.hpp: its passes as grid launches, the device
 // checksums and headers) all run here.
 //

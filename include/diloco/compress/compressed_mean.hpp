@@ -19,10 +19,12 @@
 #include "diloco/compress/wire_format.hpp"
 #include "diloco/core/comm_types.hpp"
 #include "diloco/core/error.hpp"
+#include "diloco/core/memory_space.hpp"
 #include "diloco/kernels/compressed_passes.hpp"
 #include "diloco/kernels/random.hpp"
 #include "diloco/tensor/buffer.hpp"
 #include "diloco/tensor/parameter_set.hpp"
+#include "diloco/tensor/tensor_traits.hpp"
 #include "diloco/core/macros.hpp"
 
 DILOCO_EXACT_FP_BEGIN
@@ -125,6 +127,11 @@ class host_ballot {
     std::fill(slots_.begin(), slots_.end(), 0.0f);
     slots_[static_cast<std::size_t>(rank)] = found_.vote();
   }
+  // The same, as device_ballot is called (engines written over the space).
+  template <class Exec>
+  void cast(Exec&, int rank) {
+    cast(rank);
+  }
   compress::exchange_result out_;
   round_findings found_;
 
@@ -161,26 +168,34 @@ void visit_residual(Visitor& v, std::string_view prefix, Residual& residual, boo
     (void)v, (void)prefix, (void)residual, (void)device;
 }
 
-// A host engine's error-feedback residual (4 bytes per parameter, twice):
-// the committed one, read by a round's encode, and the one the encode
-// writes beside it, kept by commit() only when the round is applied. Empty
-// without error feedback. The committed residual is the engine's state.
-template <class Compressor>
-class host_feedback {
+// An engine's error-feedback residual (4 bytes per parameter, twice) in
+// memory space Space: the committed one, read by a round's encode, and the
+// one the encode writes beside it, kept by commit_residual() only when the
+// round is applied. Empty without error feedback. The committed residual is
+// the engine's state.
+template <class Compressor, class Space>
+class feedback {
   static constexpr bool ef = Compressor::has_error_feedback;
+  static constexpr bool on_device = !std::is_same_v<Space, host_space>;
 
  public:
-  std::span<const float> residual() const { return {residual_.data(), residual_.size()}; }
+  /// The committed residual in the flat layout (a span on the host, a device view on a device).
+  auto residual() const {
+    if constexpr (on_device)
+      return tensor_view<const float, Space>{residual_.data(), residual_.size()};
+    else
+      return std::span<const float>{residual_.data(), residual_.size()};
+  }
   template <class Visitor>
   void visit_state(Visitor& v, std::string_view prefix) {
-    visit_residual<Compressor>(v, prefix, residual_, false);
+    visit_residual<Compressor>(v, prefix, residual_, on_device);
   }
 
  protected:
-  explicit host_feedback(std::size_t elements) {
+  explicit feedback(std::size_t elements) {
     if constexpr (ef) {
-      residual_ = host_buffer<float>(elements);
-      next_residual_ = host_buffer<float>(elements);
+      residual_ = buffer<float, Space>(elements);
+      next_residual_ = buffer<float, Space>(elements);
     }
   }
   const float* committed_residual() const { return ef ? residual_.data() : nullptr; }
@@ -188,7 +203,7 @@ class host_feedback {
   // reduction in flight).
   template <class Visitor>
   void visit_next_residual(Visitor& v, const std::string& prefix) {
-    if constexpr (ef) v.floats(prefix + "next_residual", next_residual_.data(), next_residual_.size(), false);
+    if constexpr (ef) v.floats(prefix + "next_residual", next_residual_.data(), next_residual_.size(), on_device);
   }
   float* next_residual() { return ef ? next_residual_.data() : nullptr; }
   void commit_residual() {
@@ -196,7 +211,7 @@ class host_feedback {
   }
 
  private:
-  host_buffer<float> residual_, next_residual_;
+  buffer<float, Space> residual_, next_residual_;
 };
 
 }  // namespace diloco::detail
@@ -218,7 +233,7 @@ namespace diloco::compress {
 /// ```
 /// Traffic per rank: 2 (M-1)/M times the encoded size, plus headers.
 template <class Compressor, class Space>
-class compressed_mean : public diloco::detail::host_ballot, public diloco::detail::host_feedback<Compressor> {
+class compressed_mean : public diloco::detail::host_ballot, public diloco::detail::feedback<Compressor, Space> {
  public:
   using codec_type = typename Compressor::codec;  ///< the compressor's block codec
 
@@ -227,7 +242,7 @@ class compressed_mean : public diloco::detail::host_ballot, public diloco::detai
   compressed_mean(const parameter_set<float, Space>& params, int world, int rank,
                   const typename Compressor::options& opts, std::uint32_t fragment = 0)
       : host_ballot(world),
-        diloco::detail::host_feedback<Compressor>(params.total()),
+        diloco::detail::feedback<Compressor, Space>(params.total()),
         codec_(Compressor::make_codec(opts)),
         seed_(diloco::detail::stream_seed<Compressor>(opts, fragment)),
         world_(world),
@@ -257,7 +272,7 @@ class compressed_mean : public diloco::detail::host_ballot, public diloco::detai
   /// The size of one segment slot: the header and the largest shard's payload, rounded up to 64.
   std::size_t slot_bytes() const { return slot_; }
   // residual() and visit_state(): the error-feedback residual is the state
-  // (diloco::detail::host_feedback); the rest is scratch.
+  // (diloco::detail::feedback); the rest is scratch.
 
   // Stages 1-6, the operations between the collectives. The protocol (which
   // collective follows which stage) is reduce::compressed's, for host and

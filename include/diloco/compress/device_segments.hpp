@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// What the device engines (compressed_mean_device.hpp, gathered_mean_device.hpp,
-// low_rank.hpp over device memory) share around their passes: the norms of
+// What the device engines (compressed_mean_device.hpp, gathered_mean.hpp's
+// and low_rank.hpp's over device memory) share around their passes: the norms of
 // a pass summed in the host executor's order, and the segments' headers,
 // payload checksums and structure checks, computed on the device with only
 // headers and a few numbers coming to the host, where headers are written
@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "diloco/compress/block_layout.hpp"
@@ -281,6 +282,11 @@ class device_ballot {
   buffer<float, Space> device_votes_;
   std::vector<float> votes_;
 };
+
+// The ballot of an engine over memory space Space.
+template <class Space>
+using space_ballot =
+    std::conditional_t<std::is_same_v<Space, host_space>, diloco::detail::host_ballot, device_ballot<Space>>;
 
 }  // namespace diloco::compress::device_detail
 

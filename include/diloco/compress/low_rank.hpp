@@ -103,8 +103,7 @@ inline float normal(std::uint64_t seed, std::uint64_t i) {
 }
 
 template <class Space>
-using ballot = std::conditional_t<std::is_same_v<Space, host_space>, diloco::detail::host_ballot,
-                                  device_detail::device_ballot<Space>>;
+using ballot = device_detail::space_ballot<Space>;
 
 }  // namespace detail_low_rank
 
