@@ -146,18 +146,7 @@ class host_low_precision_mirror final : public low_precision_mirror {
     for (std::size_t k = 0; k < replica_.size(); ++k) {
       const T* t = replica_[k].data();
       float* s = views_[k].data();
-      exec_.for_each(replica_[k].size(), [=](std::size_t i) {
-        const T written = T::round(s[i]);
-        if (t[i] == written) return;  // untouched since the write: S keeps its exact value
-        const float target = static_cast<float>(t[i]);
-        const float c = target + (s[i] - static_cast<float>(written));
-        if (T::round(c) == t[i]) {
-          s[i] = c;
-          return;
-        }
-        const float toward = std::nextafter(c, target);
-        s[i] = T::round(toward) == t[i] ? toward : target;
-      });
+      exec_.for_each(replica_[k].size(), [=](std::size_t i) { s[i] = pulled(t[i].bits, s[i]); });
     }
   }
 
@@ -165,27 +154,44 @@ class host_low_precision_mirror final : public low_precision_mirror {
     for (std::size_t k = 0; k < replica_.size(); ++k) {
       T* t = replica_[k].data();
       const float* s = views_[k].data();
-      const double overflow = exec_.transform_reduce(replica_[k].size(), [=](std::size_t i) {
-        t[i] = T::round(s[i]);
-        return overflows(s[i]) ? 1.0 : 0.0;
-      });
-      if (overflow > 0.0) report_overflow(k);
+      exec_.for_each(replica_[k].size(), [=](std::size_t i) { t[i].bits = round_bits(s[i]); });
+      // Overflow shows as an inf code: count those (a narrow, vectorized
+      // scan), and look at the mirror only when there are any.
+      std::size_t infinite = 0;
+      for (std::size_t i = 0; i < replica_[k].size(); ++i) infinite += (t[i].bits & 0x7fffu) == format::inf ? 1u : 0u;
+      if (infinite > 0) check_overflow(k);
     }
   }
 
  private:
-  // A finite value that rounds to inf.
-  static bool overflows(float s) {
-    const float back = static_cast<float>(T::round(s));
-    return s - s == 0.0f && back - back != 0.0f;
+  using format = std::conditional_t<std::is_same_v<T, bfloat16>, kernels::bf16_format, kernels::fp16_format>;
+  static std::uint16_t round_bits(float x) { return T::round(x).bits; }
+
+  // The read rule for one element (the header's comment), without branches
+  // so that the loop vectorizes: t is the replica's code, s the mirror.
+  static float pulled(std::uint16_t t, float s) {
+    const std::uint16_t written = round_bits(s);
+    const float target = format::decode(t);
+    const float c = target + (s - format::decode(written));
+    // c's fp32 neighbour toward target: one step of the bits, up in
+    // magnitude when target is further from zero on c's side.
+    const std::uint32_t cb = kernels::float_bits(c);
+    const bool up = (target > c) == (c >= 0.0f);
+    const float toward = kernels::bits_float(up ? cb + 1u : cb - 1u);
+    const float moved = round_bits(c) == t ? c : (round_bits(toward) == t ? toward : target);
+    return t == written ? s : moved;
   }
-  [[noreturn]] void report_overflow(std::size_t k) const {
+
+  // Raises when a finite value of tensor k's mirror was written as inf.
+  void check_overflow(std::size_t k) const {
     const float* s = views_[k].data();
-    std::size_t i = 0;
-    while (i + 1 < views_[k].size() && !overflows(s[i])) ++i;
-    detail::raise<numeric_error>("low-precision replica: tensor ", k, " element ", i, " is ", s[i],
-                                 " after the outer step, beyond the range of ", low_precision_name_v<T>,
-                                 " (written as inf); keep the model in a wider type or lower the outer lr");
+    for (std::size_t i = 0; i < views_[k].size(); ++i) {
+      const float back = format::decode(round_bits(s[i]));
+      if (s[i] - s[i] == 0.0f && back - back != 0.0f)
+        detail::raise<numeric_error>("low-precision replica: tensor ", k, " element ", i, " is ", s[i],
+                                     " after the outer step, beyond the range of ", low_precision_name_v<T>,
+                                     " (written as inf); keep the model in a wider type or lower the outer lr");
+    }
   }
 
   std::vector<tensor_view<T>> replica_;
