@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "linear_regression.hpp"
+#include "low_precision_reference.hpp"
 
 namespace dc = diloco;
 using namespace linear_regression;
@@ -235,4 +236,21 @@ TEST_CASE("sync::streaming with P = 1, tau = 0, alpha = 0 over MPI is sync::bloc
   };
   SUBCASE("fp32") { compare(dc::compress::none{}); }
   SUBCASE("int8 + error feedback") { compare(dc::compress::error_feedback<dc::compress::blockwise<dc::int8, 32>>{}); }
+}
+
+TEST_CASE("bf16 replicas over MPI follow the double-precision simulation of the rules bit for bit") {
+  // test/low_precision_reference.hpp: M = the ranks, plain averaging, the
+  // means on bf16 ties (docs/algorithms.md section 6a).
+  namespace ref = low_precision_reference;
+  const int workers = world_size();
+  constexpr int bf16_rounds = 4;
+  const ref::expected e = ref::simulate(workers, bf16_rounds);
+  REQUIRE(!e.out_of_binade);
+  REQUIRE(e.tie_seen);
+  dc::comm::mpi comm(MPI_COMM_WORLD, {.expected_size = workers});
+  std::vector<std::vector<double>> global, replica;
+  ref::run_worker<dc::bfloat16, dc::algorithm<dc::inner::external, dc::outer::sgd, dc::compress::none, dc::comm::mpi>>(
+      comm, bf16_rounds, global, replica);
+  CHECK(global == e.global);
+  CHECK(replica == e.replica);
 }

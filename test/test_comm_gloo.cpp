@@ -34,6 +34,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "low_precision_reference.hpp"
 #include "comm_conformance.hpp"
 #include "compressed_mean_bounds.hpp"
 #include "process_harness.hpp"
@@ -284,6 +285,21 @@ TEST_CASE("child: algorithm" * doctest::skip()) {
     wdiff = std::max(wdiff, std::abs(static_cast<double>(wrapped[j]) - over_gloo[j]));
   MESSAGE("rank ", comm.rank(), ": max |external - sgd| = ", wdiff);
   CHECK(wdiff <= 1e-6 * scale);
+
+  // bf16 replicas over Gloo follow the double simulation of the rules
+  // (test/low_precision_reference.hpp, docs/algorithms.md section 6a) bit
+  // for bit, M = the processes.
+  {
+    namespace ref = low_precision_reference;
+    constexpr int bf16_rounds = 4;
+    const ref::expected e = ref::simulate(m, bf16_rounds);
+    REQUIRE(!e.out_of_binade);
+    std::vector<std::vector<double>> global, replica;
+    ref::run_worker<dc::bfloat16, dc::algorithm<dc::inner::external, dc::outer::sgd, dc::compress::none, gloo_comm>>(
+        comm, bf16_rounds, global, replica);
+    CHECK(global == e.global);
+    CHECK(replica == e.replica);
+  }
 
   // Every replica holds the same theta_global, bit for bit.
   std::vector<std::byte> gathered(features * sizeof(float) * static_cast<std::size_t>(m));

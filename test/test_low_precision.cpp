@@ -22,28 +22,11 @@
 #include <string>
 #include <vector>
 
+#include "low_precision_reference.hpp"
+
 namespace dc = diloco;
 
 namespace {
-
-// ------------------------------------------------ rounding, by hand
-// The nearest value of spacing `ulp` to x (x in the binade where that is the
-// spacing), ties to the even multiple: written from the definition, in
-// double, without the library's bit tricks.
-double round_to_spacing(double x, double ulp) {
-  const double q = x / ulp;
-  const double lo = std::floor(q);
-  const double rest = q - lo;
-  double n = lo;
-  if (rest > 0.5 || (rest == 0.5 && std::fmod(lo, 2.0) != 0.0)) n = lo + 1.0;
-  return n * ulp;
-}
-// bf16 in [1, 2): spacing 2^-7.
-double bf16_in_one_two(double x) {
-  REQUIRE(x >= 1.0);
-  REQUIRE(x < 2.0);
-  return round_to_spacing(x, 1.0 / 128.0);
-}
 
 TEST_CASE("bfloat16 and float16 round to nearest, ties to even (hand-picked values)") {
   const auto bf = [](double x) { return static_cast<float>(dc::bfloat16::round(static_cast<float>(x))); };
@@ -69,97 +52,27 @@ TEST_CASE("bfloat16 and float16 round to nearest, ties to even (hand-picked valu
 template <class T, class Sync = dc::sync::blocking>
 using trainer = dc::algorithm<dc::inner::external, dc::outer::sgd, dc::compress::none, dc::comm::threads, Sync>;
 
-template <class T>
-std::vector<T> rounded(const std::vector<double>& x) {
-  std::vector<T> out;
-  for (double v : x) out.push_back(T::round(static_cast<float>(v)));
-  return out;
-}
 
 // ------------------------------------ blocking against a double simulation
 TEST_CASE("blocking with bf16 replicas follows a double-precision simulation of the rules bit for bit") {
-  // Two workers, H = 2, plain averaging (outer sgd, lr 1). Worker m's
-  // optimizer moves element i by a multiple of 2^-7 (bf16's spacing in
-  // [1, 2)) each step, so its own steps are exact; the workers' means fall
-  // on odd multiples of 2^-8, ties of bf16, which the merge rounds to even.
-  constexpr int M = 2, H = 2, rounds = 4;
-  constexpr std::size_t n = 6;
-  const double u = 1.0 / 128.0;
-  auto move = [&](int m, std::size_t i, int step) { return static_cast<double>((m + static_cast<int>(i) + step) % 3 - 1) * u; };
-  std::vector<double> start(n);
-  for (std::size_t i = 0; i < n; ++i) start[i] = 1.5 + static_cast<double>(i) * u;
-
-  // The simulation, in double: theta_g; each worker's replica T and the
-  // library's fp32 mirror S of it, following the rules (docs/algorithms.md):
-  // a pull before each round sets S = T + (S - RNE(S)), moved one fp32 ulp
-  // toward T where that sum is a tie RNE would send away from T.
-  std::vector<double> g = start;
-  std::vector<std::vector<double>> rep(M, start), mir(M, start);
-  std::vector<std::vector<double>> expect_global, expect_replica;  // after each round
-  bool tie_seen = false, nudge_seen = false;
-  auto pull = [&](std::size_t m) {
-    for (std::size_t i = 0; i < n; ++i) {
-      const double written = bf16_in_one_two(mir[m][i]);
-      if (rep[m][i] == written) continue;
-      double c = rep[m][i] + (mir[m][i] - written);
-      if (bf16_in_one_two(c) != rep[m][i]) {
-        c += (rep[m][i] > c ? 1.0 : -1.0) * std::ldexp(1.0, -23);  // an fp32 ulp in [1, 2)
-        nudge_seen = true;
-      }
-      REQUIRE(bf16_in_one_two(c) == rep[m][i]);
-      mir[m][i] = c;
-    }
-  };
-  int step = 0;
-  for (int r = 0; r < rounds; ++r) {
-    for (int s = 0; s < H; ++s, ++step)
-      for (int m = 0; m < M; ++m) {
-        for (std::size_t i = 0; i < n; ++i) rep[static_cast<std::size_t>(m)][i] += move(m, i, step);
-        pull(static_cast<std::size_t>(m));
-      }
-    for (std::size_t i = 0; i < n; ++i) {
-      double mean = 0.0;
-      for (int m = 0; m < M; ++m) mean += (g[i] - mir[static_cast<std::size_t>(m)][i]) / M;
-      g[i] -= mean;
-      tie_seen = tie_seen || bf16_in_one_two(g[i]) != g[i];
-      for (int m = 0; m < M; ++m) {
-        mir[static_cast<std::size_t>(m)][i] = g[i];
-        rep[static_cast<std::size_t>(m)][i] = bf16_in_one_two(g[i]);
-      }
-    }
-    expect_global.push_back(g);
-    expect_replica.push_back(rep[0]);
-  }
-  REQUIRE(tie_seen);    // theta_global left bf16's grid: the anchor rule is exercised
-  REQUIRE(nudge_seen);  // and a pull met a tie
-
+  // Two workers, H = 2, plain averaging (test/low_precision_reference.hpp):
+  // the workers' means fall on bf16 ties, which the merge rounds to even.
+  namespace ref = low_precision_reference;
+  constexpr int M = 2, rounds = 4;
+  const ref::expected e = ref::simulate(M, rounds);
+  REQUIRE(!e.out_of_binade);
+  REQUIRE(e.tie_seen);    // theta_global left bf16's grid: the anchor rule is exercised
+  REQUIRE(e.nudge_seen);  // and a read met a tie
   std::vector<std::vector<std::vector<double>>> got_global(M), got_replica(M);
   dc::comm::threads::world world(M);
   world.run([&](dc::comm::threads& comm) {
-    const int m = comm.rank();
-    std::vector<dc::bfloat16> w = rounded<dc::bfloat16>(start);
-    trainer<dc::bfloat16> t(w, comm, {.inner_steps = H});
-    for (int s = 0; s < rounds * H; ++s) {
-      for (std::size_t i = 0; i < n; ++i) w[i] = dc::bfloat16::round(static_cast<float>(w[i]) + static_cast<float>(move(m, i, s)));
-      if (t.step()) {
-        const auto gl = t.global_parameters();
-        got_global[static_cast<std::size_t>(m)].emplace_back(gl.begin(), gl.end());
-        std::vector<double> wr;
-        for (auto x : w) wr.push_back(static_cast<float>(x));
-        got_replica[static_cast<std::size_t>(m)].push_back(wr);
-      }
-    }
+    const auto m = static_cast<std::size_t>(comm.rank());
+    ref::run_worker<dc::bfloat16, trainer<dc::bfloat16>>(comm, rounds, got_global[m], got_replica[m]);
   });
-  for (int m = 0; m < M; ++m) {
-    REQUIRE(got_global[static_cast<std::size_t>(m)].size() == rounds);
-    for (int r = 0; r < rounds; ++r)
-      for (std::size_t i = 0; i < n; ++i) {
-        CAPTURE(m);
-        CAPTURE(r);
-        CAPTURE(i);
-        CHECK(got_global[static_cast<std::size_t>(m)][static_cast<std::size_t>(r)][i] == expect_global[static_cast<std::size_t>(r)][i]);
-        CHECK(got_replica[static_cast<std::size_t>(m)][static_cast<std::size_t>(r)][i] == expect_replica[static_cast<std::size_t>(r)][i]);
-      }
+  for (std::size_t m = 0; m < M; ++m) {
+    CAPTURE(m);
+    CHECK(got_global[m] == e.global);
+    CHECK(got_replica[m] == e.replica);
   }
 }
 
