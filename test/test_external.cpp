@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <cstring>
 #include <diloco/diloco.hpp>
 #include <diloco/tensor/torch.hpp>
 #include <filesystem>
@@ -319,4 +320,70 @@ TEST_CASE("inner::external: the inner learning rate is the user's; asking the li
   CHECK_FALSE(t.step());
   CHECK(t.step());
   CHECK(w == std::vector<float>(4, 1.0f));
+}
+
+// bf16 torch tensors (docs/algorithms.md section 6a): torch::optim::SGD steps
+// the model's bf16 parameters, torch_low_precision_views hands them to the
+// library. The same run over std::vector<diloco::bfloat16> copies of torch's
+// values gives the same bits (the adapter is the plain bf16 path), every
+// round's merge reaches the torch tensors as RNE(theta_global), and tensors
+// of another dtype are refused by name.
+TEST_CASE("inner::external with bf16 torch tensors: torch::optim::SGD steps them and the merges reach them") {
+  using T = dc::algorithm<dc::inner::external, dc::outer::nesterov, dc::compress::none, dc::comm::threads>;
+  const dc::algorithm_options<dc::inner::external, dc::outer::nesterov, dc::compress::none, dc::sync::blocking> o{
+      .inner_steps = 3, .outer = {.lr = 0.7f, .momentum = 0.9f}};
+  constexpr int workers = 2, rounds = 3;
+  std::vector<int> merged_ok(workers, 0);
+  dc::comm::threads::world world(workers);
+  world.run([&](dc::comm::threads& comm) {
+    const int m = comm.rank();
+    torch::manual_seed(7);  // the same start on every worker
+    std::vector<at::Tensor> params{torch::randn({3, 4}).to(torch::kBFloat16), torch::randn({5}).to(torch::kBFloat16)};
+    for (auto& p : params) p.set_requires_grad(true);
+    torch::optim::SGD sgd(params, torch::optim::SGDOptions(0.1).momentum(0.5));
+    std::vector<std::vector<dc::bfloat16>> copies;
+    auto copy_out = [&] {
+      copies.resize(params.size());
+      for (std::size_t k = 0; k < params.size(); ++k) {
+        const auto* src = reinterpret_cast<const dc::bfloat16*>(params[k].data_ptr());
+        copies[k].assign(src, src + params[k].numel());
+      }
+    };
+    copy_out();
+    T via_torch(dc::torch_low_precision_views<dc::bfloat16>(params), comm, o);
+    T via_vectors(copies, comm, o);
+    const std::vector<float> start(via_torch.global_parameters().begin(), via_torch.global_parameters().end());
+    for (std::size_t s = 0; s < rounds * o.inner_steps; ++s) {
+      sgd.zero_grad();
+      torch::NoGradGuard no_grad;
+      for (std::size_t k = 0; k < params.size(); ++k)  // loss 1/2 ||p - c_m||^2: gradient p - c_m, in bf16
+        params[k].mutable_grad() = params[k] - (0.25 * (m + 1) - 0.1 * static_cast<double>(k));
+      sgd.step();
+      copy_out();
+      const bool round = via_torch.step();
+      CHECK(via_vectors.step() == round);
+      for (std::size_t k = 0; k < params.size(); ++k)
+        CHECK(std::memcmp(params[k].data_ptr(), copies[k].data(), copies[k].size() * sizeof(dc::bfloat16)) == 0);
+      if (round) {  // the merge: every element is RNE(theta_global)
+        const auto g = via_torch.global_parameters();
+        bool all = true;
+        for (std::size_t k = 0; k < params.size(); ++k) {
+          const auto* p = reinterpret_cast<const dc::bfloat16*>(params[k].data_ptr());
+          for (std::size_t i = 0; i < copies[k].size(); ++i)
+            all = all && p[i] == dc::bfloat16::round(g[via_torch.global_offset(k) + i]);
+        }
+        merged_ok[static_cast<std::size_t>(m)] += all ? 1 : 0;
+      }
+    }
+    const auto ga = via_torch.global_parameters(), gb = via_vectors.global_parameters();
+    CHECK(std::memcmp(ga.data(), gb.data(), ga.size() * sizeof(float)) == 0);
+    CHECK(std::vector<float>(ga.begin(), ga.end()) != start);  // the rounds moved theta_global
+  });
+  CHECK(merged_ok == std::vector<int>(workers, rounds));
+
+  std::vector<at::Tensor> wrong{torch::zeros({4})};
+  CHECK_THROWS_WITH_AS(dc::torch_low_precision_views<dc::bfloat16>(wrong), doctest::Contains("expected BFloat16"),
+                       dc::config_error);
+  std::vector<at::Tensor> half{torch::zeros({4}).to(torch::kHalf)};
+  CHECK(dc::torch_low_precision_views<dc::float16>(half).size() == 1);
 }

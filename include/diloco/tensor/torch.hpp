@@ -41,6 +41,7 @@
 
 #include "diloco/core/error.hpp"
 #include "diloco/core/memory_space.hpp"
+#include "diloco/tensor/low_precision.hpp"
 #include "diloco/tensor/tensor_traits.hpp"
 
 namespace diloco {
@@ -172,6 +173,32 @@ inline std::vector<device_view<float>> torch_device_views(const std::vector<at::
     detail::check_torch_tensor(tensors[k], detail::torch_place::cuda, "diloco::torch_device_views",
                                "tensor " + std::to_string(k));
     out.emplace_back(tensors[k].data_ptr<float>(), static_cast<std::size_t>(tensors[k].numel()));
+  }
+  return out;
+}
+
+/// bf16 (`T` = diloco::bfloat16, dtype torch.bfloat16) or fp16 (`T` =
+/// diloco::float16, torch.float16) CPU tensors as views of that element
+/// type: a low-precision replica under inner::external (docs/algorithms.md
+/// section 6a). Each is checked (dtype, dense, contiguous, CPU), named in
+/// the message; the views alias the tensors' storage.
+template <class T>
+  requires(is_low_precision_v<T>)
+std::vector<tensor_view<T>> torch_low_precision_views(const std::vector<at::Tensor>& tensors) {
+  constexpr bool bf16 = std::is_same_v<T, bfloat16>;
+  const at::ScalarType want = bf16 ? at::kBFloat16 : at::kHalf;
+  std::vector<tensor_view<T>> out;
+  for (std::size_t k = 0; k < tensors.size(); ++k) {
+    const at::Tensor& t = tensors[k];
+    const std::string what = detail::concat("tensor ", k);
+    if (!t.defined()) detail::raise<config_error>("torch_low_precision_views: ", what, " is an undefined tensor");
+    if (t.scalar_type() != want)
+      detail::raise<config_error>("torch_low_precision_views: ", what, " has dtype ", c10::toString(t.scalar_type()),
+                                  ", expected ", bf16 ? "BFloat16" : "Half", " (pass fp32 tensors directly)");
+    if (t.layout() != at::kStrided || !t.is_contiguous() || !t.device().is_cpu())
+      detail::raise<config_error>("torch_low_precision_views: ", what, " must be a dense, contiguous CPU tensor (it is ",
+                                  t.is_contiguous() ? "" : "not contiguous, ", "on ", detail::torch_device_name(t), ")");
+    out.emplace_back(reinterpret_cast<T*>(t.data_ptr()), static_cast<std::size_t>(t.numel()));
   }
   return out;
 }
