@@ -3,8 +3,8 @@
 // "device memory" is host memory and the device executor replays every
 // thread of the grids exec::cuda would launch (cuda_grid_sim.hpp), so the
 // team programs (kernels/compressed_blocks.hpp), the device checksum and
-// structure checks (kernels/wire_passes.hpp) and the device compressed mean
-// (compress/compressed_mean_device.hpp), and chunk_topk's team programs
+// structure checks (kernels/wire_passes.hpp) and the compressed mean over
+// device memory (compress/compressed_mean.hpp), and chunk_topk's team programs
 // (kernels/topk_blocks.hpp) with the gathered mean over device memory
 // (compress/gathered_mean.hpp), and low_rank's engine over device
 // memory (compress/low_rank.hpp: its passes as grid launches, the device

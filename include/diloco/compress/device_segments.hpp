@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// What the device engines (compressed_mean_device.hpp, gathered_mean.hpp's
-// and low_rank.hpp's over device memory) share around their passes: the norms of
-// a pass summed in the host executor's order, and the segments' headers,
-// payload checksums and structure checks, computed on the device with only
-// headers and a few numbers coming to the host, where headers are written
-// and validated as the host engines do (wire_format.hpp, segment.hpp).
+// What the engines over device memory (compressed_mean.hpp's and
+// gathered_mean.hpp's device operations, low_rank.hpp) share around their
+// passes: the norms of a pass summed in the host executor's order, and the
+// segments' headers, payload checksums and structure checks, computed on
+// the device with only headers and a few numbers coming to the host, where
+// headers are written and validated as the host engines do
+// (wire_format.hpp, segment.hpp).
 
 #include <algorithm>
 #include <cstddef>
@@ -16,7 +17,7 @@
 #include <vector>
 
 #include "diloco/compress/block_layout.hpp"
-#include "diloco/compress/compressed_mean.hpp"
+#include "diloco/compress/round_state.hpp"
 #include "diloco/compress/segment.hpp"
 #include "diloco/compress/wire_format.hpp"
 #include "diloco/core/error.hpp"

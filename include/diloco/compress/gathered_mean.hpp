@@ -15,8 +15,8 @@
 
 #include "diloco/compress/block_layout.hpp"
 #include "diloco/compress/codec.hpp"
-#include "diloco/compress/compressed_mean.hpp"
 #include "diloco/compress/device_segments.hpp"
+#include "diloco/compress/round_state.hpp"
 #include "diloco/compress/segment.hpp"
 #include "diloco/compress/wire_format.hpp"
 #include "diloco/core/error.hpp"

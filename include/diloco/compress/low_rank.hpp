@@ -12,9 +12,9 @@
 #include <utility>
 #include <vector>
 
-#include "diloco/compress/compressed_mean.hpp"
 #include "diloco/compress/device_segments.hpp"
 #include "diloco/compress/formats.hpp"
+#include "diloco/compress/round_state.hpp"
 #include "diloco/compress/segment.hpp"
 #include "diloco/compress/wire_format.hpp"
 #include "diloco/core/error.hpp"

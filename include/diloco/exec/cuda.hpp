@@ -85,8 +85,9 @@ class cuda {
                                            reinterpret_cast<R*>(chunk_partials_host_.data()), stream_);
   }
 
-  /// The compression passes (compress/compressed_mean_device.hpp): a team
-  /// program over n codec blocks, and the checksum sums of `count` payloads.
+  /// The compression passes (the device operations of compress/compressed_mean.hpp
+  /// and gathered_mean.hpp): a team program over n codec blocks, and the
+  /// checksum sums of `count` payloads.
   /// Both are queued and return at once.
   template <class P>
   void run_teams(std::size_t n, const P& p) const {

@@ -9,7 +9,7 @@
 #include <span>
 #include <string>
 
-#include "diloco/compress/compressed_mean.hpp"
+#include "diloco/compress/round_state.hpp"
 #include "diloco/core/concepts.hpp"
 #include "diloco/core/error.hpp"
 
