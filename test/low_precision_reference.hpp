@@ -49,8 +49,10 @@ struct expected {
 };
 
 // theta_g, each worker's replica T and the library's fp32 mirror S of it:
-// a read before every step sets S = T + (S - RNE(S)) where T moved, one
-// fp32 ulp toward T where that sum is a tie RNE sends away from T.
+// the round's read (the first pass of a call that touches the replica:
+// under sync::blocking only the round's step) sets S = T + (S - RNE(S))
+// where T moved, one fp32 ulp toward T where that sum is a tie RNE sends
+// away from T.
 inline expected simulate(int M, int rounds) {
   expected out;
   std::vector<double> g = start();
@@ -65,6 +67,10 @@ inline expected simulate(int M, int rounds) {
         for (std::size_t i = 0; i < n; ++i) {
           rep[m][i] += move(static_cast<int>(m), i, step);
           in_binade(rep[m][i]);
+        }
+    // The round's read of the mirror (the first pass of the call that reads it).
+    for (std::size_t m = 0; m < static_cast<std::size_t>(M); ++m)
+        for (std::size_t i = 0; i < n; ++i) {
           const double written = bf16_in_one_two(mir[m][i]);
           if (rep[m][i] == written) continue;
           double c = rep[m][i] + (mir[m][i] - written);
@@ -77,7 +83,10 @@ inline expected simulate(int M, int rounds) {
     for (std::size_t i = 0; i < n; ++i) {
       double mean = 0.0;
       for (std::size_t m = 0; m < static_cast<std::size_t>(M); ++m) mean += (g[i] - mir[m][i]) / M;
-      g[i] -= mean;
+      // Every term is exact in double; theta_global is fp32, so the update
+      // is rounded once, to nearest even (a mean of two nudged values can
+      // fall half an fp32 ulp between two floats).
+      g[i] = static_cast<double>(static_cast<float>(g[i] - mean));
       in_binade(g[i]);
       out.tie_seen = out.tie_seen || bf16_in_one_two(g[i]) != g[i];
       for (std::size_t m = 0; m < static_cast<std::size_t>(M); ++m) {

@@ -783,6 +783,7 @@ class algorithm {
       mirror_ = std::make_unique<detail::host_low_precision_mirror<E>>(std::move(views), opts_.host_threads);
       replica_element_ = low_precision_name_v<E>;
       init_engine(mirror_->views(), comm);
+      engine_->set_replica_access([m = mirror_.get()] { m->pull(); });
       written_ = engine_->replica_writes();
       mirror_->push();  // an elastic joiner's replica came from theta_global
     } else {
@@ -814,7 +815,7 @@ class algorithm {
   template <class F>
   decltype(auto) with_mirror(F&& f) {
     if (!mirror_) return f();
-    mirror_->pull();
+    engine_->replica_call_begins();  // the mirror reads the user's tensors before the call's first replica pass
     struct push_if_written {
       algorithm* a;
       ~push_if_written() noexcept(false) {

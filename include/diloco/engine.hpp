@@ -157,6 +157,7 @@ class engine final : public engine_fragments<Compressor, Comm, Space> {
   using fragments::poll_in_flight;       // ...
   using fragments::replica_from_global;  // ...
   using fragments::replica_written;      // ...
+  using fragments::access_replica;       // ...
 
   // `agreed`: what the ranks must agree on (policies, layout, options; the
   // front end writes it), compared across ranks before anything else
@@ -444,6 +445,7 @@ class engine final : public engine_fragments<Compressor, Comm, Space> {
   // Begins fragment p's reduction, its pseudo-gradient taken from where the
   // schedule says (theta_global, or its anchor).
   void begin(std::size_t p) {
+    access_replica();
     fragment& f = *frags_[p];
     round_open_ = true;
     f.failure = nullptr;
@@ -468,6 +470,7 @@ class engine final : public engine_fragments<Compressor, Comm, Space> {
   // the schedule's merge (or refuses it, raising on every rank).
   // `draining`: called by finish(), not at the schedule's application step.
   void complete(std::size_t p, bool draining = false) {
+    access_replica();
     fragment& f = *frags_[p];
     const auto t0 = clock::now();
     // A ready reduction (a save waited for it) is not waited for again.

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -63,6 +64,11 @@ struct engine_base {
   // How many passes have written the replica so far (a low-precision
   // replica's tensors follow its mirror after each: tensor/low_precision.hpp).
   virtual std::uint64_t replica_writes() const = 0;
+  // `before` runs once per call (replica_call_begins() starts one), before
+  // the first pass of it that reads or writes the replica: a low-precision
+  // replica's mirror reads the user's tensors then, and only then.
+  virtual void set_replica_access(std::function<void()> before) = 0;
+  virtual void replica_call_begins() = 0;
   virtual bool in_flight() const = 0;
   virtual void to_host(float* host, const float* src, std::size_t n) = 0;
   virtual void from_host(float* dst, const float* host, std::size_t n) = 0;

@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstddef>
+#include <functional>
 #include <cstdint>
 #include <exception>
 #include <memory>
@@ -104,6 +105,7 @@ class engine_fragments : public engine_membership<Comm, Space> {
   std::size_t fragment_of(std::size_t k) const override { return fragment_of_[k]; }
 
   void visit_replica(state_visitor& v) override {
+    access_replica();
     for (std::size_t k = 0; k < params_.count(); ++k)
       v.buffer(concat("replica.", k), params_[k].data(), params_[k].size(), device);
   }
@@ -157,15 +159,25 @@ class engine_fragments : public engine_membership<Comm, Space> {
   executor& exec() { return exec_; }
   const tensor_list<Space>& replica() const { return model_list_; }
   void copy_replica_to(float* flat) {
+    access_replica();
     exec_.for_each_chunked(model_list_.chunks(), kernels::gather_tensors{model_list_.ptrs(), flat});
   }
   void replica_from_global() {
+    access_replica();
     exec_.for_each_chunked(model_list_.chunks(), kernels::scatter_tensors{global_.data(), model_list_.ptrs()});
     replica_written();
   }
   // Every pass that writes the replica says so (replica_writes()).
   void replica_written() { ++replica_writes_; }
   std::uint64_t replica_writes() const override { return replica_writes_; }
+  // Every pass that reads or writes the replica calls this first.
+  void access_replica() {
+    if (accessed_) return;
+    accessed_ = true;
+    if (before_access_) before_access_();
+  }
+  void set_replica_access(std::function<void()> before) override { before_access_ = std::move(before); }
+  void replica_call_begins() override { accessed_ = false; }
   bool elastic() const { return elastic_; }
   std::uint64_t recoveries() const { return recoveries_; }
   bool membership_before_round() { return membership_check(where::before_round); }
@@ -394,6 +406,7 @@ class engine_fragments : public engine_membership<Comm, Space> {
   // empty. One counting pass over all tensors; when it finds any, the
   // tensors are searched one by one (copied to the host to name the index).
   std::string non_finite_initial() {
+    access_replica();
     if (exec_.transform_reduce_chunked(model_list_.chunks(), kernels::non_finite_in{model_list_.ptrs()}) == 0.0)
       return {};
     for (std::size_t k = 0; k < params_.count(); ++k) {
@@ -431,6 +444,8 @@ class engine_fragments : public engine_membership<Comm, Space> {
   std::vector<std::size_t> offsets_;      // tensor k's start in the flat buffers
   tensor_list<Space> model_list_;         // every tensor at offsets_, for the multi-tensor passes
   std::uint64_t replica_writes_ = 0;      // passes that wrote the replica
+  std::function<void()> before_access_;   // set_replica_access()
+  bool accessed_ = false;                 // before_access_ ran in this call
   std::vector<std::size_t> fragment_of_;  // tensor k's fragment
   std::size_t flat_ = 0;
   std::size_t outer_slots_ = 0;

@@ -259,6 +259,7 @@ struct eager::runtime : runtime_base {
   /// Nothing in flight: the worker still takes its eager step, along fresh/M alone.
   template <class E>
   void idle_phase_end(E& e) {
+    e.access_replica();
     const auto m = merge(e);
     e.exec().for_each_chunked(e.replica().chunks(), kernels::eager_advances<decltype(m.step)>{m, e.replica().ptrs()});
     e.replica_written();

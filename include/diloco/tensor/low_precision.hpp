@@ -17,7 +17,8 @@
 //
 //   push  T <- RNE(S)      after every pass that wrote S (a merge, a reset,
 //                          a restore)
-//   pull  before every pass that reads S, for each element:
+//   pull  once per call that touches the replica, before its first pass
+//         (engine_base::set_replica_access), for each element:
 //         S <- S       where T == RNE(S) (untouched since the last write)
 //         S <- c = float(T) + (S - float(RNE(S)))   where RNE(c) == T
 //         S <- c'      the fp32 neighbour of c toward T, where RNE(c') == T
