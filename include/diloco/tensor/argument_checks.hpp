@@ -17,8 +17,8 @@
 
 namespace diloco::detail {
 
-// Whether T is one tensor whose elements a replica may have: fp32, or bf16 /
-// fp16 (tensor/low_precision.hpp).
+/// Whether T is one tensor whose elements a replica may have: fp32, or bf16 /
+/// fp16 (tensor/low_precision.hpp).
 template <class T>
 concept replica_element_tensor =
     tensor<T> && (std::same_as<tensor_value_t<T>, float> || is_low_precision_v<tensor_value_t<T>>);
