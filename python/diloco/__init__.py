@@ -78,10 +78,15 @@ class SGD:
     nesterov: bool = False
 
 
-def compiled() -> List[Dict[str, str]]:
-    """The policy sets this build holds: [{'outer', 'compress', 'sync'}, ...]."""
+def compiled(dtype: str = "float32") -> List[Dict[str, str]]:
+    """The policy sets this build holds for parameters of ``dtype``
+    ("float32", or "bfloat16" / "float16": a low-precision replica, whose
+    grid is smaller): [{'outer', 'compress', 'sync'}, ...]."""
+    grids = {"float32": _core.compiled, "bfloat16": _core.compiled_bfloat16, "float16": _core.compiled_float16}
+    if dtype not in grids:
+        raise ValueError(f"diloco: dtype must be one of {', '.join(map(repr, grids))}, got {dtype!r}")
     out = []
-    for key in _core.compiled:
+    for key in grids[dtype]:
         o, c, s = key.split("|")
         out.append({"outer": o, "compress": c, "sync": s})
     return out

@@ -171,9 +171,16 @@ const char* dtype_name(nb::dlpack::dtype d) {
   return "an unsupported type";
 }
 
-/// The user's tensor k as a writable fp32 host span, or TypeError (not a
-/// tensor, wrong dtype, read-only) / ValueError (device, layout).
-std::span<float> as_span(nb::handle h, std::size_t k, std::vector<nb::ndarray<>>& keep) {
+/// The element types a parameter may have.
+enum class element { fp32, bf16, fp16 };
+const char* element_name(element e) {
+  return e == element::fp32 ? "float32" : e == element::bf16 ? "bfloat16" : "float16";
+}
+
+/// The user's tensor k as a writable host array of float32, bfloat16 or
+/// float16 (its type in `type`), or TypeError (not a tensor, another dtype,
+/// read-only) / ValueError (device, layout).
+nb::ndarray<> as_array(nb::handle h, std::size_t k, element& type) {
   nb::ndarray<> a;
   if (!nb::try_cast(h, a, false)) {
     const std::string type = nb::type_name(h.type()).c_str();
@@ -182,9 +189,18 @@ std::span<float> as_span(nb::handle h, std::size_t k, std::vector<nb::ndarray<>>
                           "__dlpack__, writable")
                              .c_str());
   }
-  if (!(a.dtype() == nb::dtype<float>()))
+  const nb::dlpack::dtype d = a.dtype();
+  using code = nb::dlpack::dtype_code;
+  if (d == nb::dtype<float>())
+    type = element::fp32;
+  else if (static_cast<code>(d.code) == code::Bfloat && d.bits == 16 && d.lanes == 1)
+    type = element::bf16;
+  else if (static_cast<code>(d.code) == code::Float && d.bits == 16 && d.lanes == 1)
+    type = element::fp16;
+  else
     throw nb::type_error(("diloco: parameter " + std::to_string(k) + " has dtype " + dtype_name(a.dtype()) +
-                          "; diloco trains float32 tensors (torch.float32, numpy.float32)")
+                          "; diloco trains float32 tensors (torch.float32, numpy.float32), or bfloat16 / float16 "
+                          "ones (a low-precision replica)")
                              .c_str());
   if (a.device_type() != nb::device::cpu::value)
     throw nb::value_error(("diloco: parameter " + std::to_string(k) +
@@ -200,8 +216,7 @@ std::span<float> as_span(nb::handle h, std::size_t k, std::vector<nb::ndarray<>>
                                 .c_str());
     expected *= static_cast<std::int64_t>(a.shape(d));
   }
-  keep.push_back(a);
-  return {static_cast<float*>(a.data()), a.size()};
+  return a;
 }
 
 // ------------------------------------------------------------ the trainer
@@ -275,8 +290,17 @@ class py_trainer {
              float outer_dampening, float outer_weight_decay, bool outer_nesterov, const std::string& compress,
              const std::string& sync, std::size_t inner_steps, std::size_t fragments, std::size_t delay, float alpha,
              std::uint64_t seed, bool broadcast_initial, int host_threads, nb::object on_event) {
-    std::vector<std::span<float>> spans;
-    for (std::size_t k = 0; k < params.size(); ++k) spans.push_back(as_span(params[k], k, tensors_));
+    element type = element::fp32;
+    for (std::size_t k = 0; k < params.size(); ++k) {
+      element t = element::fp32;
+      tensors_.push_back(as_array(params[k], k, t));
+      if (k == 0) type = t;
+      if (t != type)
+        throw nb::type_error(("diloco: parameter " + std::to_string(k) + " is " + element_name(t) +
+                              " but parameter 0 is " + element_name(type) +
+                              "; every parameter of one DiLoCo instance has the same dtype")
+                                 .c_str());
+    }
     trainer_config c;
     c.outer = outer;
     c.outer_lr = outer_lr;
@@ -301,8 +325,18 @@ class py_trainer {
       };
     }
     any_comm ac(comm != nullptr ? comm->impl : std::make_shared<local_model>());
-    nb::gil_scoped_release release;
-    trainer_ = make_trainer(c, spans, std::move(ac));
+    auto build = [&]<class E>() {
+      std::vector<std::span<E>> spans;
+      for (auto& a : tensors_) spans.emplace_back(static_cast<E*>(a.data()), a.size());
+      nb::gil_scoped_release release;
+      trainer_ = make_trainer(c, spans, std::move(ac));
+    };
+    if (type == element::fp32)
+      build.template operator()<float>();
+    else if (type == element::bf16)
+      build.template operator()<bfloat16>();
+    else
+      build.template operator()<float16>();
   }
 
   ~py_trainer() {
@@ -400,9 +434,13 @@ NB_MODULE(_core, m) {
   m.attr("has_gloo") = false;
 #endif
 
-  nb::list grid;
-  for (const auto& [key, factory] : registry()) grid.append(key);
+  nb::list grid, grid_bf16, grid_fp16;
+  for (const auto& [key, factory] : registry<float>()) grid.append(key);
+  for (const auto& [key, factory] : registry<diloco::bfloat16>()) grid_bf16.append(key);
+  for (const auto& [key, factory] : registry<diloco::float16>()) grid_fp16.append(key);
   m.attr("compiled") = grid;
+  m.attr("compiled_bfloat16") = grid_bf16;
+  m.attr("compiled_float16") = grid_fp16;
 
   nb::class_<py_trainer>(m, "Trainer")
       .def(nb::init<nb::list, py_comm*, const std::string&, float, float, float, float, bool, const std::string&,

@@ -18,6 +18,7 @@
 #include "any_comm.hpp"
 #include "diloco/core/event.hpp"
 #include "diloco/core/stats.hpp"
+#include "diloco/tensor/low_precision.hpp"
 
 namespace diloco::python {
 
@@ -41,7 +42,9 @@ struct trainer_config {
   event_hook on_event{};
 };
 
-/// One DiLoCo instance of some compiled policy set, over the user's fp32 host tensors.
+/// One DiLoCo instance of some compiled policy set, over the user's host
+/// tensors (fp32, or bf16 / fp16: a low-precision replica, docs/algorithms.md
+/// section 6a).
 class trainer_base {
  public:
   virtual ~trainer_base() = default;
@@ -63,24 +66,38 @@ class trainer_base {
   virtual std::string policies() const = 0;
 };
 
-using trainer_factory =
-    std::function<std::unique_ptr<trainer_base>(const trainer_config&, std::vector<std::span<float>>&, any_comm)>;
+/// The factory of one compiled policy set over tensors of element type E.
+template <class E>
+using factory_of =
+    std::function<std::unique_ptr<trainer_base>(const trainer_config&, std::vector<std::span<E>>&, any_comm)>;
 /// Key: "<outer>|<compress>|<sync>".
-using trainer_registry = std::map<std::string, trainer_factory>;
+template <class E>
+using registry_of = std::map<std::string, factory_of<E>>;
+using trainer_factory = factory_of<float>;
+using trainer_registry = registry_of<float>;
 
 ///@{
-/// Each schedule's translation unit adds its compiled policy sets.
+/// Each schedule's translation unit adds its compiled policy sets; the
+/// low-precision one adds the (smaller) grids of bf16 and fp16 tensors.
 void register_blocking(trainer_registry& r);
 void register_one_step_delay(trainer_registry& r);
 void register_streaming(trainer_registry& r);
+void register_low_precision(registry_of<bfloat16>& bf16, registry_of<float16>& fp16);
 ///@}
 
-/// The compiled grid (built once).
-const trainer_registry& registry();
+/// The compiled grid of tensors of element type E (built once).
+template <class E>
+const registry_of<E>& registry();
 
-/// The trainer of `config`'s policy set (std::invalid_argument naming the allowed values when
-/// that set is not compiled).
+///@{
+/// The trainer of `config`'s policy set over `params` (std::invalid_argument
+/// naming the allowed values when that set is not compiled for that dtype).
 std::unique_ptr<trainer_base> make_trainer(const trainer_config& config, std::vector<std::span<float>>& params,
                                            any_comm comm);
+std::unique_ptr<trainer_base> make_trainer(const trainer_config& config, std::vector<std::span<bfloat16>>& params,
+                                           any_comm comm);
+std::unique_ptr<trainer_base> make_trainer(const trainer_config& config, std::vector<std::span<float16>>& params,
+                                           any_comm comm);
+///@}
 
 }  // namespace diloco::python

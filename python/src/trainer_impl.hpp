@@ -33,12 +33,12 @@ typename Outer::options outer_options(const trainer_config& c) {
   return o;
 }
 
-template <class Outer, class Compressor, class Sync>
+template <class Outer, class Compressor, class Sync, class E = float>
 class trainer_impl final : public trainer_base {
   using algo = algorithm<py_inner, Outer, Compressor, any_comm, Sync>;
 
  public:
-  trainer_impl(const trainer_config& c, std::vector<std::span<float>>& params, any_comm comm)
+  trainer_impl(const trainer_config& c, std::vector<std::span<E>>& params, any_comm comm)
       : comm_(std::move(comm)), algo_(params, comm_, make_options(c)), tensors_(params.size()) {}
 
   bool step() override { return algo_.step(); }
@@ -55,7 +55,9 @@ class trainer_impl final : public trainer_base {
   int rank() const override { return algo_.rank(); }
   int world_size() const override { return algo_.world_size(); }
   std::string policies() const override {
-    return std::string(Outer::name) + ", " + compress::fingerprint<Compressor>() + ", " + Sync::name;
+    std::string out = std::string(Outer::name) + ", " + compress::fingerprint<Compressor>() + ", " + Sync::name;
+    if constexpr (is_low_precision_v<E>) out += std::string(", ") + low_precision_name_v<E> + " replica";
+    return out;
   }
 
  private:
@@ -79,6 +81,14 @@ class trainer_impl final : public trainer_base {
   algo algo_;
   std::size_t tensors_;
 };
+
+/// Adds the trainer of one policy set over tensors of element type E.
+template <class Outer, class Compressor, class Sync, class E>
+void add_trainer(registry_of<E>& r, const std::string& key) {
+  r[key] = [](const trainer_config& c, std::vector<std::span<E>>& params, any_comm comm) {
+    return std::unique_ptr<trainer_base>(new trainer_impl<Outer, Compressor, Sync, E>(c, params, std::move(comm)));
+  };
+}
 
 /// Adds the trainers of one schedule: outer {nesterov, sgd} x the compressors below.
 template <class Sync>
