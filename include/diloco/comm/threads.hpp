@@ -75,6 +75,46 @@ struct group {
     return e;
   }
 
+  // split(): each rank's (color, key), and what the last to arrive decided
+  // for each rank: its new group and its rank there.
+  std::vector<std::pair<int, int>> split_args;
+  std::vector<std::pair<std::shared_ptr<group>, int>> split_result;
+  // The groups split from this one, each with its member ranks here (index:
+  // rank in the child): a rank that fails or returns here does so there too.
+  struct child_link {
+    std::weak_ptr<group> g;
+    std::vector<int> members;
+  };
+  std::vector<child_link> children;
+
+  // Marks rank `r`'s failure (`reason`) and departure in every group split
+  // from this one, transitively, so that their ranks stop waiting for it.
+  // Called without this group's mutex held.
+  void propagate_to_children(int r, const std::string* reason) {
+    std::vector<child_link> links;
+    {
+      std::lock_guard lock(mutex);
+      links = children;
+    }
+    for (const auto& link : links) {
+      const auto c = link.g.lock();
+      if (!c) continue;
+      const auto it = std::find(link.members.begin(), link.members.end(), r);
+      if (it == link.members.end()) continue;
+      const int cr = static_cast<int>(it - link.members.begin());
+      {
+        std::lock_guard lock(c->mutex);
+        if (reason && !c->broken) {
+          c->broken = true;
+          c->broken_reason = *reason;
+        }
+        if (!reason) c->departed[static_cast<std::size_t>(cr)] = 1;
+        c->cv.notify_all();
+      }
+      c->propagate_to_children(cr, reason);
+    }
+  }
+
   // What the last member to arrive at a membership check decided (elastic
   // worlds): the next group, and each old rank's rank in it (-1: left).
   std::shared_ptr<group> next;
@@ -278,6 +318,7 @@ class threads {
           if (g->root_cause) cause = g->root_cause;
           g->cv.notify_all();
         }
+        if (g) g->propagate_to_children(r, &reason);
         std::lock_guard lock(error_mutex_);
         if (!first_error_) first_error_ = cause;
       }
@@ -289,9 +330,12 @@ class threads {
       const bool counted = !comm->left_running_;
       comm.reset();
       if (g) {
-        std::lock_guard lock(g->mutex);
-        g->departed[static_cast<std::size_t>(r)] = 1;
-        g->cv.notify_all();
+        {
+          std::lock_guard lock(g->mutex);
+          g->departed[static_cast<std::size_t>(r)] = 1;
+          g->cv.notify_all();
+        }
+        g->propagate_to_children(r, nullptr);
       }
       if (roster && counted) {
         std::lock_guard lock(roster->mutex);
@@ -366,6 +410,63 @@ class threads {
     bool changed = false;
     blocking([&] { changed = do_boundary(leave, kind); });
     return changed;
+  }
+
+  /// Collective: splits the group by `color`, as MPI_Comm_split does. The
+  /// ranks that pass the same color form one new group, ranked by `key`
+  /// (ties by rank here); each gets its own communicator over it, with this
+  /// one's timeout. A rank that fails or whose worker function returns in
+  /// this group fails or leaves the split groups too. Fixed worlds only (an
+  /// elastic group re-forms, a split one would not follow: config_error).
+  /// The mesh (comm/mesh.hpp) builds its intra- and inter-group
+  /// communicators with it.
+  std::unique_ptr<threads> split(int color, int key) {
+    require_member("split");
+    if (roster_)
+      diloco::detail::raise<config_error>("comm::threads::split: the world is elastic (membership::elastic); "
+                                          "split groups need a fixed world");
+    std::unique_ptr<threads> out;
+    blocking([&] {
+      auto g = group_;
+      {
+        std::lock_guard lock(g->mutex);
+        if (g->split_args.size() != static_cast<std::size_t>(g->size)) {
+          g->split_args.assign(static_cast<std::size_t>(g->size), {0, 0});
+          g->split_result.assign(static_cast<std::size_t>(g->size), {nullptr, -1});
+        }
+        g->split_args[static_cast<std::size_t>(rank_)] = {color, key};
+        g->calls[static_cast<std::size_t>(rank_)] =
+            detail::record_of(detail::collective::barrier, 0, 0);
+      }
+      g->arrive_and_wait(rank_, "split", [&] {
+        // The last to arrive forms the groups, under the group's lock.
+        std::vector<int> order(static_cast<std::size_t>(g->size));
+        for (int k = 0; k < g->size; ++k) order[static_cast<std::size_t>(k)] = k;
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+          const auto& x = g->split_args[static_cast<std::size_t>(a)];
+          const auto& y = g->split_args[static_cast<std::size_t>(b)];
+          return x.first != y.first ? x.first < y.first : x.second < y.second;
+        });
+        for (std::size_t i = 0; i < order.size();) {
+          std::size_t j = i;
+          const int c = g->split_args[static_cast<std::size_t>(order[i])].first;
+          while (j < order.size() && g->split_args[static_cast<std::size_t>(order[j])].first == c) ++j;
+          auto child = std::make_shared<detail_threads::group>(static_cast<int>(j - i), g->timeout);
+          detail_threads::group::child_link link{child, {}};
+          for (std::size_t k = i; k < j; ++k) {
+            g->split_result[static_cast<std::size_t>(order[k])] = {child, static_cast<int>(k - i)};
+            link.members.push_back(order[k]);
+          }
+          g->children.push_back(std::move(link));
+          i = j;
+        }
+      });
+      std::lock_guard lock(g->mutex);
+      auto& mine = g->split_result[static_cast<std::size_t>(rank_)];
+      out.reset(new threads(std::move(mine.first), mine.second, nullptr, timeout_));
+      mine.second = -1;
+    });
+    return out;
   }
 
   /// Threads have no recovery from a failed worker: its error ends run().

@@ -1,0 +1,182 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// A two-level mesh over a communicator: a world of W = R x G ranks is R
+// replica groups of G ranks. Rank w sits in group r = floor(w / G) at
+// position g = w mod G, unless the caller names both. The mesh splits the
+// world into two communicators of the same type:
+//
+//   intra: the G ranks of this rank's group (rank g there), the fast link;
+//   inter: the R ranks at this rank's position, one per group (rank r there),
+//          the slow link DiLoCo's exchange runs over.
+//
+// The check comes first and is collective over the world: every rank
+// publishes (G, r, g) with one all_gather and every rank judges the same
+// table, so a bad mesh (G < 1, W not divisible by G, ranks disagreeing on G,
+// a group or position out of range or taken twice) is the same config_error
+// on every rank, naming what was wrong and what was expected, and no split
+// is attempted.
+//
+// How a communicator splits is a function found by argument-dependent
+// lookup or an overload here: split_communicator(parent, color, key)
+// returns std::unique_ptr<Comm>, collective over the parent, as
+// MPI_Comm_split (same color: one new communicator, ranked by key).
+// comm::threads splits here (threads::split); comm::mpi in comm/mesh_mpi.hpp
+// (MPI_Comm_split: an optional component).
+
+#include <cstddef>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "diloco/comm/threads.hpp"
+#include "diloco/core/concepts.hpp"
+#include "diloco/core/error.hpp"
+#include "diloco/tensor/tensor_traits.hpp"
+
+namespace diloco {
+
+/// The shape of a mesh as one rank sees it: the group size G, and
+/// optionally this rank's group and position (both or neither; -1: from the
+/// rank, r = rank / G and g = rank % G).
+struct mesh_shape {
+  int group_size = 1;  ///< G: ranks per replica group
+  int group = -1;      ///< r: this rank's group, or -1
+  int position = -1;   ///< g: this rank's position in its group, or -1
+};
+
+namespace comm {
+
+/// comm::threads splits with threads::split.
+inline std::unique_ptr<threads> split_communicator(threads& parent, int color, int key) {
+  return parent.split(color, key);
+}
+
+}  // namespace comm
+
+namespace detail_mesh {
+
+/// One rank's entry in the mesh table.
+struct entry {
+  std::int32_t group_size;
+  std::int32_t group;
+  std::int32_t position;
+};
+
+/// Judges the table every rank gathered: the empty string when it forms a
+/// mesh, else what is wrong. The same table gives the same text everywhere.
+inline std::string problem(const std::vector<entry>& t) {
+  using diloco::detail::concat;
+  const int w = static_cast<int>(t.size());
+  const int gsize = t[0].group_size;
+  for (int k = 0; k < w; ++k)
+    if (t[static_cast<std::size_t>(k)].group_size != gsize)
+      return concat("the ranks disagree on the group size G: rank 0 passed ", gsize, ", rank ", k, " passed ",
+                    t[static_cast<std::size_t>(k)].group_size, " (every rank must pass the same G)");
+  if (gsize < 1) return concat("the group size G must be >= 1, got ", gsize);
+  if (w % gsize != 0)
+    return concat("the world has ", w, " ranks, which is not a multiple of the group size G = ", gsize,
+                  " (W = R x G: expected a world of ", (w / gsize + 1) * gsize, " or ", (w / gsize) * gsize,
+                  " ranks, or a G dividing ", w, ")");
+  const int groups = w / gsize;
+  std::vector<int> owner(static_cast<std::size_t>(w), -1);
+  for (int k = 0; k < w; ++k) {
+    const auto& e = t[static_cast<std::size_t>(k)];
+    if ((e.group < 0) != (e.position < 0))
+      return concat("rank ", k, " named its group (", e.group, ") or its position (", e.position,
+                    ") but not both (pass both, or -1 for both to take them from the rank)");
+    const int r = e.group < 0 ? k / gsize : e.group;
+    const int g = e.position < 0 ? k % gsize : e.position;
+    if (r >= groups)
+      return concat("rank ", k, " is in group ", r, ", expected a group in [0, ", groups, ") (W = ", w,
+                    ", G = ", gsize, ")");
+    if (g >= gsize) return concat("rank ", k, " is at position ", g, ", expected a position in [0, ", gsize, ")");
+    int& o = owner[static_cast<std::size_t>(r * gsize + g)];
+    if (o >= 0) return concat("ranks ", o, " and ", k, " both claim group ", r, " position ", g);
+    o = k;
+  }
+  return {};
+}
+
+}  // namespace detail_mesh
+
+/// A world of W = R x G ranks as R replica groups of G ranks (see the top
+/// of comm/mesh.hpp). Collective to construct over `world` (every rank, the
+/// same G); it owns the two communicators it splits off. `world` may go on
+/// being used for other things, and must outlive the mesh's communicators
+/// only as far as Comm says (comm::threads: no; comm::mpi: no, the split
+/// communicators are independent MPI communicators).
+template <class Comm>
+class mesh {
+ public:
+  /// Splits `world` into groups of `shape.group_size` ranks.
+  mesh(Comm& world, mesh_shape shape) {
+    const int w = world.size();
+    const detail_mesh::entry mine{shape.group_size, shape.group, shape.position};
+    std::vector<detail_mesh::entry> table(static_cast<std::size_t>(w));
+    world.all_gather(std::as_bytes(std::span<const detail_mesh::entry>(&mine, 1)),
+                     std::as_writable_bytes(std::span<detail_mesh::entry>(table)));
+    if (const std::string p = detail_mesh::problem(table); !p.empty())
+      diloco::detail::raise<config_error>("mesh (rank ", world.rank(), " of ", w, "): ", p);
+    world_size_ = w;
+    group_size_ = shape.group_size;
+    group_ = shape.group < 0 ? world.rank() / group_size_ : shape.group;
+    position_ = shape.position < 0 ? world.rank() % group_size_ : shape.position;
+    using comm::split_communicator;
+    intra_ = split_communicator(world, group_, position_);
+    inter_ = split_communicator(world, position_, group_);
+  }
+
+  mesh(const mesh&) = delete;
+  mesh& operator=(const mesh&) = delete;
+  mesh(mesh&&) noexcept = default;
+  mesh& operator=(mesh&&) noexcept = default;
+
+  ///@{
+  /// W, G and R = W / G; this rank's group r and position g.
+  int world_size() const { return world_size_; }
+  int group_size() const { return group_size_; }
+  int groups() const { return world_size_ / group_size_; }
+  int group() const { return group_; }
+  int position() const { return position_; }
+  ///@}
+  ///@{
+  /// The G ranks of this group (rank position() there), and the R ranks at
+  /// this position, one per group (rank group() there).
+  Comm& intra() { return *intra_; }
+  Comm& inter() { return *inter_; }
+  ///@}
+
+ private:
+  int world_size_ = 0;
+  int group_size_ = 1;
+  int group_ = 0;
+  int position_ = 0;
+  std::unique_ptr<Comm> intra_;
+  std::unique_ptr<Comm> inter_;
+};
+
+/// The group's data parallelism: averages this rank's fp32 gradients over
+/// the mesh's group (an all_reduce mean over intra), in place, tensor by
+/// tensor, so that every replica of the group takes the same inner step.
+/// Collective over intra. `grads`: a range of writable fp32 host tensors
+/// (std::vector<float>, spans, tensor_views), or one.
+template <class Comm, class Grads>
+void all_reduce_gradients(mesh<Comm>& m, Grads&& grads) {
+  if (m.group_size() == 1) return;
+  auto reduce_one = [&](auto&& t) {
+    static_assert(std::same_as<tensor_value_t<std::remove_cvref_t<decltype(t)>>, float> &&
+                      std::same_as<tensor_space_t<std::remove_cvref_t<decltype(t)>>, host_space>,
+                  "diloco::all_reduce_gradients: the gradients must be writable fp32 host tensors");
+    m.intra().all_reduce(std::span<float>(tensor_data(t), tensor_size(t)), reduce_op::mean);
+  };
+  if constexpr (float_tensor<std::remove_cvref_t<Grads>>)
+    reduce_one(grads);
+  else
+    for (auto&& t : grads) reduce_one(t);
+}
+
+}  // namespace diloco

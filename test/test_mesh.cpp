@@ -1,0 +1,374 @@
+// SPDX-License-Identifier: Apache-2.0
+// Two-level meshes (comm/mesh.hpp) and replicated groups with sharded outer
+// state (replicated.hpp), on comm::threads. The reference is flat DiLoCo
+// with R workers over the same data: an R x G mesh whose groups average
+// identical gradients must give exactly (memcmp) its theta_global and its
+// replicas, for sync::blocking and one_step_delay, with compress::none and
+// int4 + error feedback; the shard cut must fall on codec blocks and
+// balance; bad meshes are the same config_error on every rank.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <diloco/diloco.hpp>
+#include <diloco/replicated.hpp>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "same_bits.hpp"
+
+namespace dc = diloco;
+namespace cp = diloco::compress;
+
+namespace {
+
+const std::vector<std::size_t> sizes = {700, 77, 190};  // 967 elements; G = 2 cuts tensor 0 at 512
+
+using int4_ef = cp::error_feedback<cp::blockwise<dc::int4, 64>>;
+
+// Worker (group) r's gradient at step s: a pull of each weight towards a
+// target that depends on the group, so the groups drift apart.
+float grad_of(int r, int s, std::size_t k, std::size_t i, float w) {
+  const float target = std::sin(0.37f * static_cast<float>(i) + 1.3f * static_cast<float>(k) + static_cast<float>(r));
+  return (w - target) + 0.01f * static_cast<float>((s * 7 + static_cast<int>(i)) % 5 - 2);
+}
+
+std::vector<std::vector<float>> initial_params() {
+  std::vector<std::vector<float>> p;
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    p.emplace_back(sizes[k]);
+    for (std::size_t i = 0; i < sizes[k]; ++i) p[k][i] = 0.5f * std::cos(0.11f * static_cast<float>(i + 31 * k));
+  }
+  return p;
+}
+
+std::vector<float> concat_all(const std::vector<std::vector<float>>& t) {
+  std::vector<float> out;
+  for (const auto& v : t) out.insert(out.end(), v.begin(), v.end());
+  return out;
+}
+
+struct flat_result {
+  std::vector<std::vector<float>> replica;  // per worker, concatenated
+  std::vector<std::vector<float>> global;   // per worker, tensors concatenated
+};
+
+constexpr int steps = 14;  // 4 rounds and 2 steps: the replicas differ at the end
+constexpr std::size_t H = 3;
+
+template <class C, class Sync>
+flat_result run_flat(int R) {
+  using algo = dc::algorithm<dc::inner::sgd, dc::outer::nesterov, C, dc::comm::threads, Sync>;
+  flat_result out;
+  out.replica.resize(static_cast<std::size_t>(R));
+  out.global.resize(static_cast<std::size_t>(R));
+  dc::comm::threads::world world(R);
+  world.run([&](dc::comm::threads& comm) {
+    auto p = initial_params();
+    algo a(p, comm, {.inner_steps = H, .inner = {.lr = 0.1f}});
+    std::vector<std::vector<float>> g(p.size());
+    for (int s = 0; s < steps; ++s) {
+      for (std::size_t k = 0; k < p.size(); ++k) {
+        g[k].resize(p[k].size());
+        for (std::size_t i = 0; i < p[k].size(); ++i) g[k][i] = grad_of(comm.rank(), s, k, i, p[k][i]);
+      }
+      a.step(g);
+    }
+    a.finish();
+    std::vector<std::vector<float>> th(p.size());
+    for (std::size_t k = 0; k < p.size(); ++k) th[k].resize(p[k].size());
+    a.copy_global_to(th);
+    out.replica[static_cast<std::size_t>(comm.rank())] = concat_all(p);
+    out.global[static_cast<std::size_t>(comm.rank())] = concat_all(th);
+  });
+  return out;
+}
+
+struct mesh_result {
+  std::vector<std::vector<float>> replica;       // per world rank
+  std::vector<std::vector<float>> global;        // per world rank: copy_global_to (full)
+  std::vector<std::vector<float>> shard_global;  // per world rank: the shard's theta_global
+  std::vector<std::vector<dc::shard_piece>> pieces;
+  std::vector<int> group;
+};
+
+template <class C, class Sync>
+mesh_result run_mesh(int R, int G) {
+  using rep = dc::replicated<dc::inner::sgd, dc::outer::nesterov, C, dc::comm::threads, Sync>;
+  const int W = R * G;
+  mesh_result out;
+  out.replica.resize(static_cast<std::size_t>(W));
+  out.global.resize(static_cast<std::size_t>(W));
+  out.shard_global.resize(static_cast<std::size_t>(W));
+  out.pieces.resize(static_cast<std::size_t>(W));
+  out.group.resize(static_cast<std::size_t>(W));
+  dc::comm::threads::world world(W);
+  world.run([&](dc::comm::threads& comm) {
+    dc::mesh<dc::comm::threads> m(comm, {.group_size = G});
+    auto p = initial_params();
+    rep a(p, m, {.inner_steps = H, .inner = {.lr = 0.1f}});
+    std::vector<std::vector<float>> g(p.size());
+    for (int s = 0; s < steps; ++s) {
+      for (std::size_t k = 0; k < p.size(); ++k) {
+        g[k].resize(p[k].size());
+        for (std::size_t i = 0; i < p[k].size(); ++i) g[k][i] = grad_of(m.group(), s, k, i, p[k][i]);
+      }
+      dc::all_reduce_gradients(m, g);
+      a.step(g);
+    }
+    a.finish();
+    std::vector<std::vector<float>> th(p.size());
+    for (std::size_t k = 0; k < p.size(); ++k) th[k].resize(p[k].size());
+    a.copy_global_to(th);
+    const auto w = static_cast<std::size_t>(comm.rank());
+    out.replica[w] = concat_all(p);
+    out.global[w] = concat_all(th);
+    const auto sg = a.global_parameters();
+    out.shard_global[w].assign(sg.data(), sg.data() + sg.size());
+    out.pieces[w] = a.shard(m.position());
+    out.group[w] = m.group();
+    CHECK(a.shard_algorithm().parameter_count() == a.shard_elements(m.position()));
+    CHECK(a.shard_algorithm().world_size() == R);
+  });
+  return out;
+}
+
+std::size_t offset_of(std::size_t k) {
+  std::size_t o = 0;
+  for (std::size_t j = 0; j < k; ++j) o += sizes[j];
+  return o;
+}
+
+template <class C, class Sync>
+void check_mesh_equals_flat() {
+  const int R = 2, G = 2;
+  const flat_result flat = run_flat<C, Sync>(R);
+  const mesh_result mesh = run_mesh<C, Sync>(R, G);
+  // The reference moved: training happened and the groups differ.
+  const auto init = concat_all(initial_params());
+  CHECK_FALSE(same_bits(flat.global[0], init));
+  CHECK_FALSE(same_bits(flat.replica[0], flat.replica[1]));
+  for (int w = 0; w < R * G; ++w) {
+    const auto r = static_cast<std::size_t>(mesh.group[static_cast<std::size_t>(w)]);
+    CHECK(r == static_cast<std::size_t>(w / G));
+    CHECK(same_bits(mesh.replica[static_cast<std::size_t>(w)], flat.replica[r]));
+    CHECK(same_bits(mesh.global[static_cast<std::size_t>(w)], flat.global[r]));
+    // The shard's own theta_global is the flat one's at the pieces' places.
+    std::vector<float> expected;
+    for (const auto& pc : mesh.pieces[static_cast<std::size_t>(w)])
+      expected.insert(expected.end(), flat.global[r].begin() + static_cast<std::ptrdiff_t>(offset_of(pc.tensor) + pc.start),
+                      flat.global[r].begin() + static_cast<std::ptrdiff_t>(offset_of(pc.tensor) + pc.start + pc.size));
+    CHECK(same_bits(mesh.shard_global[static_cast<std::size_t>(w)], expected));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("comm::threads::split: groups by color, ranked by key, each its own communicator") {
+  dc::comm::threads::world world(5);
+  std::mutex mu;
+  std::vector<std::pair<int, int>> seen(5);
+  world.run([&](dc::comm::threads& comm) {
+    const int color = comm.rank() % 2;        // {0, 2, 4} and {1, 3}
+    auto sub = comm.split(color, -comm.rank());  // reversed order
+    std::vector<float> v{static_cast<float>(comm.rank())};
+    sub->all_reduce(v, dc::reduce_op::sum);
+    std::lock_guard lock(mu);
+    seen[static_cast<std::size_t>(comm.rank())] = {sub->rank(), static_cast<int>(v[0])};
+    CHECK(sub->size() == (color == 0 ? 3 : 2));
+  });
+  // Color 0: ranks 4, 2, 0 become 0, 1, 2; sum 6. Color 1: 3, 1 -> 0, 1; sum 4.
+  CHECK(seen[0] == std::pair{2, 6});
+  CHECK(seen[2] == std::pair{1, 6});
+  CHECK(seen[4] == std::pair{0, 6});
+  CHECK(seen[1] == std::pair{1, 4});
+  CHECK(seen[3] == std::pair{0, 4});
+}
+
+TEST_CASE("mesh: group r = w / G, position g = w % G; intra holds the group, inter the position") {
+  dc::comm::threads::world world(6);
+  world.run([&](dc::comm::threads& comm) {
+    dc::mesh<dc::comm::threads> m(comm, {.group_size = 3});
+    const int w = comm.rank();
+    CHECK(m.groups() == 2);
+    CHECK(m.group() == w / 3);
+    CHECK(m.position() == w % 3);
+    CHECK(m.intra().size() == 3);
+    CHECK(m.intra().rank() == w % 3);
+    CHECK(m.inter().size() == 2);
+    CHECK(m.inter().rank() == w / 3);
+    // Sum of the world ranks over intra: 0+1+2 or 3+4+5; over inter: g + (g+3).
+    std::vector<float> a{static_cast<float>(w)}, b{static_cast<float>(w)};
+    m.intra().all_reduce(a, dc::reduce_op::sum);
+    m.inter().all_reduce(b, dc::reduce_op::sum);
+    CHECK(a[0] == (w < 3 ? 3.0f : 12.0f));
+    CHECK(b[0] == static_cast<float>(2 * (w % 3) + 3));
+  });
+}
+
+TEST_CASE("mesh: explicit group and position") {
+  dc::comm::threads::world world(4);
+  world.run([&](dc::comm::threads& comm) {
+    const int w = comm.rank();
+    // Column-major: w = g * R + r.
+    dc::mesh<dc::comm::threads> m(comm, {.group_size = 2, .group = w % 2, .position = w / 2});
+    std::vector<float> a{static_cast<float>(w)};
+    m.intra().all_reduce(a, dc::reduce_op::sum);
+    CHECK(a[0] == static_cast<float>((w % 2) + (w % 2 + 2)));
+  });
+}
+
+TEST_CASE("mesh: bad meshes are the same config_error on every rank") {
+  auto expect_everywhere = [](int W, auto shape_of, const std::string& needle) {
+    dc::comm::threads::world world(W);
+    std::atomic<int> caught{0};
+    world.run([&](dc::comm::threads& comm) {
+      try {
+        dc::mesh<dc::comm::threads> m(comm, shape_of(comm.rank()));
+      } catch (const dc::config_error& e) {
+        const std::string what = e.what();
+        INFO(what);
+        CHECK(what.find(needle) != std::string::npos);
+        ++caught;
+      }
+    });
+    CHECK(caught.load() == W);
+  };
+  expect_everywhere(4, [](int) { return dc::mesh_shape{.group_size = 3}; },
+                    "the world has 4 ranks, which is not a multiple of the group size G = 3");
+  expect_everywhere(4, [](int r) { return dc::mesh_shape{.group_size = r == 2 ? 4 : 2}; },
+                    "the ranks disagree on the group size G: rank 0 passed 2, rank 2 passed 4");
+  expect_everywhere(2, [](int) { return dc::mesh_shape{.group_size = 0}; }, "must be >= 1, got 0");
+  expect_everywhere(4, [](int) { return dc::mesh_shape{.group_size = 2, .group = 0, .position = 1}; },
+                    "ranks 0 and 1 both claim group 0 position 1");
+  expect_everywhere(4, [](int r) { return dc::mesh_shape{.group_size = 2, .group = r / 2 + 1, .position = r % 2}; },
+                    "expected a group in [0, 2)");
+  expect_everywhere(4, [](int) { return dc::mesh_shape{.group_size = 2, .group = 1}; },
+                    "but not both");
+}
+
+TEST_CASE("replicated: shards are balanced and cut only at codec blocks of the tensor being cut") {
+  dc::comm::threads::world world(4);
+  world.run([&](dc::comm::threads& comm) {
+    dc::mesh<dc::comm::threads> m(comm, {.group_size = 2});
+    auto p = initial_params();
+    dc::replicated<dc::inner::sgd, dc::outer::nesterov, int4_ef, dc::comm::threads> a(p, m, {.inner_steps = H});
+    static_assert(decltype(a)::block == 64);
+    // 967 elements in blocks of 64 per tensor: tensor 0 has blocks at 0..640
+    // (the last 60 long), so the even split (483.5) falls in the block at
+    // 448; that block's first element is below it: shard 0 ends at 512.
+    REQUIRE(a.shard(0).size() == 1);
+    CHECK(a.shard(0)[0].tensor == 0);
+    CHECK(a.shard(0)[0].start == 0);
+    CHECK(a.shard(0)[0].size == 512);
+    REQUIRE(a.shard(1).size() == 3);
+    CHECK(a.shard(1)[0].tensor == 0);
+    CHECK(a.shard(1)[0].start == 512);
+    CHECK(a.shard(1)[0].size == 188);
+    CHECK(a.shard(1)[1].tensor == 1);
+    CHECK(a.shard(1)[1].size == 77);
+    CHECK(a.shard(1)[2].size == 190);
+    CHECK(a.shard_elements(0) + a.shard_elements(1) == 967);
+    // Balanced within one block.
+    const auto d = static_cast<long>(a.shard_elements(0)) - static_cast<long>(a.shard_elements(1));
+    CHECK(std::abs(d) <= 64);
+  });
+}
+
+TEST_CASE("replicated 2 x 2 equals flat DiLoCo with 2 workers: blocking, compress::none") {
+  check_mesh_equals_flat<cp::none, dc::sync::blocking>();
+}
+
+TEST_CASE("replicated 2 x 2 equals flat DiLoCo with 2 workers: blocking, int4 + error feedback") {
+  check_mesh_equals_flat<int4_ef, dc::sync::blocking>();
+}
+
+TEST_CASE("replicated 2 x 2 equals flat DiLoCo with 2 workers: one_step_delay, compress::none") {
+  check_mesh_equals_flat<cp::none, dc::sync::one_step_delay>();
+}
+
+TEST_CASE("replicated 2 x 2 equals flat DiLoCo with 2 workers: one_step_delay, int4 + error feedback") {
+  check_mesh_equals_flat<int4_ef, dc::sync::one_step_delay>();
+}
+
+TEST_CASE("replicated: a 1 x 4 mesh (one group) equals one worker; a 4 x 1 mesh equals flat with 4") {
+  {
+    const flat_result flat = run_flat<int4_ef, dc::sync::blocking>(4);
+    const mesh_result mesh = run_mesh<int4_ef, dc::sync::blocking>(4, 1);
+    for (std::size_t w = 0; w < 4; ++w) {
+      CHECK(same_bits(mesh.replica[w], flat.replica[w]));
+      CHECK(same_bits(mesh.global[w], flat.global[w]));
+    }
+  }
+  {
+    const flat_result flat = run_flat<cp::none, dc::sync::blocking>(1);
+    const mesh_result mesh = run_mesh<cp::none, dc::sync::blocking>(1, 4);
+    for (std::size_t w = 0; w < 4; ++w) {
+      CHECK(same_bits(mesh.replica[w], flat.replica[0]));
+      CHECK(same_bits(mesh.global[w], flat.global[0]));
+    }
+  }
+}
+
+TEST_CASE("replicated: inner::external steps the full replica; rounds gather the shards") {
+  // The user's SGD on the full replica; the reference is flat DiLoCo with
+  // inner::external and the same SGD.
+  using C = cp::none;
+  auto user_step = [](std::vector<std::vector<float>>& p, int r, int s) {
+    for (std::size_t k = 0; k < p.size(); ++k)
+      for (std::size_t i = 0; i < p[k].size(); ++i) p[k][i] -= 0.1f * grad_of(r, s, k, i, p[k][i]);
+  };
+  std::vector<std::vector<float>> flat(2), meshed(4);
+  {
+    dc::comm::threads::world world(2);
+    world.run([&](dc::comm::threads& comm) {
+      auto p = initial_params();
+      dc::algorithm<dc::inner::external, dc::outer::nesterov, C, dc::comm::threads> a(p, comm, {.inner_steps = H});
+      for (int s = 0; s < steps; ++s) {
+        user_step(p, comm.rank(), s);
+        a.step();
+      }
+      flat[static_cast<std::size_t>(comm.rank())] = concat_all(p);
+    });
+  }
+  {
+    dc::comm::threads::world world(4);
+    world.run([&](dc::comm::threads& comm) {
+      dc::mesh<dc::comm::threads> m(comm, {.group_size = 2});
+      auto p = initial_params();
+      dc::replicated<dc::inner::external, dc::outer::nesterov, C, dc::comm::threads> a(p, m, {.inner_steps = H});
+      for (int s = 0; s < steps; ++s) {
+        user_step(p, m.group(), s);
+        a.step();
+      }
+      meshed[static_cast<std::size_t>(comm.rank())] = concat_all(p);
+    });
+  }
+  CHECK_FALSE(same_bits(flat[0], flat[1]));
+  for (std::size_t w = 0; w < 4; ++w) CHECK(same_bits(meshed[w], flat[w / 2]));
+}
+
+TEST_CASE("replicated: inner clipping and too small a model are config_errors") {
+  dc::comm::threads::world world(4);
+  std::atomic<int> clipping{0}, small{0};
+  world.run([&](dc::comm::threads& comm) {
+    dc::mesh<dc::comm::threads> m(comm, {.group_size = 2});
+    auto p = initial_params();
+    try {
+      dc::replicated<dc::inner::sgd, dc::outer::nesterov, cp::none, dc::comm::threads> a(
+          p, m, {.inner_steps = H, .inner = {.lr = 0.1f, .max_grad_norm = 1.0f}});
+    } catch (const dc::config_error& e) {
+      if (std::string(e.what()).find("max_grad_norm = 1") != std::string::npos) ++clipping;
+    }
+    std::vector<float> tiny(40);
+    try {
+      dc::replicated<dc::inner::sgd, dc::outer::nesterov, int4_ef, dc::comm::threads> a(tiny, m, {.inner_steps = H});
+    } catch (const dc::config_error& e) {
+      if (std::string(e.what()).find("shard 1 of 2 is empty") != std::string::npos) ++small;
+    }
+  });
+  CHECK(clipping.load() == 4);
+  CHECK(small.load() == 4);
+}
