@@ -149,7 +149,11 @@ void check_mesh_equals_flat() {
   // The reference moved: training happened and the groups differ.
   const auto init = concat_all(initial_params());
   CHECK_FALSE(same_bits(flat.global[0], init));
-  CHECK_FALSE(same_bits(flat.replica[0], flat.replica[1]));
+  INFO(Sync::name);
+  if constexpr (std::is_same_v<Sync, dc::sync::delayed>)
+    CHECK(same_bits(flat.replica[0], flat.global[0]));  // finish(): the replica becomes theta_global
+  else
+    CHECK_FALSE(same_bits(flat.replica[0], flat.replica[1]));
   for (int w = 0; w < R * G; ++w) {
     const auto r = static_cast<std::size_t>(mesh.group[static_cast<std::size_t>(w)]);
     CHECK(r == static_cast<std::size_t>(w / G));
@@ -371,4 +375,16 @@ TEST_CASE("replicated: inner clipping and too small a model are config_errors") 
   });
   CHECK(clipping.load() == 4);
   CHECK(small.load() == 4);
+}
+
+TEST_CASE("replicated 2 x 2 equals flat DiLoCo with 2 workers: eager and delayed, int4 + error feedback") {
+  check_mesh_equals_flat<int4_ef, dc::sync::eager>();
+  check_mesh_equals_flat<int4_ef, dc::sync::delayed>();
+  check_mesh_equals_flat<cp::none, dc::sync::eager>();
+}
+
+TEST_CASE("replicated 2 x 2 equals flat DiLoCo with 2 workers: chunk_topk + error feedback (gathered mean)") {
+  using sparse = cp::error_feedback<cp::chunk_topk<128, 8, dc::int4>>;
+  static_assert(dc::replicated<dc::inner::sgd, dc::outer::nesterov, sparse, dc::comm::threads>::block == 128);
+  check_mesh_equals_flat<sparse, dc::sync::blocking>();
 }
