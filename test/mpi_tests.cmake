@@ -20,6 +20,12 @@ add_executable(test_compressed_mean_mpi test_compressed_mean_mpi.cpp)
 target_link_libraries(test_compressed_mean_mpi PRIVATE diloco_mpi_test_main)
 diloco_add_mpi_test(test_compressed_mean_mpi_np4 RANKS 4 COMMAND test_compressed_mean_mpi LABELS unit)
 
+# Two-level meshes (issue 41): a 2 x 2 mesh with replicated groups against
+# flat DiLoCo computed in-process on comm::threads.
+add_executable(test_mesh_mpi test_mesh_mpi.cpp)
+target_link_libraries(test_mesh_mpi PRIVATE diloco_mpi_test_main)
+diloco_add_mpi_test(test_mesh_mpi_np4 RANKS 4 COMMAND test_mesh_mpi LABELS unit)
+
 # MPI_Init and MPI_Finalize happen inside this one's test cases.
 add_executable(test_comm_mpi_lifecycle test_comm_mpi_lifecycle.cpp)
 target_link_libraries(test_comm_mpi_lifecycle PRIVATE diloco::mpi doctest::doctest diloco_project_options)

@@ -17,74 +17,15 @@
 #include <string>
 #include <vector>
 
+#include "mesh_problem.hpp"
 #include "same_bits.hpp"
 
 namespace dc = diloco;
 namespace cp = diloco::compress;
 
+using namespace mesh_problem;
+
 namespace {
-
-const std::vector<std::size_t> sizes = {700, 77, 190};  // 967 elements; G = 2 cuts tensor 0 at 512
-
-using int4_ef = cp::error_feedback<cp::blockwise<dc::int4, 64>>;
-
-// Worker (group) r's gradient at step s: a pull of each weight towards a
-// target that depends on the group, so the groups drift apart.
-float grad_of(int r, int s, std::size_t k, std::size_t i, float w) {
-  const float target = std::sin(0.37f * static_cast<float>(i) + 1.3f * static_cast<float>(k) + static_cast<float>(r));
-  return (w - target) + 0.01f * static_cast<float>((s * 7 + static_cast<int>(i)) % 5 - 2);
-}
-
-std::vector<std::vector<float>> initial_params() {
-  std::vector<std::vector<float>> p;
-  for (std::size_t k = 0; k < sizes.size(); ++k) {
-    p.emplace_back(sizes[k]);
-    for (std::size_t i = 0; i < sizes[k]; ++i) p[k][i] = 0.5f * std::cos(0.11f * static_cast<float>(i + 31 * k));
-  }
-  return p;
-}
-
-std::vector<float> concat_all(const std::vector<std::vector<float>>& t) {
-  std::vector<float> out;
-  for (const auto& v : t) out.insert(out.end(), v.begin(), v.end());
-  return out;
-}
-
-struct flat_result {
-  std::vector<std::vector<float>> replica;  // per worker, concatenated
-  std::vector<std::vector<float>> global;   // per worker, tensors concatenated
-};
-
-constexpr int steps = 14;  // 4 rounds and 2 steps: the replicas differ at the end
-constexpr std::size_t H = 3;
-
-template <class C, class Sync>
-flat_result run_flat(int R) {
-  using algo = dc::algorithm<dc::inner::sgd, dc::outer::nesterov, C, dc::comm::threads, Sync>;
-  flat_result out;
-  out.replica.resize(static_cast<std::size_t>(R));
-  out.global.resize(static_cast<std::size_t>(R));
-  dc::comm::threads::world world(R);
-  world.run([&](dc::comm::threads& comm) {
-    auto p = initial_params();
-    algo a(p, comm, {.inner_steps = H, .inner = {.lr = 0.1f}});
-    std::vector<std::vector<float>> g(p.size());
-    for (int s = 0; s < steps; ++s) {
-      for (std::size_t k = 0; k < p.size(); ++k) {
-        g[k].resize(p[k].size());
-        for (std::size_t i = 0; i < p[k].size(); ++i) g[k][i] = grad_of(comm.rank(), s, k, i, p[k][i]);
-      }
-      a.step(g);
-    }
-    a.finish();
-    std::vector<std::vector<float>> th(p.size());
-    for (std::size_t k = 0; k < p.size(); ++k) th[k].resize(p[k].size());
-    a.copy_global_to(th);
-    out.replica[static_cast<std::size_t>(comm.rank())] = concat_all(p);
-    out.global[static_cast<std::size_t>(comm.rank())] = concat_all(th);
-  });
-  return out;
-}
 
 struct mesh_result {
   std::vector<std::vector<float>> replica;       // per world rank
