@@ -132,8 +132,11 @@ class mesh {
 
   mesh(const mesh&) = delete;
   mesh& operator=(const mesh&) = delete;
+  ///@{
+  /// Movable (the communicators live behind pointers); not copyable.
   mesh(mesh&&) noexcept = default;
   mesh& operator=(mesh&&) noexcept = default;
+  ///@}
 
   ///@{
   /// W, G and R = W / G; this rank's group r and position g.
