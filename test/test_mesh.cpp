@@ -9,6 +9,8 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <chrono>
+#include <stdexcept>
 #include <cmath>
 #include <cstring>
 #include <diloco/diloco.hpp>
@@ -130,6 +132,29 @@ TEST_CASE("comm::threads::split: groups by color, ranked by key, each its own co
   CHECK(seen[4] == std::pair{0, 6});
   CHECK(seen[1] == std::pair{1, 4});
   CHECK(seen[3] == std::pair{0, 4});
+}
+
+TEST_CASE("comm::threads::split: a rank that fails or returns fails its split groups too, without a timeout") {
+  // A 20 s timeout: if the failure did not reach the split groups, their
+  // other ranks would wait for it that long; they must fail at once.
+  dc::comm::threads::world world(4, std::chrono::seconds(20));
+  std::atomic<int> echoes{0};
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(world.run([&](dc::comm::threads& comm) {
+    dc::mesh<dc::comm::threads> m(comm, {.group_size = 2});
+    if (comm.rank() == 3) throw std::runtime_error("rank 3 stops here");
+    std::vector<float> v{1.0f};
+    try {
+      m.intra().all_reduce(v, dc::reduce_op::mean);  // group 1 (ranks 2, 3) fails
+      m.inter().all_reduce(v, dc::reduce_op::mean);  // positions 0 and 1 fail (ranks 2 and 3 are gone)
+    } catch (const dc::comm_error&) {
+      ++echoes;
+      throw;
+    }
+  }),
+                       "rank 3 stops here", std::runtime_error);
+  CHECK(echoes.load() == 3);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
 }
 
 TEST_CASE("mesh: group r = w / G, position g = w % G; intra holds the group, inter the position") {
