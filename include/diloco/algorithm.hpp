@@ -775,14 +775,13 @@ class algorithm {
                     "diloco::algorithm: bf16 / fp16 parameters (a low-precision replica) need inner::external: "
                     "the library's own inner optimizers update fp32 tensors. Take the inner step with your own "
                     "optimizer (inner::external), or pass fp32 tensors (your optimizer's fp32 master weights)");
-      static_assert(std::same_as<Space, host_space>,
-                    "diloco::algorithm: bf16 / fp16 parameters are supported in host memory only for now; pass "
-                    "the fp32 master weights of a device model");
-      std::vector<tensor_view<E>> views;
+      std::vector<tensor_view<E, Space>> views;
       for (auto&& t : params) views.emplace_back(tensor_data(t), tensor_size(t));
-      mirror_ = std::make_unique<detail::host_low_precision_mirror<E>>(std::move(views), opts_.host_threads);
+      auto mirror = std::make_unique<detail::low_precision_mirror_on<E, Space>>(std::move(views), opts_.host_threads,
+                                                                               opts_.device_stream);
       replica_element_ = low_precision_name_v<E>;
-      init_engine(mirror_->views(), comm);
+      init_engine(mirror->views(), comm);
+      mirror_ = std::move(mirror);
       engine_->set_replica_access([m = mirror_.get()] { m->pull(); });
       written_ = engine_->replica_writes();
       mirror_->push();  // an elastic joiner's replica came from theta_global

@@ -41,9 +41,12 @@
 // library's own inner optimizers update fp32 tensors. A user whose
 // optimizer keeps fp32 master weights wraps the masters instead (fp32
 // tensors, no mirror): the masters are the replica DiLoCo should average.
-// Host memory for now; device replicas are not yet supported.
+// Host or device memory (device tensors as device_view<diloco::bfloat16>,
+// e.g. over a __nv_bfloat16 or torch.bfloat16 CUDA buffer: the same bits);
+// the mirror's passes run on the engine's executor and stream.
 
 #include <cmath>
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -53,7 +56,9 @@
 
 #include "diloco/core/error.hpp"
 #include "diloco/core/macros.hpp"
+#include "diloco/exec/executor_for.hpp"
 #include "diloco/exec/host.hpp"
+#include "diloco/tensor/buffer.hpp"
 #include "diloco/kernels/float_formats.hpp"
 #include "diloco/tensor/parameter_set.hpp"
 #include "diloco/tensor/tensor_traits.hpp"
@@ -68,9 +73,9 @@ struct bfloat16 {
   /// The value of code `b`.
   static constexpr bfloat16 from_bits(std::uint16_t b) { return bfloat16{b}; }
   /// x rounded to nearest, ties to even (NaN stays NaN, overflow gives inf).
-  static bfloat16 round(float x) { return bfloat16{kernels::bf16_round_nearest(x)}; }
+  DILOCO_HD static bfloat16 round(float x) { return bfloat16{kernels::bf16_round_nearest(x)}; }
   /// The value as an fp32 (exact).
-  explicit operator float() const { return kernels::bf16_format::decode(bits); }
+  DILOCO_HD explicit operator float() const { return kernels::bf16_format::decode(bits); }
   /// Same code.
   friend constexpr bool operator==(bfloat16, bfloat16) = default;
 };
@@ -82,9 +87,9 @@ struct float16 {
   static constexpr float16 from_bits(std::uint16_t b) { return float16{b}; }
   /// x rounded to nearest, ties to even (NaN stays NaN, |x| past 65504's
   /// rounding range gives inf).
-  static float16 round(float x) { return float16{kernels::encode_float16<kernels::fp16_format>(x, -1.0f)}; }
+  DILOCO_HD static float16 round(float x) { return float16{kernels::encode_float16<kernels::fp16_format>(x, -1.0f)}; }
   /// The value as an fp32 (exact, subnormals included).
-  explicit operator float() const { return kernels::fp16_format::decode(bits); }
+  DILOCO_HD explicit operator float() const { return kernels::fp16_format::decode(bits); }
   /// Same code.
   friend constexpr bool operator==(float16, float16) = default;
 };
@@ -102,75 +107,14 @@ inline constexpr const char* low_precision_name_v = std::is_same_v<T, bfloat16> 
 
 namespace detail {
 
-/// The mirror of a low-precision replica, behind the interface the front end
-/// (algorithm.hpp) calls, whatever the element type.
-class low_precision_mirror {
- public:
-  virtual ~low_precision_mirror() = default;
-  /// The fp32 mirror's tensors, for the engine (the same count and sizes).
-  virtual const std::vector<tensor_view<float>>& views() = 0;
-  /// S from the replica tensors, before the engine reads it.
-  virtual void pull() = 0;
-  /// The replica tensors from S, after the engine wrote it; raises
-  /// numeric_error when a finite value of S is beyond the element type's range.
-  virtual void push() = 0;
-};
-
-/// The mirror of a replica of T tensors in host memory.
+/// The element rules of tensor/low_precision.hpp for T's format, host and device.
 template <class T>
-class host_low_precision_mirror final : public low_precision_mirror {
-  static_assert(is_low_precision_v<T>);
-
- public:
-  /// S = float(T) for every element (theta_global then starts at the
-  /// replica's exact values, so the first anchor is the replica itself).
-  host_low_precision_mirror(std::vector<tensor_view<T>> replica, int threads)
-      : replica_(std::move(replica)), exec_(threads) {
-    std::size_t total = 0;
-    for (const auto& t : replica_) total += t.size();
-    mirror_.resize(total);
-    std::size_t at = 0;
-    for (const auto& t : replica_) {
-      views_.emplace_back(mirror_.data() + at, t.size());
-      at += t.size();
-    }
-    for (std::size_t k = 0; k < replica_.size(); ++k) {
-      const T* src = replica_[k].data();
-      float* dst = views_[k].data();
-      exec_.for_each(replica_[k].size(), [=](std::size_t i) { dst[i] = static_cast<float>(src[i]); });
-    }
-  }
-
-  const std::vector<tensor_view<float>>& views() override { return views_; }
-
-  void pull() override {
-    for (std::size_t k = 0; k < replica_.size(); ++k) {
-      const T* t = replica_[k].data();
-      float* s = views_[k].data();
-      exec_.for_each(replica_[k].size(), [=](std::size_t i) { s[i] = pulled(t[i].bits, s[i]); });
-    }
-  }
-
-  void push() override {
-    for (std::size_t k = 0; k < replica_.size(); ++k) {
-      T* t = replica_[k].data();
-      const float* s = views_[k].data();
-      exec_.for_each(replica_[k].size(), [=](std::size_t i) { t[i].bits = round_bits(s[i]); });
-      // Overflow shows as an inf code: count those (a narrow, vectorized
-      // scan), and look at the mirror only when there are any.
-      std::size_t infinite = 0;
-      for (std::size_t i = 0; i < replica_[k].size(); ++i) infinite += (t[i].bits & 0x7fffu) == format::inf ? 1u : 0u;
-      if (infinite > 0) check_overflow(k);
-    }
-  }
-
- private:
+struct low_precision_ops {
   using format = std::conditional_t<std::is_same_v<T, bfloat16>, kernels::bf16_format, kernels::fp16_format>;
-  static std::uint16_t round_bits(float x) { return T::round(x).bits; }
-
+  DILOCO_HD DILOCO_FORCEINLINE static std::uint16_t round_bits(float x) { return T::round(x).bits; }
   // The read rule for one element (the header's comment), without branches
-  // so that the loop vectorizes: t is the replica's code, s the mirror.
-  static float pulled(std::uint16_t t, float s) {
+  // so that a host loop vectorizes: t is the replica's code, s the mirror.
+  DILOCO_HD DILOCO_FORCEINLINE static float pulled(std::uint16_t t, float s) {
     const std::uint16_t written = round_bits(s);
     const float target = format::decode(t);
     const float c = target + (s - format::decode(written));
@@ -182,12 +126,126 @@ class host_low_precision_mirror final : public low_precision_mirror {
     const float moved = round_bits(c) == t ? c : (round_bits(toward) == t ? toward : target);
     return t == written ? s : moved;
   }
+};
+
+/// S <- float(T) (the mirror's start).
+template <class T>
+struct widen_replica {
+  const T* t;  ///< the replica
+  float* s;    ///< the mirror
+  /// Element i.
+  DILOCO_HD void operator()(std::size_t i) const { s[i] = static_cast<float>(t[i]); }
+};
+/// The mirror's read of the replica.
+template <class T>
+struct read_replica {
+  const T* t;  ///< the replica
+  float* s;    ///< the mirror
+  /// Element i.
+  DILOCO_HD void operator()(std::size_t i) const { s[i] = low_precision_ops<T>::pulled(t[i].bits, s[i]); }
+};
+/// T <- RNE(S).
+template <class T>
+struct write_replica {
+  const float* s;  ///< the mirror
+  T* t;            ///< the replica
+  /// Element i.
+  DILOCO_HD void operator()(std::size_t i) const { t[i].bits = low_precision_ops<T>::round_bits(s[i]); }
+};
+/// 1 for each inf code of the replica (an overflow shows as one).
+template <class T>
+struct inf_codes {
+  const T* t;  ///< the replica
+  /// Element i.
+  DILOCO_HD double operator()(std::size_t i) const {
+    return (t[i].bits & 0x7fffu) == low_precision_ops<T>::format::inf ? 1.0 : 0.0;
+  }
+};
+
+/// The mirror of a low-precision replica, behind the interface the front end
+/// (algorithm.hpp) calls, whatever the element type and memory space.
+class low_precision_mirror {
+ public:
+  virtual ~low_precision_mirror() = default;
+  /// S from the replica tensors, before the engine reads it.
+  virtual void pull() = 0;
+  /// The replica tensors from S, after the engine wrote it; raises
+  /// numeric_error when a finite value of S is beyond the element type's range.
+  virtual void push() = 0;
+};
+
+/// The mirror of a replica of T tensors in memory of `Space`, its passes run
+/// by that space's executor (on `stream` for the device: the engine's).
+template <class T, class Space>
+class low_precision_mirror_on final : public low_precision_mirror {
+  static_assert(is_low_precision_v<T>);
+  static constexpr bool host = std::is_same_v<Space, host_space>;
+  using executor = typename executor_for<Space>::type;
+  // Where tensor k starts in the flat mirror: 64-byte boundaries on the
+  // device (the engine's vector paths), packed on the host.
+  static constexpr std::size_t align = host ? 1 : 16;
+
+ public:
+  /// S = float(T) for every element (theta_global then starts at the
+  /// replica's exact values, so the first anchor is the replica itself).
+  low_precision_mirror_on(std::vector<tensor_view<T, Space>> replica, int threads, void* stream)
+      : replica_(std::move(replica)), exec_(make_executor<executor>(stream)) {
+    if constexpr (requires { exec_.set_threads(threads); }) {
+      if (threads > 0) exec_.set_threads(threads);
+    } else {
+      (void)threads;
+    }
+    std::size_t total = 0;
+    for (const auto& t : replica_) total += (t.size() + align - 1) / align * align;
+    mirror_ = buffer<float, Space>(total);
+    std::size_t at = 0;
+    for (const auto& t : replica_) {
+      views_.emplace_back(mirror_.data() + at, t.size());
+      at += (t.size() + align - 1) / align * align;
+    }
+    for (std::size_t k = 0; k < replica_.size(); ++k)
+      exec_.for_each(replica_[k].size(), widen_replica<T>{replica_[k].data(), views_[k].data()});
+    exec_.synchronize();
+  }
+
+  /// The fp32 mirror's tensors, for the engine (the same count and sizes).
+  const std::vector<tensor_view<float, Space>>& views() const { return views_; }
+
+  void pull() override {
+    for (std::size_t k = 0; k < replica_.size(); ++k)
+      exec_.for_each(replica_[k].size(), read_replica<T>{replica_[k].data(), views_[k].data()});
+  }
+
+  void push() override {
+    for (std::size_t k = 0; k < replica_.size(); ++k) {
+      const std::size_t n = replica_[k].size();
+      T* t = replica_[k].data();
+      exec_.for_each(n, write_replica<T>{views_[k].data(), t});
+      // Overflow shows as an inf code: count those (a narrow scan), and
+      // look at the mirror only when there are any.
+      std::size_t infinite = 0;
+      if constexpr (host) {
+        for (std::size_t i = 0; i < n; ++i) infinite += (t[i].bits & 0x7fffu) == ops::format::inf ? 1u : 0u;
+      } else {
+        infinite = static_cast<std::size_t>(exec_.transform_reduce(n, inf_codes<T>{t}));
+      }
+      if (infinite > 0) check_overflow(k);
+    }
+  }
+
+ private:
+  using ops = low_precision_ops<T>;
 
   // Raises when a finite value of tensor k's mirror was written as inf.
-  void check_overflow(std::size_t k) const {
-    const float* s = views_[k].data();
-    for (std::size_t i = 0; i < views_[k].size(); ++i) {
-      const float back = format::decode(round_bits(s[i]));
+  void check_overflow(std::size_t k) {
+    const std::size_t n = views_[k].size();
+    std::vector<float> s(n);
+    if constexpr (host)
+      std::copy(views_[k].data(), views_[k].data() + n, s.begin());
+    else
+      exec_.to_host(s.data(), views_[k].data(), n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const float back = ops::format::decode(ops::round_bits(s[i]));
       if (s[i] - s[i] == 0.0f && back - back != 0.0f)
         detail::raise<numeric_error>("low-precision replica: tensor ", k, " element ", i, " is ", s[i],
                                      " after the outer step, beyond the range of ", low_precision_name_v<T>,
@@ -195,10 +253,10 @@ class host_low_precision_mirror final : public low_precision_mirror {
     }
   }
 
-  std::vector<tensor_view<T>> replica_;
-  std::vector<float> mirror_;
-  std::vector<tensor_view<float>> views_;
-  exec::host exec_;
+  std::vector<tensor_view<T, Space>> replica_;
+  buffer<float, Space> mirror_;
+  std::vector<tensor_view<float, Space>> views_;
+  executor exec_;
 };
 
 }  // namespace detail
