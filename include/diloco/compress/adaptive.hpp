@@ -14,11 +14,17 @@
 #include <vector>
 
 #include "diloco/compress/codec.hpp"
+#include "diloco/compress/fingerprint.hpp"
 #include "diloco/core/error.hpp"
 #include "diloco/core/options.hpp"
 #include "diloco/core/macros.hpp"
 
 DILOCO_EXACT_FP_BEGIN
+
+namespace diloco::reduce {
+template <class Compressor, class Comm, class Space, class Exec>
+class adaptive;
+}  // namespace diloco::reduce
 
 namespace diloco::compress {
 
@@ -234,7 +240,19 @@ struct adaptive {
   static constexpr bool lossless = false;  ///< values change on the way
   /// The rungs' error feedback (all have it or none does).
   static constexpr bool has_error_feedback = adaptive_first<C...>::type::has_error_feedback;
-  static constexpr bool switching = true;  ///< its own reducer (reduce/adaptive.hpp) over the rungs' reducers
+  static constexpr bool switching = true;  ///< its own reducer over the rungs' reducers
+  /// Its reducer: reduce/adaptive.hpp's switch over the rungs' own reducers
+  /// (declared here, defined there; reduce/select.hpp includes it).
+  template <class Comm, class Space, class Exec>
+  using reducer = reduce::adaptive<adaptive, Comm, Space, Exec>;
+  /// Its fingerprint: "adaptive(" then each rung's, separated by " | ", then
+  /// ")" (compress/fingerprint.hpp).
+  static std::string fingerprint() {
+    std::string out = "adaptive(";
+    ((out += compress::fingerprint<C>() + " | "), ...);
+    out.resize(out.size() - 3);
+    return out + ")";
+  }
   static constexpr const char* rung_names[] = {C::name...};  ///< the rungs' names, in ladder order
 
   /// Validates every rung's options and the rule's numbers (config_error naming the first out of

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <string>
 
 #include "diloco/compress/blockwise.hpp"
 #include "diloco/compress/codec.hpp"
@@ -94,6 +95,8 @@ struct chunk_topk_codec {
   static constexpr std::size_t block = Chunk;  ///< elements per chunk (the codec block)
   static constexpr std::size_t k = K;  ///< entries a full chunk sends
   static constexpr const char* values_name = Values::name;  ///< the values' format, by name
+  /// The codec's part of the compressor's fingerprint (compress/fingerprint.hpp).
+  static std::string fingerprint() { return diloco::detail::concat(", chunk ", Chunk, ", k ", K, ", values ", values_name); }
   /// The codec's id in segment headers: chunk_topk + the values' format id.
   static constexpr codec_id id = static_cast<codec_id>(static_cast<unsigned>(codec_id::chunk_topk) +
                                                        static_cast<unsigned>(format_id<Values>()));

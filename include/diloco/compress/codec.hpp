@@ -56,10 +56,12 @@ concept lossy_compressor = requires(const typename C::options& o) {
   { C::make_codec(o) } -> std::convertible_to<typename C::codec>;
 };
 
-/// Whether a compressor declares a reducer of its own (factored or
-/// switching) rather than travelling as block codec segments.
+/// Whether a compressor says it has a reducer of its own (`factored` or
+/// `switching`) rather than travelling as block codec segments; one that names
+/// its reducer (compress/concepts.hpp's names_reducer) has one too
+/// (own_reducer_v there).
 template <class C>
-constexpr bool own_reducer_v = [] {
+constexpr bool declares_own_reducer_v = [] {
   if constexpr (requires { C::factored; })
     if (C::factored) return true;
   if constexpr (requires { C::switching; })
@@ -97,14 +99,6 @@ struct any_lossy_compressor {
   ///@}
 };
 }  // namespace stand_in
-
-/// What the compressor concept checks against lossy_compressor: C itself when
-/// it travels as block codec segments, the stand-in otherwise (lossless, or a
-/// reducer of its own). So the concept is a conjunction, and a compiler names
-/// the requirement a lossy compressor misses instead of reporting that "no
-/// operand of the disjunction is satisfied".
-template <class C>
-using block_codec_policy_t = std::conditional_t<!C::lossless && !own_reducer_v<C>, C, stand_in::any_lossy_compressor>;
 
 /// A compressor with a reducer of its own instead of a block codec
 /// (low_rank: factors exchanged over several collectives).

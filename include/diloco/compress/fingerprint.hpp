@@ -2,14 +2,19 @@
 #pragma once
 
 // A compressor as checkpoint headers and the agreement across ranks name
-// it: its name, and for a block codec its block size (chunk_topk: K and the
-// values' format too), rounding and error feedback; adaptive<C...>: its
-// rungs'. Options (low_rank's rank, adaptive's rule) are agreed as options.
+// it. A compressor says so itself where it has a static `fingerprint()`
+// (adaptive<C...>: its rungs'); otherwise its name, and for a block codec
+// what changes its wire format: the codec's part (the codec's static
+// `fingerprint()`, chunk_topk's ", chunk C, k K, values V"; else
+// ", block B"), the rounding and error feedback. Options (low_rank's rank,
+// adaptive's rule) are agreed as options. These strings are written into
+// checkpoint headers: a compressor's text never changes.
 
+#include <concepts>
 #include <string>
 
-#include "diloco/compress/adaptive.hpp"
 #include "diloco/compress/codec.hpp"
+#include "diloco/compress/concepts.hpp"
 #include "diloco/core/error.hpp"
 #include "diloco/core/macros.hpp"
 
@@ -17,28 +22,23 @@ DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress {
 
-/// The compressor as checkpoint headers and agreement checks name it: its name and what
-/// changes its wire format (block or chunk size, k and the values' format, rounding, error
-/// feedback; each rung of adaptive<C...>).
+/// The compressor as checkpoint headers and agreement checks name it: its own
+/// `fingerprint()`, else its name, and for a block codec the codec's part (the codec's
+/// `fingerprint()`, else its block size), the rounding and error feedback.
 template <class Compressor>
 std::string fingerprint() {
-  if constexpr (Compressor::lossless || factored_compressor<Compressor>) {
+  if constexpr (requires { { Compressor::fingerprint() } -> std::convertible_to<std::string>; }) {
+    return Compressor::fingerprint();
+  } else if constexpr (Compressor::lossless || !requires { typename Compressor::codec; }) {
     return Compressor::name;
-  } else if constexpr (switching_compressor<Compressor>) {
-    return []<class... C>(std::tuple<C...>*) {
-      std::string out = "adaptive(";
-      ((out += fingerprint<C>() + " | "), ...);
-      out.resize(out.size() - 3);
-      return out + ")";
-    }(static_cast<typename Compressor::ladder*>(nullptr));
-  } else if constexpr (requires { Compressor::codec::k; }) {
-    return detail::concat(Compressor::name, ", chunk ", Compressor::codec::block, ", k ", Compressor::codec::k,
-                          ", values ", Compressor::codec::values_name,
-                          Compressor::stochastic ? ", stochastic rounding" : ", round to nearest",
-                          Compressor::has_error_feedback ? ", error feedback" : "");
   } else {
-    return detail::concat(Compressor::name, ", block ", Compressor::codec::block,
-                          Compressor::stochastic ? ", stochastic rounding" : ", round to nearest",
+    using codec = typename Compressor::codec;
+    std::string part;
+    if constexpr (requires { { codec::fingerprint() } -> std::convertible_to<std::string>; })
+      part = codec::fingerprint();
+    else
+      part = detail::concat(", block ", codec::block);
+    return detail::concat(Compressor::name, part, Compressor::stochastic ? ", stochastic rounding" : ", round to nearest",
                           Compressor::has_error_feedback ? ", error feedback" : "");
   }
 }

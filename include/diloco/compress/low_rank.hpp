@@ -46,6 +46,15 @@ struct low_rank_options {
   }
 };
 
+}  // namespace diloco::compress
+
+namespace diloco::reduce {
+template <class Compressor, class Comm, class Space, class Exec>
+class factored;
+}  // namespace diloco::reduce
+
+namespace diloco::compress {
+
 /// PowerSGD-style low-rank compression (Vogels et al. 2019; hivemind and
 /// DiLoCoX use it for pseudo-gradients). For every 2-D tensor (tensor_traits
 /// rows x cols) with rank r < min(rows, cols), each worker w holds
@@ -86,7 +95,11 @@ struct low_rank {
   static constexpr bool lossless = false;  ///< values change on the way
   static constexpr bool has_error_feedback = true;  ///< the residual is built in
   static constexpr bool stochastic = false;  ///< deterministic
-  static constexpr bool factored = true;  ///< its own reducer (reduce/factored.hpp), no block codec
+  static constexpr bool factored = true;  ///< its own reducer, no block codec
+  /// Its reducer: the factor exchanges of reduce/factored.hpp (declared
+  /// here, defined there; reduce/select.hpp includes it).
+  template <class Comm, class Space, class Exec>
+  using reducer = reduce::factored<low_rank, Comm, Space, Exec>;
   /// Throws config_error unless rank is in [1, 4096].
   static void validate(const options& o) {
     if (o.rank < 1 || o.rank > 4096) detail::raise<config_error>("low_rank: rank must lie in [1, 4096], got ", o.rank);

@@ -14,7 +14,6 @@
 #include <type_traits>
 #include <utility>
 
-#include "diloco/compress/codec.hpp"
 #include "diloco/core/comm_types.hpp"
 #include "diloco/core/memory_space.hpp"
 #include "diloco/core/optimizer_role.hpp"
@@ -212,20 +211,7 @@ struct as_outer : O {
   static constexpr optimizer_role role = optimizer_role::outer;  ///< the slot it is forced into
 };
 
-// ----------------------------------------------------------- compressors
-/// What a pseudo-gradient becomes before it travels. `lossless` codecs are
-/// reduced with the communicator's own all-reduce; lossy ones provide a block
-/// codec (compress/codec.hpp) and travel through the compressed mean (or
-/// all-gathered, chunk_topk), or have a reducer of their own (low_rank's
-/// factors, adaptive's rungs).
-template <class C>
-concept compressor = requires {
-  typename C::options;
-  { C::name } -> std::convertible_to<const char*>;
-  { C::lossless } -> std::convertible_to<bool>;
-} && compress::lossy_compressor<compress::block_codec_policy_t<C>> &&
-                     (C::lossless || compress::lossy_compressor<C> || compress::factored_compressor<C> ||
-                      compress::switching_compressor<C>);
+// The compressor concept lives beside its axis: compress/concepts.hpp.
 
 // ---------------------------------------------------------- communicators
 /// The handle of a non-blocking collective. wait() blocks until it has

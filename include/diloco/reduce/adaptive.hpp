@@ -15,6 +15,7 @@
 #include "diloco/comm/detail/transport.hpp"
 #include "diloco/compress/adaptive.hpp"
 #include "diloco/core/error.hpp"
+#include "diloco/core/state.hpp"
 #include "diloco/core/stats.hpp"
 #include "diloco/kernels/pseudo_gradient.hpp"
 #include "diloco/reduce/select.hpp"
