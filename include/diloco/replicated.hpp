@@ -71,6 +71,16 @@ constexpr std::size_t codec_block() {
     return 1;
 }
 
+/// Whether a compressor sees the same bits over shards cut at codec_block():
+/// lossless ones (element-wise means) and block codecs.
+template <class C>
+constexpr bool shardable() {
+  if constexpr (C::lossless)
+    return true;
+  else
+    return requires(const typename C::options& o) { decltype(C::make_codec(o))::block; };
+}
+
 }  // namespace detail_replicated
 
 /// One piece of a shard: elements [start, start + size) of parameter tensor k.
@@ -90,9 +100,11 @@ class replicated {
   static_assert(!std::same_as<Sync, sync::streaming>,
                 "diloco::replicated: sync::streaming is not supported yet (its fragment plan is made from the "
                 "tensor list, which sharding changes); use sync::blocking, one_step_delay, eager or delayed");
-  static_assert(!compress::factored_compressor<Compressor> && !compress::switching_compressor<Compressor>,
-                "diloco::replicated: low_rank (whole matrices) and adaptive (per-round codec switches) compressors "
-                "are not supported with sharded outer state yet");
+  static_assert(detail_replicated::shardable<Compressor>(),
+                "diloco::replicated: the compressor must be lossless (compress::none) or a block codec (make_codec "
+                "giving a codec with a fixed block: blockwise, cast, topk, chunk_topk, error_feedback of one); "
+                "low_rank (whole matrices) and adaptive (per-round codec switches) are not supported with sharded "
+                "outer state yet");
   static_assert(!tensor_optimizer_policy<Inner>,
                 "diloco::replicated: a whole-tensor inner optimizer (inner::muon) cannot step a shard; use "
                 "inner::external with your own optimizer on the full replica");
