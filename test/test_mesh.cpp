@@ -8,6 +8,8 @@
 // balance; bad meshes are the same config_error on every rank.
 #include <doctest/doctest.h>
 
+#include <stdlib.h>
+
 #include <atomic>
 #include <chrono>
 #include <stdexcept>
@@ -353,4 +355,36 @@ TEST_CASE("replicated 2 x 2 equals flat DiLoCo with 2 workers: chunk_topk + erro
   using sparse = cp::error_feedback<cp::chunk_topk<128, 8, dc::int4>>;
   static_assert(dc::replicated<dc::inner::sgd, dc::outer::nesterov, sparse, dc::comm::threads>::block == 128);
   check_mesh_equals_flat<sparse, dc::sync::blocking>();
+}
+
+TEST_CASE("mesh_shape::from_env: DILOCO_ variables, torchrun's as fallback, bad values named") {
+  const char* names[] = {"DILOCO_GROUP_SIZE", "LOCAL_WORLD_SIZE", "DILOCO_GROUP_RANK", "GROUP_RANK",
+                         "DILOCO_LOCAL_RANK", "LOCAL_RANK"};
+  for (const char* n : names) unsetenv(n);
+  CHECK_THROWS_WITH_AS(dc::mesh_shape::from_env(), doctest::Contains("neither DILOCO_GROUP_SIZE nor LOCAL_WORLD_SIZE"),
+                       dc::config_error);
+  setenv("LOCAL_WORLD_SIZE", "8", 1);
+  auto s = dc::mesh_shape::from_env();
+  CHECK(s.group_size == 8);
+  CHECK(s.group == -1);
+  CHECK(s.position == -1);
+  setenv("DILOCO_GROUP_SIZE", "4", 1);
+  setenv("GROUP_RANK", "3", 1);
+  setenv("LOCAL_RANK", "2", 1);
+  s = dc::mesh_shape::from_env();
+  CHECK(s.group_size == 4);
+  CHECK(s.group == 3);
+  CHECK(s.position == 2);
+  setenv("DILOCO_LOCAL_RANK", "1", 1);
+  CHECK(dc::mesh_shape::from_env().position == 1);
+  unsetenv("GROUP_RANK");
+  CHECK_THROWS_WITH_AS(dc::mesh_shape::from_env(),
+                       doctest::Contains("DILOCO_LOCAL_RANK is set but DILOCO_GROUP_RANK (or GROUP_RANK) is not"),
+                       dc::config_error);
+  setenv("DILOCO_GROUP_SIZE", "4x", 1);
+  CHECK_THROWS_WITH_AS(dc::mesh_shape::from_env(), doctest::Contains("DILOCO_GROUP_SIZE='4x' is not an integer >= 1"),
+                       dc::config_error);
+  setenv("DILOCO_GROUP_SIZE", "0", 1);
+  CHECK_THROWS_AS(dc::mesh_shape::from_env(), dc::config_error);
+  for (const char* n : names) unsetenv(n);
 }

@@ -24,7 +24,10 @@
 // comm::threads splits here (threads::split); comm::mpi in comm/mesh_mpi.hpp
 // (MPI_Comm_split: an optional component).
 
+#include <cerrno>
 #include <cstddef>
+#include <cstdlib>
+#include <limits>
 #include <cstring>
 #include <memory>
 #include <span>
@@ -46,6 +49,43 @@ struct mesh_shape {
   int group_size = 1;  ///< G: ranks per replica group
   int group = -1;      ///< r: this rank's group, or -1
   int position = -1;   ///< g: this rank's position in its group, or -1
+
+  /// The shape the launcher describes: G from DILOCO_GROUP_SIZE, else
+  /// torchrun's LOCAL_WORLD_SIZE (one group per node); the group and
+  /// position from DILOCO_GROUP_RANK and DILOCO_LOCAL_RANK, else torchrun's
+  /// GROUP_RANK and LOCAL_RANK, else from the rank (-1). A missing group
+  /// size, a malformed number, or a group without a position (or the other
+  /// way round) is a config_error naming the variable.
+  static mesh_shape from_env() {
+    auto read = [](const char* name, const char* fallback, int least, int& out) -> const char* {
+      const char* used = name;
+      const char* v = std::getenv(name);
+      if ((v == nullptr || *v == '\0') && fallback) {
+        used = fallback;
+        v = std::getenv(fallback);
+      }
+      if (v == nullptr || *v == '\0') return nullptr;
+      char* end = nullptr;
+      errno = 0;
+      const long x = std::strtol(v, &end, 10);
+      if (end == v || *end != '\0' || errno != 0 || x < least || x > std::numeric_limits<int>::max())
+        diloco::detail::raise<config_error>("mesh_shape::from_env: ", used, "='", v, "' is not an integer >= ",
+                                            least);
+      out = static_cast<int>(x);
+      return used;
+    };
+    mesh_shape s;
+    if (!read("DILOCO_GROUP_SIZE", "LOCAL_WORLD_SIZE", 1, s.group_size))
+      diloco::detail::raise<config_error>("mesh_shape::from_env: neither DILOCO_GROUP_SIZE nor LOCAL_WORLD_SIZE is "
+                                          "set; set DILOCO_GROUP_SIZE to the ranks per group (G)");
+    const char* r = read("DILOCO_GROUP_RANK", "GROUP_RANK", 0, s.group);
+    const char* g = read("DILOCO_LOCAL_RANK", "LOCAL_RANK", 0, s.position);
+    if ((r == nullptr) != (g == nullptr))
+      diloco::detail::raise<config_error>("mesh_shape::from_env: ", r ? r : g, " is set but ",
+                                          r ? "DILOCO_LOCAL_RANK (or LOCAL_RANK)" : "DILOCO_GROUP_RANK (or GROUP_RANK)",
+                                          " is not; set both, or neither to take them from the rank");
+    return s;
+  }
 };
 
 namespace comm {
