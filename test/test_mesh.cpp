@@ -94,7 +94,7 @@ void check_mesh_equals_flat() {
   // The reference moved: training happened and the groups differ.
   const auto init = concat_all(initial_params());
   CHECK_FALSE(same_bits(flat.global[0], init));
-  INFO(Sync::name);
+  INFO(std::string(Sync::name));
   if constexpr (std::is_same_v<Sync, dc::sync::delayed>)
     CHECK(same_bits(flat.replica[0], flat.global[0]));  // finish(): the replica becomes theta_global
   else
@@ -284,25 +284,31 @@ TEST_CASE("replicated: a 1 x 4 mesh (one group) equals one worker; a 4 x 1 mesh 
   }
 }
 
-TEST_CASE("replicated: inner::external steps the full replica; rounds gather the shards") {
-  // The user's SGD on the full replica; the reference is flat DiLoCo with
-  // inner::external and the same SGD.
-  using C = cp::none;
+// inner::external: the user's SGD on the full replica; the reference is flat
+// DiLoCo with inner::external and the same SGD. The replicas are compared
+// after every step, so a write of the replica that was not gathered shows.
+template <class C, class Sync>
+void check_external() {
   auto user_step = [](std::vector<std::vector<float>>& p, int r, int s) {
     for (std::size_t k = 0; k < p.size(); ++k)
       for (std::size_t i = 0; i < p[k].size(); ++i) p[k][i] -= 0.1f * grad_of(r, s, k, i, p[k][i]);
   };
-  std::vector<std::vector<float>> flat(2), meshed(4);
+  // [rank][step]: the replica after step s (the last entry after finish()).
+  std::vector<std::vector<std::vector<float>>> flat(2), meshed(4);
   {
     dc::comm::threads::world world(2);
     world.run([&](dc::comm::threads& comm) {
       auto p = initial_params();
-      dc::algorithm<dc::inner::external, dc::outer::nesterov, C, dc::comm::threads> a(p, comm, {.inner_steps = H});
+      dc::algorithm<dc::inner::external, dc::outer::nesterov, C, dc::comm::threads, Sync> a(p, comm,
+                                                                                            {.inner_steps = H});
+      auto& mine = flat[static_cast<std::size_t>(comm.rank())];
       for (int s = 0; s < steps; ++s) {
         user_step(p, comm.rank(), s);
         a.step();
+        mine.push_back(concat_all(p));
       }
-      flat[static_cast<std::size_t>(comm.rank())] = concat_all(p);
+      a.finish();
+      mine.push_back(concat_all(p));
     });
   }
   {
@@ -310,16 +316,33 @@ TEST_CASE("replicated: inner::external steps the full replica; rounds gather the
     world.run([&](dc::comm::threads& comm) {
       dc::mesh<dc::comm::threads> m(comm, {.group_size = 2});
       auto p = initial_params();
-      dc::replicated<dc::inner::external, dc::outer::nesterov, C, dc::comm::threads> a(p, m, {.inner_steps = H});
+      dc::replicated<dc::inner::external, dc::outer::nesterov, C, dc::comm::threads, Sync> a(p, m,
+                                                                                             {.inner_steps = H});
+      auto& mine = meshed[static_cast<std::size_t>(comm.rank())];
       for (int s = 0; s < steps; ++s) {
         user_step(p, m.group(), s);
         a.step();
+        mine.push_back(concat_all(p));
       }
-      meshed[static_cast<std::size_t>(comm.rank())] = concat_all(p);
+      a.finish();
+      mine.push_back(concat_all(p));
     });
   }
-  CHECK_FALSE(same_bits(flat[0], flat[1]));
-  for (std::size_t w = 0; w < 4; ++w) CHECK(same_bits(meshed[w], flat[w / 2]));
+  INFO(std::string(Sync::name));
+  CHECK_FALSE(same_bits(flat[0][steps - 1], flat[1][steps - 1]));
+  for (std::size_t w = 0; w < 4; ++w)
+    for (std::size_t s = 0; s <= static_cast<std::size_t>(steps); ++s) {
+      INFO("rank ", w, ", after step ", s);
+      CHECK(same_bits(meshed[w][s], flat[w / 2][s]));
+    }
+}
+
+TEST_CASE("replicated: inner::external steps the full replica; rounds gather the shards, every schedule") {
+  check_external<cp::none, dc::sync::blocking>();
+  check_external<int4_ef, dc::sync::blocking>();
+  check_external<int4_ef, dc::sync::one_step_delay>();
+  check_external<int4_ef, dc::sync::eager>();
+  check_external<int4_ef, dc::sync::delayed>();
 }
 
 TEST_CASE("replicated: inner clipping and too small a model are config_errors") {

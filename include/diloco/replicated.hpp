@@ -31,10 +31,14 @@
 // When the gather runs: after construction (broadcast_initial writes the
 // replica's shard), after every step with the library's inner optimizer
 // (it steps the shard only: the gather is ZeRO-1's parameter all-gather),
-// and under inner::external after every call that applied or refused an
-// outer step (stats().rounds or rejected_rounds moved; a refused round
-// resets the shard to theta_global and raises on every rank, so the gather
-// runs before the error is rethrown).
+// after finish() and outer_round(), and under inner::external after every
+// step that ended an inner phase (H steps: the delayed schedules write the
+// replica there even when no round is applied, as eager and delayed do at
+// the end of the first round) or applied or refused an outer step (a
+// refused round resets the shard to theta_global and raises on every rank,
+// so the gather runs before the error is rethrown). An engine hook would
+// make this exact: see replica_writes() in engine/base.hpp, which
+// algorithm does not expose.
 //
 // Refused for now (static_assert): sync::streaming (its fragment plan is
 // made from the tensor list, which a shard changes), low_rank (a factored
@@ -180,12 +184,12 @@ class replicated {
   void outer_round()
     requires std::same_as<Sync, sync::blocking>
   {
-    gathered([&] { algo_->outer_round(); return true; }, false);
+    gathered([&] { algo_->outer_round(); return true; }, true);
   }
 
   /// Completes what is in flight, as algorithm::finish.
   void finish() {
-    gathered([&] { algo_->finish(); return true; }, false);
+    gathered([&] { algo_->finish(); return true; }, true);
   }
 
   /// Copies the full theta_global into `targets` (fp32 host tensors with the
@@ -274,11 +278,17 @@ class replicated {
   }
 
   // Runs f (an algorithm call) and gathers the replica after it when
-  // `always`, or when it applied or refused an outer step; a refused round
-  // (numeric_error, alike on every rank) is gathered, then rethrown.
+  // `always`, when it applied or refused an outer step, or when it ended an
+  // inner phase (a step count that is a multiple of H: the delayed
+  // schedules begin a round there and eager and delayed write the replica
+  // even when nothing is applied, as at the end of the first round); a
+  // refused round (numeric_error, alike on every rank) is gathered, then
+  // rethrown. Every rank of a group decides alike: they take the same steps.
   template <class F>
   bool gathered(F&& f, bool always) {
-    const auto before = algo_->stats().rounds + algo_->stats().rejected_rounds;
+    const auto moved = [this] { return algo_->stats().rounds + algo_->stats().rejected_rounds; };
+    const auto before = moved();
+    const auto steps_before = algo_->stats().inner_steps;
     bool applied = false;
     try {
       applied = f();
@@ -286,7 +296,10 @@ class replicated {
       gather_replica();
       throw;
     }
-    if (always || algo_->stats().rounds + algo_->stats().rejected_rounds != before) gather_replica();
+    const auto steps_now = algo_->stats().inner_steps;
+    const std::size_t h = algo_->settings().inner_steps;
+    const bool phase_end = steps_now != steps_before && h > 0 && steps_now % h == 0;
+    if (always || phase_end || moved() != before) gather_replica();
     return applied;
   }
 
