@@ -40,6 +40,15 @@
 // make this exact: see replica_writes() in engine/base.hpp, which
 // algorithm does not expose.
 //
+// Not yet flat DiLoCo's: a non-finite pseudo-gradient refuses the round
+// only for the shard that holds it. Its owners (one position, every group)
+// raise numeric_error and reset that shard to theta_global; the other
+// positions apply theirs and do not raise (measured: a NaN in tensor 2 of
+// group 0 made world ranks 1 and 3 raise, ranks 0 and 2 went on). Agreeing
+// needs the verdict reduced over intra as well as inter, inside the round,
+// before anything is applied: an engine hook (a second verdict
+// communicator), not something a wrapper can do after the call.
+//
 // Refused for now (static_assert): sync::streaming (its fragment plan is
 // made from the tensor list, which a shard changes), low_rank (a factored
 // compressor needs whole matrices), adaptive (it switches codecs, and block
