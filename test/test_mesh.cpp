@@ -411,3 +411,45 @@ TEST_CASE("mesh_shape::from_env: DILOCO_ variables, torchrun's as fallback, bad 
   CHECK_THROWS_AS(dc::mesh_shape::from_env(), dc::config_error);
   for (const char* n : names) unsetenv(n);
 }
+
+TEST_CASE("replicated: each rank keeps state for its shard only (1/G of flat DiLoCo's, per element)") {
+  // Every state buffer is per element, so a rank's state floats are the
+  // flat worker's times shard elements / model elements.
+  auto floats_of = [](const std::vector<dc::state_entry>& st) {
+    std::size_t n = 0;
+    for (const auto& e : st)
+      if (!e.is_scalar) n += e.size;
+    return n;
+  };
+  std::size_t flat_floats = 0;
+  {
+    dc::comm::threads::world world(2);
+    world.run([&](dc::comm::threads& comm) {
+      auto p = initial_params();
+      dc::algorithm<dc::inner::sgd, dc::outer::nesterov, int4_ef, dc::comm::threads> a(
+          p, comm, {.inner_steps = H, .inner = {.lr = 0.1f, .momentum = 0.9f}});
+      if (comm.rank() == 0) flat_floats = floats_of(a.state());
+    });
+  }
+  const std::size_t total = 967;
+  // theta_global, outer momentum, residual, inner momentum: 4 floats a parameter.
+  CHECK(flat_floats == 4 * total);
+  for (int G : {2, 4}) {
+    dc::comm::threads::world world(2 * G);
+    std::vector<std::size_t> floats(static_cast<std::size_t>(2 * G)), elements(static_cast<std::size_t>(2 * G));
+    world.run([&](dc::comm::threads& comm) {
+      dc::mesh<dc::comm::threads> m(comm, {.group_size = G});
+      auto p = initial_params();
+      dc::replicated<dc::inner::sgd, dc::outer::nesterov, int4_ef, dc::comm::threads> a(
+          p, m, {.inner_steps = H, .inner = {.lr = 0.1f, .momentum = 0.9f}});
+      floats[static_cast<std::size_t>(comm.rank())] = floats_of(a.shard_algorithm().state());
+      elements[static_cast<std::size_t>(comm.rank())] = a.shard_elements(m.position());
+    });
+    std::size_t group_elements = 0;
+    for (int w = 0; w < 2 * G; ++w) {
+      CHECK(floats[static_cast<std::size_t>(w)] * total == flat_floats * elements[static_cast<std::size_t>(w)]);
+      if (w < G) group_elements += elements[static_cast<std::size_t>(w)];
+    }
+    CHECK(group_elements == total);
+  }
+}
