@@ -14,7 +14,11 @@
 // masters.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cmath>
+#include <map>
+#include <mutex>
+#include <thread>
 #include <cstdint>
 #include <cstring>
 #include <diloco/diloco.hpp>
@@ -226,6 +230,94 @@ TEST_CASE("a bf16 replica's checkpoint resumes bit for bit, and an fp32 run refu
     nesterov_trainer tf(f, comm, {.inner_steps = H, .outer = {.lr = 0.7f, .momentum = 0.9f}});
     CHECK_THROWS_WITH_AS(tf.load(std::span<const std::byte>(saved)), doctest::Contains("replica_element"), dc::format_error);
   });
+}
+
+// ------------------------------------------------------------ elastic
+// An elastic group of bf16 replicas (comm::threads, elastic): a worker
+// leaves after round 2, a joiner is admitted at the end of round 3. The
+// joiner's bf16 tensors are theta_global rounded to nearest even when its
+// constructor returns (its replica came from theta_global), and after the
+// last round every member holds the same theta_global and replicas that are
+// its rounding.
+TEST_CASE("bf16 replicas in an elastic group: leaves and joins keep T = RNE(theta_global) on every member") {
+  using dc::comm::threads;
+  using elastic_trainer = dc::algorithm<dc::inner::external, dc::outer::nesterov, dc::compress::none, threads>;
+  constexpr std::size_t n = 11, H = 2;
+  const elastic_trainer::options o{.inner_steps = H, .outer = {.lr = 0.7f, .momentum = 0.9f}};
+  auto move = [](std::vector<dc::bfloat16>& w, int id, std::size_t s) {
+    for (std::size_t i = 0; i < w.size(); ++i)
+      w[i] = dc::bfloat16::round(static_cast<float>(w[i]) - 0.02f * static_cast<float>(id + 1) +
+                                 0.01f * static_cast<float>((i + s) % 3));
+  };
+  auto rounded_global = [](const elastic_trainer& t, const std::vector<dc::bfloat16>& w) {
+    const auto g = t.global_parameters();
+    for (std::size_t i = 0; i < w.size(); ++i)
+      if (!(w[i] == dc::bfloat16::round(g[i]))) return false;
+    return true;
+  };
+  threads::world world(3, std::chrono::seconds(60), threads::membership::elastic);
+  std::mutex m;
+  std::map<int, std::vector<float>> final_global;
+  std::map<int, bool> final_rounded;
+  bool joiner_started_rounded = false;
+  world.run([&](threads& comm) {
+    const int id = comm.rank();
+    std::vector<dc::bfloat16> w(n);
+    for (std::size_t i = 0; i < n; ++i) w[i] = dc::bfloat16::round(1.0f + 0.125f * static_cast<float>(i));
+    elastic_trainer t(w, comm, o);
+    std::size_t step = 0;
+    auto rounds = [&](elastic_trainer& tr, std::vector<dc::bfloat16>& x, int who, int count) {
+      for (int r = 0; r < count; ++r)
+        for (std::size_t s = 0; s < H; ++s, ++step) {
+          move(x, who, step);
+          REQUIRE(tr.step() == (s + 1 == H));
+        }
+    };
+    rounds(t, w, id, 2);
+    if (id == 2) {
+      t.leave();
+      return;
+    }
+    if (id == 0) {
+      world.spawn([&](threads& joiner) {
+        std::vector<dc::bfloat16> y(n, dc::bfloat16::round(-7.0f));  // replaced when admitted
+        elastic_trainer u(y, joiner, o);
+        std::size_t jstep = 0;
+        const bool started = rounded_global(u, y);
+        CHECK(u.world_size() == 3);
+        for (int r = 0; r < 2; ++r)
+          for (std::size_t s = 0; s < H; ++s, ++jstep) {
+            move(y, 5, jstep);
+            u.step();
+          }
+        const auto g = u.global_parameters();
+        std::lock_guard lock(m);
+        joiner_started_rounded = started;
+        final_global[5].assign(g.begin(), g.end());
+        final_rounded[5] = rounded_global(u, y);
+      });
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (world.waiting_joiners() == 0 && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      REQUIRE(world.waiting_joiners() == 1);
+    }
+    rounds(t, w, id, 1);  // round 3 with 0 and 1; the joiner is admitted at its end
+    rounds(t, w, id, 2);  // rounds 4, 5 with the joiner
+    CHECK(t.world_size() == 3);
+    CHECK(t.stats().membership_changes == 2);  // the leave and the join
+    const auto g = t.global_parameters();
+    std::lock_guard lock(m);
+    final_global[id].assign(g.begin(), g.end());
+    final_rounded[id] = rounded_global(t, w);
+  });
+  CHECK(joiner_started_rounded);
+  REQUIRE(final_global.size() == 3);
+  for (const auto& entry : final_global) {
+    const int id = entry.first;
+    CAPTURE(id);
+    CHECK(entry.second == final_global.begin()->second);
+    CHECK(final_rounded[id]);
+  }
 }
 
 // ------------------------------------------------------------ errors
