@@ -178,7 +178,8 @@ class ops<Codec, Space> {
                 "diloco: compress::topk runs on host tensors only; for device tensors use "
                 "compress::blockwise<format, B>, compress::cast<bf16|fp16> or "
                 "compress::chunk_topk<Chunk <= 4096, K, V>, optionally inside compress::error_feedback, "
-                "or compress::low_rank");
+                "or compress::low_rank; a codec of your own runs on device tensors when written as its "
+                "element-level form (compress::element_codec<E>, compress/element_codec.hpp)");
 
   // The checks that come before any buffer is sized.
   static void require(const parameter_set<float, Space>& params, int world) {

@@ -139,7 +139,13 @@ struct stochastic_rounding {
   ///@}
 };
 
-/// Codec ids on the wire.
+/// Codec ids on the wire (the segment header's byte 6). The values below are
+/// written into segments and never change. A codec defined outside the
+/// library declares its own id as `static constexpr codec_id id =
+/// static_cast<codec_id>(0x80 + n)`, from user_first up: the library never
+/// takes an id at or above user_first, and a receiver accepts only the id of
+/// the codec it was built with (wire::read_header), so two codecs that share
+/// an id are told apart by nothing but their block size and payload length.
 enum class codec_id : std::uint8_t {
   none = 0,
   bf16 = 1,
@@ -154,6 +160,8 @@ enum class codec_id : std::uint8_t {
   low_rank = 10,
   /// chunk_topk: 0x40 + the id of the format its values travel in.
   chunk_topk = 0x40,
+  /// The first id left to codecs defined outside the library (0x80 to 0xff).
+  user_first = 0x80,
 };
 
 /// The id of a block-wise format.

@@ -108,6 +108,19 @@ struct codec_elements {
   static constexpr bool supported = false;
 };
 
+/// A codec that carries its element-level form as `Codec::elements` (a codec
+/// written once as elements: compress/element_codec.hpp) serves the team
+/// programs through it; the form has the members the specialisations below
+/// have (block, group, scaled, stochastic, stride, code, factor, put_factor,
+/// factor_terms, terms, normal, encode_normal, encode, plain, decode_plain,
+/// decode, put_codes, codes).
+template <class Codec>
+  requires requires { typename Codec::elements; }
+struct codec_elements<Codec> : Codec::elements {
+  using codec = Codec;  ///< the codec
+  static constexpr bool supported = true;  ///< it has an element-level form
+};
+
 /// blockwise<Format, B>: a 4-byte factor (the block's amax), then the codes
 /// (Format::bits each, packed from the low bits of each byte).
 template <class Format, std::size_t B, class Rounding>

@@ -16,12 +16,12 @@ namespace diloco::kernels {
 /// fields lr, momentum, dampening, weight_decay, nesterov.
 template <class Options>
 void validate_sgd(const Options& o, const char* who) {
-  detail::require_non_negative(o.lr, detail::concat(who, ": lr").c_str());
-  detail::require_non_negative(o.momentum, detail::concat(who, ": momentum").c_str());
-  detail::require_non_negative(o.dampening, detail::concat(who, ": dampening").c_str());
-  detail::require_non_negative(o.weight_decay, detail::concat(who, ": weight_decay").c_str());
+  diloco::detail::require_non_negative(o.lr, diloco::detail::concat(who, ": lr").c_str());
+  diloco::detail::require_non_negative(o.momentum, diloco::detail::concat(who, ": momentum").c_str());
+  diloco::detail::require_non_negative(o.dampening, diloco::detail::concat(who, ": dampening").c_str());
+  diloco::detail::require_non_negative(o.weight_decay, diloco::detail::concat(who, ": weight_decay").c_str());
   if (o.nesterov && (o.momentum <= 0.0f || o.dampening != 0.0f))
-    detail::raise<config_error>(who, ": Nesterov momentum requires momentum > 0 and dampening == 0 (got momentum ",
+    diloco::detail::raise<config_error>(who, ": Nesterov momentum requires momentum > 0 and dampening == 0 (got momentum ",
                                 o.momentum, ", dampening ", o.dampening, ")");
 }
 
