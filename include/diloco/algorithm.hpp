@@ -46,6 +46,7 @@
 #include "diloco/optimizer.hpp"
 #include "diloco/tensor/argument_checks.hpp"
 #include "diloco/tensor/buffer.hpp"
+#include "diloco/tensor/host_outer_state.hpp"
 #include "diloco/tensor/low_precision.hpp"
 #include "diloco/sync/blocking.hpp"
 #include "diloco/sync/concepts.hpp"
@@ -115,6 +116,27 @@ class algorithm {
         init(std::span<std::remove_reference_t<Params>>(&params, 1), comm);
       } else {
         init(params, comm);
+      }
+    }
+  }
+
+  /// A device replica (fp32, bf16 or fp16 device tensors, or one) with
+  /// theta_global, the outer state and any residual in pinned host memory
+  /// (tensor/host_outer_state.hpp): the engine runs on the host over a
+  /// mirror of the replica that follows it at each round. inner::external
+  /// only; nvcc translation units (diloco/cuda.hpp).
+  template <class R>
+  algorithm(outer_state_on_host<R> wrapped, Comm& comm, options opts = {}) : opts_(opts) {
+    static_assert(external_inner<Inner>,
+                  "diloco::algorithm: outer state in host memory (outer_state_on_host) needs inner::external: "
+                  "the library's own inner optimizers step the engine's memory, and the engine is on the host");
+    using Arg = std::remove_reference_t<R>;
+    if constexpr (detail::parameter_tensors_ok<R>()) {
+      validate(comm);
+      if constexpr (detail::replica_element_tensor<Arg>) {
+        init_host_outer(std::span<Arg>(&wrapped.tensors, 1), comm);
+      } else {
+        init_host_outer(wrapped.tensors, comm);
       }
     }
   }
@@ -201,6 +223,10 @@ class algorithm {
   void leave() {
     with_mirror([&] { engine_->leave(); });
   }
+  /// How many passes have written the replica so far (merges, resets,
+  /// restores): a wrapper that keeps copies of the replica
+  /// (diloco::replicated) refreshes them when this moves.
+  std::uint64_t replica_writes() const { return engine_->replica_writes(); }
   /// True once leave() has taken this worker out of the group.
   bool left() const { return engine_->left(); }
   ///@{
@@ -596,7 +622,7 @@ class algorithm {
     // A low-precision replica follows what was restored (or kept).
     if (mirror_) mirror_->pull();
     struct push_after {
-      detail::low_precision_mirror* m;
+      detail::replica_mirror* m;
       ~push_after() noexcept(false) {
         if (m && std::uncaught_exceptions() == 0) m->push();
       }
@@ -781,13 +807,34 @@ class algorithm {
                                                                                opts_.device_stream);
       replica_element_ = low_precision_name_v<E>;
       init_engine(mirror->views(), comm);
-      mirror_ = std::move(mirror);
-      engine_->set_replica_access([m = mirror_.get()] { m->pull(); });
-      written_ = engine_->replica_writes();
-      mirror_->push();  // an elastic joiner's replica came from theta_global
+      attach_mirror(std::move(mirror));
     } else {
       init_engine(params, comm);
     }
+  }
+
+  template <class R>
+  void init_host_outer(R&& params, Comm& comm) {
+    using Space = tensor_space_t<std::ranges::range_reference_t<R>>;
+    using E = std::remove_const_t<tensor_value_t<std::ranges::range_reference_t<R>>>;
+    static_assert(std::same_as<Space, device_space>,
+                  "diloco::algorithm: outer_state_on_host is for device tensors (the outer state of host tensors "
+                  "is in host memory already)");
+    std::vector<tensor_view<E, device_space>> views;
+    for (auto&& t : params) views.emplace_back(tensor_data(t), tensor_size(t));
+    auto mirror = std::make_unique<detail::host_outer_mirror<E>>(std::move(views), opts_.device_stream);
+    if constexpr (is_low_precision_v<E>) replica_element_ = low_precision_name_v<E>;
+    init_engine(mirror->views(), comm);
+    attach_mirror(std::move(mirror));
+  }
+
+  // The engine runs over a mirror of the user's tensors: it reads them
+  // before a call's first replica pass, and they follow each write.
+  void attach_mirror(std::unique_ptr<detail::replica_mirror> mirror) {
+    mirror_ = std::move(mirror);
+    engine_->set_replica_access([m = mirror_.get()] { m->pull(); });
+    written_ = engine_->replica_writes();
+    mirror_->push();  // an elastic joiner's replica came from theta_global
   }
 
   template <class R>
@@ -835,7 +882,7 @@ class algorithm {
 
   options opts_;
   std::vector<std::size_t> tensor_elements_;  ///< the parameters' sizes, for checkpoint headers
-  std::unique_ptr<detail::low_precision_mirror> mirror_;  ///< a bf16/fp16 replica's fp32 mirror (else null)
+  std::unique_ptr<detail::replica_mirror> mirror_;  ///< the engine's mirror of the user's tensors (bf16/fp16, host outer state), else null
   std::string replica_element_;                             ///< "bf16" or "fp16" for such a replica, else empty
   std::uint64_t written_ = 0;                               ///< engine_->replica_writes() at the last push
   std::unique_ptr<detail::engine_base> engine_;

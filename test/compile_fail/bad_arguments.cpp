@@ -25,6 +25,11 @@ void train(dc::comm::threads& comm) {
   std::vector<dc::bfloat16> half(2);
   dc::algorithm<dc::inner::external, dc::outer::nesterov, dc::compress::none, dc::comm::threads> t(half, comm);
   t.step();
+#elif defined(CASE_host_outer_of_host_tensors)
+  dc::algorithm<dc::inner::external, dc::outer::nesterov, dc::compress::none, dc::comm::threads> t(
+      dc::outer_state_on_host(w), comm);
+#elif defined(CASE_host_outer_internal_inner)
+  trainer t(dc::outer_state_on_host(w), comm);
 #elif defined(CASE_int_gradients)
   std::vector<int> counts(2, 1);
   trainer t(w, comm);

@@ -432,3 +432,43 @@ TEST_CASE("gpu: a bf16 replica in device memory follows the same run over host m
   }
   CHECK(differ < n / 20);
 }
+
+// Outer state in host memory (tensor/host_outer_state.hpp): the same
+// wrapper-mode run with theta_global and the outer state in pinned host
+// memory gives the device-resident run's bits (the same functors on both
+// sides), for an fp32 replica.
+TEST_CASE("gpu: outer_state_on_host gives the device-resident outer state's bits") {
+  constexpr std::size_t n = 4099;
+  constexpr int steps = 12;
+  using T = dc::algorithm<dc::inner::external, dc::outer::nesterov, dc::compress::none, dc::comm::local>;
+  const dc::algorithm_options<dc::inner::external, dc::outer::nesterov, dc::compress::none, dc::sync::blocking> o{
+      .inner_steps = 4};
+  std::vector<float> start(n);
+  for (std::size_t i = 0; i < n; ++i) start[i] = std::sin(0.01f * static_cast<float>(i));
+  thrust::device_vector<float> a(start.begin(), start.end()), b(start.begin(), start.end());
+  std::vector<float> host(n);
+  auto user_step = [&](thrust::device_vector<float>& w, int s) {  // the user's optimizer, on the host here
+    thrust::copy(w.begin(), w.end(), host.begin());
+    for (std::size_t i = 0; i < n; ++i) host[i] = host[i] * 0.99f + 0.001f * static_cast<float>((i + static_cast<std::size_t>(s)) % 5);
+    thrust::copy(host.begin(), host.end(), w.begin());
+  };
+  dc::comm::local comm;
+  {
+    T resident(a, comm, o);
+    T on_host(dc::outer_state_on_host(b), comm, o);
+    for (int s = 0; s < steps; ++s) {
+      user_step(a, s);
+      resident.step();
+      user_step(b, s);
+      on_host.step();
+    }
+    std::vector<float> ga(n);
+    resident.copy_global_to(ga);
+    const auto gb = on_host.global_parameters();
+    CHECK(std::memcmp(ga.data(), gb.data(), n * sizeof(float)) == 0);
+  }
+  std::vector<float> ra(n), rb(n);
+  thrust::copy(a.begin(), a.end(), ra.begin());
+  thrust::copy(b.begin(), b.end(), rb.begin());
+  CHECK(std::memcmp(ra.data(), rb.data(), n * sizeof(float)) == 0);
+}

@@ -164,9 +164,9 @@ struct inf_codes {
 
 /// The mirror of a low-precision replica, behind the interface the front end
 /// (algorithm.hpp) calls, whatever the element type and memory space.
-class low_precision_mirror {
+class replica_mirror {
  public:
-  virtual ~low_precision_mirror() = default;
+  virtual ~replica_mirror() = default;
   /// S from the replica tensors, before the engine reads it.
   virtual void pull() = 0;
   /// The replica tensors from S, after the engine wrote it; raises
@@ -177,7 +177,7 @@ class low_precision_mirror {
 /// The mirror of a replica of T tensors in memory of `Space`, its passes run
 /// by that space's executor (on `stream` for the device: the engine's).
 template <class T, class Space>
-class low_precision_mirror_on final : public low_precision_mirror {
+class low_precision_mirror_on final : public replica_mirror {
   static_assert(is_low_precision_v<T>);
   static constexpr bool host = std::is_same_v<Space, host_space>;
   using executor = typename executor_for<Space>::type;
