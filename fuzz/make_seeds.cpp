@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include <diloco/compress/segment.hpp>
+#include <diloco/codec/segment.hpp>
 
 #include "codecs.hpp"
 

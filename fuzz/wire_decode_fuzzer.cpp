@@ -14,7 +14,7 @@
 #include <algorithm>
 #include <cstring>
 #include <diloco/diloco.hpp>
-#include <diloco/compress/segment.hpp>
+#include <diloco/codec/segment.hpp>
 #include <vector>
 
 #include "codecs.hpp"

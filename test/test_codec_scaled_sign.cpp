@@ -2,7 +2,7 @@
 // The compressor axis is open: a codec defined in this file alone, a 1-bit
 // scaled sign (every element travels as its sign, a block as one fp32 scale,
 // its largest magnitude), written once as its element-level form
-// (compress/element_codec.hpp), runs
+// (codec/element_codec.hpp), runs
 //   - through the host compressed mean (threads communicator, 2 to 4
 //     workers, error feedback), and
 //   - through the device compressed mean, whose team programs
@@ -24,7 +24,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <diloco/compress/element_codec.hpp>
+#include <diloco/codec/element_codec.hpp>
 #include <diloco/diloco.hpp>
 #include <random>
 #include <type_traits>

@@ -11,7 +11,7 @@
 // checksums and headers) all run here.
 //
 // References: the host reference functors (kernels/compressed_passes.hpp),
-// the host checksum and validation (compress/wire_format.hpp, segment.hpp)
+// the host checksum and validation (codec/wire_format.hpp, segment.hpp)
 // and the host engine, itself tested against the codecs' definitions in
 // test_compressed_mean.cpp. The device path promises the same bits: the same
 // wire bytes (headers and norms included), theta_global, replicas and

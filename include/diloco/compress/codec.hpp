@@ -1,44 +1,22 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+// The lossy compressor policies' concepts (a policy that travels as block
+// codec segments, or has a reducer of its own); the block codec itself is
+// the codec layer's (codec/block_codec.hpp).
+
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
-#include "diloco/compress/formats.hpp"
+#include "diloco/codec/block_codec.hpp"
+#include "diloco/codec/formats.hpp"
 #include "diloco/core/macros.hpp"
 
 DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress {
-
-/// The shape every lossy codec has. A codec works on blocks: a block of up to
-/// `block` consecutive elements of one tensor is encoded into a fixed
-/// `stride` of bytes (a partial block at a tensor's end keeps the stride), so
-/// any block's bytes are found by index, blocks encode in parallel, and the
-/// CUDA backend can give each block to a thread block.
-///
-/// ```
-/// codec.encode(v, len, out, dq, stream, index0)  v[0, len) -> out[0, stride);
-///                                                 dq receives decode(out)
-/// codec.decode(in, len, dq)                       in -> dq[0, len)
-/// codec.check(in, len) -> const char*             nullptr if the block's
-///                                                 bytes are well formed,
-///                                                 else what is wrong
-/// ```
-/// `stream` and `index0 + j` seed stochastic rounding of element j.
-template <class C>
-concept block_codec = std::is_trivially_copyable_v<C> &&
-                      requires(const C& c, const float* v, float* dq, std::byte* out, const std::byte* in,
-                               std::size_t n, std::uint64_t s) {
-                        { C::block } -> std::convertible_to<std::size_t>;
-                        { C::id } -> std::convertible_to<codec_id>;
-                        { c.stride() } -> std::convertible_to<std::size_t>;
-                        { c.encode(v, n, out, dq, s, s) };
-                        { c.decode(in, n, dq) };
-                        { c.check(in, n) } -> std::convertible_to<const char*>;
-                      };
 
 /// A lossy compressor policy: options, validation, its block codec type
 /// `codec` and the codec built from the options, whether its rounding is
@@ -70,21 +48,9 @@ constexpr bool declares_own_reducer_v = [] {
 }();
 
 namespace stand_in {
-// Types that satisfy block_codec and lossy_compressor (declared only, for
-// the concepts' unevaluated checks).
+// A type that satisfies lossy_compressor (declared only, for the concepts
+// unevaluated checks); codec/block_codec.hpp has its block codec.
 
-/// A block codec in name only (block_codec's requirements, declared).
-struct any_block_codec {
-  static constexpr std::size_t block = 1;         ///< elements per block
-  static constexpr codec_id id = codec_id::none;  ///< a codec id
-  ///@{
-  /// block_codec's operations, declared only.
-  std::size_t stride() const;
-  void encode(const float*, std::size_t, std::byte*, float*, std::uint64_t, std::uint64_t) const;
-  void decode(const std::byte*, std::size_t, float*) const;
-  const char* check(const std::byte*, std::size_t) const;
-  ///@}
-};
 /// A lossy compressor in name only (lossy_compressor's requirements, declared).
 struct any_lossy_compressor {
   struct options {};

@@ -13,12 +13,12 @@
 #include <utility>
 #include <vector>
 
-#include "diloco/compress/block_layout.hpp"
+#include "diloco/codec/block_layout.hpp"
 #include "diloco/compress/codec.hpp"
 #include "diloco/compress/device_segments.hpp"
 #include "diloco/compress/round_state.hpp"
-#include "diloco/compress/segment.hpp"
-#include "diloco/compress/wire_format.hpp"
+#include "diloco/codec/segment.hpp"
+#include "diloco/codec/wire_format.hpp"
 #include "diloco/core/comm_types.hpp"
 #include "diloco/core/error.hpp"
 #include "diloco/core/memory_space.hpp"
@@ -26,7 +26,7 @@
 #include "diloco/kernels/codec_elements.hpp"
 #include "diloco/kernels/compressed_blocks.hpp"
 #include "diloco/kernels/compressed_passes.hpp"
-#include "diloco/kernels/random.hpp"
+#include "diloco/core/random.hpp"
 #include "diloco/kernels/vec4.hpp"
 #include "diloco/kernels/wire_passes.hpp"
 #include "diloco/tensor/buffer.hpp"
@@ -179,7 +179,7 @@ class ops<Codec, Space> {
                 "compress::blockwise<format, B>, compress::cast<bf16|fp16> or "
                 "compress::chunk_topk<Chunk <= 4096, K, V>, optionally inside compress::error_feedback, "
                 "or compress::low_rank; a codec of your own runs on device tensors when written as its "
-                "element-level form (compress::element_codec<E>, compress/element_codec.hpp)");
+                "element-level form (compress::element_codec<E>, codec/element_codec.hpp)");
 
   // The checks that come before any buffer is sized.
   static void require(const parameter_set<float, Space>& params, int world) {

@@ -16,10 +16,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "diloco/compress/block_layout.hpp"
+#include "diloco/codec/block_layout.hpp"
 #include "diloco/compress/round_state.hpp"
-#include "diloco/compress/segment.hpp"
-#include "diloco/compress/wire_format.hpp"
+#include "diloco/codec/segment.hpp"
+#include "diloco/codec/wire_format.hpp"
 #include "diloco/core/error.hpp"
 #include "diloco/exec/host.hpp"
 #include "diloco/kernels/compressed_passes.hpp"

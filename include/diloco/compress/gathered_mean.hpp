@@ -13,17 +13,17 @@
 #include <utility>
 #include <vector>
 
-#include "diloco/compress/block_layout.hpp"
+#include "diloco/codec/block_layout.hpp"
 #include "diloco/compress/codec.hpp"
 #include "diloco/compress/device_segments.hpp"
 #include "diloco/compress/round_state.hpp"
-#include "diloco/compress/segment.hpp"
-#include "diloco/compress/wire_format.hpp"
+#include "diloco/codec/segment.hpp"
+#include "diloco/codec/wire_format.hpp"
 #include "diloco/core/error.hpp"
 #include "diloco/core/memory_space.hpp"
 #include "diloco/exec/cuda/team_plan.hpp"
 #include "diloco/kernels/compressed_passes.hpp"
-#include "diloco/kernels/random.hpp"
+#include "diloco/core/random.hpp"
 #include "diloco/kernels/topk_blocks.hpp"
 #include "diloco/tensor/buffer.hpp"
 #include "diloco/tensor/parameter_set.hpp"

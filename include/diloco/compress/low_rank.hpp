@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "diloco/compress/device_segments.hpp"
-#include "diloco/compress/formats.hpp"
+#include "diloco/codec/formats.hpp"
 #include "diloco/compress/round_state.hpp"
-#include "diloco/compress/segment.hpp"
-#include "diloco/compress/wire_format.hpp"
+#include "diloco/codec/segment.hpp"
+#include "diloco/codec/wire_format.hpp"
 #include "diloco/core/error.hpp"
 #include "diloco/core/memory_space.hpp"
 #include "diloco/exec/cuda/team_plan.hpp"
@@ -24,7 +24,7 @@
 #include "diloco/kernels/low_rank_passes.hpp"
 #include "diloco/kernels/merge.hpp"
 #include "diloco/kernels/pseudo_gradient.hpp"
-#include "diloco/kernels/random.hpp"
+#include "diloco/core/random.hpp"
 #include "diloco/kernels/wire_passes.hpp"
 #include "diloco/tensor/buffer.hpp"
 #include "diloco/tensor/parameter_set.hpp"

@@ -18,10 +18,10 @@
 #include <utility>
 #include <vector>
 
-#include "diloco/compress/wire_format.hpp"
+#include "diloco/codec/wire_format.hpp"
 #include "diloco/core/error.hpp"
 #include "diloco/core/memory_space.hpp"
-#include "diloco/kernels/random.hpp"
+#include "diloco/core/random.hpp"
 #include "diloco/tensor/buffer.hpp"
 #include "diloco/tensor/tensor_traits.hpp"
 #include "diloco/core/macros.hpp"

@@ -29,7 +29,7 @@
 // same pass (workers of both kinds may share a round, and the host tests
 // replay the device code), so a product followed by a sum must round twice
 // on both:
-//   - on the GPU the functors spell their operations (kernels/exact_float.hpp:
+//   - on the GPU the functors spell their operations (core/exact_float.hpp:
 //     __fmul_rn, __fadd_rn, ..., which nvcc never fuses);
 //   - on the host, where those are the plain operators, the library's
 //     arithmetic headers sit between DILOCO_EXACT_FP_BEGIN and
@@ -42,7 +42,7 @@
 //     definition it fuses "disregarding pragmas", so under Clang leave
 //     contraction at its default (on, which the pragma governs) or off. Your
 //     own policies' arithmetic compiles with your flags: spell it with
-//     kernels/exact_float.hpp, or build with -ffp-contract=off, where bits
+//     core/exact_float.hpp, or build with -ffp-contract=off, where bits
 //     must match across machines.
 #if defined(__CUDA_ARCH__)
 #define DILOCO_EXACT_FP_BEGIN

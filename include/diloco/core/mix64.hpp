@@ -3,7 +3,7 @@
 
 // SplitMix64's finalizer, the one 64-bit mix of the library: the wire
 // checksum (core/checksum.hpp) and the counter-based random streams
-// (kernels/random.hpp, which names it kernels::mix64) use it.
+// (core/random.hpp, which names it kernels::mix64) use it.
 
 #include <cstdint>
 

@@ -4,7 +4,7 @@
 #include <cstddef>
 
 #include "diloco/core/macros.hpp"
-#include "diloco/kernels/exact_float.hpp"
+#include "diloco/core/exact_float.hpp"
 
 DILOCO_EXACT_FP_BEGIN
 
@@ -33,7 +33,7 @@ struct adamw_update {
 
   /// One element: p and its gradient g; the first moment at s[0], the second at s[stride].
   DILOCO_HD DILOCO_FORCEINLINE void operator()(float& p, float g, float* s, std::size_t stride) const {
-    // Each operation rounded on its own (kernels/exact_float.hpp), so the
+    // Each operation rounded on its own (core/exact_float.hpp), so the
     // GPU gives the host's bits.
     p = mul_rn(p, decay);
     const float m = add_rn(s[0], mul_rn(one_minus_beta1, sub_rn(g, s[0])));

@@ -18,11 +18,11 @@
 #include <cstdint>
 #include <cstring>
 
-#include "diloco/compress/blockwise.hpp"
-#include "diloco/compress/cast.hpp"
+#include "diloco/codec/blockwise.hpp"
+#include "diloco/codec/cast.hpp"
 #include "diloco/core/macros.hpp"
-#include "diloco/kernels/float_formats.hpp"
-#include "diloco/kernels/quantize.hpp"
+#include "diloco/codec/float_formats.hpp"
+#include "diloco/codec/quantize.hpp"
 
 DILOCO_EXACT_FP_BEGIN
 
@@ -109,7 +109,7 @@ struct codec_elements {
 };
 
 /// A codec that carries its element-level form as `Codec::elements` (a codec
-/// written once as elements: compress/element_codec.hpp) serves the team
+/// written once as elements: codec/element_codec.hpp) serves the team
 /// programs through it; the form has the members the specialisations below
 /// have (block, group, scaled, stochastic, stride, code, factor, put_factor,
 /// factor_terms, terms, normal, encode_normal, encode, plain, decode_plain,

@@ -7,7 +7,7 @@
 // with 16-byte accesses where the pointers allow. They are the device form
 // of kernels/compressed_passes.hpp (the host reference) and produce the
 // same bytes and the same fp32 results: every element goes through the same
-// float operations (kernels/codec_elements.hpp, with kernels/exact_float.hpp
+// float operations (kernels/codec_elements.hpp, with core/exact_float.hpp
 // where nvcc could fuse a product into a sum).
 //
 // A team program P runs, for each block b, on P::team threads t:
@@ -29,14 +29,14 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "diloco/compress/block_layout.hpp"
+#include "diloco/codec/block_layout.hpp"
 #include "diloco/core/macros.hpp"
 #include "diloco/kernels/codec_elements.hpp"
 #include "diloco/kernels/compressed_passes.hpp"
-#include "diloco/kernels/exact_float.hpp"
-#include "diloco/kernels/float_formats.hpp"
+#include "diloco/core/exact_float.hpp"
+#include "diloco/codec/float_formats.hpp"
 #include "diloco/kernels/merge.hpp"
-#include "diloco/kernels/random.hpp"
+#include "diloco/core/random.hpp"
 #include "diloco/kernels/vec4.hpp"
 
 DILOCO_EXACT_FP_BEGIN

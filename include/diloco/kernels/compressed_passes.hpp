@@ -2,7 +2,7 @@
 #pragma once
 
 // The fused passes of a compressed round, one functor call per codec block
-// (see compress/codec.hpp and compress/compressed_mean.hpp). Each reads its
+// (see codec/block_codec.hpp and compress/compressed_mean.hpp). Each reads its
 // block's elements straight from the parameter tensors and writes straight
 // into wire segments, so no fp32 copy of the pseudo-gradient is ever made.
 
@@ -10,10 +10,10 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "diloco/compress/block_layout.hpp"
+#include "diloco/codec/block_layout.hpp"
 #include "diloco/core/macros.hpp"
 #include "diloco/kernels/eager_block.hpp"
-#include "diloco/kernels/exact_float.hpp"
+#include "diloco/core/exact_float.hpp"
 #include "diloco/kernels/host_simd.hpp"
 #include "diloco/kernels/merge.hpp"
 #include "diloco/kernels/sgd_update.hpp"

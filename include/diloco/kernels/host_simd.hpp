@@ -34,8 +34,8 @@
 #include <cstring>
 #include <type_traits>
 
-#include "diloco/compress/blockwise.hpp"
-#include "diloco/compress/formats.hpp"
+#include "diloco/codec/blockwise.hpp"
+#include "diloco/codec/formats.hpp"
 #include "diloco/core/macros.hpp"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && \

@@ -4,7 +4,7 @@
 // The passes of the low-rank round (compress/low_rank.hpp) as DILOCO_HD
 // functors, run by the engine's executor: in parallel on the host, on the
 // GPU by exec::cuda, with the same bits (every product and sum rounded on
-// its own: kernels/exact_float.hpp; every sum taken in one fixed order, one
+// its own: core/exact_float.hpp; every sum taken in one fixed order, one
 // output per item). Matrices are row-major rows x cols; P is rows x r, Q is
 // cols x r. The element passes take one tensor at a time; the
 // orthonormalisation's passes take every matrix of the fragment at once.
@@ -14,7 +14,7 @@
 #include <cstdint>
 
 #include "diloco/core/macros.hpp"
-#include "diloco/kernels/exact_float.hpp"
+#include "diloco/core/exact_float.hpp"
 #include "diloco/kernels/merge.hpp"
 
 DILOCO_EXACT_FP_BEGIN

@@ -11,7 +11,7 @@
 #include <cstddef>
 
 #include "diloco/core/macros.hpp"
-#include "diloco/kernels/exact_float.hpp"
+#include "diloco/core/exact_float.hpp"
 
 DILOCO_EXACT_FP_BEGIN
 

@@ -7,7 +7,7 @@
 
 #include "diloco/core/macros.hpp"
 #include "diloco/kernels/eager_block.hpp"
-#include "diloco/kernels/exact_float.hpp"
+#include "diloco/core/exact_float.hpp"
 #include "diloco/kernels/merge.hpp"
 #include "diloco/kernels/vec4.hpp"
 

@@ -4,7 +4,7 @@
 #include <cstddef>
 
 #include "diloco/core/macros.hpp"
-#include "diloco/kernels/exact_float.hpp"
+#include "diloco/core/exact_float.hpp"
 #include "diloco/kernels/vec4.hpp"
 
 DILOCO_EXACT_FP_BEGIN

@@ -4,7 +4,7 @@
 #include <cstddef>
 
 #include "diloco/core/macros.hpp"
-#include "diloco/kernels/exact_float.hpp"
+#include "diloco/core/exact_float.hpp"
 
 DILOCO_EXACT_FP_BEGIN
 
@@ -47,7 +47,7 @@ struct sgd_update {
   /// The element math, with whether to apply weight decay and momentum
   /// given: sgd_update_fixed passes constants, which leave no branch.
   DILOCO_HD DILOCO_FORCEINLINE void step(float& p, float g, float* s, bool decay, bool with_momentum) const {
-    // Each operation rounded on its own (kernels/exact_float.hpp), so the
+    // Each operation rounded on its own (core/exact_float.hpp), so the
     // GPU gives the host's bits.
     if (decay) g = add_rn(g, mul_rn(weight_decay, p));
     if (with_momentum) {

@@ -4,13 +4,13 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "diloco/compress/block_layout.hpp"
-#include "diloco/compress/chunk_topk.hpp"
+#include "diloco/codec/block_layout.hpp"
+#include "diloco/codec/chunk_topk.hpp"
 #include "diloco/core/macros.hpp"
 #include "diloco/kernels/compressed_blocks.hpp"
-#include "diloco/kernels/exact_float.hpp"
+#include "diloco/core/exact_float.hpp"
 #include "diloco/kernels/merge.hpp"
-#include "diloco/kernels/random.hpp"
+#include "diloco/core/random.hpp"
 
 DILOCO_EXACT_FP_BEGIN
 

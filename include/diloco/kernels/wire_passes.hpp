@@ -12,12 +12,12 @@
 #include <cstdint>
 #include <cstring>
 
-#include "diloco/compress/block_layout.hpp"
-#include "diloco/compress/wire_format.hpp"
+#include "diloco/codec/block_layout.hpp"
+#include "diloco/codec/wire_format.hpp"
 #include "diloco/core/macros.hpp"
 #include "diloco/kernels/codec_elements.hpp"
 #include "diloco/kernels/compressed_passes.hpp"
-#include "diloco/kernels/random.hpp"
+#include "diloco/core/random.hpp"
 
 DILOCO_EXACT_FP_BEGIN
 

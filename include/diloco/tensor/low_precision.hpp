@@ -59,7 +59,7 @@
 #include "diloco/exec/executor_for.hpp"
 #include "diloco/exec/host.hpp"
 #include "diloco/tensor/buffer.hpp"
-#include "diloco/kernels/float_formats.hpp"
+#include "diloco/codec/float_formats.hpp"
 #include "diloco/tensor/parameter_set.hpp"
 #include "diloco/tensor/tensor_traits.hpp"
 

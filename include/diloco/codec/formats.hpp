@@ -11,7 +11,7 @@ namespace diloco {
 // Number formats a pseudo-gradient can travel in, named by what they are.
 // The formats of block-wise codecs carry values relative to a per-block
 // scale: `levels` is the format's largest magnitude, which the block's
-// largest magnitude maps to. kernels/grids.hpp rounds onto each format's
+// largest magnitude maps to. codec/grids.hpp rounds onto each format's
 // values; docs/algorithms.md tables them.
 //
 // Integer formats are symmetric: `levels` is the largest |q|.

@@ -3,14 +3,14 @@
 
 // Reading a received segment: the header against what is expected, the
 // checksum, then the structure of every codec block, before anything is
-// decoded (compress/wire_format.hpp has the layout).
+// decoded (codec/wire_format.hpp has the layout).
 
 #include <cstddef>
 #include <span>
 
-#include "diloco/compress/block_layout.hpp"
-#include "diloco/compress/codec.hpp"
-#include "diloco/compress/wire_format.hpp"
+#include "diloco/codec/block_layout.hpp"
+#include "diloco/codec/block_codec.hpp"
+#include "diloco/codec/wire_format.hpp"
 #include <cstring>
 
 #include "diloco/core/error.hpp"

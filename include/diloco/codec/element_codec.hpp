@@ -5,7 +5,7 @@
 // (kernels/compressed_blocks.hpp) code a block element by element through
 // the codec's element-level form (kernels/codec_elements.hpp);
 // element_codec<E> builds from the same form the block codec the host
-// passes call (compress/codec.hpp's block_codec: encode, decode, check), so
+// passes call (codec/block_codec.hpp's block_codec: encode, decode, check), so
 // each element goes through the same float operations on both and the wire
 // carries the same bytes. A codec outside the library is one such form
 // plus a policy (test/test_codec_scaled_sign.cpp: a 1-bit scaled sign).
@@ -38,11 +38,11 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "diloco/compress/codec.hpp"
-#include "diloco/compress/formats.hpp"
+#include "diloco/codec/block_codec.hpp"
+#include "diloco/codec/formats.hpp"
 #include "diloco/core/macros.hpp"
-#include "diloco/kernels/quantize.hpp"
-#include "diloco/kernels/random.hpp"
+#include "diloco/codec/quantize.hpp"
+#include "diloco/core/random.hpp"
 
 DILOCO_EXACT_FP_BEGIN
 

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <span>
 
-#include "diloco/compress/formats.hpp"
+#include "diloco/codec/formats.hpp"
 #include "diloco/core/checksum.hpp"
 #include "diloco/core/error.hpp"
 #include "diloco/core/macros.hpp"

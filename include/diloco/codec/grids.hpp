@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// The value grids of the block-wise formats (compress/formats.hpp): where a
+// The value grids of the block-wise formats (codec/formats.hpp): where a
 // value y, already divided by the block's scale (so |y| <= levels), lands,
 // and the bits that say so. Each grid gives
 //
@@ -20,10 +20,10 @@
 
 #include <cstdint>
 
-#include "diloco/compress/formats.hpp"
+#include "diloco/codec/formats.hpp"
 #include "diloco/core/macros.hpp"
-#include "diloco/kernels/exact_float.hpp"
-#include "diloco/kernels/float_formats.hpp"
+#include "diloco/core/exact_float.hpp"
+#include "diloco/codec/float_formats.hpp"
 
 DILOCO_EXACT_FP_BEGIN
 
@@ -32,7 +32,7 @@ namespace diloco::kernels {
 /// Round to nearest even by the 1.5 * 2^23 trick: exact for |y| < 2^22, and
 /// plain adds, so loops vectorize on any SIMD level and host and device agree
 /// bit for bit. The first add is add_rn so that nvcc cannot fuse it with the
-/// product that usually computes y (kernels/exact_float.hpp).
+/// product that usually computes y (core/exact_float.hpp).
 DILOCO_HD DILOCO_FORCEINLINE float round_even(float y) {
   constexpr float magic = 12582912.0f;
   return add_rn(y, magic) - magic;
@@ -51,7 +51,7 @@ struct int_grid {
   /// The largest |q|: 127 for int8, 7 for int4.
   float levels;
   ///@{
-  /// The grid's operations (the table atop kernels/grids.hpp): the grid value for y, the code
+  /// The grid's operations (the table atop codec/grids.hpp): the grid value for y, the code
   /// of a grid value, the value of a code, whether a code is ever written, and what a code
   /// never written is.
   template <bool Stochastic>
@@ -77,7 +77,7 @@ struct int2_grid {
   /// The largest |q|.
   static constexpr float levels = 3.0f;
   ///@{
-  /// The grid's operations (the table atop kernels/grids.hpp): the grid value for y, the code
+  /// The grid's operations (the table atop codec/grids.hpp): the grid value for y, the code
   /// of a grid value, the value of a code, whether a code is ever written (all are), and what a
   /// code never written is (none).
   template <bool Stochastic>
@@ -143,7 +143,7 @@ struct minifloat_grid {
   }
 
   ///@{
-  /// The grid's operations (the table atop kernels/grids.hpp): the grid value for y, the code
+  /// The grid's operations (the table atop codec/grids.hpp): the grid value for y, the code
   /// of a grid value, the value of a code, whether a code is ever written, and what a code
   /// never written is.
   template <bool Stochastic>

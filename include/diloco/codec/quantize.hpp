@@ -2,7 +2,7 @@
 #pragma once
 
 // Block-wise quantization of one block onto a format's grid
-// (kernels/grids.hpp): q = round(v * L / amax) with one fp32 factor per
+// (codec/grids.hpp): q = round(v * L / amax) with one fp32 factor per
 // block (amax, the block's largest magnitude), dequantized as q * (amax / L),
 // where L is the grid's largest value (127 for int8, 7 for int4, 3 for int2,
 // 448 for fp8_e4m3, ...). Round to nearest gives |v - dq| <= half the grid's
@@ -14,8 +14,8 @@
 #include <cstring>
 
 #include "diloco/core/macros.hpp"
-#include "diloco/kernels/exact_float.hpp"
-#include "diloco/kernels/grids.hpp"
+#include "diloco/core/exact_float.hpp"
+#include "diloco/codec/grids.hpp"
 
 DILOCO_EXACT_FP_BEGIN
 

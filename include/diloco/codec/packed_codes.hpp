@@ -17,7 +17,7 @@
 #include <cstring>
 
 #include "diloco/core/macros.hpp"
-#include "diloco/kernels/grids.hpp"
+#include "diloco/codec/grids.hpp"
 
 DILOCO_EXACT_FP_BEGIN
 

@@ -1,0 +1,354 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "diloco/codec/blockwise.hpp"
+#include "diloco/codec/block_codec.hpp"
+#include "diloco/codec/formats.hpp"
+#include "diloco/core/error.hpp"
+#include "diloco/core/macros.hpp"
+#include "diloco/codec/grids.hpp"
+#include "diloco/codec/quantize.hpp"
+#include "diloco/core/random.hpp"
+
+DILOCO_EXACT_FP_BEGIN
+
+namespace diloco::compress {
+
+namespace detail_bits {
+
+// ceil(log2 n) for n >= 2.
+constexpr int ceil_log2(std::size_t n) {
+  int b = 0;
+  while ((std::size_t{1} << b) < n) ++b;
+  return b;
+}
+
+// `bits`-bit field number `i` of a little-endian bit stream.
+DILOCO_HD inline unsigned get_field(const std::byte* p, std::size_t i, int bits) {
+  const std::size_t bit = i * static_cast<std::size_t>(bits);
+  std::uint32_t w = 0;
+  const std::size_t first = bit / 8, last = (bit + static_cast<std::size_t>(bits) - 1) / 8;
+  for (std::size_t b = first; b <= last; ++b) w |= static_cast<std::uint32_t>(p[b]) << (8 * (b - first));
+  return (w >> (bit % 8)) & ((1u << bits) - 1u);
+}
+// Ors field `i` in (the stream starts zeroed).
+inline void or_field(std::byte* p, std::size_t i, int bits, unsigned v) {
+  const std::size_t bit = i * static_cast<std::size_t>(bits);
+  std::uint32_t w = static_cast<std::uint32_t>(v) << (bit % 8);
+  for (std::size_t b = bit / 8; w != 0; ++b, w >>= 8) p[b] |= static_cast<std::byte>(w & 0xffu);
+}
+
+// Stochastic rounding's draw for selected entry e (element index0 +
+// idx[e]), and none: functors rather than lambdas, which nvcc would make
+// host-only inside this host function.
+struct draw_at {
+  std::uint64_t stream, index0;
+  const std::uint64_t* idx;
+  DILOCO_HD float operator()(std::size_t e) const { return kernels::random_unit(stream, index0 + idx[e]); }
+};
+struct no_draw {
+  DILOCO_HD float operator()(std::size_t) const { return 0.0f; }
+};
+
+}  // namespace detail_bits
+
+/// SparseLoCo's compressor (arXiv 2508.15706): per chunk of `Chunk`
+/// consecutive elements keep the K largest magnitudes, their values
+/// quantized to `Values` (int2, int4, int8, fp8_e4m3, ...) against the
+/// chunk's largest magnitude, their positions packed in ceil(log2 Chunk)
+/// bits. With error_feedback (options.decay = beta, SparseLoCo uses 0.95)
+/// what is not sent is carried over: r <- beta (r + delta - sent).
+///
+/// Chunk layout (the codec block), fixed stride:
+/// ```
+/// offset 0            fp32 amax: the chunk's largest magnitude (always kept)
+/// 4                   K value codes, Values::bits each, packed from the low bits
+/// 4 + ceil(K*vb/8)    K positions, I = ceil(log2 Chunk) bits each, packed
+///                     from the low bits, strictly increasing
+/// ```
+/// A partial chunk of len < K elements sends len entries; unused entries
+/// and padding bits are zero. Bytes per parameter at Chunk 4096, K 64, int2:
+/// (4 + 16 + 96) / 4096 = 0.0283.
+///
+/// Which elements: the K largest |v|, ties to the lower index; NaN counts as
+/// the largest magnitude so it is never hidden (the chunk's amax is then
+/// NaN and the round is refused). Aggregation is sparse: the reducer
+/// all-gathers every rank's segment and each rank sums the decoded chunks in
+/// fp32 in rank order (reduce/gathered.hpp); re-encoding a mean of sparse
+/// vectors would only lose more.
+///
+/// Encoding on the host selects with nth_element over the chunk; the device
+/// form (kernels/topk_blocks.hpp) runs a radix select in shared memory per
+/// chunk and gives the same bytes.
+template <std::size_t Chunk, std::size_t K, class Values, class Rounding>
+struct chunk_topk_codec {
+  static_assert(Chunk >= 2 && Chunk <= 16384, "chunk_topk: Chunk must be in [2, 16384]");
+  static_assert(K >= 1 && K <= Chunk, "chunk_topk: K must be in [1, Chunk]");
+  static_assert(Values::bits == 8 || Values::bits == 4 || Values::bits == 2,
+                "chunk_topk: Values must be int8, int4, int2, fp8_e4m3, fp8_e5m2 or fp4_e3m0");
+  static constexpr std::size_t block = Chunk;  ///< elements per chunk (the codec block)
+  static constexpr std::size_t k = K;  ///< entries a full chunk sends
+  static constexpr const char* values_name = Values::name;  ///< the values' format, by name
+  /// The codec's part of the compressor's fingerprint (compress/fingerprint.hpp).
+  static std::string fingerprint() { return diloco::detail::concat(", chunk ", Chunk, ", k ", K, ", values ", values_name); }
+  /// The codec's id in segment headers: chunk_topk + the values' format id.
+  static constexpr codec_id id = static_cast<codec_id>(static_cast<unsigned>(codec_id::chunk_topk) +
+                                                       static_cast<unsigned>(format_id<Values>()));
+  static constexpr int value_bits = Values::bits;  ///< bits per value code
+  static constexpr int index_bits = detail_bits::ceil_log2(Chunk);  ///< bits per position: ceil(log2 Chunk)
+  static constexpr std::size_t value_bytes = (K * Values::bits + 7) / 8;  ///< bytes of the packed value codes
+  static constexpr std::size_t index_bytes = (K * index_bits + 7) / 8;  ///< bytes of the packed positions
+  static constexpr float levels = Values::levels;  ///< the values' format's largest magnitude
+  static constexpr bool stochastic = Rounding::stochastic;  ///< whether the values' rounding is stochastic
+
+  /// Bytes of an encoded chunk: the amax, the value codes, the positions.
+  DILOCO_HD static constexpr std::size_t stride() { return 4 + value_bytes + index_bytes; }
+  /// Entries a chunk of len elements sends.
+  DILOCO_HD static constexpr std::size_t entries(std::size_t len) { return len < K ? len : K; }
+
+  /// Encodes the chunk's K largest magnitudes (ties to the lower index, NaN first) against its
+  /// amax; dq receives decode(out). `stream` and `index0 + j` seed stochastic rounding.
+  void encode(const float* v, std::size_t len, std::byte* out, float* dq, std::uint64_t stream,
+              std::uint64_t index0) const {
+    len = std::min(len, Chunk);
+    const std::size_t n = entries(len);
+    // Selection: the n largest keys (|v| bits, then the lower index), so
+    // every tie is decided and the result is the same on every machine.
+    std::uint64_t keys[Chunk];
+    select(v, len, n, keys);
+    const std::uint64_t* idx = keys;
+    float sel[K], q[K], sdq[K];
+    for (std::size_t e = 0; e < n; ++e) sel[e] = v[idx[e]];
+    const float amax = kernels::block_amax(sel, n);
+    constexpr auto g = kernels::grid<Values>();
+    if constexpr (Rounding::stochastic)
+      kernels::quantize_block<true>(sel, n, amax, g, q, sdq, detail_bits::draw_at{stream, index0, idx});
+    else
+      kernels::quantize_block<false>(sel, n, amax, g, q, sdq, detail_bits::no_draw{});
+    std::memset(out, 0, stride());
+    std::memcpy(out, &amax, 4);
+    std::fill(dq, dq + len, 0.0f);
+    for (std::size_t e = 0; e < n; ++e) {
+      detail_bits::or_field(out + 4, e, value_bits, g.code(q[e]));
+      detail_bits::or_field(out + 4 + value_bytes, e, index_bits, static_cast<unsigned>(idx[e]));
+      dq[idx[e]] = sdq[e];
+    }
+  }
+
+  /// The positions of the n largest keys of v[0, len) (key: |v| bits, then
+  /// the lower index; n <= len), in increasing order, into idx[0, n). The
+  /// top n of a total order are one set however they are found; this finds
+  /// them in two passes instead of a selection over the whole chunk: a
+  /// histogram of the keys' top 11 bits (the exponent and 3 mantissa bits)
+  /// finds the bin that holds the n-th largest, every element above it is
+  /// selected, and only that bin's elements are ordered (nth_element) to
+  /// find how many of it are; a last pass collects the selected positions
+  /// in order, so no sort either.
+  static void select(const float* v, std::size_t len, std::size_t n, std::uint64_t* idx) {
+    if (n >= len) {
+      for (std::size_t j = 0; j < len; ++j) idx[j] = j;
+      return;
+    }
+    auto magnitude = [v](std::size_t j) {
+      std::uint32_t b;
+      std::memcpy(&b, v + j, 4);
+      return b & 0x7fffffffu;
+    };
+    auto key = [](std::uint32_t mag, std::size_t j) {
+      return (static_cast<std::uint64_t>(mag) << 32) | (0xffffffffu - static_cast<std::uint32_t>(j));
+    };
+    constexpr unsigned bins = 2048, shift = 20;  // |v| bits are 31: their top 11
+    // Two histograms, even and odd positions: the counts of neighbours in
+    // one bin (most of a chunk's magnitudes share a few) do not wait on
+    // each other's stores.
+    std::uint16_t count[2][bins] = {};
+    for (std::size_t j = 0; j + 1 < len; j += 2) {
+      ++count[0][magnitude(j) >> shift];
+      ++count[1][magnitude(j + 1) >> shift];
+    }
+    if (len % 2) ++count[0][magnitude(len - 1) >> shift];
+    std::uint32_t largest = 0;  // where the scan down the bins starts: most bins above are empty
+    for (std::size_t j = 0; j < len; ++j) largest = magnitude(j) > largest ? magnitude(j) : largest;
+    unsigned bin = largest >> shift;
+    std::size_t above = 0;  // elements in the bins above `bin`
+    while (above + count[0][bin] + count[1][bin] < n) above += count[0][bin] + count[1][bin], --bin;
+    const std::size_t need = n - above;  // of the bin's elements, in [1, its count]
+    const std::size_t in_bin = count[0][bin] + count[1][bin];
+    auto greater = [](std::uint64_t a, std::uint64_t b) { return a > b; };
+    // The keys of every element in the bin or above, in position order
+    // (compacted without branches: store always, move on when it counts;
+    // which elements count follows the data, and mispredicted branches were
+    // most of the time). The bin's own are ordered in a small local copy to
+    // find the smallest selected one; then the list is filtered in place.
+    constexpr std::size_t small = 512;
+    if (in_bin <= small) {
+      // Eight at a time, and only a group with a candidate compacted (few
+      // are: about n of len elements).
+      const std::uint32_t lowest = static_cast<std::uint32_t>(bin) << shift;
+      std::size_t c = 0;
+      auto take = [&](std::size_t j) {
+        const std::uint32_t m = magnitude(j);
+        idx[c] = key(m, j);
+        c += m >= lowest;
+      };
+      std::size_t j = 0;
+      for (; j + 8 <= len; j += 8) {
+        std::uint32_t group = 0;
+        for (std::size_t i = 0; i < 8; ++i) group = magnitude(j + i) > group ? magnitude(j + i) : group;
+        if (group >= lowest)
+          for (std::size_t i = 0; i < 8; ++i) take(j + i);
+      }
+      for (; j < len; ++j) take(j);
+      std::uint64_t keys[small + 1];  // one more: the store after the last of the bin
+      std::size_t found = 0;
+      for (std::size_t i = 0; i < c; ++i) {
+        keys[found] = idx[i];
+        found += (idx[i] >> (32 + shift)) == bin;
+      }
+      std::nth_element(keys, keys + (need - 1), keys + found, greater);
+      const std::uint64_t threshold = keys[need - 1];
+      std::size_t e = 0;
+      for (std::size_t i = 0; i < c; ++i) {
+        const std::uint64_t ki = idx[i];
+        idx[e] = 0xffffffffu - (ki & 0xffffffffu);
+        e += ki >= threshold;  // every key above the bin is above the threshold too
+      }
+      return;
+    }
+    // A crowded bin (magnitudes that share their top bits, as a chunk of
+    // nearly equal values does): its keys, narrowed the same way on the
+    // next 11 magnitude bits and then the last 9, until what is left to
+    // order holds one magnitude (ties by position), then one more pass.
+    std::size_t c = 0;
+    for (std::size_t j = 0; j < len; ++j) {
+      const std::uint32_t m = magnitude(j);
+      idx[c] = key(m, j);
+      c += (m >> shift) == bin;
+    }
+    std::size_t left = need;  // of the keys in idx[0, c)
+    for (const unsigned field : {9u, 0u}) {
+      const unsigned width = field == 9u ? 11u : 9u;
+      auto part = [&](std::uint64_t k) { return static_cast<unsigned>(k >> (32 + field)) & ((1u << width) - 1u); };
+      std::uint16_t* sub = count[0];
+      for (unsigned b = 0; b < (1u << width); ++b) sub[b] = 0;
+      for (std::size_t i = 0; i < c; ++i) ++sub[part(idx[i])];
+      unsigned sb = (1u << width) - 1u;
+      std::size_t higher = 0;
+      while (higher + sub[sb] < left) higher += sub[sb--];
+      left -= higher;
+      std::size_t kept = 0;
+      for (std::size_t i = 0; i < c; ++i) {
+        const std::uint64_t ki = idx[i];
+        idx[kept] = ki;
+        kept += part(ki) == sb;
+      }
+      c = kept;
+    }
+    const std::size_t need_here = left;
+    std::nth_element(idx, idx + (need_here - 1), idx + c, greater);
+    const std::uint64_t threshold = idx[need_here - 1];
+    std::size_t e = 0;
+    for (std::size_t j = 0; j < len && e < n; ++j) {
+      const std::uint32_t m = magnitude(j);
+      idx[e] = j;
+      e += static_cast<std::size_t>((m >> shift) > bin) | static_cast<std::size_t>(key(m, j) >= threshold);
+    }
+  }
+
+  /// Decodes a chunk into dq[0, len): the sent values, zeros elsewhere.
+  DILOCO_HD void decode(const std::byte* in, std::size_t len, float* dq) const {
+    len = len < Chunk ? len : Chunk;
+    const float amax = factor(in);
+    for (std::size_t j = 0; j < len; ++j) dq[j] = 0.0f;
+    const std::size_t n = entries(len);
+    for (std::size_t e = 0; e < n; ++e) {
+      const unsigned i = position(in, e);
+      if (i < len) dq[i] = decode_value(value_code(in, e), amax);  // check() refuses i >= len
+    }
+  }
+
+  /// Element-level access, for the device passes (kernels/topk_blocks.hpp),
+  /// which give a chunk's elements to the threads of a team: the same float
+  /// operations as encode() and decode() per element, so the same bits.
+  DILOCO_HD static float factor(const std::byte* in) {
+    float amax;
+    std::memcpy(&amax, in, 4);
+    return amax;
+  }
+  /// Entry e's position in the chunk.
+  DILOCO_HD static unsigned position(const std::byte* in, std::size_t e) {
+    return detail_bits::get_field(in + 4 + value_bytes, e, index_bits);
+  }
+  /// Entry e's value code.
+  DILOCO_HD static unsigned value_code(const std::byte* in, std::size_t e) {
+    return detail_bits::get_field(in + 4, e, value_bits);
+  }
+  /// A selected value against the chunk's amax, as encode() quantizes it (u:
+  /// its draw under stochastic rounding).
+  DILOCO_HD static void encode_value(float v, float amax, float u, unsigned& code, float& dq) {
+    constexpr auto g = kernels::grid<Values>();
+    float q;
+    if constexpr (Rounding::stochastic)
+      kernels::quantize_block<true>(&v, 1, amax, g, &q, &dq, [u](std::size_t) { return u; });
+    else
+      kernels::quantize_block<false>(&v, 1, amax, g, &q, &dq, [](std::size_t) { return 0.0f; });
+    code = g.code(q);
+  }
+  /// The value a code stands for against the chunk's amax, as decode() computes it.
+  DILOCO_HD static float decode_value(unsigned code, float amax) {
+    constexpr auto g = kernels::grid<Values>();
+    const float x = g.value(code);
+    if (kernels::scale_is_normal(amax, levels) || !(amax - amax == 0.0f)) return x * (amax / levels);
+    return kernels::dequantize(x, amax, levels);
+  }
+
+  /// nullptr when the chunk's bytes are well formed (positions in range and increasing, unused
+  /// entries and padding zero), else what is wrong.
+  DILOCO_HD const char* check(const std::byte* in, std::size_t len) const {
+    for (std::size_t e = 0; e < K; ++e)
+      if (const char* why = entry_problem(in, len, e)) return why;
+    return padding_problem(in);
+  }
+  /// Thread t of `threads`' share of check(), for a team scanning one chunk
+  /// (kernels::check_blocks): entries t, t + threads, ..., and thread 0 the
+  /// padding bits. check() finds a problem iff some share does.
+  DILOCO_HD bool share_malformed(const std::byte* in, std::size_t len, std::size_t t, std::size_t threads) const {
+    for (std::size_t e = t; e < K; e += threads)
+      if (entry_problem(in, len, e)) return true;
+    return t == 0 && padding_problem(in) != nullptr;
+  }
+  /// What is wrong with entry e, if anything: the first entries(len) hold a
+  /// valid code at a position inside the chunk, above the previous entry's
+  /// (check() reaches entry e only when the earlier ones are fine, so that
+  /// is its previous position); the rest are empty.
+  DILOCO_HD static const char* entry_problem(const std::byte* in, std::size_t len, std::size_t e) {
+    constexpr auto g = kernels::grid<Values>();
+    const unsigned code = value_code(in, e);
+    const unsigned i = position(in, e);
+    if (e >= entries(len))
+      return code != 0 || i != 0 ? "chunk_topk entry beyond the chunk's count is not empty" : nullptr;
+    if (i >= len) return "chunk_topk position beyond its chunk";
+    if (e > 0 && i <= position(in, e - 1)) return "chunk_topk positions not strictly increasing";
+    if (!g.valid(code)) return g.invalid;
+    return nullptr;
+  }
+  /// Padding bits after the last value and the last position.
+  DILOCO_HD static const char* padding_problem(const std::byte* in) {
+    if (const std::size_t used = K * value_bits; used % 8 != 0 && (static_cast<unsigned>(in[4 + used / 8]) >> (used % 8)) != 0)
+      return "non-zero padding bits after the chunk_topk values";
+    if (const std::size_t used = K * index_bits;
+        used % 8 != 0 && (static_cast<unsigned>(in[4 + value_bytes + used / 8]) >> (used % 8)) != 0)
+      return "non-zero padding bits after the chunk_topk positions";
+    return nullptr;
+  }
+};
+
+}  // namespace diloco::compress
+
+DILOCO_EXACT_FP_END
