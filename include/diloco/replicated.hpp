@@ -32,13 +32,9 @@
 // replica's shard), after every step with the library's inner optimizer
 // (it steps the shard only: the gather is ZeRO-1's parameter all-gather),
 // after finish() and outer_round(), and under inner::external after every
-// step that ended an inner phase (H steps: the delayed schedules write the
-// replica there even when no round is applied, as eager and delayed do at
-// the end of the first round) or applied or refused an outer step (a
-// refused round resets the shard to theta_global and raises on every rank,
-// so the gather runs before the error is rethrown). An engine hook would
-// make this exact: see replica_writes() in engine/base.hpp, which
-// algorithm does not expose.
+// step that wrote the shard's replica (algorithm::replica_writes() moved: a
+// merge, the delayed schedules' restart at a phase end even when no round
+// is applied, a refused round's reset, after which the error is rethrown).
 //
 // Not yet flat DiLoCo's: a non-finite pseudo-gradient refuses the round
 // only for the shard that holds it. Its owners (one position, every group)
@@ -69,7 +65,7 @@
 
 #include "diloco/algorithm.hpp"
 #include "diloco/comm/mesh.hpp"
-#include "diloco/compress/block_layout.hpp"
+#include "diloco/codec/block_layout.hpp"
 
 namespace diloco {
 
@@ -287,17 +283,14 @@ class replicated {
   }
 
   // Runs f (an algorithm call) and gathers the replica after it when
-  // `always`, when it applied or refused an outer step, or when it ended an
-  // inner phase (a step count that is a multiple of H: the delayed
-  // schedules begin a round there and eager and delayed write the replica
-  // even when nothing is applied, as at the end of the first round); a
-  // refused round (numeric_error, alike on every rank) is gathered, then
-  // rethrown. Every rank of a group decides alike: they take the same steps.
+  // `always` or when the call wrote the replica (algorithm::replica_writes():
+  // a merge, a reset of a refused round, the delayed schedules' restart at a
+  // phase end); a refused round (numeric_error, alike on every rank) is
+  // gathered, then rethrown. Every rank of a group decides alike: they take
+  // the same steps under the same schedule.
   template <class F>
   bool gathered(F&& f, bool always) {
-    const auto moved = [this] { return algo_->stats().rounds + algo_->stats().rejected_rounds; };
-    const auto before = moved();
-    const auto steps_before = algo_->stats().inner_steps;
+    const auto before = algo_->replica_writes();
     bool applied = false;
     try {
       applied = f();
@@ -305,10 +298,7 @@ class replicated {
       gather_replica();
       throw;
     }
-    const auto steps_now = algo_->stats().inner_steps;
-    const std::size_t h = algo_->settings().inner_steps;
-    const bool phase_end = steps_now != steps_before && h > 0 && steps_now % h == 0;
-    if (always || phase_end || moved() != before) gather_replica();
+    if (always || algo_->replica_writes() != before) gather_replica();
     return applied;
   }
 
