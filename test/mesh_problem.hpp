@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// The problem test_mesh and test_mesh_mpi share: three tensors (967
+// The problem test_mesh, test_mesh_mpi and test_mesh_gloo share: three tensors (967
 // elements; G = 2 cuts tensor 0 at 512 with codec blocks of 64), a gradient
 // per group that pulls each weight towards a group-dependent target, and
 // the flat reference: DiLoCo with R workers on comm::threads, inner::sgd.
@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstddef>
 #include <diloco/diloco.hpp>
+#include <diloco/replicated.hpp>
 #include <vector>
 
 namespace mesh_problem {
@@ -49,6 +50,31 @@ struct flat_result {
 
 constexpr int steps = 14;  // 4 rounds and 2 steps: the replicas differ at the end
 constexpr std::size_t H = 3;
+
+// One rank of a mesh trains the problem: its group's gradients, averaged
+// over intra (all_reduce_gradients), step replicated<inner::sgd,
+// outer::nesterov, C, Comm, Sync> for `steps` steps, then finish();
+// `inspect(a, replica, theta_global)` sees the trainer, its tensors and the
+// whole theta_global (copy_global_to), each tensor concatenated.
+template <class C, class Sync, class Comm, class Inspect>
+void train_on_mesh(dc::mesh<Comm>& m, Inspect&& inspect) {
+  auto p = initial_params();
+  dc::replicated<dc::inner::sgd, dc::outer::nesterov, C, Comm, Sync> a(p, m, {.inner_steps = H, .inner = {.lr = 0.1f}});
+  std::vector<std::vector<float>> g(p.size());
+  for (int s = 0; s < steps; ++s) {
+    for (std::size_t k = 0; k < p.size(); ++k) {
+      g[k].resize(p[k].size());
+      for (std::size_t i = 0; i < p[k].size(); ++i) g[k][i] = grad_of(m.group(), s, k, i, p[k][i]);
+    }
+    dc::all_reduce_gradients(m, g);
+    a.step(g);
+  }
+  a.finish();
+  std::vector<std::vector<float>> th(p.size());
+  for (std::size_t k = 0; k < p.size(); ++k) th[k].resize(p[k].size());
+  a.copy_global_to(th);
+  inspect(a, concat_all(p), concat_all(th));
+}
 
 template <class C, class Sync>
 flat_result run_flat(int R) {

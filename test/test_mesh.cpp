@@ -41,7 +41,6 @@ struct mesh_result {
 
 template <class C, class Sync>
 mesh_result run_mesh(int R, int G) {
-  using rep = dc::replicated<dc::inner::sgd, dc::outer::nesterov, C, dc::comm::threads, Sync>;
   const int W = R * G;
   mesh_result out;
   out.replica.resize(static_cast<std::size_t>(W));
@@ -52,30 +51,17 @@ mesh_result run_mesh(int R, int G) {
   dc::comm::threads::world world(W);
   world.run([&](dc::comm::threads& comm) {
     dc::mesh<dc::comm::threads> m(comm, {.group_size = G});
-    auto p = initial_params();
-    rep a(p, m, {.inner_steps = H, .inner = {.lr = 0.1f}});
-    std::vector<std::vector<float>> g(p.size());
-    for (int s = 0; s < steps; ++s) {
-      for (std::size_t k = 0; k < p.size(); ++k) {
-        g[k].resize(p[k].size());
-        for (std::size_t i = 0; i < p[k].size(); ++i) g[k][i] = grad_of(m.group(), s, k, i, p[k][i]);
-      }
-      dc::all_reduce_gradients(m, g);
-      a.step(g);
-    }
-    a.finish();
-    std::vector<std::vector<float>> th(p.size());
-    for (std::size_t k = 0; k < p.size(); ++k) th[k].resize(p[k].size());
-    a.copy_global_to(th);
-    const auto w = static_cast<std::size_t>(comm.rank());
-    out.replica[w] = concat_all(p);
-    out.global[w] = concat_all(th);
-    const auto sg = a.global_parameters();
-    out.shard_global[w].assign(sg.data(), sg.data() + sg.size());
-    out.pieces[w] = a.shard(m.position());
-    out.group[w] = m.group();
-    CHECK(a.shard_algorithm().parameter_count() == a.shard_elements(m.position()));
-    CHECK(a.shard_algorithm().world_size() == R);
+    train_on_mesh<C, Sync>(m, [&](auto& a, std::vector<float> replica, std::vector<float> global) {
+      const auto w = static_cast<std::size_t>(comm.rank());
+      out.replica[w] = std::move(replica);
+      out.global[w] = std::move(global);
+      const auto sg = a.global_parameters();
+      out.shard_global[w].assign(sg.data(), sg.data() + sg.size());
+      out.pieces[w] = a.shard(m.position());
+      out.group[w] = m.group();
+      CHECK(a.shard_algorithm().parameter_count() == a.shard_elements(m.position()));
+      CHECK(a.shard_algorithm().world_size() == R);
+    });
   });
   return out;
 }

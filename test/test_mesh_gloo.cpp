@@ -34,23 +34,11 @@ template <class C, class Sync>
 void rank_program(const std::string& out_path) {
   auto world = dc::comm::gloo::from_env();
   dc::mesh<dc::comm::gloo> m(world, {.group_size = 2});
-  auto p = initial_params();
-  dc::replicated<dc::inner::sgd, dc::outer::nesterov, C, dc::comm::gloo, Sync> a(p, m, {.inner_steps = H,
-                                                                                        .inner = {.lr = 0.1f}});
-  std::vector<std::vector<float>> g(p.size());
-  for (int s = 0; s < steps; ++s) {
-    for (std::size_t k = 0; k < p.size(); ++k) {
-      g[k].resize(p[k].size());
-      for (std::size_t i = 0; i < p[k].size(); ++i) g[k][i] = grad_of(m.group(), s, k, i, p[k][i]);
-    }
-    dc::all_reduce_gradients(m, g);
-    a.step(g);
-  }
-  a.finish();
-  std::vector<std::vector<float>> th(p.size());
-  for (std::size_t k = 0; k < p.size(); ++k) th[k].resize(p[k].size());
-  a.copy_global_to(th);
-  const auto rep = concat_all(p), glob = concat_all(th);
+  std::vector<float> rep, glob;
+  train_on_mesh<C, Sync>(m, [&](auto&, std::vector<float> replica, std::vector<float> global) {
+    rep = std::move(replica);
+    glob = std::move(global);
+  });
   std::ofstream out(out_path, std::ios::binary);
   const int group = m.group();
   out.write(reinterpret_cast<const char*>(&group), sizeof group);

@@ -39,28 +39,14 @@ void check_mpi_mesh_equals_flat() {
   CHECK(m.group() == world.rank() / G);
   CHECK(m.intra().size() == G);
   CHECK(m.inter().size() == R);
-  auto p = initial_params();
-  dc::replicated<dc::inner::sgd, dc::outer::nesterov, C, dc::comm::mpi, Sync> a(p, m, {.inner_steps = H,
-                                                                                       .inner = {.lr = 0.1f}});
-  std::vector<std::vector<float>> g(p.size());
-  for (int s = 0; s < steps; ++s) {
-    for (std::size_t k = 0; k < p.size(); ++k) {
-      g[k].resize(p[k].size());
-      for (std::size_t i = 0; i < p[k].size(); ++i) g[k][i] = grad_of(m.group(), s, k, i, p[k][i]);
-    }
-    dc::all_reduce_gradients(m, g);
-    a.step(g);
-  }
-  a.finish();
-  std::vector<std::vector<float>> th(p.size());
-  for (std::size_t k = 0; k < p.size(); ++k) th[k].resize(p[k].size());
-  a.copy_global_to(th);
-  const auto r = static_cast<std::size_t>(m.group());
-  INFO("rank ", world.rank(), ", ", Sync::name);
-  CHECK_FALSE(same_bits(flat.global[r], concat_all(initial_params())));
-  CHECK(same_bits(concat_all(p), flat.replica[r]));
-  CHECK(same_bits(concat_all(th), flat.global[r]));
-  CHECK(a.shard_elements(m.position()) < a.parameter_count());
+  train_on_mesh<C, Sync>(m, [&](auto& a, const std::vector<float>& replica, const std::vector<float>& global) {
+    const auto r = static_cast<std::size_t>(m.group());
+    INFO("rank ", world.rank(), ", ", Sync::name);
+    CHECK_FALSE(same_bits(flat.global[r], concat_all(initial_params())));
+    CHECK(same_bits(replica, flat.replica[r]));
+    CHECK(same_bits(global, flat.global[r]));
+    CHECK(a.shard_elements(m.position()) < a.parameter_count());
+  });
 }
 
 }  // namespace
