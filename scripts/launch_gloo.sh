@@ -8,8 +8,10 @@
 # like torchrun does for PyTorch: each gets DILOCO_RANK, DILOCO_WORLD_SIZE,
 # DILOCO_STORE, DILOCO_RUN_ID (and DILOCO_HOSTNAME / DILOCO_IFACE /
 # DILOCO_TIMEOUT_MS when given), which diloco::comm::gloo::from_env() reads,
-# and LOCAL_RANK (0 to N-1 on this host) and LOCAL_WORLD_SIZE (N), as
-# torchrun sets them, for a GPU program to pick its device.
+# and LOCAL_RANK (0 to N-1 on this host), LOCAL_WORLD_SIZE (N) and
+# GROUP_RANK (this launch's host index, first rank / N), as torchrun sets
+# them, for a GPU program to pick its device and for diloco::mesh_shape::
+# from_env() to make one replica group per host.
 # Output lines are prefixed with the rank. If a rank fails (a non-zero exit
 # or a death by a signal, reported as "rank 1 killed by SIGSEGV"), the
 # others are stopped and the launcher exits with the first failed rank's
@@ -37,6 +39,9 @@
 #   --world-size W   to spread one world over several machines
 #   --elastic        DILOCO_ELASTIC=1; a failed rank leaves the others running
 #   --max-restarts K restart a failed rank up to K times (default 0)
+#   --group-size G   replica groups of G ranks (diloco::mesh): every rank gets
+#                    DILOCO_GROUP_SIZE=G, DILOCO_GROUP_RANK=rank/G and
+#                    DILOCO_LOCAL_RANK=rank%G (default: one group per host)
 set -euo pipefail
 
 prog=${0##*/}    # diloco-launch installed, launch_gloo.sh in the tree
@@ -57,7 +62,7 @@ nprocs=$1
 shift
 [[ $nprocs =~ ^[1-9][0-9]*$ ]] || { echo "$prog: N must be a positive integer, got '$nprocs'" >&2; exit 2; }
 
-store="" run_id="" hostname="" iface="" timeout_ms="" first_rank=0 world_size="" elastic=0 max_restarts=0
+store="" run_id="" hostname="" iface="" timeout_ms="" first_rank=0 world_size="" elastic=0 max_restarts=0 group_size=""
 while (($#)); do
   case "$1" in
     --) shift; break ;;
@@ -70,6 +75,7 @@ while (($#)); do
     --world-size) world_size=${2:?--world-size needs a value}; shift 2 ;;
     --elastic) elastic=1; shift ;;
     --max-restarts) max_restarts=${2:?--max-restarts needs a value}; shift 2 ;;
+    --group-size) group_size=${2:?--group-size needs a value}; shift 2 ;;
     -h | --help) usage 0 ;;
     *) echo "$prog: unknown option '$1' (the program goes after --)" >&2; exit 2 ;;
   esac
@@ -78,6 +84,11 @@ done
 world_size=${world_size:-$nprocs}
 [[ $max_restarts =~ ^[0-9]+$ ]] || { echo "$prog: --max-restarts must be a non-negative integer, got '$max_restarts'" >&2; exit 2; }
 ((max_restarts > 0)) && elastic=1
+if [[ -n $group_size ]]; then
+  [[ $group_size =~ ^[1-9][0-9]*$ ]] || { echo "$prog: --group-size must be a positive integer, got '$group_size'" >&2; exit 2; }
+  ((world_size % group_size == 0)) ||
+    { echo "$prog: --group-size $group_size does not divide the world size $world_size (W = R x G)" >&2; exit 2; }
+fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/launch_gloo.XXXXXX")
 if [[ -z $store ]]; then
@@ -134,6 +145,10 @@ start_rank() {  # start_rank I: (re)start the I-th rank of this launch
     export DILOCO_RANK=$rank DILOCO_WORLD_SIZE=$world_size DILOCO_STORE=$store DILOCO_RUN_ID=$run_id
     export DILOCO_LOCAL_WORLD_SIZE=$nprocs  # the ranks this launcher starts share this host
     export LOCAL_RANK=$i LOCAL_WORLD_SIZE=$nprocs  # torchrun's names: a GPU program's device
+    ((first_rank % nprocs == 0)) && export GROUP_RANK=$((first_rank / nprocs))  # torchrun's: this host's index
+    if [[ -n $group_size ]]; then
+      export DILOCO_GROUP_SIZE=$group_size DILOCO_GROUP_RANK=$((rank / group_size)) DILOCO_LOCAL_RANK=$((rank % group_size))
+    fi
     [[ -n $hostname ]] && export DILOCO_HOSTNAME=$hostname
     [[ -n $iface ]] && export DILOCO_IFACE=$iface
     [[ -n $timeout_ms ]] && export DILOCO_TIMEOUT_MS=$timeout_ms

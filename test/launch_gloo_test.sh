@@ -22,6 +22,19 @@ done
 store_dir=$(grep -o 'store=file://[^ ]*' <<<"$out" | head -1 | sed 's|store=file://||')
 [[ ! -e $store_dir ]] || fail "the temporary store $store_dir was not removed"
 
+# Replica groups (diloco::mesh_shape::from_env): --group-size G gives each
+# rank its group and position; without it GROUP_RANK is the launch's host
+# index, so LOCAL_* and GROUP_RANK make one group per host.
+out=$("$launch" 4 --group-size 2 -- bash -c 'echo "mesh=$DILOCO_GROUP_SIZE/$DILOCO_GROUP_RANK/$DILOCO_LOCAL_RANK host=$GROUP_RANK"')
+for r in 0 1 2 3; do
+  grep -q "^\[rank $r\] mesh=2/$((r / 2))/$((r % 2)) host=0$" <<<"$out" || fail "--group-size 2, rank $r: $out"
+done
+out=$("$launch" 2 --first-rank 2 --world-size 4 -- bash -c 'echo "host=$GROUP_RANK mesh=${DILOCO_GROUP_SIZE:-unset}"')
+grep -q "^\[rank 3\] host=1 mesh=unset$" <<<"$out" || fail "GROUP_RANK of the second host's launch: $out"
+rc=0
+err=$("$launch" 4 --group-size 3 -- true 2>&1) || rc=$?
+[[ $rc -eq 2 ]] && grep -q "does not divide the world size 4" <<<"$err" || fail "--group-size 3 of 4 ranks: rc $rc, $err"
+
 # A world spread over two launches (as over two machines).
 # LOCAL_RANK counts this launcher's ranks (the host's), from 0.
 out=$("$launch" 2 --first-rank 2 --world-size 4 --store redis://10.0.0.1:6379 --run-id job7 -- bash -c \
