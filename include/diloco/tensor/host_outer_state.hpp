@@ -82,8 +82,8 @@ class host_outer_mirror final : public replica_mirror {
       if constexpr (low) {
         T* stage = staging_.data() + offsets_[k];
         exec_.to_host(stage, replica_[k].data(), replica_[k].size());
-        float* s = views_[k].data();
-        for (std::size_t i = 0; i < replica_[k].size(); ++i) s[i] = static_cast<float>(stage[i]);
+        const widen_replica<T> widen{stage, views_[k].data()};
+        for (std::size_t i = 0; i < replica_[k].size(); ++i) widen(i);
       } else {
         exec_.to_host(views_[k].data(), replica_[k].data(), replica_[k].size());
       }
@@ -99,8 +99,8 @@ class host_outer_mirror final : public replica_mirror {
       if constexpr (low) {
         T* stage = staging_.data() + offsets_[k];
         exec_.to_host(stage, replica_[k].data(), n);
-        float* s = views_[k].data();
-        for (std::size_t i = 0; i < n; ++i) s[i] = low_precision_ops<T>::pulled(stage[i].bits, s[i]);
+        const read_replica<T> read{stage, views_[k].data()};
+        for (std::size_t i = 0; i < n; ++i) read(i);
       } else {
         exec_.to_host(views_[k].data(), replica_[k].data(), n);
       }
@@ -112,16 +112,13 @@ class host_outer_mirror final : public replica_mirror {
       const std::size_t n = replica_[k].size();
       if constexpr (low) {
         T* stage = staging_.data() + offsets_[k];
-        const float* s = views_[k].data();
-        for (std::size_t i = 0; i < n; ++i) {
-          stage[i].bits = low_precision_ops<T>::round_bits(s[i]);
-          const float back = static_cast<float>(stage[i]);
-          if (s[i] - s[i] == 0.0f && back - back != 0.0f)
-            detail::raise<numeric_error>("low-precision replica: tensor ", k, " element ", i, " is ", s[i],
-                                         " after the outer step, beyond the range of ", low_precision_name_v<T>,
-                                         " (written as inf); keep the model in a wider type or lower the outer lr");
-        }
+        const write_replica<T> write{views_[k].data(), stage};
+        for (std::size_t i = 0; i < n; ++i) write(i);
         exec_.from_host(replica_[k].data(), stage, n);
+        // As low_precision_mirror_on: the replica is written, then an
+        // overflow raises.
+        if (low_precision_ops<T>::inf_codes_in(stage, n) > 0)
+          low_precision_ops<T>::raise_if_overflowed(k, views_[k].data(), n);
       } else {
         exec_.from_host(replica_[k].data(), views_[k].data(), n);
       }

@@ -126,6 +126,24 @@ struct low_precision_ops {
     const float moved = round_bits(c) == t ? c : (round_bits(toward) == t ? toward : target);
     return t == written ? s : moved;
   }
+  // Raises numeric_error naming the first finite value of tensor k's mirror
+  // `s` (n elements, host memory) that its rounding made inf; a write-back
+  // calls it when the replica it wrote holds an inf code.
+  static void raise_if_overflowed(std::size_t k, const float* s, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const float back = format::decode(round_bits(s[i]));
+      if (s[i] - s[i] == 0.0f && back - back != 0.0f)
+        detail::raise<numeric_error>("low-precision replica: tensor ", k, " element ", i, " is ", s[i],
+                                     " after the outer step, beyond the range of ", low_precision_name_v<T>,
+                                     " (written as inf); keep the model in a wider type or lower the outer lr");
+    }
+  }
+  // The inf codes among n replica elements (host memory): a narrow scan.
+  static std::size_t inf_codes_in(const T* t, std::size_t n) {
+    std::size_t infinite = 0;
+    for (std::size_t i = 0; i < n; ++i) infinite += (t[i].bits & 0x7fffu) == format::inf ? 1u : 0u;
+    return infinite;
+  }
 };
 
 /// S <- float(T) (the mirror's start).
@@ -224,11 +242,10 @@ class low_precision_mirror_on final : public replica_mirror {
       // Overflow shows as an inf code: count those (a narrow scan), and
       // look at the mirror only when there are any.
       std::size_t infinite = 0;
-      if constexpr (host) {
-        for (std::size_t i = 0; i < n; ++i) infinite += (t[i].bits & 0x7fffu) == ops::format::inf ? 1u : 0u;
-      } else {
+      if constexpr (host)
+        infinite = ops::inf_codes_in(t, n);
+      else
         infinite = static_cast<std::size_t>(exec_.transform_reduce(n, inf_codes<T>{t}));
-      }
       if (infinite > 0) check_overflow(k);
     }
   }
@@ -244,13 +261,7 @@ class low_precision_mirror_on final : public replica_mirror {
       std::copy(views_[k].data(), views_[k].data() + n, s.begin());
     else
       exec_.to_host(s.data(), views_[k].data(), n);
-    for (std::size_t i = 0; i < n; ++i) {
-      const float back = ops::format::decode(ops::round_bits(s[i]));
-      if (s[i] - s[i] == 0.0f && back - back != 0.0f)
-        detail::raise<numeric_error>("low-precision replica: tensor ", k, " element ", i, " is ", s[i],
-                                     " after the outer step, beyond the range of ", low_precision_name_v<T>,
-                                     " (written as inf); keep the model in a wider type or lower the outer lr");
-    }
+    ops::raise_if_overflowed(k, s.data(), n);
   }
 
   std::vector<tensor_view<T, Space>> replica_;
