@@ -34,6 +34,10 @@
 // jobs on a shared machine disturb less). Placement fixed for a
 // process's life (which pages it got) is invisible to in-process
 // alternation; docs/performance.md, "Page size and the outer round".
+// Each child also times STREAM triad over arrays of the same size after
+// each round: `triad.process_spread` is the machine's memory-speed drift
+// over the batch, `outer_round.process_spread_vs_triad` the spread of the
+// round/triad ratio, the part of the round's spread the process causes.
 // --replica: the model's tensors in a diloco::host_buffer (2 MiB pages,
 // advised huge, as the library's own state) or a std::vector (small pages).
 
@@ -187,7 +191,26 @@ void round_in_this_process(long log2, long tensors, int reps) {
   // Wall time, and the process's CPU time: on a shared machine the wall
   // time also counts the time others' jobs held the cores.
   const auto cpu = [] { return static_cast<double>(std::clock()) / CLOCKS_PER_SEC; };
-  std::vector<double> times, cpu_times;
+  // The machine's memory speed at the time of each round: STREAM triad
+  // over three more arrays of n floats (the library's own host buffers,
+  // on huge pages), timed right after the round. This machine's memory
+  // bandwidth drifts by up to 1.5x within seconds, inside one process
+  // (docs/performance.md); a round slower than the triad beside it is
+  // slow because of the process, a round as much slower as its triad is
+  // slow because of the machine.
+  dc::host_buffer<float> ta(n), tb(n), tc(n);
+  bench::fill(std::span<float>(tb.data(), n), 1.0f);
+  bench::fill(std::span<float>(tc.data(), n), 2.0f);
+  const auto sn = static_cast<std::ptrdiff_t>(n);
+  const auto triad = [&] {
+    float* a = ta.data();
+    const float *b = tb.data(), *c = tc.data();
+    const auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel for schedule(static)
+    for (std::ptrdiff_t i = 0; i < sn; ++i) a[i] = b[i] + 0.5f * c[i];
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  std::vector<double> times, cpu_times, triads, vs_triad;
   for (int r = 0; r <= reps; ++r) {  // round 0 warms up
     t.inner_step(grads);
     const auto t0 = std::chrono::steady_clock::now();
@@ -195,12 +218,17 @@ void round_in_this_process(long log2, long tensors, int reps) {
     t.outer_round();
     const double c = cpu() - c0;
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (r > 0) times.push_back(s), cpu_times.push_back(c);
+    const double m = triad();
+    if (r > 0) times.push_back(s), cpu_times.push_back(c), triads.push_back(m), vs_triad.push_back(s / m);
   }
-  std::sort(times.begin(), times.end());
-  std::sort(cpu_times.begin(), cpu_times.end());
-  bench::print("outer_round_seconds", times[times.size() / 2]);
-  bench::print("outer_round_cpu_seconds", cpu_times[cpu_times.size() / 2]);
+  const auto median = [](std::vector<double>& v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  bench::print("outer_round_seconds", median(times));
+  bench::print("outer_round_cpu_seconds", median(cpu_times));
+  bench::print("triad_seconds", median(triads));
+  bench::print("outer_round_vs_triad", median(vs_triad));
   bench::print("anon_huge_kb", static_cast<double>(anon_huge_kb()));
 }
 
@@ -263,23 +291,37 @@ void external_vs_fused(long log2, int reps) {
 // The parent of --processes: N children one after another, each's median,
 // and the spread between processes.
 void round_in_processes(const char* argv0, int processes, const std::vector<std::string>& child_args) {
-  std::vector<double> medians, cpu_medians;
+  std::vector<double> medians, cpu_medians, triads, ratios;
   for (int p = 0; p < processes; ++p) {
     const std::string out = bench::run_self(argv0, child_args);
     const double s = bench::value_of(out, "outer_round_seconds");
     const double c = bench::value_of(out, "outer_round_cpu_seconds");
+    const double m = bench::value_of(out, "triad_seconds");
+    const double q = bench::value_of(out, "outer_round_vs_triad");
     const std::string tag = "[" + std::to_string(p) + "]";
     bench::print("outer_round_seconds.process" + tag, s);
     bench::print("outer_round_cpu_seconds.process" + tag, c);
+    bench::print("triad_seconds.process" + tag, m);
+    bench::print("outer_round_vs_triad.process" + tag, q);
     bench::print("anon_huge_kb.process" + tag, bench::value_of(out, "anon_huge_kb"));
     medians.push_back(s);
     cpu_medians.push_back(c);
+    triads.push_back(m);
+    ratios.push_back(q);
   }
-  std::sort(medians.begin(), medians.end());
-  std::sort(cpu_medians.begin(), cpu_medians.end());
+  const auto spread = [](std::vector<double>& v) {
+    std::sort(v.begin(), v.end());
+    return v.back() / v.front();
+  };
+  const double spread_wall = spread(medians), spread_cpu = spread(cpu_medians);
   bench::print("outer_round.process_median_seconds", medians[medians.size() / 2]);
-  bench::print("outer_round.process_spread", medians.back() / medians.front());
-  bench::print("outer_round.process_cpu_spread", cpu_medians.back() / cpu_medians.front());
+  bench::print("outer_round.process_spread", spread_wall);
+  bench::print("outer_round.process_cpu_spread", spread_cpu);
+  // The machine's own drift over the same processes, and the part of the
+  // round's spread that is the process's: the spread of each process's
+  // round-to-triad ratio.
+  bench::print("triad.process_spread", spread(triads));
+  bench::print("outer_round.process_spread_vs_triad", spread(ratios));
 }
 
 }  // namespace
