@@ -10,7 +10,7 @@
 
 #include <cstdint>
 #include <diloco/experiment/run.hpp>
-#include <diloco/tensor/tensor_traits.hpp>
+#include <diloco/core/tensor_traits.hpp>
 #include <vector>
 
 #include "corpus.hpp"

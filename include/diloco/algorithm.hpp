@@ -45,7 +45,7 @@
 #include "diloco/exec/host.hpp"
 #include "diloco/optimizer.hpp"
 #include "diloco/tensor/argument_checks.hpp"
-#include "diloco/tensor/buffer.hpp"
+#include "diloco/memory/buffer.hpp"
 #include "diloco/tensor/host_outer_state.hpp"
 #include "diloco/tensor/low_precision.hpp"
 #include "diloco/sync/blocking.hpp"

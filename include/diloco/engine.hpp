@@ -68,7 +68,7 @@
 #include "diloco/sync/concepts.hpp"
 #include "diloco/sync/periodic.hpp"
 #include "diloco/sync/runtime.hpp"
-#include "diloco/tensor/buffer.hpp"
+#include "diloco/memory/buffer.hpp"
 #include "diloco/tensor/parameter_set.hpp"
 #include "diloco/tensor/tensor_list.hpp"
 

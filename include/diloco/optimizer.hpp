@@ -25,7 +25,7 @@
 #include "diloco/exec/host.hpp"
 #include "diloco/kernels/tensor_passes.hpp"
 #include "diloco/tensor/argument_checks.hpp"
-#include "diloco/tensor/buffer.hpp"
+#include "diloco/memory/buffer.hpp"
 #include "diloco/tensor/parameter_set.hpp"
 #include "diloco/tensor/tensor_list.hpp"
 #include "diloco/tensor/tensor_step.hpp"

@@ -11,7 +11,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
-#include <diloco/exec/cuda/runtime.hpp>
+#include <diloco/core/cuda_error.hpp>
 
 int main(int argc, char** argv) {
   doctest::Context context;

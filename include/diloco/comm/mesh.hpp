@@ -38,7 +38,7 @@
 #include "diloco/comm/threads.hpp"
 #include "diloco/core/concepts.hpp"
 #include "diloco/core/error.hpp"
-#include "diloco/tensor/tensor_traits.hpp"
+#include "diloco/core/tensor_traits.hpp"
 
 namespace diloco {
 

@@ -25,7 +25,7 @@
 #include "diloco/core/error.hpp"
 #include "diloco/core/memory_space.hpp"
 #include "diloco/core/timeout.hpp"
-#include "diloco/tensor/tensor_traits.hpp"
+#include "diloco/core/tensor_traits.hpp"
 
 #if defined(OPEN_MPI) && OPEN_MPI && __has_include(<mpi-ext.h>)
 #include <mpi-ext.h>  // MPIX_CUDA_AWARE_SUPPORT, MPIX_Query_cuda_support

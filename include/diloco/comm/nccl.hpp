@@ -26,7 +26,7 @@
 #include "diloco/core/error.hpp"
 #include "diloco/core/memory_space.hpp"
 #include "diloco/core/timeout.hpp"
-#include "diloco/tensor/tensor_traits.hpp"
+#include "diloco/core/tensor_traits.hpp"
 
 namespace diloco::comm {
 

@@ -16,7 +16,7 @@
 #include "diloco/core/comm_types.hpp"
 #include "diloco/core/concepts.hpp"
 #include "diloco/core/error.hpp"
-#include "diloco/tensor/tensor_traits.hpp"
+#include "diloco/core/tensor_traits.hpp"
 
 namespace diloco::comm {
 

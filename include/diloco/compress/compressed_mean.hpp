@@ -29,9 +29,9 @@
 #include "diloco/core/random.hpp"
 #include "diloco/kernels/vec4.hpp"
 #include "diloco/kernels/wire_passes.hpp"
-#include "diloco/tensor/buffer.hpp"
+#include "diloco/memory/buffer.hpp"
 #include "diloco/tensor/parameter_set.hpp"
-#include "diloco/tensor/tensor_traits.hpp"
+#include "diloco/core/tensor_traits.hpp"
 #include "diloco/core/macros.hpp"
 
 DILOCO_EXACT_FP_BEGIN
@@ -348,7 +348,7 @@ class ops<Codec, Space> {
 /// reducer's detail::wire_transport (device views to a device communicator,
 /// pinned host staging for a host one). Space stays a parameter so that
 /// the device buffer types stay dependent: buffer<T, device_space> is
-/// defined by the CUDA backend (tensor/device_buffer.hpp), which may be
+/// defined by the CUDA backend (memory/device_buffer.hpp), which may be
 /// included later.
 template <class Compressor, class Space>
 class compressed_mean : public diloco::detail::feedback<Compressor, Space>,

@@ -24,7 +24,7 @@
 #include "diloco/exec/host.hpp"
 #include "diloco/kernels/compressed_passes.hpp"
 #include "diloco/kernels/wire_passes.hpp"
-#include "diloco/tensor/buffer.hpp"
+#include "diloco/memory/buffer.hpp"
 #include "diloco/tensor/parameter_set.hpp"
 #include "diloco/core/macros.hpp"
 

@@ -25,7 +25,7 @@
 #include "diloco/kernels/compressed_passes.hpp"
 #include "diloco/core/random.hpp"
 #include "diloco/kernels/topk_blocks.hpp"
-#include "diloco/tensor/buffer.hpp"
+#include "diloco/memory/buffer.hpp"
 #include "diloco/tensor/parameter_set.hpp"
 #include "diloco/core/macros.hpp"
 

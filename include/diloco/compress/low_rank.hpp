@@ -26,7 +26,7 @@
 #include "diloco/kernels/pseudo_gradient.hpp"
 #include "diloco/core/random.hpp"
 #include "diloco/kernels/wire_passes.hpp"
-#include "diloco/tensor/buffer.hpp"
+#include "diloco/memory/buffer.hpp"
 #include "diloco/tensor/parameter_set.hpp"
 #include "diloco/core/macros.hpp"
 

@@ -22,8 +22,8 @@
 #include "diloco/core/error.hpp"
 #include "diloco/core/memory_space.hpp"
 #include "diloco/core/random.hpp"
-#include "diloco/tensor/buffer.hpp"
-#include "diloco/tensor/tensor_traits.hpp"
+#include "diloco/memory/buffer.hpp"
+#include "diloco/core/tensor_traits.hpp"
 #include "diloco/core/macros.hpp"
 
 DILOCO_EXACT_FP_BEGIN

@@ -17,7 +17,7 @@
 #include "diloco/core/comm_types.hpp"
 #include "diloco/core/memory_space.hpp"
 #include "diloco/core/optimizer_role.hpp"
-#include "diloco/tensor/tensor_traits.hpp"
+#include "diloco/core/tensor_traits.hpp"
 
 namespace diloco {
 

@@ -44,7 +44,7 @@
 #include "diloco/reduce/ready.hpp"
 #include "diloco/reduce/select.hpp"
 #include "diloco/sync/plan.hpp"
-#include "diloco/tensor/buffer.hpp"
+#include "diloco/memory/buffer.hpp"
 #include "diloco/tensor/parameter_set.hpp"
 #include "diloco/tensor/tensor_list.hpp"
 

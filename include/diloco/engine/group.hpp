@@ -29,7 +29,7 @@
 #include "diloco/core/stats.hpp"
 #include "diloco/engine/base.hpp"
 #include "diloco/exec/executor_for.hpp"
-#include "diloco/tensor/buffer.hpp"
+#include "diloco/memory/buffer.hpp"
 
 namespace diloco::detail {
 

@@ -19,9 +19,9 @@
 #include "diloco/exec/cuda/chunk_kernels.cuh"
 #include "diloco/exec/cuda/kernels.cuh"
 #include "diloco/exec/cuda/launch_plan.hpp"
-#include "diloco/exec/cuda/runtime.hpp"
+#include "diloco/core/cuda_error.hpp"
 #include "diloco/exec/cuda/team_kernels.cuh"
-#include "diloco/tensor/device_buffer.hpp"
+#include "diloco/memory/device_buffer.hpp"
 
 namespace diloco::exec {
 

@@ -42,7 +42,7 @@
 #include "diloco/core/error.hpp"
 #include "diloco/experiment/variants.hpp"
 #include "diloco/optimizer.hpp"
-#include "diloco/tensor/tensor_traits.hpp"
+#include "diloco/core/tensor_traits.hpp"
 
 namespace diloco::experiment {
 

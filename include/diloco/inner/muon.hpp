@@ -56,7 +56,7 @@
 #include "diloco/kernels/inner_step.hpp"
 #include "diloco/kernels/muon_passes.hpp"
 #include "diloco/kernels/pseudo_gradient.hpp"
-#include "diloco/tensor/buffer.hpp"
+#include "diloco/memory/buffer.hpp"
 #include "diloco/tensor/tensor_step.hpp"
 
 DILOCO_EXACT_FP_BEGIN

@@ -28,7 +28,7 @@
 #include "diloco/core/error.hpp"
 #include "diloco/exec/cuda.hpp"
 #include "diloco/inner/muon.hpp"
-#include "diloco/tensor/device_buffer.hpp"
+#include "diloco/memory/device_buffer.hpp"
 
 namespace diloco::detail {
 

@@ -20,7 +20,7 @@
 #include "diloco/kernels/pseudo_gradient.hpp"
 #include "diloco/reduce/select.hpp"
 #include "diloco/reduce/verdict.hpp"
-#include "diloco/tensor/buffer.hpp"
+#include "diloco/memory/buffer.hpp"
 #include "diloco/tensor/parameter_set.hpp"
 
 namespace diloco::reduce {

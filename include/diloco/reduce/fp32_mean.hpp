@@ -14,7 +14,7 @@
 #include "diloco/core/error.hpp"
 #include "diloco/kernels/tensor_passes.hpp"
 #include "diloco/reduce/verdict.hpp"
-#include "diloco/tensor/buffer.hpp"
+#include "diloco/memory/buffer.hpp"
 #include "diloco/tensor/parameter_set.hpp"
 #include "diloco/tensor/tensor_list.hpp"
 

@@ -12,7 +12,7 @@
 #include "diloco/sync/plan.hpp"
 #include "diloco/sync/runtime.hpp"
 #include "diloco/sync/whole_model.hpp"
-#include "diloco/tensor/buffer.hpp"
+#include "diloco/memory/buffer.hpp"
 
 namespace diloco::sync {
 

@@ -16,7 +16,7 @@
 #include "diloco/core/state.hpp"
 #include "diloco/kernels/pseudo_gradient.hpp"
 #include "diloco/sync/runtime.hpp"
-#include "diloco/tensor/buffer.hpp"
+#include "diloco/memory/buffer.hpp"
 
 namespace diloco::sync {
 

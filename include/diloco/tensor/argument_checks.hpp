@@ -13,7 +13,7 @@
 
 #include "diloco/core/concepts.hpp"
 #include "diloco/tensor/low_precision.hpp"
-#include "diloco/tensor/tensor_traits.hpp"
+#include "diloco/core/tensor_traits.hpp"
 
 namespace diloco::detail {
 

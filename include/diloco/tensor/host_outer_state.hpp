@@ -36,7 +36,7 @@
 #include "diloco/core/memory_space.hpp"
 #include "diloco/exec/executor_for.hpp"
 #include "diloco/tensor/low_precision.hpp"
-#include "diloco/tensor/tensor_traits.hpp"
+#include "diloco/core/tensor_traits.hpp"
 
 namespace diloco {
 

@@ -58,10 +58,10 @@
 #include "diloco/core/macros.hpp"
 #include "diloco/exec/executor_for.hpp"
 #include "diloco/exec/host.hpp"
-#include "diloco/tensor/buffer.hpp"
+#include "diloco/memory/buffer.hpp"
 #include "diloco/codec/float_formats.hpp"
 #include "diloco/tensor/parameter_set.hpp"
-#include "diloco/tensor/tensor_traits.hpp"
+#include "diloco/core/tensor_traits.hpp"
 
 DILOCO_EXACT_FP_BEGIN
 

@@ -20,7 +20,7 @@
 #include "diloco/core/memory_space.hpp"
 #include "diloco/exec/chunks.hpp"
 #include "diloco/kernels/tensor_passes.hpp"
-#include "diloco/tensor/buffer.hpp"
+#include "diloco/memory/buffer.hpp"
 #include "diloco/tensor/parameter_set.hpp"
 
 namespace diloco {

@@ -9,7 +9,7 @@
 
 #include <cstddef>
 
-#include "diloco/tensor/tensor_traits.hpp"
+#include "diloco/core/tensor_traits.hpp"
 
 namespace diloco {
 

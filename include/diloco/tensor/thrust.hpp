@@ -7,7 +7,7 @@
 #include <thrust/device_vector.h>
 
 #include "diloco/core/memory_space.hpp"
-#include "diloco/tensor/tensor_traits.hpp"
+#include "diloco/core/tensor_traits.hpp"
 
 namespace diloco {
 

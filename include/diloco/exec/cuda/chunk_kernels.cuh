@@ -17,7 +17,7 @@
 
 #include "diloco/exec/chunks.hpp"
 #include "diloco/exec/cuda/launch_plan.hpp"
-#include "diloco/exec/cuda/runtime.hpp"
+#include "diloco/core/cuda_error.hpp"
 
 namespace diloco::exec {
 

@@ -13,7 +13,7 @@
 #include <cuda_runtime_api.h>
 
 #include "diloco/exec/cuda/launch_plan.hpp"
-#include "diloco/exec/cuda/runtime.hpp"
+#include "diloco/core/cuda_error.hpp"
 
 namespace diloco::exec {
 

@@ -19,7 +19,7 @@
 #include <cuda_runtime_api.h>
 
 #include "diloco/core/error.hpp"
-#include "diloco/exec/cuda/runtime.hpp"
+#include "diloco/core/cuda_error.hpp"
 #include "diloco/exec/cuda/team_plan.hpp"
 #include "diloco/kernels/wire_passes.hpp"
 

@@ -9,9 +9,9 @@
 #include <utility>
 
 #include "diloco/core/memory_space.hpp"
-#include "diloco/exec/cuda/runtime.hpp"
-#include "diloco/tensor/buffer.hpp"
-#include "diloco/tensor/tensor_traits.hpp"
+#include "diloco/core/cuda_error.hpp"
+#include "diloco/memory/buffer.hpp"
+#include "diloco/core/tensor_traits.hpp"
 
 namespace diloco {
 

@@ -11,7 +11,7 @@
 #endif
 
 #include "diloco/core/memory_space.hpp"
-#include "diloco/tensor/tensor_traits.hpp"
+#include "diloco/core/tensor_traits.hpp"
 
 namespace diloco {
 
