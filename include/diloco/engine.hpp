@@ -121,7 +121,8 @@ class engine final : public engine_fragments<Compressor, Comm, Space> {
   using membership::previous_rank_;
   using membership::previous_world_;
   using membership::membership_check;
-  using membership::recover_after_failure;
+  using typename membership::survived;
+  using membership::survive;
   using membership::recover_comm;
   using membership::resync_loop;
   using typename fragments::fragment;
@@ -275,16 +276,11 @@ class engine final : public engine_fragments<Compressor, Comm, Space> {
   void run_outer_round() {
     check_member("outer_round");
     bool run = membership_check(where::before_round);
-    while (run) {
-      try {
-        begin(0);
-        complete(0);
-        break;
-      } catch (const comm_error&) {
-        if (!elastic_) throw;
-        run = recover_after_failure(where::in_round);
-      }
-    }
+    while (run)
+      run = survive(where::in_round, [&] {
+              begin(0);
+              complete(0);
+            }) == survived::run_again;
     membership_check(where::after_round);
   }
 
@@ -293,13 +289,7 @@ class engine final : public engine_fragments<Compressor, Comm, Space> {
     check_member("finish");
     for (std::size_t p = 0; p < frags_.size(); ++p) {
       if (!frags_[p]->in_flight) continue;
-      try {
-        complete(p, /*draining=*/true);
-      } catch (const comm_error&) {
-        if (!elastic_) throw;
-        recover_after_failure(where::in_round);
-        return;
-      }
+      if (survive(where::in_round, [&] { complete(p, /*draining=*/true); }) != survived::done) return;
     }
     // A fixed group checks that every rank reached finish() at the same
     // inner step (a rank that took a step more would else leave its peers
@@ -430,16 +420,7 @@ class engine final : public engine_fragments<Compressor, Comm, Space> {
  public:
   // A delayed schedule's begin at a phase end, retried after a recovery.
   void begin_elastic() {
-    for (;;) {
-      try {
-        begin(0);
-        return;
-      } catch (const comm_error&) {
-        if (!elastic_) throw;
-        recover_after_failure(where::phase_end);
-        sched_.after_phase_recovery(*this);
-      }
-    }
+    while (survive(where::phase_end, [&] { begin(0); }) != survived::done) sched_.after_phase_recovery(*this);
   }
 
   // Begins fragment p's reduction, its pseudo-gradient taken from where the

@@ -78,7 +78,8 @@ class engine_fragments : public engine_membership<Comm, Space> {
   using membership::elastic_;
   using membership::recoveries_;
   using membership::membership_check;
-  using membership::recover_after_failure;
+  using typename membership::survived;
+  using membership::survive;
 
   engine_fragments(parameter_set<float, Space> params, Comm& comm, void* device_stream, event_hook hook)
       : membership(comm, device_stream, params.total(), std::move(hook)), params_(std::move(params)) {}
@@ -182,8 +183,17 @@ class engine_fragments : public engine_membership<Comm, Space> {
   std::uint64_t recoveries() const { return recoveries_; }
   bool membership_before_round() { return membership_check(where::before_round); }
   void membership_after_round() { membership_check(where::after_round); }
-  void recover_in_round() { recover_after_failure(where::in_round); }
-  void recover_at_phase_end() { recover_after_failure(where::phase_end); }
+  // A schedule's reductions under survive(): inside a round, or at a
+  // delayed schedule's phase end; whether they finished (a fixed group
+  // rethrows a failure; an elastic one re-forms and says false).
+  template <class Body>
+  bool survive_in_round(Body&& body) {
+    return survive(where::in_round, body) == survived::done;
+  }
+  template <class Body>
+  bool survive_at_phase_end(Body&& body) {
+    return survive(where::phase_end, body) == survived::done;
+  }
 
   // Lets in-flight reductions make progress (runs the stages whose
   // collectives completed); notes when one has finished.
@@ -352,13 +362,7 @@ class engine_fragments : public engine_membership<Comm, Space> {
       fragment& f = *frags_[p];
       if (!f.in_flight || f.ready) continue;
       const auto t0 = clock::now();
-      try {
-        f.result = wait_for(f);
-      } catch (const comm_error&) {
-        if (!elastic_) throw;
-        recover_after_failure(where::in_round);
-        return;
-      }
+      if (survive(where::in_round, [&] { f.result = wait_for(f); }) != survived::done) return;
       const auto t1 = clock::now();
       f.blocked += seconds_between(t0, t1);
       f.ready = true;

@@ -165,6 +165,27 @@ class engine_membership : public engine_group<Comm, Space> {
     for (std::size_t i = 0; i < c.scalars.size(); ++i) std::memcpy(c.scalars[i], &packed[2 * i], sizeof(std::uint64_t));
   }
 
+  // What survive() saw: the body finished; or a collective failed and the
+  // group re-formed, with the interrupted round to be run again now
+  // (run_again: every member was inside it or before it) or not
+  // (recovered).
+  enum class survived : std::uint8_t { done, run_again, recovered };
+
+  // The one way the engine and the schedules meet a failed collective: runs
+  // body; a comm_error propagates unchanged from a fixed group, and in an
+  // elastic group aborts what is in flight and re-forms the group at `at`
+  // (recover_after_failure). The caller goes on by the outcome.
+  template <class Body>
+  survived survive(where at, Body&& body) {
+    try {
+      body();
+      return survived::done;
+    } catch (const comm_error&) {
+      if (!elastic_) throw;
+      return recover_after_failure(at) ? survived::run_again : survived::recovered;
+    }
+  }
+
   // A collective failed (a peer died or stalled): abort what is in flight,
   // form the next generation with the survivors and resync. Returns whether
   // the interrupted round is to be run again now (see resync).

@@ -10,7 +10,6 @@
 #include <cstddef>
 #include <type_traits>
 
-#include "diloco/core/error.hpp"
 #include "diloco/kernels/merge.hpp"
 #include "diloco/sync/concepts.hpp"
 #include "diloco/sync/plan.hpp"
@@ -42,7 +41,7 @@ struct periodic_runtime : runtime_base {
     const auto& plan = e.plan();
     const auto t = e.position();
     bool applied = false;
-    try {
+    const bool finished = e.survive_in_round([&] {
       for (std::size_t p = 0; p < e.fragment_count(); ++p)
         if (plan.begins_after(p, t)) {
           // A check that re-formed the group with members at different
@@ -57,11 +56,8 @@ struct periodic_runtime : runtime_base {
           e.complete(p);
           applied = true;
         }
-    } catch (const comm_error&) {
-      if (!e.elastic()) throw;
-      e.recover_in_round();
-      return applied;
-    }
+    });
+    if (!finished) return applied;
     if (e.elastic() && t % e.inner_steps() == 0 && !e.in_flight()) e.membership_after_round();
     return applied;
   }

@@ -12,7 +12,6 @@
 
 #include <cstddef>
 
-#include "diloco/core/error.hpp"
 #include "diloco/core/state.hpp"
 #include "diloco/kernels/pseudo_gradient.hpp"
 #include "diloco/sync/runtime.hpp"
@@ -54,16 +53,12 @@ bool delayed_after_step(E& e, R& r) {
   if (e.position() % e.inner_steps() != 0) return false;
   bool applied = false;
   if (e.fragment_in_flight(0)) {
-    try {
-      e.complete(0);
-      applied = true;
-    } catch (const comm_error&) {
-      if (!e.elastic()) throw;
-      e.recover_at_phase_end();
+    if (!e.survive_at_phase_end([&] { e.complete(0); })) {
       r.after_phase_recovery(e);
       e.begin_elastic();
       return false;
     }
+    applied = true;
   } else {
     r.idle_phase_end(e);
   }

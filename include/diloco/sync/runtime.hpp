@@ -35,8 +35,9 @@
 // outer_state, outer_steps, workers, exec, copy_replica_to,
 // replica_from_global), the reductions (begin, complete, poll_in_flight,
 // run_outer_round) and membership (elastic, recoveries,
-// membership_before_round, membership_after_round, recover_in_round,
-// recover_at_phase_end, begin_elastic), outer_options and warn.
+// membership_before_round, membership_after_round, survive_in_round and
+// survive_at_phase_end: a body of reductions whose failure re-forms an
+// elastic group, begin_elastic), outer_options and warn.
 
 #include <cstdint>
 
