@@ -407,7 +407,7 @@ class algorithm {
     const std::uint64_t round = engine_->statistics().rounds;
     const std::string path = (folder / detail::concat("round-", round, ".ckpt")).string();
     checkpoint::write_file(path, bytes);
-    std::vector<std::uint64_t> rounds = saved_rounds(folder);
+    std::vector<std::uint64_t> rounds = checkpoint::saved_rounds(folder);
     std::sort(rounds.begin(), rounds.end(), std::greater<>());
     for (std::size_t i = keep; i < rounds.size(); ++i)
       if (rounds[i] != round)
@@ -427,26 +427,9 @@ class algorithm {
   /// before.)
   std::uint64_t load_latest_common(const std::string& dir) {
     const std::filesystem::path folder = std::filesystem::path(dir) / detail::concat("rank-", engine_->rank());
-    std::string mine;
-    for (std::uint64_t n : saved_rounds(folder)) mine += detail::concat(mine.empty() ? "" : " ", n);
-    const std::vector<std::string> all = engine_->exchange_text(mine);
-    std::vector<std::vector<std::uint64_t>> lists;
-    for (const std::string& text : all) {
-      std::vector<std::uint64_t> list;
-      for (std::size_t pos = 0; pos < text.size();) {
-        const std::size_t end = std::min(text.find(' ', pos), text.size());
-        list.push_back(std::stoull(text.substr(pos, end - pos)));
-        pos = end + 1;
-      }
-      std::sort(list.begin(), list.end());
-      lists.push_back(std::move(list));
-    }
-    std::vector<std::uint64_t> common = lists.at(0);
-    for (const auto& list : lists) {
-      std::vector<std::uint64_t> both;
-      std::set_intersection(common.begin(), common.end(), list.begin(), list.end(), std::back_inserter(both));
-      common = std::move(both);
-    }
+    const std::vector<std::string> all =
+        engine_->exchange_text(checkpoint::detail::rounds_text(checkpoint::saved_rounds(folder)));
+    const std::vector<std::uint64_t> common = checkpoint::detail::common_rounds(all);
     if (common.empty()) {
       std::string each;
       for (std::size_t r = 0; r < all.size(); ++r)
@@ -736,23 +719,6 @@ class algorithm {
       bytes = (bytes + 7) / 8 * 8 + n;
     }
     return checksum_finish(sum, bytes);
-  }
-
-  // The rounds of this rank's `round-<n>.ckpt` files in `folder` (none when
-  // it does not exist); other names (temporaries of a save) are skipped.
-  static std::vector<std::uint64_t> saved_rounds(const std::filesystem::path& folder) {
-    std::vector<std::uint64_t> out;
-    std::error_code ec;
-    for (const auto& entry : std::filesystem::directory_iterator(folder, ec)) {
-      const std::string name = entry.path().filename().string();
-      constexpr std::string_view head = "round-", tail = ".ckpt";
-      if (name.size() <= head.size() + tail.size() || !name.starts_with(head) || !name.ends_with(tail)) continue;
-      const std::string digits = name.substr(head.size(), name.size() - head.size() - tail.size());
-      if (digits.size() > 19 || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
-        continue;
-      out.push_back(std::stoull(digits));
-    }
-    return out;
   }
 
   static void write_stream(std::ostream& out, const std::vector<std::byte>& bytes, const char* what) {

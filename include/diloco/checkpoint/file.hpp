@@ -9,13 +9,17 @@
 // stray temporary, which nothing reads). A read takes the whole file into
 // memory, so it is validated before anything is restored.
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <iterator>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "diloco/core/error.hpp"
@@ -171,5 +175,61 @@ inline std::vector<std::byte> read_file(const std::string& path) {
 inline void write_file(const std::string& path, std::span<const std::byte> bytes) {
   commit_file(stage_file(path, bytes), path);
 }
+
+/// The rounds n of the `round-<n>.ckpt` files in `folder`, as
+/// algorithm::save_round names them (none when the folder does not exist);
+/// other names (temporaries of a save) are skipped. Unordered.
+inline std::vector<std::uint64_t> saved_rounds(const std::filesystem::path& folder) {
+  std::vector<std::uint64_t> out;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(folder, ec)) {
+    const std::string name = entry.path().filename().string();
+    constexpr std::string_view head = "round-", tail = ".ckpt";
+    if (name.size() <= head.size() + tail.size() || !name.starts_with(head) || !name.ends_with(tail)) continue;
+    const std::string digits = name.substr(head.size(), name.size() - head.size() - tail.size());
+    if (digits.size() > 19 || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      continue;
+    out.push_back(std::stoull(digits));
+  }
+  return out;
+}
+
+namespace detail {
+
+// A list of rounds as the text ranks exchange ("2 4 6"; empty for none),
+// and back (sorted).
+inline std::string rounds_text(const std::vector<std::uint64_t>& rounds) {
+  std::string out;
+  for (std::uint64_t n : rounds) {
+    if (!out.empty()) out += ' ';
+    out += std::to_string(n);
+  }
+  return out;
+}
+
+inline std::vector<std::uint64_t> parse_rounds(const std::string& text) {
+  std::vector<std::uint64_t> list;
+  for (std::size_t pos = 0; pos < text.size();) {
+    const std::size_t end = std::min(text.find(' ', pos), text.size());
+    list.push_back(std::stoull(text.substr(pos, end - pos)));
+    pos = end + 1;
+  }
+  std::sort(list.begin(), list.end());
+  return list;
+}
+
+// The rounds every list (rounds_text) holds, sorted.
+inline std::vector<std::uint64_t> common_rounds(const std::vector<std::string>& texts) {
+  std::vector<std::uint64_t> common = parse_rounds(texts.at(0));
+  for (const std::string& text : texts) {
+    const std::vector<std::uint64_t> list = parse_rounds(text);
+    std::vector<std::uint64_t> both;
+    std::set_intersection(common.begin(), common.end(), list.begin(), list.end(), std::back_inserter(both));
+    common = std::move(both);
+  }
+  return common;
+}
+
+}  // namespace detail
 
 }  // namespace diloco::checkpoint

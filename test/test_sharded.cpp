@@ -1,0 +1,349 @@
+// SPDX-License-Identifier: Apache-2.0
+// Sharded groups (sharded.hpp) on comm::threads: a 2 x 2 mesh whose ranks
+// each hold a shard of whole tensors (position 0: tensor 0, position 1:
+// tensors 1 and 2 of mesh_problem's model), trained FSDP-style: each step
+// the group gathers its shards into the whole model over intra, and every
+// gradient element depends on the whole model (a pull towards its group's
+// target plus 0.05 x the mean of all weights). The reference is flat
+// DiLoCo with 2 workers over the whole model and the same gradients: the
+// shards' theta_global and replicas must be its bits (element-wise
+// optimizers, block codecs whose blocks lie inside tensors), for every
+// schedule but streaming (whose fragment plan follows the tensor list).
+// Then: a group whose ranks disagree on H is the same config_error on
+// every rank; checkpoints per shard resume bitwise from the newest round
+// every rank holds; a position whose file is damaged makes every rank
+// raise with its state unchanged; no common round is a state_error.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstddef>
+#include <diloco/diloco.hpp>
+#include <diloco/sharded.hpp>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "mesh_problem.hpp"
+#include "same_bits.hpp"
+
+namespace dc = diloco;
+namespace cp = diloco::compress;
+namespace fs = std::filesystem;
+
+using namespace mesh_problem;
+
+namespace {
+
+constexpr int R = 2, G = 2;
+const std::vector<std::vector<std::size_t>> shard_tensors = {{0}, {1, 2}};
+
+// 0.05 x the mean of the whole model's weights, summed tensor by tensor in
+// double: the part of every gradient element that needs the whole model.
+float coupling(const std::vector<std::vector<float>>& whole) {
+  double sum = 0.0;
+  std::size_t n = 0;
+  for (const auto& t : whole)
+    for (const float x : t) sum += x, ++n;
+  return 0.05f * static_cast<float>(sum / static_cast<double>(n));
+}
+
+// The gradients of `mine` (the tensors `ks` of the model) at step s of group r.
+std::vector<std::vector<float>> gradients(int r, int s, const std::vector<std::size_t>& ks,
+                                          const std::vector<std::vector<float>>& mine, float c) {
+  std::vector<std::vector<float>> g(mine.size());
+  for (std::size_t j = 0; j < mine.size(); ++j) {
+    g[j].resize(mine[j].size());
+    for (std::size_t i = 0; i < mine[j].size(); ++i) g[j][i] = grad_of(r, s, ks[j], i, mine[j][i]) + c;
+  }
+  return g;
+}
+
+// The whole model from the group's shards: an all_gather over intra of
+// each position's tensors, concatenated and padded to the largest shard.
+std::vector<std::vector<float>> gather_whole(dc::mesh<dc::comm::threads>& m, const std::vector<std::vector<float>>& mine) {
+  std::size_t largest = 0;
+  for (const auto& ks : shard_tensors) {
+    std::size_t n = 0;
+    for (std::size_t k : ks) n += sizes[k];
+    largest = std::max(largest, n);
+  }
+  std::vector<float> packed(largest, 0.0f), all(largest * static_cast<std::size_t>(G));
+  std::size_t off = 0;
+  for (const auto& t : mine) std::copy(t.begin(), t.end(), packed.begin() + static_cast<std::ptrdiff_t>(off)), off += t.size();
+  m.intra().all_gather(std::as_bytes(std::span<const float>(packed)), std::as_writable_bytes(std::span<float>(all)));
+  std::vector<std::vector<float>> whole(sizes.size());
+  for (int g = 0; g < G; ++g) {
+    std::size_t at = static_cast<std::size_t>(g) * largest;
+    for (std::size_t k : shard_tensors[static_cast<std::size_t>(g)]) {
+      whole[k].assign(all.begin() + static_cast<std::ptrdiff_t>(at), all.begin() + static_cast<std::ptrdiff_t>(at + sizes[k]));
+      at += sizes[k];
+    }
+  }
+  return whole;
+}
+
+std::vector<std::vector<float>> initial_shard(int position) {
+  const auto all = initial_params();
+  std::vector<std::vector<float>> mine;
+  for (std::size_t k : shard_tensors[static_cast<std::size_t>(position)]) mine.push_back(all[k]);
+  return mine;
+}
+
+template <class A>
+std::vector<std::vector<float>> global_tensors(const A& a, const std::vector<std::vector<float>>& like) {
+  const auto g = a.global_parameters();
+  std::vector<std::vector<float>> out;
+  for (std::size_t j = 0; j < like.size(); ++j)
+    out.emplace_back(g.data() + a.global_offset(j), g.data() + a.global_offset(j) + like[j].size());
+  return out;
+}
+
+struct tensors_of {  // per worker (flat) or per world rank (mesh): tensor k's replica and theta_global
+  std::vector<std::vector<std::vector<float>>> replica, global;
+};
+
+template <class C, class Sync>
+tensors_of run_flat_coupled() {
+  tensors_of out;
+  out.replica.resize(R);
+  out.global.resize(R);
+  dc::comm::threads::world world(R);
+  world.run([&](dc::comm::threads& comm) {
+    auto p = initial_params();
+    dc::algorithm<dc::inner::sgd, dc::outer::nesterov, C, dc::comm::threads, Sync> a(p, comm,
+                                                                                    {.inner_steps = H, .inner = {.lr = 0.1f}});
+    const std::vector<std::size_t> all_k = {0, 1, 2};
+    for (int s = 0; s < steps; ++s) a.step(gradients(comm.rank(), s, all_k, p, coupling(p)));
+    a.finish();
+    const auto r = static_cast<std::size_t>(comm.rank());
+    out.replica[r] = p;
+    out.global[r] = global_tensors(a, p);
+  });
+  return out;
+}
+
+template <class C, class Sync>
+using sharded_sgd = dc::sharded<dc::inner::sgd, dc::outer::nesterov, C, dc::comm::threads, Sync>;
+
+// Steps [from, to) of the sharded run on this rank.
+template <class S>
+void train_steps(S& a, dc::mesh<dc::comm::threads>& m, std::vector<std::vector<float>>& mine, int from, int to) {
+  const auto& ks = shard_tensors[static_cast<std::size_t>(m.position())];
+  for (int s = from; s < to; ++s) a.step(gradients(m.group(), s, ks, mine, coupling(gather_whole(m, mine))));
+}
+
+template <class C, class Sync>
+tensors_of run_sharded() {
+  tensors_of out;
+  out.replica.resize(R * G);
+  out.global.resize(R * G);
+  dc::comm::threads::world world(R * G);
+  world.run([&](dc::comm::threads& comm) {
+    dc::mesh<dc::comm::threads> m(comm, {.group_size = G});
+    auto mine = initial_shard(m.position());
+    sharded_sgd<C, Sync> a(mine, m, {.inner_steps = H, .inner = {.lr = 0.1f}});
+    CHECK(a.shard_algorithm().world_size() == R);
+    train_steps(a, m, mine, 0, steps);
+    a.finish();
+    const auto w = static_cast<std::size_t>(comm.rank());
+    out.replica[w] = mine;
+    out.global[w] = global_tensors(a.shard_algorithm(), mine);
+  });
+  return out;
+}
+
+template <class C, class Sync>
+void check_sharded_equals_flat() {
+  INFO(std::string(Sync::name));
+  const tensors_of flat = run_flat_coupled<C, Sync>();
+  const tensors_of mesh = run_sharded<C, Sync>();
+  // Training happened, and the workers' replicas differ (except where
+  // finish() makes every replica theta_global).
+  CHECK_FALSE(same_bits(flat.global[0][0], initial_params()[0]));
+  if constexpr (!std::is_same_v<Sync, dc::sync::delayed>) CHECK_FALSE(same_bits(flat.replica[0][0], flat.replica[1][0]));
+  for (int w = 0; w < R * G; ++w) {
+    const auto r = static_cast<std::size_t>(w / G), g = static_cast<std::size_t>(w % G);
+    const auto& ks = shard_tensors[g];
+    for (std::size_t j = 0; j < ks.size(); ++j) {
+      INFO("world rank ", w, ", tensor ", ks[j]);
+      CHECK(same_bits(mesh.global[static_cast<std::size_t>(w)][j], flat.global[r][ks[j]]));
+      CHECK(same_bits(mesh.replica[static_cast<std::size_t>(w)][j], flat.replica[r][ks[j]]));
+    }
+  }
+}
+
+// Every rank's exception message, by world rank ("" when none was thrown).
+struct raised {
+  std::mutex lock;
+  std::vector<std::string> what = std::vector<std::string>(R * G);
+  std::vector<std::string> type = std::vector<std::string>(R * G);
+  template <class F>
+  void on(int w, F&& f) {
+    try {
+      f();
+    } catch (const dc::format_error& e) {
+      note(w, "format_error", e.what());
+    } catch (const dc::config_error& e) {
+      note(w, "config_error", e.what());
+    } catch (const dc::state_error& e) {
+      note(w, "state_error", e.what());
+    }
+  }
+  void note(int w, const char* t, const char* m) {
+    std::lock_guard<std::mutex> g(lock);
+    type[static_cast<std::size_t>(w)] = t;
+    what[static_cast<std::size_t>(w)] = m;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("sharded 2 x 2 (FSDP-style shards of whole tensors) equals flat DiLoCo with 2 workers over the whole model") {
+  check_sharded_equals_flat<cp::none, dc::sync::blocking>();
+  check_sharded_equals_flat<int4_ef, dc::sync::blocking>();
+  check_sharded_equals_flat<int4_ef, dc::sync::one_step_delay>();
+  check_sharded_equals_flat<int4_ef, dc::sync::eager>();
+  check_sharded_equals_flat<cp::none, dc::sync::delayed>();
+  check_sharded_equals_flat<cp::error_feedback<cp::chunk_topk<128, 8, dc::int4>>, dc::sync::blocking>();
+}
+
+TEST_CASE("sharded: ranks of one group that disagree on H raise the same config_error on every rank of the world") {
+  raised r;
+  dc::comm::threads::world world(R * G);
+  world.run([&](dc::comm::threads& comm) {
+    dc::mesh<dc::comm::threads> m(comm, {.group_size = G});
+    auto mine = initial_shard(m.position());
+    // Group 0's position 1 runs H = 4; everyone else H = 3.
+    const std::size_t h = m.group() == 0 && m.position() == 1 ? 4 : H;
+    r.on(comm.rank(), [&] { sharded_sgd<cp::none, dc::sync::blocking> a(mine, m, {.inner_steps = h}); });
+  });
+  for (int w = 0; w < R * G; ++w) {
+    INFO("world rank ", w, ": ", r.what[static_cast<std::size_t>(w)]);
+    CHECK(r.type[static_cast<std::size_t>(w)] == "config_error");
+    CHECK(r.what[static_cast<std::size_t>(w)] == r.what[0]);
+  }
+  CHECK(r.what[0].find("group 0") != std::string::npos);
+  CHECK(r.what[0].find("'options.inner_steps' is 3 on rank 0 but 4 on rank 1") != std::string::npos);
+}
+
+TEST_CASE("sharded: inner clipping with the library's inner optimizer is a config_error") {
+  dc::comm::threads::world world(R * G);
+  std::atomic<int> refused{0};
+  world.run([&](dc::comm::threads& comm) {
+    dc::mesh<dc::comm::threads> m(comm, {.group_size = G});
+    auto mine = initial_shard(m.position());
+    try {
+      dc::sharded<dc::inner::adamw, dc::outer::nesterov, cp::none, dc::comm::threads> a(
+          mine, m, {.inner_steps = H, .inner = {.max_grad_norm = 1.0f}});
+    } catch (const dc::config_error& e) {
+      if (std::string(e.what()).find("max_grad_norm = 1") != std::string::npos) ++refused;
+    }
+  });
+  CHECK(refused == R * G);
+}
+
+TEST_CASE("sharded: checkpoints per shard resume bitwise from the newest round every rank saved") {
+  const fs::path dir = fs::temp_directory_path() / ("diloco_test_sharded_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  using S = sharded_sgd<int4_ef, dc::sync::one_step_delay>;
+  // Run A: 12 steps, saving at steps 6 and 9: under one-step delay the
+  // rounds applied by then are 1 and 2 (a phase's mean lands at the next
+  // phase's end).
+  tensors_of a_out;
+  a_out.replica.resize(R * G);
+  a_out.global.resize(R * G);
+  {
+    dc::comm::threads::world world(R * G);
+    world.run([&](dc::comm::threads& comm) {
+      dc::mesh<dc::comm::threads> m(comm, {.group_size = G});
+      auto mine = initial_shard(m.position());
+      S a(mine, m, {.inner_steps = H, .inner = {.lr = 0.1f}});
+      train_steps(a, m, mine, 0, 6);
+      const std::string path = a.save_round(dir.string());
+      CHECK(path == (dir / ("position-" + std::to_string(m.position())) / ("rank-" + std::to_string(m.group())) /
+                     "round-1.ckpt")
+                        .string());
+      train_steps(a, m, mine, 6, 9);
+      a.save_round(dir.string());
+      train_steps(a, m, mine, 9, 12);
+      a.finish();
+      const auto w = static_cast<std::size_t>(comm.rank());
+      a_out.replica[w] = mine;
+      a_out.global[w] = global_tensors(a.shard_algorithm(), mine);
+    });
+  }
+  // Position 1 of group 1 lost round 2: every rank resumes from round 1.
+  CHECK(fs::remove(dir / "position-1" / "rank-1" / "round-2.ckpt"));
+  std::atomic<int> resumed_at_1{0};
+  {
+    dc::comm::threads::world world(R * G);
+    world.run([&](dc::comm::threads& comm) {
+      dc::mesh<dc::comm::threads> m(comm, {.group_size = G});
+      auto mine = initial_shard(m.position());
+      S b(mine, m, {.inner_steps = H, .inner = {.lr = 0.1f}});
+      if (b.load_latest_common(dir.string()) == 1) ++resumed_at_1;
+      train_steps(b, m, mine, 6, 12);
+      b.finish();
+      const auto w = static_cast<std::size_t>(comm.rank());
+      INFO("world rank ", w);
+      for (std::size_t j = 0; j < mine.size(); ++j) CHECK(same_bits(mine[j], a_out.replica[w][j]));
+      const auto g = global_tensors(b.shard_algorithm(), mine);
+      for (std::size_t j = 0; j < g.size(); ++j) CHECK(same_bits(g[j], a_out.global[w][j]));
+    });
+  }
+  CHECK(resumed_at_1 == R * G);
+
+  // A damaged file at position 1 of group 0: every rank raises, and every
+  // rank's state is what it was (after 2 steps of its own: before the
+  // first phase end, so nothing is in flight, which load would refuse).
+  {
+    const fs::path victim = dir / "position-1" / "rank-0" / "round-1.ckpt";
+    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(victim) / 2));
+    f.put('\x5a');
+  }
+  raised r;
+  {
+    dc::comm::threads::world world(R * G);
+    world.run([&](dc::comm::threads& comm) {
+      dc::mesh<dc::comm::threads> m(comm, {.group_size = G});
+      auto mine = initial_shard(m.position());
+      S c(mine, m, {.inner_steps = H, .inner = {.lr = 0.1f}});
+      train_steps(c, m, mine, 0, 2);
+      const auto replica_before = mine;
+      const auto global_before = global_tensors(c.shard_algorithm(), mine);
+      r.on(comm.rank(), [&] { c.load_latest_common(dir.string()); });
+      INFO("world rank ", comm.rank());
+      for (std::size_t j = 0; j < mine.size(); ++j) CHECK(same_bits(mine[j], replica_before[j]));
+      const auto g = global_tensors(c.shard_algorithm(), mine);
+      for (std::size_t j = 0; j < g.size(); ++j) CHECK(same_bits(g[j], global_before[j]));
+    });
+  }
+  CHECK(r.type[1] == "format_error");  // world rank 1: group 0, position 1 (the damaged file)
+  CHECK(r.type[3] == "state_error");   // its position in group 1 (algorithm::load's verdict)
+  CHECK(r.type[0] == "state_error");   // position 0 of both groups (sharded's verdict)
+  CHECK(r.type[2] == "state_error");
+  CHECK(r.what[0].find("position 1") != std::string::npos);
+
+  // No round common to every rank: the same state_error everywhere.
+  fs::remove_all(dir / "position-0" / "rank-1");
+  raised none;
+  {
+    dc::comm::threads::world world(R * G);
+    world.run([&](dc::comm::threads& comm) {
+      dc::mesh<dc::comm::threads> m(comm, {.group_size = G});
+      auto mine = initial_shard(m.position());
+      S d(mine, m, {.inner_steps = H});
+      none.on(comm.rank(), [&] { d.load_latest_common(dir.string()); });
+    });
+  }
+  for (int w = 0; w < R * G; ++w) {
+    CHECK(none.type[static_cast<std::size_t>(w)] == "state_error");
+    CHECK(none.what[static_cast<std::size_t>(w)] == none.what[0]);
+  }
+  CHECK(none.what[0].find("no round has a checkpoint on every rank") != std::string::npos);
+  fs::remove_all(dir);
+}
