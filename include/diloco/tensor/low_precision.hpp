@@ -73,9 +73,9 @@ struct bfloat16 {
   /// The value of code `b`.
   static constexpr bfloat16 from_bits(std::uint16_t b) { return bfloat16{b}; }
   /// x rounded to nearest, ties to even (NaN stays NaN, overflow gives inf).
-  DILOCO_HD static bfloat16 round(float x) { return bfloat16{kernels::bf16_round_nearest(x)}; }
+  DILOCO_HD DILOCO_FORCEINLINE static bfloat16 round(float x) { return bfloat16{kernels::bf16_round_nearest(x)}; }
   /// The value as an fp32 (exact).
-  DILOCO_HD explicit operator float() const { return kernels::bf16_format::decode(bits); }
+  DILOCO_HD DILOCO_FORCEINLINE explicit operator float() const { return kernels::bf16_format::decode(bits); }
   /// Same code.
   friend constexpr bool operator==(bfloat16, bfloat16) = default;
 };
@@ -87,9 +87,9 @@ struct float16 {
   static constexpr float16 from_bits(std::uint16_t b) { return float16{b}; }
   /// x rounded to nearest, ties to even (NaN stays NaN, |x| past 65504's
   /// rounding range gives inf).
-  DILOCO_HD static float16 round(float x) { return float16{kernels::encode_float16<kernels::fp16_format>(x, -1.0f)}; }
+  DILOCO_HD DILOCO_FORCEINLINE static float16 round(float x) { return float16{kernels::encode_float16<kernels::fp16_format>(x, -1.0f)}; }
   /// The value as an fp32 (exact, subnormals included).
-  DILOCO_HD explicit operator float() const { return kernels::fp16_format::decode(bits); }
+  DILOCO_HD DILOCO_FORCEINLINE explicit operator float() const { return kernels::fp16_format::decode(bits); }
   /// Same code.
   friend constexpr bool operator==(float16, float16) = default;
 };
