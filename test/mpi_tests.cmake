@@ -25,6 +25,9 @@ diloco_add_mpi_test(test_compressed_mean_mpi_np4 RANKS 4 COMMAND test_compressed
 add_executable(test_mesh_mpi test_mesh_mpi.cpp)
 target_link_libraries(test_mesh_mpi PRIVATE diloco_mpi_test_main)
 diloco_add_mpi_test(test_mesh_mpi_np4 RANKS 4 COMMAND test_mesh_mpi LABELS unit)
+add_executable(test_sharded_mpi test_sharded_mpi.cpp)
+target_link_libraries(test_sharded_mpi PRIVATE diloco_mpi_test_main)
+diloco_add_mpi_test(test_sharded_mpi_np4 RANKS 4 COMMAND test_sharded_mpi LABELS unit)
 
 # MPI_Init and MPI_Finalize happen inside this one's test cases.
 add_executable(test_comm_mpi_lifecycle test_comm_mpi_lifecycle.cpp)
