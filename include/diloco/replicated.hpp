@@ -134,14 +134,7 @@ class replicated {
       add_tensor(params);
     else
       for (auto&& t : params) add_tensor(t);
-    if constexpr (!external_inner<Inner>) {
-      if constexpr (requires { opts.inner.max_grad_norm; })
-        if (opts.inner.max_grad_norm > 0.0f)
-          diloco::detail::raise<config_error>(
-              "diloco::replicated: inner max_grad_norm = ", opts.inner.max_grad_norm,
-              " (clipping) is not supported with the library's inner optimizer: it would clip by the shard's "
-              "norm; expected 0, or clip the full gradients yourself before step(grads)");
-    }
+    if constexpr (!external_inner<Inner>) diloco::detail::refuse_shard_clipping(opts, "diloco::replicated");
     plan();
     std::vector<tensor_view<float>> views;
     for (const shard_piece& p : shards_[static_cast<std::size_t>(m.position())])

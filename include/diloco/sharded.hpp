@@ -115,14 +115,7 @@ class sharded {
   /// between groups, ...) reach every rank as well.
   template <class Params>
   sharded(Params&& shard, mesh<Comm>& m, options opts = {}) : mesh_(&m) {
-    if constexpr (!external_inner<Inner>) {
-      if constexpr (requires { opts.inner.max_grad_norm; })
-        if (opts.inner.max_grad_norm > 0.0f)
-          diloco::detail::raise<config_error>(
-              "diloco::sharded: inner max_grad_norm = ", opts.inner.max_grad_norm,
-              " (clipping) is not supported with the library's inner optimizer: it would clip by the shard's "
-              "norm; expected 0, or clip the whole model's gradients yourself under inner::external");
-    }
+    if constexpr (!external_inner<Inner>) diloco::detail::refuse_shard_clipping(opts, "diloco::sharded");
     agree_in_group(opts);
     // How to build the shard's algorithm again (a roll-back of
     // load_latest_common): the same tensors, communicator and options.

@@ -202,6 +202,24 @@ class mesh {
   std::unique_ptr<Comm> inter_;
 };
 
+namespace detail {
+
+/// Refuses inner clipping (options.inner.max_grad_norm > 0) for a trainer
+/// that runs the library's inner optimizer on a shard (replicated,
+/// sharded): the norm would be the shard's, not the model's; `who` names
+/// the trainer in the config_error.
+template <class Options>
+void refuse_shard_clipping(const Options& opts, const char* who) {
+  if constexpr (requires { opts.inner.max_grad_norm; })
+    if (opts.inner.max_grad_norm > 0.0f)
+      raise<config_error>(who, ": inner max_grad_norm = ", opts.inner.max_grad_norm,
+                          " (clipping) is not supported with the library's inner optimizer: it would clip by the "
+                          "shard's norm; expected 0, or clip the whole model's gradients yourself under "
+                          "inner::external");
+}
+
+}  // namespace detail
+
 /// The group's data parallelism: averages this rank's fp32 gradients over
 /// the mesh's group (an all_reduce mean over intra), in place, tensor by
 /// tensor, so that every replica of the group takes the same inner step.
