@@ -21,17 +21,12 @@
 
 #include "linear_regression.hpp"
 #include "low_precision_reference.hpp"
+#include "test_probes.hpp"
 
 namespace dc = diloco;
 using namespace linear_regression;
 
 namespace {
-
-int world_size() {
-  int m = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &m);
-  return m;
-}
 
 constexpr int h = 5, rounds = 6;
 constexpr float inner_lr = 0.05f, inner_mu = 0.9f, outer_lr = 0.7f, outer_mu = 0.9f;

@@ -18,16 +18,11 @@
 
 #include "mesh_problem.hpp"
 #include "same_bits.hpp"
+#include "test_probes.hpp"
 
 using namespace mesh_problem;
 
 namespace {
-
-int world_size() {
-  int w = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &w);
-  return w;
-}
 
 template <class C, class Sync>
 void check_mpi_mesh_equals_flat() {

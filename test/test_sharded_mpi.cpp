@@ -20,16 +20,11 @@
 
 #include "same_bits.hpp"
 #include "sharded_problem.hpp"
+#include "test_probes.hpp"
 
 using namespace sharded_problem;
 
 namespace {
-
-int world_size() {
-  int w = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &w);
-  return w;
-}
 
 template <class C, class Sync>
 void check_sharded_mpi_equals_flat() {
