@@ -194,7 +194,7 @@ void round_in_this_process(long log2, long tensors, int reps) {
   // The machine's memory speed at the time of each round: STREAM triad
   // over three more arrays of n floats (the library's own host buffers,
   // on huge pages), timed right after the round. This machine's memory
-  // bandwidth drifts by up to 1.5x within seconds, inside one process
+  // bandwidth drifts by up to 1.8x within seconds, inside one process
   // (docs/performance.md); a round slower than the triad beside it is
   // slow because of the process, a round as much slower as its triad is
   // slow because of the machine.
