@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <limits>
 #include <mutex>
+#include <span>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -369,5 +370,77 @@ TEST_CASE("one_step_delay: an Inf gradient at step 5 refuses round 1 at step 10,
     CAPTURE(msg);
     CHECK(contains(msg, "outer round 1 rejected: non-finite pseudo-gradient from rank 1 ("));
     CHECK(contains(msg, "at inner step 10"));
+  }
+}
+
+// detail::gather_texts (core/agreement.hpp), through which the engine's
+// start-up agreement, load()'s restore records and diloco::sharded's
+// verdicts travel: each rank's text arrives exactly (its own length, NUL
+// bytes and empty texts included), and a length over 16 MiB is refused on
+// every rank before the texts travel.
+namespace {
+struct counted_gather {
+  dc::comm::threads& comm;
+  int calls = 0;
+  std::vector<std::byte> operator()(const std::vector<std::byte>& mine) {
+    ++calls;
+    std::vector<std::byte> all(mine.size() * static_cast<std::size_t>(comm.size()));
+    comm.all_gather(std::span<const std::byte>(mine), std::span<std::byte>(all));
+    return all;
+  }
+};
+}  // namespace
+
+TEST_CASE("gather_texts: every rank's text arrives exactly, empty ones and NUL bytes included") {
+  const std::vector<std::string> texts{"alpha\n", "", std::string("b\0\0", 3)};
+  std::mutex m;
+  std::vector<std::vector<std::string>> got(3);
+  std::vector<int> calls(3);
+  dc::comm::threads::world world(3);
+  world.run([&](dc::comm::threads& comm) {
+    counted_gather g{comm};
+    auto out = dc::detail::gather_texts(texts[static_cast<std::size_t>(comm.rank())], 3, g);
+    std::lock_guard lock(m);
+    got[static_cast<std::size_t>(comm.rank())] = std::move(out);
+    calls[static_cast<std::size_t>(comm.rank())] = g.calls;
+  });
+  for (int r = 0; r < 3; ++r) {
+    CHECK(got[static_cast<std::size_t>(r)] == texts);
+    CHECK(calls[static_cast<std::size_t>(r)] == 2);  // the lengths, then the texts
+  }
+  CHECK(got[0][2].size() == 3);
+
+  // Every text empty: the lengths say so, and nobody gathers again.
+  world.run([&](dc::comm::threads& comm) {
+    counted_gather g{comm};
+    auto out = dc::detail::gather_texts(std::string(), 3, g);
+    std::lock_guard lock(m);
+    CHECK(out == std::vector<std::string>(3));
+    CHECK(g.calls == 1);
+  });
+}
+
+TEST_CASE("gather_texts: a rank announcing more than 16 MiB is named on every rank, before the texts travel") {
+  std::mutex m;
+  std::vector<std::string> errors(3);
+  std::vector<int> calls(3);
+  dc::comm::threads::world world(3);
+  world.run([&](dc::comm::threads& comm) {
+    counted_gather g{comm};
+    const std::string text = comm.rank() == 1 ? std::string((std::size_t{1} << 24) + 1, 'x') : std::string("ok");
+    std::string error;
+    try {
+      (void)dc::detail::gather_texts(text, 3, g);
+    } catch (const dc::format_error& e) {
+      error = e.what();
+    }
+    std::lock_guard lock(m);
+    errors[static_cast<std::size_t>(comm.rank())] = error;
+    calls[static_cast<std::size_t>(comm.rank())] = g.calls;
+  });
+  for (int r = 0; r < 3; ++r) {
+    CHECK(errors[static_cast<std::size_t>(r)].find("rank 1 announced a 16777217-byte record (at most 16 MiB expected)") !=
+          std::string::npos);
+    CHECK(calls[static_cast<std::size_t>(r)] == 1);
   }
 }

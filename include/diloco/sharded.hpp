@@ -65,24 +65,16 @@ namespace diloco {
 
 namespace detail_sharded {
 
-/// Every rank's text over `c`, in its rank order: the lengths first, then
-/// the texts padded to the longest (one all_gather each).
+/// Every rank's text over `c`, in its rank order (core/agreement.hpp's
+/// gather_texts over the communicator's all-gather of bytes).
 template <class Comm>
 std::vector<std::string> gather_texts(Comm& c, const std::string& text) {
   const auto n = static_cast<std::size_t>(c.size());
-  const std::uint64_t length = text.size();
-  std::vector<std::uint64_t> lengths(n);
-  c.all_gather(std::as_bytes(std::span<const std::uint64_t>(&length, 1)),
-               std::as_writable_bytes(std::span<std::uint64_t>(lengths)));
-  std::uint64_t longest = 1;
-  for (std::uint64_t l : lengths) longest = l > longest ? l : longest;
-  std::vector<std::byte> mine(longest), all(longest * n);
-  if (!text.empty()) std::memcpy(mine.data(), text.data(), text.size());
-  c.all_gather(std::span<const std::byte>(mine), std::span<std::byte>(all));
-  std::vector<std::string> out(n);
-  for (std::size_t r = 0; r < n; ++r)
-    out[r].assign(reinterpret_cast<const char*>(all.data() + r * longest), lengths[r]);
-  return out;
+  return diloco::detail::gather_texts(text, n, [&c, n](const std::vector<std::byte>& mine) {
+    std::vector<std::byte> all(mine.size() * n);
+    c.all_gather(std::span<const std::byte>(mine), std::span<std::byte>(all));
+    return all;
+  });
 }
 
 /// The failures named in `verdicts` (empty: fine), as "what r: message; ...".

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <string>
@@ -131,6 +132,48 @@ inline agreement_outcome compare_agreement(const std::vector<std::vector<agreeme
     for (const auto& x : v) differ = differ || x != v.front();
     if (differ) out.per_rank.push_back({name, v});
   }
+  return out;
+}
+
+// ---------------------------------------------------------------- texts
+// Every rank's text, in rank order, over `ranks` ranks: their lengths
+// first, then the texts padded to the longest, each through
+// `all_gather(mine)`, which returns every rank's bytes (mine.size() each) in
+// rank order. A length over 16 MiB is refused on every rank that sees it (a
+// rank running another program, or a damaged stream), before any buffer of
+// that size is made. The engine (engine/group.hpp) and diloco::sharded
+// gather through it.
+template <class AllGather>
+std::vector<std::string> gather_texts(const std::string& text, std::size_t ranks, AllGather&& all_gather) {
+  constexpr std::uint64_t most = std::uint64_t{1} << 24;
+  std::vector<std::byte> mine(sizeof(std::uint64_t));
+  const std::uint64_t len = text.size();
+  std::memcpy(mine.data(), &len, sizeof len);
+  const std::vector<std::byte> gathered = all_gather(mine);
+  if (gathered.size() != ranks * sizeof len)
+    raise<format_error>("gather_texts: the all-gather of the lengths returned ", gathered.size(), " bytes, expected ",
+                        ranks * sizeof len);
+  std::vector<std::size_t> lengths(ranks);
+  std::size_t longest = 0;
+  for (std::size_t r = 0; r < ranks; ++r) {
+    std::uint64_t l = 0;
+    std::memcpy(&l, gathered.data() + r * sizeof l, sizeof l);
+    if (l > most)
+      raise<format_error>("rank ", r, " announced a ", l,
+                          "-byte record (at most 16 MiB expected); are all ranks running the same program?");
+    lengths[r] = static_cast<std::size_t>(l);
+    longest = lengths[r] > longest ? lengths[r] : longest;
+  }
+  std::vector<std::string> out(ranks);
+  if (longest == 0) return out;  // every rank saw the same lengths: none gathers again
+  mine.assign(longest, std::byte{0});
+  if (!text.empty()) std::memcpy(mine.data(), text.data(), text.size());
+  const std::vector<std::byte> all = all_gather(mine);
+  if (all.size() != ranks * longest)
+    raise<format_error>("gather_texts: the all-gather of the texts returned ", all.size(), " bytes, expected ",
+                        ranks * longest);
+  for (std::size_t r = 0; r < ranks; ++r)
+    out[r].assign(reinterpret_cast<const char*>(all.data() + r * longest), lengths[r]);
   return out;
 }
 

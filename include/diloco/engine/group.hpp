@@ -125,33 +125,12 @@ class engine_group : public engine_base {
     return all;
   }
 
-  // Every rank's text, in rank order: their lengths first, then the texts
-  // padded to the longest (counted in setup_bytes).
+  // Every rank's text, in rank order (core/agreement.hpp's gather_texts
+  // over gather_bytes; counted in setup_bytes).
   std::vector<std::string> gather_text(const std::string& text) {
     const auto traffic0 = comm_.traffic();
-    const auto M = static_cast<std::size_t>(world_);
-    std::vector<std::byte> mine(sizeof(std::uint64_t));
-    const std::uint64_t len = text.size();
-    std::memcpy(mine.data(), &len, sizeof len);
-    const std::vector<std::byte> lengths = gather_bytes(mine);
-    std::size_t longest = 0;
-    for (std::size_t r = 0; r < M; ++r) {
-      std::uint64_t l = 0;
-      std::memcpy(&l, lengths.data() + r * sizeof l, sizeof l);
-      if (l > (std::size_t{1} << 24))
-        raise<format_error>("rank ", r, " announced a ", l,
-                            "-byte record (at most 16 MiB expected); are all ranks running the same program?");
-      longest = std::max<std::size_t>(longest, static_cast<std::size_t>(l));
-    }
-    mine.assign(longest, std::byte{0});
-    if (!text.empty()) std::memcpy(mine.data(), text.data(), text.size());
-    const std::vector<std::byte> all = gather_bytes(mine);
-    std::vector<std::string> out;
-    for (std::size_t r = 0; r < M; ++r) {
-      std::string t(reinterpret_cast<const char*>(all.data()) + r * longest, longest);
-      while (!t.empty() && t.back() == '\0') t.pop_back();
-      out.push_back(std::move(t));
-    }
+    std::vector<std::string> out = gather_texts(text, static_cast<std::size_t>(world_),
+                                                [this](const std::vector<std::byte>& mine) { return gather_bytes(mine); });
     stats_.setup_bytes += comm_.traffic().bytes_sent - traffic0.bytes_sent;
     return out;
   }
