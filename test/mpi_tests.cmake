@@ -29,6 +29,10 @@ add_executable(test_sharded_mpi test_sharded_mpi.cpp)
 target_link_libraries(test_sharded_mpi PRIVATE diloco_mpi_test_main)
 diloco_add_mpi_test(test_sharded_mpi_np4 RANKS 4 COMMAND test_sharded_mpi LABELS unit)
 
+# The MPI doctest programs share a precompiled header (diloco_share_pch).
+diloco_share_pch(mpi TARGETS test_comm_mpi test_algorithm_mpi test_compressed_mean_mpi test_mesh_mpi test_sharded_mpi
+                 LIBS diloco::mpi)
+
 # MPI_Init and MPI_Finalize happen inside this one's test cases.
 add_executable(test_comm_mpi_lifecycle test_comm_mpi_lifecycle.cpp)
 target_link_libraries(test_comm_mpi_lifecycle PRIVATE diloco::mpi doctest::doctest diloco_project_options)
