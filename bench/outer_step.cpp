@@ -40,8 +40,21 @@
 // round/triad ratio, the part of the round's spread the process causes.
 // --replica: the model's tensors in a diloco::host_buffer (2 MiB pages,
 // advised huge, as the library's own state) or a std::vector (small pages).
+//
+//   bench_outer_step --groups 1,2,4 [--groups-log2 26] [--reps 5]
+//
+// runs only the outer round of diloco::replicated (inner::external,
+// Nesterov, compress::none, H = 1) over a threads mesh of 2 groups of G
+// ranks in this process, for each G: the round (pseudo-gradient and outer
+// step on the shard, the mean across the groups, the replica's gather
+// inside the group), median of --reps after an untimed one, as
+// `groups.outer_round_seconds[G]` and `groups.outer_round_vs_first[G]` (to
+// the first G listed). The 2G ranks share this machine's cores, so the
+// figure shows what sharding costs in work and copies, not the G-fold
+// parallelism of G devices.
 
 #include <diloco/diloco.hpp>
+#include <diloco/replicated.hpp>
 #include <algorithm>
 #include <chrono>
 #include <ctime>
@@ -326,6 +339,31 @@ void round_in_processes(const char* argv0, int processes, const std::vector<std:
 
 }  // namespace
 
+// One G of --groups: the median seconds of replicated's outer round.
+double groups_round(long log2, int g, int reps) {
+  const std::size_t n = std::size_t{1} << log2;
+  dc::comm::threads::world world(2 * g);
+  std::vector<double> seconds;
+  world.run([&](dc::comm::threads& comm) {
+    dc::mesh<dc::comm::threads> m(comm, {.group_size = g});
+    std::vector<float> replica(n);
+    bench::fill(replica, 0.5f);
+    dc::replicated<dc::inner::external, dc::outer::nesterov, dc::compress::none, dc::comm::threads> t(
+        replica, m, {.inner_steps = 1});
+    for (int r = 0; r <= reps; ++r) {
+      replica[static_cast<std::size_t>(r) % n] += 0.001f;  // the user's optimizer moved the replica
+      comm.barrier();
+      const auto t0 = std::chrono::steady_clock::now();
+      t.step();
+      comm.barrier();
+      const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
+      if (comm.rank() == 0 && r > 0) seconds.push_back(dt.count());
+    }
+  });
+  std::sort(seconds.begin(), seconds.end());
+  return seconds[seconds.size() / 2];
+}
+
 int main(int argc, char** argv) {
   long lo = 16, hi = 26;
   int reps = 7;
@@ -353,6 +391,11 @@ int main(int argc, char** argv) {
       .add_option("--replica", replica, "--processes: the model's storage (buffer: diloco::host_buffer; vector)")
       ->capture_default_str()
       ->check(CLI::IsMember({"buffer", "vector"}));
+  std::string groups;
+  long groups_log2 = 26;
+  cli.app()
+      .add_option("--groups", groups, "only the outer round of diloco::replicated for these group sizes G (e.g. 1,2,4)");
+  cli.option("--groups-log2", groups_log2, "--groups: parameters, log2", 4L, 30L);
   cli.app().add_flag("--child-round", child, "(internal) one process of --processes")->group("");
   cli.parse(argc, argv);
   if (round_tensors > (1L << round_log2)) {
@@ -368,6 +411,33 @@ int main(int argc, char** argv) {
     return 0;
   }
   bench::print("threads", bench::threads());
+  if (!groups.empty()) {
+    std::vector<int> sizes;
+    std::size_t at = 0;
+    while (at <= groups.size()) {
+      const std::size_t comma = std::min(groups.find(',', at), groups.size());
+      const std::string item = groups.substr(at, comma - at);
+      char* end = nullptr;
+      const long g = std::strtol(item.c_str(), &end, 10);
+      if (item.empty() || *end != '\0' || g < 1 || g > 64 || ((std::size_t{1} << groups_log2) < static_cast<std::size_t>(g))) {
+        std::fprintf(stderr, "--groups: '%s' is not a group size in [1, 64] (at most the parameters), expected e.g. 1,2,4\n",
+                     item.c_str());
+        return 2;
+      }
+      sizes.push_back(static_cast<int>(g));
+      at = comma + 1;
+    }
+    bench::print("groups.parameters", "2^" + std::to_string(groups_log2));
+    double first = 0.0;
+    for (const int g : sizes) {
+      const double t = groups_round(groups_log2, g, reps);
+      const std::string tag = "[" + std::to_string(g) + "]";
+      bench::print("groups.outer_round_seconds" + tag, t);
+      if (first == 0.0) first = t;
+      bench::print("groups.outer_round_vs_first" + tag, t / first);
+    }
+    return 0;
+  }
   if (processes > 0) {
     bench::print("round_parameters", "2^" + std::to_string(round_log2));
     bench::print("round_tensors", static_cast<double>(round_tensors));

@@ -439,3 +439,122 @@ TEST_CASE("replicated: each rank keeps state for its shard only (1/G of flat DiL
     CHECK(group_elements == total);
   }
 }
+
+TEST_CASE("replicated: a shard larger than gather_chunk travels in chunks, with the bits of flat DiLoCo") {
+  // 2 x 2 mesh, two tensors of 1,500,001 and 700,003 elements: each shard
+  // holds about 1.1 million elements, so the replica's gather takes two
+  // all_gathers (2^20 elements, then the rest, the shorter shard padded),
+  // and the second chunk starts inside tensor 0 for shard 0 and inside
+  // tensor 1 for shard 1. Reference: flat DiLoCo with 2 workers.
+  using algo_flat = dc::algorithm<dc::inner::sgd, dc::outer::nesterov, int4_ef, dc::comm::threads>;
+  using algo_mesh = dc::replicated<dc::inner::sgd, dc::outer::nesterov, int4_ef, dc::comm::threads>;
+  const std::vector<std::size_t> big = {1'500'001, 700'003};
+  auto init = [&] {
+    std::vector<std::vector<float>> p;
+    for (std::size_t k = 0; k < big.size(); ++k) {
+      p.emplace_back(big[k]);
+      for (std::size_t i = 0; i < big[k]; ++i) p[k][i] = 0.001f * static_cast<float>((i * 7 + k) % 1000);
+    }
+    return p;
+  };
+  // Group (worker) r's gradient: a pull towards a target that depends on r.
+  auto grads = [&](int r, const std::vector<std::vector<float>>& p, std::vector<std::vector<float>>& g) {
+    g.resize(p.size());
+    for (std::size_t k = 0; k < p.size(); ++k) {
+      g[k].resize(p[k].size());
+      for (std::size_t i = 0; i < p[k].size(); ++i) g[k][i] = p[k][i] - 0.25f * static_cast<float>(r + 1);
+    }
+  };
+  const algo_flat::options opts{.inner_steps = 2, .inner = {.lr = 0.1f}};
+  constexpr int n_steps = 5;  // 2 rounds and a step: the replicas differ from theta_global
+  std::vector<std::vector<float>> flat_replica(2), flat_global(2);
+  {
+    dc::comm::threads::world world(2);
+    world.run([&](dc::comm::threads& comm) {
+      auto p = init();
+      algo_flat a(p, comm, opts);
+      std::vector<std::vector<float>> g;
+      for (int s = 0; s < n_steps; ++s) {
+        grads(comm.rank(), p, g);
+        a.step(g);
+      }
+      auto th = init();
+      a.copy_global_to(th);
+      flat_replica[static_cast<std::size_t>(comm.rank())] = concat_all(p);
+      flat_global[static_cast<std::size_t>(comm.rank())] = concat_all(th);
+    });
+  }
+  REQUIRE_FALSE(same_bits(flat_replica[0], flat_replica[1]));
+  std::vector<std::vector<float>> replica(4), global(4);
+  std::vector<std::size_t> shard(4);
+  dc::comm::threads::world world(4);
+  world.run([&](dc::comm::threads& comm) {
+    dc::mesh<dc::comm::threads> m(comm, {.group_size = 2});
+    auto p = init();
+    algo_mesh a(p, m, opts);
+    std::vector<std::vector<float>> g;
+    for (int s = 0; s < n_steps; ++s) {
+      grads(m.group(), p, g);  // the same on the group's two ranks: no all-reduce needed
+      a.step(g);
+    }
+    auto th = init();
+    a.copy_global_to(th);
+    const auto w = static_cast<std::size_t>(comm.rank());
+    replica[w] = concat_all(p);
+    global[w] = concat_all(th);
+    shard[w] = a.shard_elements(m.position());
+  });
+  for (std::size_t w = 0; w < 4; ++w) {
+    CHECK(shard[w] > algo_mesh::gather_chunk);
+    CHECK(shard[w] < 2 * algo_mesh::gather_chunk);
+    CHECK(same_bits(replica[w], flat_replica[w / 2]));
+    CHECK(same_bits(global[w], flat_global[w / 2]));
+  }
+  CHECK(shard[0] != shard[1]);  // the shorter shard is padded in the last chunk
+}
+
+TEST_CASE("replicated's cut equals compress::block_layout's partition, without listing the blocks") {
+  // The reference lists every block (compress::block_layout, one entry per
+  // block) and merges each shard's runs of one tensor into pieces.
+  auto by_layout = [](const std::vector<std::size_t>& tensor_sizes, std::size_t block, int g) {
+    const cp::block_layout layout(tensor_sizes, block, g);
+    std::vector<std::vector<dc::shard_piece>> out(static_cast<std::size_t>(g));
+    for (int s = 0; s < g; ++s)
+      for (std::size_t b = layout.first_block(s); b < layout.first_block(s) + layout.blocks_in(s); ++b) {
+        const auto& r = layout.blocks()[b];
+        auto& pieces = out[static_cast<std::size_t>(s)];
+        if (!pieces.empty() && pieces.back().tensor == r.tensor && pieces.back().start + pieces.back().size == r.start)
+          pieces.back().size += r.len;
+        else
+          pieces.push_back({r.tensor, r.start, r.len});
+      }
+    return out;
+  };
+  const std::vector<std::vector<std::size_t>> lists = {
+      {700, 77, 190}, {1}, {64, 64, 64, 64}, {65, 0, 3, 129}, {1000}, {5, 5, 5, 5, 5, 5, 5}, {0, 300, 0, 7}, {4097, 1}};
+  int compared = 0;
+  for (const auto& tensor_sizes : lists)
+    for (std::size_t block : {1, 2, 64, 128})
+      for (int g = 1; g <= 5; ++g) {
+        const auto reference = by_layout(tensor_sizes, block, g);
+        bool any_empty = false;
+        for (const auto& sh : reference) any_empty = any_empty || sh.empty();
+        INFO("block ", block, ", G = ", g, ", tensors ", tensor_sizes.size());
+        if (any_empty) {
+          CHECK_THROWS_AS(dc::detail_replicated::cut(tensor_sizes, block, static_cast<std::size_t>(g)), dc::config_error);
+          continue;
+        }
+        const auto mine = dc::detail_replicated::cut(tensor_sizes, block, static_cast<std::size_t>(g));
+        REQUIRE(mine.size() == reference.size());
+        for (std::size_t s = 0; s < mine.size(); ++s) {
+          REQUIRE(mine[s].size() == reference[s].size());
+          for (std::size_t k = 0; k < mine[s].size(); ++k) {
+            CHECK(mine[s][k].tensor == reference[s][k].tensor);
+            CHECK(mine[s][k].start == reference[s][k].start);
+            CHECK(mine[s][k].size == reference[s][k].size);
+          }
+        }
+        ++compared;
+      }
+  CHECK(compared > 100);
+}

@@ -12,8 +12,8 @@
 //
 // The cut. The parameters are cut into G shards balanced within one codec
 // block, and only at codec block boundaries of the tensor being cut
-// (compress::block_layout over the tensors with the compressor's block
-// size): a codec lays its blocks from each tensor's first element, so the
+// (compress::block_layout's rule over the tensors with the compressor's
+// block size, computed without listing the blocks): a codec lays its blocks from each tensor's first element, so the
 // shard's slices, starting at multiples of the block inside their tensor,
 // give every codec exactly the blocks it sees unsharded. A shard is a list
 // of pieces (tensor k, elements [start, start + size)).
@@ -65,7 +65,6 @@
 
 #include "diloco/algorithm.hpp"
 #include "diloco/comm/mesh.hpp"
-#include "diloco/codec/block_layout.hpp"
 
 namespace diloco {
 
@@ -99,6 +98,54 @@ struct shard_piece {
   std::size_t size = 0;    ///< elements
 };
 
+namespace detail_replicated {
+
+/// The cut of tensors of these sizes into g shards, by
+/// compress::block_layout's rule (a codec block of `block` elements belongs
+/// to the shard its first element falls in under an even split of the
+/// tensors' concatenation) without listing the blocks, which under
+/// compress::none (block 1) would take 16 bytes a parameter: shard s begins
+/// at the first block that starts at or after ceil(s x total / g). Each
+/// shard's run of one tensor is one piece; an empty shard is a config_error.
+inline std::vector<std::vector<shard_piece>> cut(const std::vector<std::size_t>& sizes, std::size_t block,
+                                                 std::size_t g) {
+  std::size_t total = 0, blocks = 0;
+  for (const std::size_t n : sizes) {
+    total += n;
+    blocks += (n + block - 1) / block;
+  }
+  std::vector<std::size_t> bound(g + 1, total);
+  bound[0] = 0;
+  for (std::size_t s = 1; s < g; ++s) {
+    const std::size_t target = (s * total + g - 1) / g;
+    std::size_t offset = 0;
+    for (const std::size_t n : sizes) {
+      if (target < offset + n) {
+        const std::size_t at = (target - offset + block - 1) / block * block;  // offset <= target here
+        bound[s] = offset + std::min(at, n);
+        break;
+      }
+      offset += n;
+    }
+  }
+  std::vector<std::vector<shard_piece>> shards(g);
+  for (std::size_t s = 0; s < g; ++s) {
+    std::size_t offset = 0;
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      const std::size_t lo = std::max(bound[s], offset), hi = std::min(bound[s + 1], offset + sizes[k]);
+      if (lo < hi) shards[s].push_back({k, lo - offset, hi - lo});
+      offset += sizes[k];
+    }
+    if (shards[s].empty())
+      diloco::detail::raise<config_error>("diloco::replicated: shard ", s, " of ", g, " is empty: the ", total,
+                                          " parameters make ", blocks, " codec blocks of ", block,
+                                          " elements, expected at least G = ", g);
+  }
+  return shards;
+}
+
+}  // namespace detail_replicated
+
 /// DiLoCo across the groups of a mesh, each group one replicated worker
 /// whose G ranks own one shard each of the outer state (see the top of
 /// replicated.hpp). Construction, step(), outer_round() and finish() are
@@ -125,6 +172,10 @@ class replicated {
   using options = typename algorithm_type::options;
   /// Elements per codec block: shards are cut at multiples of it inside a tensor.
   static constexpr std::size_t block = detail_replicated::codec_block<Compressor>();
+  /// Elements of each shard per all_gather of the replica over intra: the
+  /// gather's staging is (G + 1) x gather_chunk floats (20 MiB at G = 4),
+  /// whatever the model's size.
+  static constexpr std::size_t gather_chunk = std::size_t{1} << 20;
 
   /// `params`: this rank's replica (writable fp32 host tensors, identical on
   /// the G ranks of its group); `m`: the mesh, which must outlive this.
@@ -208,9 +259,8 @@ class replicated {
         diloco::detail::raise<config_error>("diloco::replicated::copy_global_to: tensor ", k, " has ",
                                             out[k].size(), " elements, expected ", tensors_[k].size());
     const auto g = algo_->global_parameters();
-    std::vector<float> mine(g.size());
-    if (!mine.empty()) std::memcpy(mine.data(), g.data(), mine.size() * sizeof(float));
-    gather(mine, out, true);
+    gather([&g](std::size_t o, std::size_t len, float* dst) { std::memcpy(dst, g.data() + o, len * sizeof(float)); },
+           out, true);
   }
 
   ///@{
@@ -247,32 +297,13 @@ class replicated {
 
   const std::vector<shard_piece>& own() const { return shards_[static_cast<std::size_t>(mesh_->position())]; }
 
-  // The G shards: compress::block_layout's partition of the tensors' codec
-  // blocks, each run of one tensor's blocks one piece.
+  // The G shards (detail_replicated::cut) and the largest one's elements.
   void plan() {
-    const int gsize = mesh_->group_size();
     std::vector<std::size_t> sizes;
     for (const auto& t : tensors_) sizes.push_back(t.size());
-    const compress::block_layout layout(sizes, block, gsize);
-    shards_.assign(static_cast<std::size_t>(gsize), {});
-    for (int s = 0; s < gsize; ++s) {
-      auto& pieces = shards_[static_cast<std::size_t>(s)];
-      const std::size_t b0 = layout.first_block(s);
-      for (std::size_t b = b0; b < b0 + layout.blocks_in(s); ++b) {
-        const compress::block_ref& r = layout.blocks()[b];
-        if (!pieces.empty() && pieces.back().tensor == r.tensor && pieces.back().start + pieces.back().size == r.start)
-          pieces.back().size += r.len;
-        else
-          pieces.push_back({r.tensor, r.start, r.len});
-      }
-      if (pieces.empty())
-        diloco::detail::raise<config_error>("diloco::replicated: shard ", s, " of ", gsize, " is empty: the ",
-                                            layout.total(), " parameters make ", layout.block_count(),
-                                            " codec blocks of ", block, " elements, expected at least G = ", gsize);
-    }
-    std::size_t largest = 0;
-    for (int s = 0; s < gsize; ++s) largest = std::max(largest, shard_elements(s));
-    largest_ = largest;
+    shards_ = detail_replicated::cut(sizes, block, static_cast<std::size_t>(mesh_->group_size()));
+    largest_ = 0;
+    for (int s = 0; s < mesh_->group_size(); ++s) largest_ = std::max(largest_, shard_elements(s));
   }
 
   // Runs f (an algorithm call) and gathers the replica after it when
@@ -297,28 +328,55 @@ class replicated {
 
   // Every rank's shard of the replica into every other rank's replica.
   void gather_replica() {
-    std::vector<float> mine;
-    mine.reserve(largest_);
-    for (const shard_piece& p : own())
-      mine.insert(mine.end(), tensors_[p.tensor].data() + p.start, tensors_[p.tensor].data() + p.start + p.size);
-    gather(mine, tensors_, false);
+    gather([this](std::size_t o, std::size_t len, float* dst) { copy_packed(own(), o, len, dst, tensors_, false); },
+           tensors_, false);
   }
 
-  // all_gather over intra of `mine` (this rank's shard, packed), padded to
-  // the largest shard, unpacked into `out` (own shard too when `own_too`).
-  void gather(std::vector<float>& mine, std::vector<tensor_view<float>>& out, bool own_too) {
+  // An all_gather over intra of every rank's shard (its pieces end to end,
+  // padded to the largest shard), chunk by chunk, unpacked into `out` (own
+  // shard too when `own_too`). pack(o, len, dst) writes elements [o, o +
+  // len) of this rank's packed shard to dst. Every rank makes the same
+  // chunks (from largest_), so the collectives pair.
+  template <class Pack>
+  void gather(Pack&& pack, std::vector<tensor_view<float>>& out, bool own_too) {
     const int gsize = mesh_->group_size();
     if (gsize == 1 && !own_too) return;
-    mine.resize(largest_, 0.0f);
-    std::vector<float> all(largest_ * static_cast<std::size_t>(gsize));
-    mesh_->intra().all_gather(std::as_bytes(std::span<const float>(mine)), std::as_writable_bytes(std::span<float>(all)));
-    for (int s = 0; s < gsize; ++s) {
-      if (s == mesh_->position() && !own_too) continue;
-      const float* src = all.data() + largest_ * static_cast<std::size_t>(s);
-      for (const shard_piece& p : shards_[static_cast<std::size_t>(s)]) {
-        std::memcpy(out[p.tensor].data() + p.start, src, p.size * sizeof(float));
-        src += p.size;
+    const auto g = static_cast<std::size_t>(gsize);
+    const std::size_t own_size = shard_elements(mesh_->position());
+    const std::size_t chunk = std::min(largest_, gather_chunk);
+    std::vector<float> mine(chunk), all(chunk * g);
+    for (std::size_t o = 0; o < largest_; o += chunk) {
+      const std::size_t len = std::min(chunk, largest_ - o);
+      const std::size_t have = o < own_size ? std::min(len, own_size - o) : 0;
+      if (have > 0) pack(o, have, mine.data());
+      std::fill(mine.begin() + static_cast<std::ptrdiff_t>(have), mine.begin() + static_cast<std::ptrdiff_t>(len), 0.0f);
+      mesh_->intra().all_gather(std::as_bytes(std::span<const float>(mine.data(), len)),
+                                std::as_writable_bytes(std::span<float>(all.data(), len * g)));
+      for (std::size_t s = 0; s < g; ++s) {
+        if (static_cast<int>(s) == mesh_->position() && !own_too) continue;
+        copy_packed(shards_[s], o, len, all.data() + len * s, out, true);
       }
+    }
+  }
+
+  // Elements [o, o + len) of a shard's packed order (its pieces end to end;
+  // clamped to the shard's size) between `packed` and the tensors: into the
+  // tensors when `unpack`, else out of them.
+  static void copy_packed(const std::vector<shard_piece>& pieces, std::size_t o, std::size_t len, float* packed,
+                          std::vector<tensor_view<float>>& tensors, bool unpack) {
+    std::size_t at = 0;  // the packed offset of the piece
+    for (const shard_piece& p : pieces) {
+      if (at >= o + len) break;
+      const std::size_t lo = std::max(o, at), hi = std::min(o + len, at + p.size);
+      if (lo < hi) {
+        float* t = tensors[p.tensor].data() + p.start + (lo - at);
+        float* q = packed + (lo - o);
+        if (unpack)
+          std::memcpy(t, q, (hi - lo) * sizeof(float));
+        else
+          std::memcpy(q, t, (hi - lo) * sizeof(float));
+      }
+      at += p.size;
     }
   }
 
