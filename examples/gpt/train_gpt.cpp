@@ -16,6 +16,7 @@
 //   train_gpt [--workers 8] [--inner-steps 50] [--shards iid|by-file] ...   (threads)
 //   mpirun -np 8 train_gpt --comm mpi ...                                    (MPI ranks)
 //   scripts/launch_gloo.sh 8 -- train_gpt --comm gloo ...                    (Gloo processes)
+//   train_gpt --workers 8 --group-size 2 ...      (DiLoCo over 4 groups of 2 ranks: gpt/external.hpp)
 //
 // The budget: about --passes passes over the training text in windows of
 // --context characters, --batch windows a step; where that gives fewer
@@ -40,10 +41,12 @@
 #if defined(DILOCO_GPT_WITH_MPI)
 #include <mpi.h>
 
+#include <diloco/comm/mesh_mpi.hpp>
 #include <diloco/comm/mpi.hpp>
 #endif
 #if defined(DILOCO_GPT_WITH_GLOO)
 #include <diloco/comm/gloo.hpp>
+#include <diloco/comm/mesh_gloo.hpp>
 #endif
 
 #include "char_mlp/cli_checks.hpp"
@@ -86,6 +89,7 @@ struct options {
   gpt::config g;
   std::string comm = "threads";
   int workers = 8;
+  int group_size = 1;  // ranks per DiLoCo worker (diloco::replicated); 1: flat DiLoCo
   int inner_steps = 50;
   double passes = 1.0;
   int min_rounds = 40;
@@ -124,6 +128,12 @@ void parse(int argc, char** argv, options& o, bool print_help) {
       ->capture_default_str()
       ->check(CLI::IsMember({"threads", "mpi", "gloo"}));
   app.add_option("--workers", o.workers, "workers (threads); with mpi/gloo the processes")
+      ->capture_default_str()
+      ->check(cd::int_in(1, 256));
+  app.add_option("--group-size", o.group_size,
+                 "ranks per DiLoCo worker: the workers form workers/G groups that average their gradients inside "
+                 "the group every step, with DiLoCo's state sharded over the group (diloco::replicated; --inner "
+                 "adamw-external; not streaming)")
       ->capture_default_str()
       ->check(cd::int_in(1, 256));
   app.add_option("--inner-steps", o.inner_steps, "DiLoCo's H")->capture_default_str()->check(cd::int_in(1));
@@ -205,6 +215,15 @@ void parse(int argc, char** argv, options& o, bool print_help) {
       ->excludes(synthetic);
   app.add_flag("--quiet", o.quiet, "no progress lines");
   o.help = char_mlp::parse_or_help(app, argc, argv, "train_gpt: ", print_help);
+  if (o.group_size > 1 && o.comm == "threads" && o.workers % o.group_size != 0)
+    throw diloco::config_error("train_gpt: --workers (" + std::to_string(o.workers) +
+                               ") must be a multiple of --group-size (" + std::to_string(o.group_size) + ")");
+  if (o.group_size > 1)
+    for (const auto& inner : o.inner)
+      if (inner != "adamw-external")
+        throw diloco::config_error("train_gpt: --group-size " + std::to_string(o.group_size) + " needs --inner "
+                                   "adamw-external (the group's ranks take the torch step on the full replica), got '" +
+                                   inner + "'");
   if (o.g.dims.width % o.g.dims.heads != 0)
     throw diloco::config_error("train_gpt: --width (" + std::to_string(o.g.dims.width) +
                                ") must be a multiple of --heads (" + std::to_string(o.g.dims.heads) + ")");
@@ -272,7 +291,7 @@ std::vector<dx::row> run_inner(const options& o, const gpt::problem& problem, La
       const std::string& method = method_names[index++];
       if (std::find(o.methods.begin(), o.methods.end(), method) == o.methods.end()) return;
       if constexpr (std::is_same_v<I, external>) {
-        for (auto& r : gpt::run_external<dx::variants<Variant>>(problem, launch, s, configure))
+        for (auto& r : gpt::run_external<dx::variants<Variant>>(problem, launch, s, configure, o.group_size))
           rows.push_back(std::move(r));
       } else {
         for (auto& r : dx::run<dx::variants<Variant>>(problem, launch, s, configure)) rows.push_back(std::move(r));
@@ -299,6 +318,10 @@ std::vector<dx::row> run_methods(const options& o, const char_mlp::dataset& data
                 params.elements(), g.dims.width, g.dims.layers, g.dims.heads, g.dims.context, p.steps, p.batch,
                 g.dims.context, p.passes, workers, o.comm.c_str(), o.inner_steps,
                 (p.steps + o.inner_steps - 1) / o.inner_steps);
+    if (o.group_size > 1)
+      std::printf("DiLoCo rows: %d groups of %d ranks (gradients averaged inside each group every step; "
+                  "theta_global and the outer state sharded over the group)\n",
+                  workers / o.group_size, o.group_size);
     std::fputs(shards.describe().c_str(), stdout);
     std::printf("\n");
     std::fflush(stdout);
