@@ -440,77 +440,45 @@ TEST_CASE("replicated: each rank keeps state for its shard only (1/G of flat DiL
   }
 }
 
-TEST_CASE("replicated: a shard larger than gather_chunk travels in chunks, with the bits of flat DiLoCo") {
-  // 2 x 2 mesh, two tensors of 1,500,001 and 700,003 elements: each shard
-  // holds about 1.1 million elements, so the replica's gather takes two
-  // all_gathers (2^20 elements, then the rest, the shorter shard padded),
-  // and the second chunk starts inside tensor 0 for shard 0 and inside
-  // tensor 1 for shard 1. Reference: flat DiLoCo with 2 workers.
-  using algo_flat = dc::algorithm<dc::inner::sgd, dc::outer::nesterov, int4_ef, dc::comm::threads>;
+TEST_CASE("replicated: the replica's gather in chunks (set_gather_chunk) keeps the bits of flat DiLoCo") {
+  // 2 x 2 mesh over the shared problem (shards of 512 and 455 elements),
+  // gathered 100 elements of each shard at a time: 6 all_gathers per
+  // gather, chunks that start inside a piece and end across tensors, the
+  // shorter shard padded in the last. Reference: flat DiLoCo, 2 workers.
   using algo_mesh = dc::replicated<dc::inner::sgd, dc::outer::nesterov, int4_ef, dc::comm::threads>;
-  const std::vector<std::size_t> big = {1'500'001, 700'003};
-  auto init = [&] {
-    std::vector<std::vector<float>> p;
-    for (std::size_t k = 0; k < big.size(); ++k) {
-      p.emplace_back(big[k]);
-      for (std::size_t i = 0; i < big[k]; ++i) p[k][i] = 0.001f * static_cast<float>((i * 7 + k) % 1000);
-    }
-    return p;
-  };
-  // Group (worker) r's gradient: a pull towards a target that depends on r.
-  auto grads = [&](int r, const std::vector<std::vector<float>>& p, std::vector<std::vector<float>>& g) {
-    g.resize(p.size());
-    for (std::size_t k = 0; k < p.size(); ++k) {
-      g[k].resize(p[k].size());
-      for (std::size_t i = 0; i < p[k].size(); ++i) g[k][i] = p[k][i] - 0.25f * static_cast<float>(r + 1);
-    }
-  };
-  const algo_flat::options opts{.inner_steps = 2, .inner = {.lr = 0.1f}};
-  constexpr int n_steps = 5;  // 2 rounds and a step: the replicas differ from theta_global
-  std::vector<std::vector<float>> flat_replica(2), flat_global(2);
-  {
-    dc::comm::threads::world world(2);
-    world.run([&](dc::comm::threads& comm) {
-      auto p = init();
-      algo_flat a(p, comm, opts);
-      std::vector<std::vector<float>> g;
-      for (int s = 0; s < n_steps; ++s) {
-        grads(comm.rank(), p, g);
-        a.step(g);
-      }
-      auto th = init();
-      a.copy_global_to(th);
-      flat_replica[static_cast<std::size_t>(comm.rank())] = concat_all(p);
-      flat_global[static_cast<std::size_t>(comm.rank())] = concat_all(th);
-    });
-  }
-  REQUIRE_FALSE(same_bits(flat_replica[0], flat_replica[1]));
+  const flat_result flat = run_flat<int4_ef, dc::sync::blocking>(2);
   std::vector<std::vector<float>> replica(4), global(4);
-  std::vector<std::size_t> shard(4);
   dc::comm::threads::world world(4);
   world.run([&](dc::comm::threads& comm) {
     dc::mesh<dc::comm::threads> m(comm, {.group_size = 2});
-    auto p = init();
-    algo_mesh a(p, m, opts);
-    std::vector<std::vector<float>> g;
-    for (int s = 0; s < n_steps; ++s) {
-      grads(m.group(), p, g);  // the same on the group's two ranks: no all-reduce needed
+    auto p = initial_params();
+    algo_mesh a(p, m, {.inner_steps = H, .inner = {.lr = 0.1f}});
+    CHECK(a.gather_chunk() == algo_mesh::default_gather_chunk);
+    CHECK_THROWS_AS(a.set_gather_chunk(0), dc::config_error);
+    a.set_gather_chunk(100);
+    std::vector<std::vector<float>> g(p.size());
+    for (int s = 0; s < steps; ++s) {
+      for (std::size_t k = 0; k < p.size(); ++k) {
+        g[k].resize(p[k].size());
+        for (std::size_t i = 0; i < p[k].size(); ++i) g[k][i] = grad_of(m.group(), s, k, i, p[k][i]);
+      }
+      dc::all_reduce_gradients(m, g);
       a.step(g);
     }
-    auto th = init();
+    a.finish();
+    std::vector<std::vector<float>> th(p.size());
+    for (std::size_t k = 0; k < p.size(); ++k) th[k].resize(p[k].size());
     a.copy_global_to(th);
     const auto w = static_cast<std::size_t>(comm.rank());
     replica[w] = concat_all(p);
     global[w] = concat_all(th);
-    shard[w] = a.shard_elements(m.position());
+    CHECK(a.shard_elements(m.position()) > 4 * a.gather_chunk());
   });
+  REQUIRE_FALSE(same_bits(flat.replica[0], flat.replica[1]));
   for (std::size_t w = 0; w < 4; ++w) {
-    CHECK(shard[w] > algo_mesh::gather_chunk);
-    CHECK(shard[w] < 2 * algo_mesh::gather_chunk);
-    CHECK(same_bits(replica[w], flat_replica[w / 2]));
-    CHECK(same_bits(global[w], flat_global[w / 2]));
+    CHECK(same_bits(replica[w], flat.replica[w / 2]));
+    CHECK(same_bits(global[w], flat.global[w / 2]));
   }
-  CHECK(shard[0] != shard[1]);  // the shorter shard is padded in the last chunk
 }
 
 TEST_CASE("replicated's cut equals compress::block_layout's partition, without listing the blocks") {

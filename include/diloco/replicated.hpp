@@ -172,10 +172,9 @@ class replicated {
   using options = typename algorithm_type::options;
   /// Elements per codec block: shards are cut at multiples of it inside a tensor.
   static constexpr std::size_t block = detail_replicated::codec_block<Compressor>();
-  /// Elements of each shard per all_gather of the replica over intra: the
-  /// gather's staging is (G + 1) x gather_chunk floats (20 MiB at G = 4),
-  /// whatever the model's size.
-  static constexpr std::size_t gather_chunk = std::size_t{1} << 20;
+  /// The default of set_gather_chunk: 2^20 elements of each shard per
+  /// all_gather of the replica (a staging of 20 MiB at G = 4).
+  static constexpr std::size_t default_gather_chunk = std::size_t{1} << 20;
 
   /// `params`: this rank's replica (writable fp32 host tensors, identical on
   /// the G ranks of its group); `m`: the mesh, which must outlive this.
@@ -263,6 +262,18 @@ class replicated {
            out, true);
   }
 
+  /// Elements of each shard per all_gather of the replica over intra (at
+  /// least 1; default_gather_chunk): the gather's staging is (G + 1) x this
+  /// many floats, whatever the model's size. Every rank of the group must
+  /// set the same value (their all_gathers pair chunk by chunk).
+  void set_gather_chunk(std::size_t elements) {
+    if (elements == 0)
+      diloco::detail::raise<config_error>("diloco::replicated::set_gather_chunk: 0 elements, expected at least 1");
+    gather_chunk_ = elements;
+  }
+  /// The elements of each shard per all_gather of the replica.
+  std::size_t gather_chunk() const { return gather_chunk_; }
+
   ///@{
   /// The algorithm over this rank's shard (its stats, state, checkpoints).
   algorithm_type& shard_algorithm() { return *algo_; }
@@ -343,7 +354,7 @@ class replicated {
     if (gsize == 1 && !own_too) return;
     const auto g = static_cast<std::size_t>(gsize);
     const std::size_t own_size = shard_elements(mesh_->position());
-    const std::size_t chunk = std::min(largest_, gather_chunk);
+    const std::size_t chunk = std::min(largest_, gather_chunk_);
     std::vector<float> mine(chunk), all(chunk * g);
     for (std::size_t o = 0; o < largest_; o += chunk) {
       const std::size_t len = std::min(chunk, largest_ - o);
@@ -384,6 +395,7 @@ class replicated {
   std::vector<tensor_view<float>> tensors_;         ///< the user's replica
   std::vector<std::vector<shard_piece>> shards_;    ///< G shards
   std::size_t largest_ = 0;                         ///< elements of the largest shard
+  std::size_t gather_chunk_ = default_gather_chunk;  ///< set_gather_chunk
   std::unique_ptr<algorithm_type> algo_;
 };
 
