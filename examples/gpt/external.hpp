@@ -80,13 +80,7 @@ dx::row external_diloco(Comm& comm, const Problem& problem, const dx::settings& 
     t.finish();
   }
   rec.finish(eval);
-  const auto& st = t.stats();
-  r.bytes_sent = st.bytes_sent;
-  r.rounds = st.rounds;
-  r.seconds = rec.seconds();
-  r.blocked_seconds = st.blocked_seconds;
-  r.hidden_seconds = st.hidden_seconds;
-  r.curve = std::move(rec.curve());
+  dx::detail::fill_diloco_row(r, t.stats(), t.stats().bytes_sent, rec);
   return r;
 }
 
@@ -186,14 +180,9 @@ dx::row external_groups(Comm& comm, const Problem& problem, const dx::settings& 
   std::vector<std::uint64_t> each(static_cast<std::size_t>(group_size));
   m.intra().all_gather(std::as_bytes(std::span<const std::uint64_t>(&mine, 1)),
                        std::as_writable_bytes(std::span<std::uint64_t>(each)));
-  r.bytes_sent = 0;
-  for (const std::uint64_t b : each) r.bytes_sent += b;
-  const auto& st = t.shard_algorithm().stats();
-  r.rounds = st.rounds;
-  r.seconds = rec.seconds();
-  r.blocked_seconds = st.blocked_seconds;
-  r.hidden_seconds = st.hidden_seconds;
-  r.curve = std::move(rec.curve());
+  std::uint64_t bytes = 0;
+  for (const std::uint64_t b : each) bytes += b;
+  dx::detail::fill_diloco_row(r, t.shard_algorithm().stats(), bytes, rec);
   return r;
 }
 

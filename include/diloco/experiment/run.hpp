@@ -271,6 +271,18 @@ row row_header(const settings& s, int workers) {
   return r;
 }
 
+// A DiLoCo row's figures from the algorithm's statistics and the
+// recorder; `bytes`: a worker's bytes sent (the statistics' own, or a
+// group's sum where a worker is a group of ranks).
+inline void fill_diloco_row(row& r, const diloco::stats& st, std::uint64_t bytes, recorder& rec) {
+  r.bytes_sent = bytes;
+  r.rounds = st.rounds;
+  r.seconds = rec.seconds();
+  r.blocked_seconds = st.blocked_seconds;
+  r.hidden_seconds = st.hidden_seconds;
+  r.curve = std::move(rec.curve());
+}
+
 template <class V, class Comm, class Problem, class Configure>
 row train_diloco(Comm& comm, Problem& problem, const settings& s, Configure& configure) {
   auto model = problem(worker{comm.rank(), comm.size(), s.seed});
@@ -302,13 +314,7 @@ row train_diloco(Comm& comm, Problem& problem, const settings& s, Configure& con
     t.finish();
   }
   rec.finish(eval);
-  const auto& st = t.stats();
-  r.bytes_sent = st.bytes_sent;
-  r.rounds = st.rounds;
-  r.seconds = rec.seconds();
-  r.blocked_seconds = st.blocked_seconds;
-  r.hidden_seconds = st.hidden_seconds;
-  r.curve = std::move(rec.curve());
+  fill_diloco_row(r, t.stats(), t.stats().bytes_sent, rec);
   return r;
 }
 

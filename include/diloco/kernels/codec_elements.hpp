@@ -5,8 +5,8 @@
 // (kernels/compressed_blocks.hpp), which give the elements of a codec block
 // to the threads of a team instead of the whole block to one call. Each
 // function performs exactly the float operations the codec's own
-// encode/decode performs for that element (compress/blockwise.hpp,
-// compress/cast.hpp), so a block coded element by element has the same
+// encode/decode performs for that element (codec/blockwise.hpp,
+// codec/cast.hpp), so a block coded element by element has the same
 // bytes, bit for bit.
 //
 // Elements go in groups of `group` consecutive elements (4, or 2 when B is
