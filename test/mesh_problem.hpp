@@ -55,11 +55,17 @@ constexpr std::size_t H = 3;
 // over intra (all_reduce_gradients), step replicated<inner::sgd,
 // outer::nesterov, C, Comm, Sync> for `steps` steps, then finish();
 // `inspect(a, replica, theta_global)` sees the trainer, its tensors and the
-// whole theta_global (copy_global_to), each tensor concatenated.
-template <class C, class Sync, class Comm, class Inspect>
-void train_on_mesh(dc::mesh<Comm>& m, Inspect&& inspect) {
+// whole theta_global (copy_global_to), each tensor concatenated; `setup(a)`
+// runs before the first step.
+struct no_setup {
+  template <class A>
+  void operator()(A&) const {}
+};
+template <class C, class Sync, class Comm, class Inspect, class Setup = no_setup>
+void train_on_mesh(dc::mesh<Comm>& m, Inspect&& inspect, Setup&& setup = {}) {
   auto p = initial_params();
   dc::replicated<dc::inner::sgd, dc::outer::nesterov, C, Comm, Sync> a(p, m, {.inner_steps = H, .inner = {.lr = 0.1f}});
+  setup(a);
   std::vector<std::vector<float>> g(p.size());
   for (int s = 0; s < steps; ++s) {
     for (std::size_t k = 0; k < p.size(); ++k) {

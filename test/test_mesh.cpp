@@ -451,28 +451,19 @@ TEST_CASE("replicated: the replica's gather in chunks (set_gather_chunk) keeps t
   dc::comm::threads::world world(4);
   world.run([&](dc::comm::threads& comm) {
     dc::mesh<dc::comm::threads> m(comm, {.group_size = 2});
-    auto p = initial_params();
-    algo_mesh a(p, m, {.inner_steps = H, .inner = {.lr = 0.1f}});
-    CHECK(a.gather_chunk() == algo_mesh::default_gather_chunk);
-    CHECK_THROWS_AS(a.set_gather_chunk(0), dc::config_error);
-    a.set_gather_chunk(100);
-    std::vector<std::vector<float>> g(p.size());
-    for (int s = 0; s < steps; ++s) {
-      for (std::size_t k = 0; k < p.size(); ++k) {
-        g[k].resize(p[k].size());
-        for (std::size_t i = 0; i < p[k].size(); ++i) g[k][i] = grad_of(m.group(), s, k, i, p[k][i]);
-      }
-      dc::all_reduce_gradients(m, g);
-      a.step(g);
-    }
-    a.finish();
-    std::vector<std::vector<float>> th(p.size());
-    for (std::size_t k = 0; k < p.size(); ++k) th[k].resize(p[k].size());
-    a.copy_global_to(th);
-    const auto w = static_cast<std::size_t>(comm.rank());
-    replica[w] = concat_all(p);
-    global[w] = concat_all(th);
-    CHECK(a.shard_elements(m.position()) > 4 * a.gather_chunk());
+    train_on_mesh<int4_ef, dc::sync::blocking>(
+        m,
+        [&](auto& a, std::vector<float> r, std::vector<float> g) {
+          const auto w = static_cast<std::size_t>(comm.rank());
+          replica[w] = std::move(r);
+          global[w] = std::move(g);
+          CHECK(a.shard_elements(m.position()) > 4 * a.gather_chunk());
+        },
+        [](algo_mesh& a) {
+          CHECK(a.gather_chunk() == algo_mesh::default_gather_chunk);
+          CHECK_THROWS_AS(a.set_gather_chunk(0), dc::config_error);
+          a.set_gather_chunk(100);
+        });
   });
   REQUIRE_FALSE(same_bits(flat.replica[0], flat.replica[1]));
   for (std::size_t w = 0; w < 4; ++w) {
