@@ -13,9 +13,10 @@
 // The cut. The parameters are cut into G shards balanced within one codec
 // block, and only at codec block boundaries of the tensor being cut
 // (compress::block_layout's rule over the tensors with the compressor's
-// block size, computed without listing the blocks): a codec lays its blocks from each tensor's first element, so the
-// shard's slices, starting at multiples of the block inside their tensor,
-// give every codec exactly the blocks it sees unsharded. A shard is a list
+// block size, computed without listing the blocks): a codec lays its blocks
+// from each tensor's first element, so the shard's slices, starting at
+// multiples of the block inside their tensor, give every codec exactly the
+// blocks it sees unsharded. A shard is a list
 // of pieces (tensor k, elements [start, start + size)).
 //
 // How. replicated<...> builds an ordinary diloco::algorithm over views of
