@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -17,6 +18,9 @@
 #include <cstring>
 #include <diloco/diloco.hpp>
 #include <diloco/replicated.hpp>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -516,4 +520,177 @@ TEST_CASE("replicated's cut equals compress::block_layout's partition, without l
         ++compared;
       }
   CHECK(compared > 100);
+}
+
+namespace {
+
+namespace fs = std::filesystem;
+
+using ckpt_mesh = dc::replicated<dc::inner::sgd, dc::outer::nesterov, int4_ef, dc::comm::threads, dc::sync::one_step_delay>;
+ckpt_mesh::options ckpt_opts() { return {.inner_steps = H, .inner = {.lr = 0.1f, .momentum = 0.9f}}; }
+
+// Steps [from, to) of the shared problem on a replicated trainer: the
+// group's gradients averaged over intra, then step(grads).
+template <class A>
+void train_range(A& a, dc::mesh<dc::comm::threads>& m, std::vector<std::vector<float>>& p, int from, int to) {
+  std::vector<std::vector<float>> g(p.size());
+  for (int s = from; s < to; ++s) {
+    for (std::size_t k = 0; k < p.size(); ++k) {
+      g[k].resize(p[k].size());
+      for (std::size_t i = 0; i < p[k].size(); ++i) g[k][i] = grad_of(m.group(), s, k, i, p[k][i]);
+    }
+    dc::all_reduce_gradients(m, g);
+    a.step(g);
+  }
+}
+
+template <class A>
+std::vector<float> whole_global(A& a, const std::vector<std::vector<float>>& shape) {
+  std::vector<std::vector<float>> th(shape.size());
+  for (std::size_t k = 0; k < shape.size(); ++k) th[k].resize(shape[k].size());
+  a.copy_global_to(th);
+  return concat_all(th);
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Every rank's state_error message by world rank ("" if none was raised;
+// another exception type fails the test there).
+struct state_errors {
+  std::mutex lock;
+  std::vector<std::string> what;
+  explicit state_errors(int w) : what(static_cast<std::size_t>(w)) {}
+  template <class F>
+  void on(int rank, F&& f) {
+    try {
+      f();
+    } catch (const dc::state_error& e) {
+      std::lock_guard<std::mutex> g(lock);
+      what[static_cast<std::size_t>(rank)] = e.what();
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("replicated: checkpoints per shard with a mesh manifest resume bitwise on the same mesh") {
+  const fs::path dir = fs::temp_directory_path() / ("diloco_test_mesh_ckpt_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  // Run A: 14 steps, saving at steps 6 and 9 (one-step delay: rounds 1 and
+  // 2 applied by then), the replica and theta_global at step 9 and at the end.
+  std::vector<std::vector<float>> at9(4), replica_end(4), global_end(4);
+  {
+    dc::comm::threads::world world(4);
+    world.run([&](dc::comm::threads& comm) {
+      dc::mesh<dc::comm::threads> m(comm, {.group_size = 2});
+      auto p = initial_params();
+      ckpt_mesh a(p, m, ckpt_opts());
+      train_range(a, m, p, 0, 6);
+      a.save_round(dir.string());
+      train_range(a, m, p, 6, 9);
+      const std::string path = a.save_round(dir.string());
+      const fs::path folder = dir / ("position-" + std::to_string(m.position())) / ("rank-" + std::to_string(m.group()));
+      CHECK(path == (folder / "round-2.ckpt").string());
+      // The manifest, by hand: 967 elements in tensors of 700, 77, 190, cut
+      // at 512 (codec blocks of 64; see the cut's test above).
+      const std::string expected =
+          std::string("diloco mesh manifest 1\nkind replicated\ngroups 2\ngroup_size 2\n") +
+          "group " + std::to_string(m.group()) + "\nposition " + std::to_string(m.position()) +
+          "\nmodel_elements 967\nmodel_tensors 700 77 190\ncodec_block 64\ngroup_cut 512 455\n" +
+          (m.position() == 0 ? "shard_elements 512\nshard_pieces 0:0+512\n"
+                             : "shard_elements 455\nshard_pieces 0:512+188 1:0+77 2:0+190\n");
+      CHECK(read_text(folder / "round-2.mesh") == expected);
+      CHECK(fs::exists(folder / "round-1.mesh"));
+      const auto w = static_cast<std::size_t>(comm.rank());
+      at9[w] = concat_all(p);
+      train_range(a, m, p, 9, steps);
+      a.finish();
+      replica_end[w] = concat_all(p);
+      global_end[w] = whole_global(a, p);
+    });
+  }
+  REQUIRE_FALSE(same_bits(replica_end[0], replica_end[2]));  // the groups differ
+  // Run B: a fresh instance resumes from round 2 and trains steps 9 to 14:
+  // the same bits. Right after the load, the whole replica (the other
+  // position's shard gathered) is run A's at step 9.
+  std::atomic<int> resumed{0};
+  {
+    dc::comm::threads::world world(4);
+    world.run([&](dc::comm::threads& comm) {
+      dc::mesh<dc::comm::threads> m(comm, {.group_size = 2});
+      auto p = initial_params();
+      ckpt_mesh b(p, m, ckpt_opts());
+      if (b.load_latest_common(dir.string()) == 2) ++resumed;
+      const auto w = static_cast<std::size_t>(comm.rank());
+      INFO("world rank ", w);
+      CHECK(same_bits(concat_all(p), at9[w]));
+      train_range(b, m, p, 9, steps);
+      b.finish();
+      CHECK(same_bits(concat_all(p), replica_end[w]));
+      CHECK(same_bits(whole_global(b, p), global_end[w]));
+    });
+  }
+  CHECK(resumed == 4);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("replicated: restoring onto another group size or cut is the same state_error on every rank") {
+  const fs::path dir = fs::temp_directory_path() / ("diloco_test_mesh_regroup_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  {
+    dc::comm::threads::world world(4);
+    world.run([&](dc::comm::threads& comm) {
+      dc::mesh<dc::comm::threads> m(comm, {.group_size = 2});
+      auto p = initial_params();
+      ckpt_mesh a(p, m, ckpt_opts());
+      train_range(a, m, p, 0, 3);
+      a.save_round(dir.string());
+    });
+  }
+  // A world of W ranks as groups of G over a model of tensors `model`,
+  // trained 2 steps, then load_latest_common: every rank must raise the same
+  // state_error and keep its replica and theta_global.
+  auto refused_on = [&](int W, int G, std::vector<std::size_t> model) {
+    state_errors r(W);
+    dc::comm::threads::world world(W);
+    world.run([&](dc::comm::threads& comm) {
+      dc::mesh<dc::comm::threads> m(comm, {.group_size = G});
+      std::vector<std::vector<float>> p;
+      for (std::size_t n : model) p.emplace_back(n, 0.25f);
+      ckpt_mesh c(p, m, ckpt_opts());
+      train_range(c, m, p, 0, 2);
+      const auto replica = concat_all(p);
+      const auto global = whole_global(c, p);
+      r.on(comm.rank(), [&] { c.load_latest_common(dir.string()); });
+      CHECK(same_bits(concat_all(p), replica));
+      CHECK(same_bits(whole_global(c, p), global));
+    });
+    for (int w = 0; w < W; ++w) CHECK(r.what[static_cast<std::size_t>(w)] == r.what[0]);
+    INFO(r.what[0]);
+    CHECK(r.what[0].find("diloco::replicated::load_latest_common: the checkpoints under") != std::string::npos);
+    CHECK(r.what[0].find("Restoring onto a different group size G") != std::string::npos);
+    return r.what[0];
+  };
+  // 2 groups x 1 rank: position 0 of groups 0 and 1 find round 0 (saved
+  // after 3 steps: one-step delay applies the first mean at step 6), saved
+  // at G = 2.
+  std::string what = refused_on(2, 1, sizes);
+  CHECK(what.find("this mesh: 2 groups x 1 ranks") != std::string::npos);
+  CHECK(what.find("group 0: position 0: round 0 was saved by a mesh of 2 groups x 2 ranks (group 0, position 0): "
+                  "group_size: saved 2, here 1") != std::string::npos);
+  // 1 group x 4 ranks: positions 2 and 3 have no files (no common round);
+  // positions 0 and 1 name the mesh that saved.
+  what = refused_on(4, 4, sizes);
+  CHECK(what.find("this mesh: 1 groups x 4 ranks") != std::string::npos);
+  CHECK(what.find("position 1: round 0 was saved by a mesh of 2 groups x 2 ranks (group 0, position 1)") !=
+        std::string::npos);
+  // The same mesh over another model of 967 elements: position 0's shard is
+  // 512 elements either way, but the cut differs.
+  what = refused_on(4, 2, {900, 67});
+  CHECK(what.find("this mesh: 2 groups x 2 ranks") != std::string::npos);
+  CHECK(what.find("model_tensors: saved 700 77 190, here 900 67") != std::string::npos);
+  fs::remove_all(dir);
 }

@@ -11,8 +11,10 @@
 // schedule but streaming (whose fragment plan follows the tensor list).
 // Then: a group whose ranks disagree on H is the same config_error on
 // every rank; checkpoints per shard resume bitwise from the newest round
-// every rank holds; a position whose file is damaged makes every rank
-// raise with its state unchanged; no common round is a state_error.
+// every rank holds, each with a manifest naming the mesh and the cut; a
+// position whose file is damaged makes every rank raise with its state
+// unchanged; no common round is a state_error; restoring onto another
+// group size is a state_error on every rank naming both meshes.
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -22,6 +24,7 @@
 #include <diloco/sharded.hpp>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -171,6 +174,16 @@ TEST_CASE("sharded: checkpoints per shard resume bitwise from the newest round e
       CHECK(path == (dir / ("position-" + std::to_string(m.position())) / ("rank-" + std::to_string(m.group())) /
                      "round-1.ckpt")
                         .string());
+      // The manifest beside it, by hand: position 0 holds tensor 0 (700
+      // elements), position 1 tensors 1 and 2 (77 + 190).
+      std::ifstream in(dir / ("position-" + std::to_string(m.position())) / ("rank-" + std::to_string(m.group())) /
+                           "round-1.mesh");
+      const std::string manifest{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+      CHECK(manifest == "diloco mesh manifest 1\nkind sharded\ngroups 2\ngroup_size 2\ngroup " +
+                            std::to_string(m.group()) + "\nposition " + std::to_string(m.position()) +
+                            "\nmodel_elements 967\ngroup_cut 700 267\n" +
+                            (m.position() == 0 ? "shard_elements 700\nshard_tensors 700\n"
+                                               : "shard_elements 267\nshard_tensors 77 190\n"));
       train_steps(a, m, mine, 6, 9);
       a.save_round(dir.string());
       train_steps(a, m, mine, 9, 12);
@@ -250,5 +263,44 @@ TEST_CASE("sharded: checkpoints per shard resume bitwise from the newest round e
     CHECK(none.what[static_cast<std::size_t>(w)] == none.what[0]);
   }
   CHECK(none.what[0].find("no round has a checkpoint on every rank") != std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("sharded: restoring onto another group size is the same state_error on every rank, naming both meshes") {
+  const fs::path dir = fs::temp_directory_path() / ("diloco_test_sharded_regroup_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  {
+    dc::comm::threads::world world(R * G);
+    world.run([&](dc::comm::threads& comm) {
+      dc::mesh<dc::comm::threads> m(comm, {.group_size = G});
+      auto mine = initial_shard(m.position());
+      threads_sharded<int4_ef, dc::sync::blocking> a(mine, m, {.inner_steps = H});
+      a.save_round(dir.string());
+    });
+  }
+  // 2 groups x 1 rank, each rank holding the whole model: rank-0 and rank-1
+  // under position-0 hold round 0, saved by a 2 x 2 mesh.
+  raised r;
+  {
+    dc::comm::threads::world world(R);
+    world.run([&](dc::comm::threads& comm) {
+      dc::mesh<dc::comm::threads> m(comm, {.group_size = 1});
+      auto whole = initial_params();
+      threads_sharded<int4_ef, dc::sync::blocking> b(whole, m, {.inner_steps = H});
+      const auto before = global_tensors(b.shard_algorithm(), whole);
+      r.on(comm.rank(), [&] { b.load_latest_common(dir.string()); });
+      const auto after = global_tensors(b.shard_algorithm(), whole);
+      for (std::size_t j = 0; j < after.size(); ++j) CHECK(same_bits(after[j], before[j]));
+    });
+  }
+  for (int w = 0; w < R; ++w) {
+    CHECK(r.type[static_cast<std::size_t>(w)] == "state_error");
+    CHECK(r.what[static_cast<std::size_t>(w)] == r.what[0]);
+  }
+  INFO(r.what[0]);
+  CHECK(r.what[0].find("diloco::sharded::load_latest_common: the checkpoints under") != std::string::npos);
+  CHECK(r.what[0].find("group 1: position 0: round 0 was saved by a mesh of 2 groups x 2 ranks (group 1, position "
+                       "0): group_size: saved 2, here 1; group_cut: saved 700 267, here 967; shard_elements: saved 700, here 967") != std::string::npos);
+  CHECK(r.what[0].find("this mesh: 2 groups x 1 ranks") != std::string::npos);
   fs::remove_all(dir);
 }

@@ -37,6 +37,19 @@
 // merge, the delayed schedules' restart at a phase end even when no round
 // is applied, a refused round's reset, after which the error is rethrown).
 //
+// Checkpoints per shard, as sharded.hpp's: save_round(dir) writes this
+// rank's shard of the state (theta_global, the outer and inner optimizers'
+// state, the residual, the replica's shard) to
+// `<dir>/position-<g>/rank-<r>/round-<n>.ckpt` and beside it the manifest
+// `round-<n>.mesh` naming the mesh (R, G, group, position) and the cut (the
+// model's tensor sizes, the codec block, every position's element count,
+// this shard's pieces); load_latest_common(dir) resumes from the newest
+// round every rank saved and gathers the replica: bitwise on the mesh that
+// saved. Another G (or R, or cut) is refused with the same state_error on
+// every rank, naming the saved mesh and this one: there is no re-sharding
+// (it would need each new shard's state read from the old shards' files,
+// which the per-position checkpoint format does not allow yet).
+//
 // Not yet flat DiLoCo's: a non-finite pseudo-gradient refuses the round
 // only for the shard that holds it. Its owners (one position, every group)
 // raise numeric_error and reset that shard to theta_global; the other
@@ -58,14 +71,19 @@
 #include <concepts>
 #include <cstddef>
 #include <cstring>
+#include <cstdint>
 #include <exception>
+#include <filesystem>
+#include <memory>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "diloco/algorithm.hpp"
 #include "diloco/comm/mesh.hpp"
+#include "diloco/sharded.hpp"
 
 namespace diloco {
 
@@ -187,11 +205,26 @@ class replicated {
       for (auto&& t : params) add_tensor(t);
     if constexpr (!external_inner<Inner>) diloco::detail::refuse_shard_clipping(opts, "diloco::replicated");
     plan();
-    std::vector<tensor_view<float>> views;
-    for (const shard_piece& p : shards_[static_cast<std::size_t>(m.position())])
-      views.emplace_back(tensors_[p.tensor].data() + p.start, p.size);
-    algo_ = std::make_unique<algorithm_type>(views, m.inter(), opts);
+    opts_ = opts;
+    algo_ = make_algorithm();
     gather_replica();  // broadcast_initial may have written this rank's shard
+    // The manifest of this rank's checkpoints: the mesh and the cut.
+    std::string tensors, cut, pieces;
+    for (const auto& t : tensors_) tensors += diloco::detail::concat(tensors.empty() ? "" : " ", t.size());
+    for (int g = 0; g < m.group_size(); ++g) cut += diloco::detail::concat(g ? " " : "", shard_elements(g));
+    for (const shard_piece& p : own())
+      pieces += diloco::detail::concat(pieces.empty() ? "" : " ", p.tensor, ':', p.start, '+', p.size);
+    manifest_ = {{"kind", "replicated"},
+                 {"groups", std::to_string(m.groups())},
+                 {"group_size", std::to_string(m.group_size())},
+                 {"group", std::to_string(m.group())},
+                 {"position", std::to_string(m.position())},
+                 {"model_elements", std::to_string(parameter_count())},
+                 {"model_tensors", tensors},
+                 {"codec_block", std::to_string(block)},
+                 {"group_cut", cut},
+                 {"shard_elements", std::to_string(shard_elements(m.position()))},
+                 {"shard_pieces", pieces}};
   }
 
   replicated(const replicated&) = delete;
@@ -275,6 +308,44 @@ class replicated {
   /// The elements of each shard per all_gather of the replica.
   std::size_t gather_chunk() const { return gather_chunk_; }
 
+  /// Saves this rank's shard of the state (its algorithm's save_round:
+  /// theta_global, outer and inner state, error-feedback residual and the
+  /// replica's shard; collective over the whole mesh, every rank saves) as
+  /// `<dir>/position-<g>/rank-<r>/round-<n>.ckpt`, and beside it its mesh
+  /// manifest `round-<n>.mesh` (mesh_manifest(): R, G, this rank's group
+  /// and position, the model's tensor sizes, the codec block, every
+  /// position's element count and this shard's pieces); keeps the newest
+  /// `keep` rounds. Returns the checkpoint's path. Under inner::external
+  /// your optimizer's state is yours to save.
+  std::string save_round(const std::string& dir, std::size_t keep = 2) {
+    return detail_sharded::save_shard_round(*algo_, position_dir(dir), keep, manifest_);
+  }
+
+  /// Resumes every shard from the newest round that every rank of the world
+  /// saved with save_round (collective over the whole mesh), then gathers
+  /// the replica over intra; returns the round. On the mesh that saved, the
+  /// restore is bitwise. Restoring onto another mesh is refused, not
+  /// re-sharded: a manifest naming another G, another R or another cut
+  /// (other tensor sizes) is a state_error on every rank naming the saved
+  /// mesh and this one, with nothing changed; so is no common round. A
+  /// position whose file cannot be restored raises its error there and
+  /// state_error at the other positions, which put back what they had (in a
+  /// new instance of the shard's algorithm: references to
+  /// shard_algorithm() do not survive that).
+  std::uint64_t load_latest_common(const std::string& dir) {
+    auto make = [this] { return make_algorithm(); };
+    const std::uint64_t round =
+        detail_sharded::load_shard_round(algo_, make, *mesh_, dir, position_dir(dir), manifest_, "diloco::replicated");
+    gather_replica();
+    return round;
+  }
+
+  /// The manifest save_round writes beside each checkpoint, as (key, value)
+  /// pairs: kind, groups, group_size, group, position, model_elements,
+  /// model_tensors, codec_block, group_cut, shard_elements, shard_pieces
+  /// ("tensor:start+size" each).
+  const detail_sharded::manifest& mesh_manifest() const { return manifest_; }
+
   ///@{
   /// The algorithm over this rank's shard (its stats, state, checkpoints).
   algorithm_type& shard_algorithm() { return *algo_; }
@@ -308,6 +379,18 @@ class replicated {
   }
 
   const std::vector<shard_piece>& own() const { return shards_[static_cast<std::size_t>(mesh_->position())]; }
+
+  // The algorithm over views of this rank's pieces (the constructor's, and
+  // load_latest_common's roll-back's).
+  std::unique_ptr<algorithm_type> make_algorithm() {
+    std::vector<tensor_view<float>> views;
+    for (const shard_piece& p : own()) views.emplace_back(tensors_[p.tensor].data() + p.start, p.size);
+    return std::make_unique<algorithm_type>(views, mesh_->inter(), opts_);
+  }
+
+  std::string position_dir(const std::string& dir) const {
+    return (std::filesystem::path(dir) / diloco::detail::concat("position-", mesh_->position())).string();
+  }
 
   // The G shards (detail_replicated::cut) and the largest one's elements.
   void plan() {
@@ -397,7 +480,9 @@ class replicated {
   std::vector<std::vector<shard_piece>> shards_;    ///< G shards
   std::size_t largest_ = 0;                         ///< elements of the largest shard
   std::size_t gather_chunk_ = default_gather_chunk;  ///< set_gather_chunk
+  options opts_;                                    ///< the algorithm's (for a roll-back's new instance)
   std::unique_ptr<algorithm_type> algo_;
+  detail_sharded::manifest manifest_;               ///< written beside each checkpoint
 };
 
 }  // namespace diloco

@@ -24,12 +24,18 @@
 //   other positions over intra.
 // - Checkpoints per shard: save_round(dir) writes
 //   `<dir>/position-<g>/rank-<r>/round-<n>.ckpt` (r: the group, as inter
-//   ranks it); load_latest_common(dir) loads the newest round that every
-//   rank of the world saved, so that no group resumes with its shards from
-//   different rounds, and when a position cannot restore its file, the
-//   others put their state back (into a new instance of the algorithm,
-//   since the round they restored may hold a reduction in flight): every
-//   rank raises, none changed.
+//   ranks it) and beside it a manifest, `round-<n>.mesh`, naming the mesh
+//   (R, G, this rank's group and position) and the cut (every position's
+//   element count, this shard's tensor sizes, the model's size);
+//   load_latest_common(dir) loads the newest round that every rank of the
+//   world saved, so that no group resumes with its shards from different
+//   rounds, and when a position cannot restore its file, the others put
+//   their state back (into a new instance of the algorithm, since the round
+//   they restored may hold a reduction in flight): every rank raises, none
+//   changed. On the mesh that saved, the restore is bitwise. A manifest
+//   naming another mesh or cut (another G, another R, other shards) is
+//   refused before anything is loaded: the same state_error on every rank,
+//   naming the saved mesh and this one. There is no re-sharding.
 //
 // Not flat DiLoCo's: the outer step, its verdict on non-finite values and
 // the compressors run per shard. A non-finite pseudo-gradient refuses the
@@ -42,6 +48,7 @@
 // element-wise optimizers, the shards' theta_global are flat DiLoCo's bits
 // over the whole model (test_mesh).
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -51,6 +58,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -85,6 +93,198 @@ inline std::string failures(const std::vector<std::string>& verdicts, const char
   return out;
 }
 
+/// A mesh manifest: what names the mesh and the cut a shard's checkpoint
+/// belongs to, as (key, value) pairs in order. Written beside each
+/// `round-<n>.ckpt` as `round-<n>.mesh` by sharded and replicated::save_round.
+using manifest = std::vector<std::pair<std::string, std::string>>;
+
+/// The first line of a manifest file.
+inline constexpr std::string_view manifest_head = "diloco mesh manifest 1";
+
+/// The manifest as its file holds it: the head line, then "key value" lines.
+inline std::string manifest_text(const manifest& m) {
+  std::string out(manifest_head);
+  out += '\n';
+  for (const auto& [k, v] : m) out += diloco::detail::concat(k, ' ', v, '\n');
+  return out;
+}
+
+/// manifest_text's output parsed back; anything else is a format_error
+/// naming `source` and the line.
+inline manifest parse_manifest(const std::string& text, const std::string& source) {
+  manifest out;
+  std::size_t pos = text.find('\n');
+  if (pos == std::string::npos || std::string_view(text).substr(0, pos) != manifest_head)
+    diloco::detail::raise<format_error>("mesh manifest ", source, ": the first line is not '", manifest_head, "'");
+  for (++pos; pos < text.size();) {
+    const std::size_t end = text.find('\n', pos);
+    if (end == std::string::npos)
+      diloco::detail::raise<format_error>("mesh manifest ", source, ": the last line has no newline (truncated?)");
+    const std::string line = text.substr(pos, end - pos);
+    const std::size_t space = line.find(' ');
+    if (space == std::string::npos || space == 0)
+      diloco::detail::raise<format_error>("mesh manifest ", source, ": line '", line, "' is not 'key value'");
+    out.emplace_back(line.substr(0, space), line.substr(space + 1));
+    pos = end + 1;
+  }
+  return out;
+}
+
+/// The value of `key` in `m`, or "(none)".
+inline std::string manifest_field(const manifest& m, std::string_view key) {
+  for (const auto& [k, v] : m)
+    if (k == key) return v;
+  return "(none)";
+}
+
+/// "R groups x G ranks" as a manifest names its mesh.
+inline std::string mesh_name(const manifest& m) {
+  return diloco::detail::concat(manifest_field(m, "groups"), " groups x ", manifest_field(m, "group_size"), " ranks");
+}
+
+/// The fields where `saved` and `here` differ ("key: saved A, here B; ..."),
+/// or "" when none does.
+inline std::string manifest_differences(const manifest& saved, const manifest& here) {
+  std::string out;
+  auto note = [&out](const std::string& k, const std::string& a, const std::string& b) {
+    if (a != b) out += diloco::detail::concat(out.empty() ? "" : "; ", k, ": saved ", a, ", here ", b);
+  };
+  for (const auto& [k, v] : here) note(k, manifest_field(saved, k), v);
+  for (const auto& [k, v] : saved)
+    if (manifest_field(here, k) == "(none)") note(k, v, "(none)");
+  return out;
+}
+
+/// Round n's manifest in a rank's checkpoint folder.
+inline std::filesystem::path manifest_path(const std::filesystem::path& folder, std::uint64_t n) {
+  return folder / diloco::detail::concat("round-", n, ".mesh");
+}
+
+/// The rounds of `folder` that have both their checkpoint and their
+/// manifest (a save interrupted between the two does not count).
+inline std::vector<std::uint64_t> manifested_rounds(const std::filesystem::path& folder) {
+  std::vector<std::uint64_t> out;
+  std::error_code ec;
+  for (const std::uint64_t n : checkpoint::saved_rounds(folder))
+    if (std::filesystem::exists(manifest_path(folder, n), ec)) out.push_back(n);
+  return out;
+}
+
+/// Saves the shard's algorithm as algorithm::save_round under
+/// `position_dir`, then its manifest beside the file (written as checkpoints
+/// are: a temporary, fsync, rename), then removes the manifests whose
+/// checkpoint save_round removed. Returns the checkpoint's path.
+template <class Algo>
+std::string save_shard_round(Algo& algo, const std::string& position_dir, std::size_t keep, const manifest& m) {
+  const std::filesystem::path path = algo.save_round(position_dir, keep);
+  const std::filesystem::path folder = path.parent_path();
+  const std::string stem = path.stem().string();  // "round-<n>"
+  const std::string text = manifest_text(m);
+  checkpoint::write_file((folder / (stem + ".mesh")).string(),
+                         std::as_bytes(std::span<const char>(text.data(), text.size())));
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(folder, ec)) {
+    const std::filesystem::path f = entry.path();
+    if (f.extension() != ".mesh" || !f.stem().string().starts_with("round-")) continue;
+    std::filesystem::path ckpt = f;
+    ckpt.replace_extension(".ckpt");
+    std::error_code gone;
+    if (!std::filesystem::exists(ckpt, gone)) std::filesystem::remove(f, gone);
+  }
+  return path.string();
+}
+
+/// What is wrong with round n's manifest in `folder` for a rank whose
+/// manifest is `here` ("" when it matches).
+inline std::string manifest_problem(const std::filesystem::path& folder, std::uint64_t n, const manifest& here) {
+  const std::string source = manifest_path(folder, n).string();
+  manifest saved;
+  try {
+    const std::vector<std::byte> bytes = checkpoint::read_file(source);
+    saved = parse_manifest(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()), source);
+  } catch (const std::exception& e) {
+    return std::string(diloco::detail::unprefixed(e.what()));
+  }
+  const std::string diff = manifest_differences(saved, here);
+  if (diff.empty()) return {};
+  return diloco::detail::concat("round ", n, " was saved by a mesh of ", mesh_name(saved), " (group ",
+                                manifest_field(saved, "group"), ", position ", manifest_field(saved, "position"),
+                                "): ", diff);
+}
+
+/// Every rank's text over the mesh, the same on every rank: each group's
+/// positions (over intra) gathered over inter, as "group r: position g:
+/// text" for the non-empty ones ("" when all are empty).
+template <class Comm>
+std::string mesh_failures(mesh<Comm>& m, const std::string& mine) {
+  const std::string in_group = failures(gather_texts(m.intra(), mine), "position");
+  return failures(gather_texts(m.inter(), in_group), "group");
+}
+
+/// load_latest_common of a shard's algorithm (`algo`, rebuilt by `make` for
+/// a roll-back) on mesh `m`: see sharded::load_latest_common. `here`: this
+/// rank's manifest now; `who`: the caller, for messages. Collective over
+/// the whole mesh.
+template <class Algo, class Comm, class Make>
+std::uint64_t load_shard_round(std::unique_ptr<Algo>& algo, Make& make, mesh<Comm>& m, const std::string& dir,
+                               const std::string& position_dir, const manifest& here, const char* who) {
+  const std::filesystem::path folder =
+      std::filesystem::path(position_dir) / diloco::detail::concat("rank-", m.group());
+  const std::vector<std::uint64_t> saved = manifested_rounds(folder);
+  const std::string mine = checkpoint::detail::rounds_text(saved);
+  // The rounds every rank of this group has, then every group.
+  const std::string group_common =
+      checkpoint::detail::rounds_text(checkpoint::detail::common_rounds(gather_texts(m.intra(), mine)));
+  const std::vector<std::string> groups = gather_texts(m.inter(), group_common);
+  const std::vector<std::uint64_t> common = checkpoint::detail::common_rounds(groups);
+  // The mesh and the cut that saved: the common round's manifest, or when
+  // there is none, this rank's newest (a mesh of another G leaves some
+  // positions without files and others with files of that G).
+  std::string problem;
+  if (!common.empty())
+    problem = manifest_problem(folder, common.back(), here);
+  else if (!saved.empty())
+    problem = manifest_problem(folder, *std::max_element(saved.begin(), saved.end()), here);
+  if (const std::string refused = mesh_failures(m, problem); !refused.empty())
+    diloco::detail::raise<state_error>(
+        who, "::load_latest_common: the checkpoints under ", dir, " were saved by another mesh or cut (", refused,
+        "); this mesh: ", m.groups(), " groups x ", m.group_size(),
+        " ranks. Restoring onto a different group size G, number of groups or cut is refused (no re-sharding): "
+        "resume on the mesh that saved them; every rank raises this, its state unchanged");
+  if (common.empty()) {
+    std::string each;
+    for (std::size_t r = 0; r < groups.size(); ++r)
+      each += diloco::detail::concat(r ? "; " : "", "group ", r, ": ", groups[r].empty() ? "none" : groups[r]);
+    diloco::detail::raise<state_error>(who, "::load_latest_common: no round has a checkpoint on every rank under ",
+                                       dir, " (rounds that all positions of each group saved, each with its "
+                                       "round-<n>.ckpt and round-<n>.mesh: ",
+                                       each, "); every rank raises this");
+  }
+  const std::uint64_t round = common.back();
+  // What this rank has now, to put back if another position fails.
+  const std::vector<std::byte> before = algo->save_bytes();
+  std::string failed_here;
+  std::exception_ptr failure;
+  try {
+    algo->load((folder / diloco::detail::concat("round-", round, ".ckpt")).string());
+  } catch (const std::exception& e) {
+    failure = std::current_exception();
+    failed_here = diloco::detail::unprefixed(e.what());
+  }
+  const std::string failed = failures(gather_texts(m.intra(), failed_here), "position");
+  if (failed.empty()) return round;
+  if (failure) std::rethrow_exception(failure);
+  // Every group's rank at this position restored it: they put back what
+  // they had, together, in a new instance (the restored round may have a
+  // reduction in flight, which a load refuses; `before` has none).
+  algo.reset();
+  algo = make();
+  algo->load(std::span<const std::byte>(before));
+  diloco::detail::raise<state_error>(who, "::load_latest_common: round ", round,
+                                     " could not be restored at every position of the group (", failed,
+                                     "); this rank's state is as it was before the call");
+}
+
 }  // namespace detail_sharded
 
 /// DiLoCo over a sharded model: rank g of every group of the mesh runs
@@ -109,6 +309,11 @@ class sharded {
   sharded(Params&& shard, mesh<Comm>& m, options opts = {}) : mesh_(&m) {
     if constexpr (!external_inner<Inner>) diloco::detail::refuse_shard_clipping(opts, "diloco::sharded");
     agree_in_group(opts);
+    std::string tensors;  // this shard's tensor sizes, for the manifest (before `shard` is held)
+    if constexpr (diloco::detail::replica_element_tensor<std::remove_cvref_t<Params>>)
+      tensors = std::to_string(tensor_size(shard));
+    else
+      for (auto&& t : shard) tensors += diloco::detail::concat(tensors.empty() ? "" : " ", tensor_size(t));
     // How to build the shard's algorithm again (a roll-back of
     // load_latest_common): the same tensors, communicator and options.
     make_ = [held = hold(std::forward<Params>(shard)), &m, opts]() mutable {
@@ -129,6 +334,24 @@ class sharded {
       diloco::detail::raise<config_error>("diloco::sharded: the shard's algorithm could not be built at every position of "
                                           "the group (",
                                           failed, "); every rank raises this");
+    // The manifest of this rank's checkpoints: the mesh, and the cut as
+    // every position's element count and this shard's tensor sizes.
+    const std::size_t elements = algo_->parameter_count();
+    std::string cut;
+    std::size_t model = 0;
+    for (const std::string& n : detail_sharded::gather_texts(m.intra(), std::to_string(elements))) {
+      cut += (cut.empty() ? "" : " ") + n;
+      model += static_cast<std::size_t>(std::stoull(n));
+    }
+    manifest_ = {{"kind", "sharded"},
+                 {"groups", std::to_string(m.groups())},
+                 {"group_size", std::to_string(m.group_size())},
+                 {"group", std::to_string(m.group())},
+                 {"position", std::to_string(m.position())},
+                 {"model_elements", std::to_string(model)},
+                 {"group_cut", cut},
+                 {"shard_elements", std::to_string(elements)},
+                 {"shard_tensors", tensors}};
   }
 
   sharded(const sharded&) = delete;
@@ -153,63 +376,36 @@ class sharded {
   void finish() { algo_->finish(); }
 
   /// Saves this rank's shard (algorithm::save_round, collective over the
-  /// whole mesh as every rank saves) under `<dir>/position-<g>`; returns the
-  /// path written.
+  /// whole mesh as every rank saves) under `<dir>/position-<g>`, as
+  /// `<dir>/position-<g>/rank-<r>/round-<n>.ckpt`, and beside it its mesh
+  /// manifest `round-<n>.mesh` (mesh_manifest(): R, G, this rank's group
+  /// and position, every position's element count, this shard's tensor
+  /// sizes, the model's size); returns the checkpoint's path.
   std::string save_round(const std::string& dir, std::size_t keep = 2) {
-    return algo_->save_round(position_dir(dir), keep);
+    return detail_sharded::save_shard_round(*algo_, position_dir(dir), keep, manifest_);
   }
 
   /// Resumes every shard from the newest round that every rank of the world
-  /// saved with save_round (collective over the whole mesh); returns it.
-  /// No common round: state_error on every rank naming each group's
-  /// rounds. A position whose file cannot be restored raises its error
-  /// there (as algorithm::load does) and state_error at the other
-  /// positions, which put back the state they had (in a new instance of
-  /// the shard's algorithm, built as the constructor built it: references
-  /// to shard_algorithm() do not survive that): every rank's state is as
-  /// it was.
+  /// saved with save_round (its checkpoint and its manifest; collective
+  /// over the whole mesh); returns it. Restoring is bitwise on the mesh
+  /// that saved. A manifest naming another mesh or cut (another G or R, or
+  /// other shard sizes: there is no re-sharding) is a state_error on every
+  /// rank naming the saved mesh and this one, with nothing changed; so is
+  /// no common round (naming each group's rounds). A position whose file
+  /// cannot be restored raises its error there (as algorithm::load does)
+  /// and state_error at the other positions, which put back the state they
+  /// had (in a new instance of the shard's algorithm, built as the
+  /// constructor built it: references to shard_algorithm() do not survive
+  /// that): every rank's state is as it was.
   std::uint64_t load_latest_common(const std::string& dir) {
-    const std::filesystem::path folder =
-        std::filesystem::path(position_dir(dir)) / diloco::detail::concat("rank-", mesh_->group());
-    const std::string mine = checkpoint::detail::rounds_text(checkpoint::saved_rounds(folder));
-    // The rounds every rank of this group has, then every group.
-    const std::string group_common =
-        checkpoint::detail::rounds_text(checkpoint::detail::common_rounds(detail_sharded::gather_texts(mesh_->intra(), mine)));
-    const std::vector<std::string> groups = detail_sharded::gather_texts(mesh_->inter(), group_common);
-    const std::vector<std::uint64_t> common = checkpoint::detail::common_rounds(groups);
-    if (common.empty()) {
-      std::string each;
-      for (std::size_t r = 0; r < groups.size(); ++r)
-        each += diloco::detail::concat(r ? "; " : "", "group ", r, ": ", groups[r].empty() ? "none" : groups[r]);
-      diloco::detail::raise<state_error>("diloco::sharded::load_latest_common: no round has a checkpoint on every "
-                                         "rank under ",
-                                         dir, " (rounds that all positions of each group saved: ", each,
-                                         "); every rank raises this");
-    }
-    const std::uint64_t round = common.back();
-    // What this rank has now, to put back if another position fails.
-    const std::vector<std::byte> before = algo_->save_bytes();
-    std::string problem;
-    std::exception_ptr failure;
-    try {
-      algo_->load((folder / diloco::detail::concat("round-", round, ".ckpt")).string());
-    } catch (const std::exception& e) {
-      failure = std::current_exception();
-      problem = diloco::detail::unprefixed(e.what());
-    }
-    const std::string failed = detail_sharded::failures(detail_sharded::gather_texts(mesh_->intra(), problem), "position");
-    if (failed.empty()) return round;
-    if (failure) std::rethrow_exception(failure);
-    // Every group's rank at this position restored it: they put back what
-    // they had, together, in a new instance (the restored round may have a
-    // reduction in flight, which a load refuses; `before` has none).
-    algo_.reset();
-    algo_ = make_();
-    algo_->load(std::span<const std::byte>(before));
-    diloco::detail::raise<state_error>("diloco::sharded::load_latest_common: round ", round,
-                                       " could not be restored at every position of the group (", failed,
-                                       "); this rank's state is as it was before the call");
+    return detail_sharded::load_shard_round(algo_, make_, *mesh_, dir, position_dir(dir), manifest_,
+                                            "diloco::sharded");
   }
+
+  /// The manifest save_round writes beside each checkpoint, as (key, value)
+  /// pairs: kind, groups, group_size, group, position, model_elements,
+  /// group_cut, shard_elements, shard_tensors.
+  const detail_sharded::manifest& mesh_manifest() const { return manifest_; }
 
   ///@{
   /// The shard's algorithm (statistics, global_parameters, save, ...).
@@ -270,6 +466,7 @@ class sharded {
   mesh<Comm>* mesh_;
   std::function<std::unique_ptr<algorithm_type>()> make_;
   std::unique_ptr<algorithm_type> algo_;
+  detail_sharded::manifest manifest_;
 };
 
 }  // namespace diloco
