@@ -579,8 +579,8 @@ struct state_errors {
 TEST_CASE("replicated: checkpoints per shard with a mesh manifest resume bitwise on the same mesh") {
   const fs::path dir = fs::temp_directory_path() / ("diloco_test_mesh_ckpt_" + std::to_string(::getpid()));
   fs::remove_all(dir);
-  // Run A: 14 steps, saving at steps 6 and 9 (one-step delay: rounds 1 and
-  // 2 applied by then), the replica and theta_global at step 9 and at the end.
+  // Run A: 14 steps, saving at steps 3, 6 and 9 (one-step delay: rounds 0,
+  // 1 and 2 applied by then), the replica and theta_global at step 9 and at the end.
   std::vector<std::vector<float>> at9(4), replica_end(4), global_end(4);
   {
     dc::comm::threads::world world(4);
@@ -588,7 +588,9 @@ TEST_CASE("replicated: checkpoints per shard with a mesh manifest resume bitwise
       dc::mesh<dc::comm::threads> m(comm, {.group_size = 2});
       auto p = initial_params();
       ckpt_mesh a(p, m, ckpt_opts());
-      train_range(a, m, p, 0, 6);
+      train_range(a, m, p, 0, 3);
+      a.save_round(dir.string());  // round 0: removed with its manifest by the save of round 2 (keep = 2)
+      train_range(a, m, p, 3, 6);
       a.save_round(dir.string());
       train_range(a, m, p, 6, 9);
       const std::string path = a.save_round(dir.string());
@@ -604,6 +606,8 @@ TEST_CASE("replicated: checkpoints per shard with a mesh manifest resume bitwise
                              : "shard_elements 455\nshard_pieces 0:512+188 1:0+77 2:0+190\n");
       CHECK(read_text(folder / "round-2.mesh") == expected);
       CHECK(fs::exists(folder / "round-1.mesh"));
+      CHECK_FALSE(fs::exists(folder / "round-0.ckpt"));
+      CHECK_FALSE(fs::exists(folder / "round-0.mesh"));
       const auto w = static_cast<std::size_t>(comm.rank());
       at9[w] = concat_all(p);
       train_range(a, m, p, 9, steps);
