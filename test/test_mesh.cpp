@@ -691,10 +691,71 @@ TEST_CASE("replicated: restoring onto another group size or cut is the same stat
   CHECK(what.find("this mesh: 1 groups x 4 ranks") != std::string::npos);
   CHECK(what.find("position 1: round 0 was saved by a mesh of 2 groups x 2 ranks (group 0, position 1)") !=
         std::string::npos);
+  // 1 group x 2 ranks (another R, the same G): the file of group 0 names 2 groups.
+  what = refused_on(2, 2, sizes);
+  CHECK(what.find("this mesh: 1 groups x 2 ranks") != std::string::npos);
+  CHECK(what.find("(group 0, position 1): groups: saved 2, here 1") != std::string::npos);
   // The same mesh over another model of 967 elements: position 0's shard is
   // 512 elements either way, but the cut differs.
   what = refused_on(4, 2, {900, 67});
   CHECK(what.find("this mesh: 2 groups x 2 ranks") != std::string::npos);
   CHECK(what.find("model_tensors: saved 700 77 190, here 900 67") != std::string::npos);
+
+  // The same mesh, and position 1 of group 0 holds a damaged file: world
+  // rank 1 raises the load's format_error, rank 3 (its position in group 1)
+  // algorithm::load's state_error, ranks 0 and 2 replicated's state_error
+  // after putting back what they had (a new instance of the shard's
+  // algorithm); every replica and theta_global is as it was.
+  {
+    const fs::path victim = dir / "position-1" / "rank-0" / "round-0.ckpt";
+    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(victim) / 2));
+    f.put('\x5a');
+  }
+  std::vector<std::string> kind(4);
+  std::vector<std::vector<float>> after(4);
+  std::string position_message;
+  {
+    std::mutex lock;
+    dc::comm::threads::world world(4);
+    world.run([&](dc::comm::threads& comm) {
+      dc::mesh<dc::comm::threads> m(comm, {.group_size = 2});
+      auto p = initial_params();
+      ckpt_mesh c(p, m, ckpt_opts());
+      train_range(c, m, p, 0, 2);
+      const auto replica = concat_all(p);
+      const auto global = whole_global(c, p);
+      const char* k = "none";
+      std::string msg;
+      try {
+        c.load_latest_common(dir.string());
+      } catch (const dc::format_error& e) {
+        k = "format_error";
+        msg = e.what();
+      } catch (const dc::state_error& e) {
+        k = "state_error";
+        msg = e.what();
+      }
+      INFO("world rank ", comm.rank());
+      CHECK(same_bits(concat_all(p), replica));
+      CHECK(same_bits(whole_global(c, p), global));
+      // The rebuilt instance trains on: one more step leaves the replicas
+      // of a group equal (the gather pairs up across positions).
+      train_range(c, m, p, 2, 3);
+      std::lock_guard<std::mutex> g(lock);
+      after[static_cast<std::size_t>(comm.rank())] = concat_all(p);
+      kind[static_cast<std::size_t>(comm.rank())] = k;
+      if (comm.rank() == 0) position_message = msg;
+    });
+  }
+  CHECK(same_bits(after[0], after[1]));
+  CHECK(same_bits(after[2], after[3]));
+  CHECK_FALSE(same_bits(after[0], after[2]));
+  CHECK(kind[1] == "format_error");
+  CHECK(kind[3] == "state_error");
+  CHECK(kind[0] == "state_error");
+  CHECK(kind[2] == "state_error");
+  CHECK(position_message.find("diloco::replicated::load_latest_common: round 0 could not be restored at every "
+                              "position of the group (position 1:") != std::string::npos);
   fs::remove_all(dir);
 }
