@@ -82,6 +82,31 @@ void train_on_mesh(dc::mesh<Comm>& m, Inspect&& inspect, Setup&& setup = {}) {
   inspect(a, concat_all(p), concat_all(th));
 }
 
+// Steps [from, to) of the problem on a replicated trainer `a` over mesh
+// `m`: the group's gradients, averaged over intra, then step(grads).
+template <class A, class Comm>
+void train_range(A& a, dc::mesh<Comm>& m, std::vector<std::vector<float>>& p, int from, int to) {
+  std::vector<std::vector<float>> g(p.size());
+  for (int s = from; s < to; ++s) {
+    for (std::size_t k = 0; k < p.size(); ++k) {
+      g[k].resize(p[k].size());
+      for (std::size_t i = 0; i < p[k].size(); ++i) g[k][i] = grad_of(m.group(), s, k, i, p[k][i]);
+    }
+    dc::all_reduce_gradients(m, g);
+    a.step(g);
+  }
+}
+
+// The whole theta_global of a replicated trainer (copy_global_to), its
+// tensors concatenated; `shape`: tensors of the parameters' sizes.
+template <class A>
+std::vector<float> whole_global(A& a, const std::vector<std::vector<float>>& shape) {
+  std::vector<std::vector<float>> th(shape.size());
+  for (std::size_t k = 0; k < shape.size(); ++k) th[k].resize(shape[k].size());
+  a.copy_global_to(th);
+  return concat_all(th);
+}
+
 template <class C, class Sync>
 flat_result run_flat(int R) {
   using algo = dc::algorithm<dc::inner::sgd, dc::outer::nesterov, C, dc::comm::threads, Sync>;

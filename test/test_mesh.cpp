@@ -529,29 +529,6 @@ namespace fs = std::filesystem;
 using ckpt_mesh = dc::replicated<dc::inner::sgd, dc::outer::nesterov, int4_ef, dc::comm::threads, dc::sync::one_step_delay>;
 ckpt_mesh::options ckpt_opts() { return {.inner_steps = H, .inner = {.lr = 0.1f, .momentum = 0.9f}}; }
 
-// Steps [from, to) of the shared problem on a replicated trainer: the
-// group's gradients averaged over intra, then step(grads).
-template <class A>
-void train_range(A& a, dc::mesh<dc::comm::threads>& m, std::vector<std::vector<float>>& p, int from, int to) {
-  std::vector<std::vector<float>> g(p.size());
-  for (int s = from; s < to; ++s) {
-    for (std::size_t k = 0; k < p.size(); ++k) {
-      g[k].resize(p[k].size());
-      for (std::size_t i = 0; i < p[k].size(); ++i) g[k][i] = grad_of(m.group(), s, k, i, p[k][i]);
-    }
-    dc::all_reduce_gradients(m, g);
-    a.step(g);
-  }
-}
-
-template <class A>
-std::vector<float> whole_global(A& a, const std::vector<std::vector<float>>& shape) {
-  std::vector<std::vector<float>> th(shape.size());
-  for (std::size_t k = 0; k < shape.size(); ++k) th[k].resize(shape[k].size());
-  a.copy_global_to(th);
-  return concat_all(th);
-}
-
 std::string read_text(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
