@@ -182,15 +182,18 @@ std::string save_shard_round(Algo& algo, const std::string& position_dir, std::s
   const std::string text = manifest_text(m);
   checkpoint::write_file((folder / (stem + ".mesh")).string(),
                          std::as_bytes(std::span<const char>(text.data(), text.size())));
+  // Listed first, removed after: a directory is not changed while it is read.
+  std::vector<std::filesystem::path> orphans;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(folder, ec)) {
     const std::filesystem::path f = entry.path();
     if (f.extension() != ".mesh" || !f.stem().string().starts_with("round-")) continue;
     std::filesystem::path ckpt = f;
     ckpt.replace_extension(".ckpt");
-    std::error_code gone;
-    if (!std::filesystem::exists(ckpt, gone)) std::filesystem::remove(f, gone);
+    std::error_code stat;
+    if (!std::filesystem::exists(ckpt, stat) && !stat) orphans.push_back(f);
   }
+  for (const auto& f : orphans) std::filesystem::remove(f, ec);  // one that stays is never read without its checkpoint
   return path.string();
 }
 
