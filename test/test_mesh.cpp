@@ -526,7 +526,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-using ckpt_mesh = dc::replicated<dc::inner::sgd, dc::outer::nesterov, int4_ef, dc::comm::threads, dc::sync::one_step_delay>;
+using ckpt_mesh =
+    dc::replicated<dc::inner::sgd, dc::outer::nesterov, int4_ef, dc::comm::threads, dc::sync::one_step_delay>;
 ckpt_mesh::options ckpt_opts() { return {.inner_steps = H, .inner = {.lr = 0.1f, .momentum = 0.9f}}; }
 
 std::string read_text(const fs::path& path) {
@@ -571,7 +572,8 @@ TEST_CASE("replicated: checkpoints per shard with a mesh manifest resume bitwise
       a.save_round(dir.string());
       train_range(a, m, p, 6, 9);
       const std::string path = a.save_round(dir.string());
-      const fs::path folder = dir / ("position-" + std::to_string(m.position())) / ("rank-" + std::to_string(m.group()));
+      const fs::path folder =
+          dir / ("position-" + std::to_string(m.position())) / ("rank-" + std::to_string(m.group()));
       CHECK(path == (folder / "round-2.ckpt").string());
       // The manifest, by hand: 967 elements in tensors of 700, 77, 190, cut
       // at 512 (codec blocks of 64; see the cut's test above).

@@ -300,7 +300,8 @@ TEST_CASE("sharded: restoring onto another group size is the same state_error on
   INFO(r.what[0]);
   CHECK(r.what[0].find("diloco::sharded::load_latest_common: the checkpoints under") != std::string::npos);
   CHECK(r.what[0].find("group 1: position 0: round 0 was saved by a mesh of 2 groups x 2 ranks (group 1, position "
-                       "0): group_size: saved 2, here 1; group_cut: saved 700 267, here 967; shard_elements: saved 700, here 967") != std::string::npos);
+                       "0): group_size: saved 2, here 1; group_cut: saved 700 267, here 967; shard_elements: saved "
+                       "700, here 967") != std::string::npos);
   CHECK(r.what[0].find("this mesh: 2 groups x 1 ranks") != std::string::npos);
   fs::remove_all(dir);
 }
