@@ -11,12 +11,107 @@
 #include "diloco/codec/packed_codes.hpp"
 #include "diloco/core/macros.hpp"
 #include "diloco/codec/grids.hpp"
+#include "diloco/codec/group_bytes.hpp"
 #include "diloco/codec/quantize.hpp"
 #include "diloco/core/random.hpp"
 
 DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::compress {
+
+/// The element-level form of blockwise_codec<Format, B, Rounding> (see
+/// codec/element_codec.hpp for the members): a 4-byte factor (the block's
+/// amax), then the codes (Format::bits each, packed from the low bits of
+/// each byte). The device team programs code a block element by element
+/// through it (kernels/codec_elements.hpp); the host block loops quantize
+/// through the same codec/quantize.hpp functions (quantize_block) and
+/// decode through it, so both give the same bytes and values.
+template <class Format, std::size_t B, class Rounding>
+struct blockwise_elements {
+  ///@{
+  /// The layout: the block size, elements per group, whether codes need the block's amax,
+  /// whether rounding is stochastic, the block's bytes, where the codes start, a group's bytes,
+  /// the format's levels and bits, a code's bit mask and type.
+  static constexpr std::size_t block = B;
+  static constexpr std::size_t group = B % 4 == 0 ? 4 : 2;
+  static constexpr bool scaled = true;  ///< codes depend on the block's amax (a team max)
+  static constexpr bool stochastic = Rounding::stochastic;
+  static constexpr std::size_t stride = 4 + B * Format::bits / 8;
+  static constexpr std::size_t values_offset = 4;
+  static constexpr std::size_t group_bytes = group * Format::bits / 8;
+  static constexpr float levels = Format::levels;
+  static constexpr int bits = Format::bits;
+  static constexpr unsigned mask = (1u << Format::bits) - 1u;
+  using code = unsigned;
+  ///@}
+  static_assert(group * Format::bits % 8 == 0, "a group's codes must fill whole bytes");
+  static_assert(stride % group_bytes == 0 && values_offset % group_bytes == 0,
+                "every group's codes must be aligned to their size");
+
+  ///@{
+  /// The block's factor (its amax), read and written.
+  DILOCO_HD static float factor(const std::byte* blk) { return kernels::load_float<stride % 4 == 0>(blk); }
+  DILOCO_HD static void put_factor(std::byte* blk, float amax) { kernels::store_float<stride % 4 == 0>(blk, amax); }
+  ///@}
+
+  /// What encode and decode need of a block's factor (kernels::quant_terms).
+  using factor_terms = kernels::quant_terms;
+  /// The terms of a block whose amax is `amax`.
+  DILOCO_HD static factor_terms terms(float amax) { return kernels::quant_terms_of(amax, kernels::grid<Format>()); }
+
+  /// q and dq of one element against its block's terms (kernels::quantize_element);
+  /// u is the element's draw (stochastic rounding).
+  DILOCO_HD static void encode(float v, const factor_terms& f, float u, code& q, float& dq) {
+    constexpr auto g = kernels::grid<Format>();
+    q = g.code(kernels::quantize_element<stochastic>(v, f, g, u, dq));
+  }
+  /// Whether every element of the block takes the common case (a positive
+  /// finite amax, L / amax finite, amax / L normal): then encode_normal gives
+  /// encode's results without its branches.
+  DILOCO_HD static bool normal(const factor_terms& f) { return !f.zero && f.normal; }
+  /// encode for a block that is normal().
+  DILOCO_HD static void encode_normal(float v, const factor_terms& f, float u, code& q, float& dq) {
+    constexpr auto g = kernels::grid<Format>();
+    q = g.code(kernels::quantize_normal<stochastic>(v, f, g, u, dq));
+  }
+  /// encode against the block's amax (terms made for this one call).
+  DILOCO_HD static void encode(float v, float amax, float u, code& q, float& dq) { encode(v, terms(amax), u, q, dq); }
+
+  /// The value of code q against its block's terms (kernels::dequantize_element).
+  DILOCO_HD static float decode(code q, const factor_terms& f) {
+    constexpr auto g = kernels::grid<Format>();
+    return kernels::dequantize_element(g.value(q), f, levels);
+  }
+  /// Whether decode is value(q) * scale for every code of the block.
+  DILOCO_HD static bool plain(const factor_terms& f) { return f.plain; }
+  /// decode for a block that is plain().
+  DILOCO_HD static float decode_plain(code q, const factor_terms& f) {
+    constexpr auto g = kernels::grid<Format>();
+    return g.value(q) * f.scale;
+  }
+  /// decode against the block's amax.
+  DILOCO_HD static float decode(code q, float amax) { return decode(q, terms(amax)); }
+
+  /// The codes of elements [j0, j0 + group), j0 a multiple of group.
+  DILOCO_HD static void put_codes(std::byte* blk, std::size_t j0, const code (&q)[group]) {
+    constexpr std::size_t per_byte = 8 / bits;
+    unsigned char bytes[group_bytes];
+    for (std::size_t p = 0; p < group_bytes; ++p) {
+      unsigned byte = 0;
+      for (std::size_t i = 0; i < per_byte; ++i) byte |= (q[p * per_byte + i] & mask) << (i * bits);
+      bytes[p] = static_cast<unsigned char>(byte);
+    }
+    kernels::store_bytes<group_bytes>(blk + values_offset + j0 * bits / 8, bytes);
+  }
+  /// Reads the codes of elements [j0, j0 + group) (put_codes' inverse).
+  DILOCO_HD static void codes(const std::byte* blk, std::size_t j0, code (&q)[group]) {
+    constexpr std::size_t per_byte = 8 / bits;
+    unsigned char bytes[group_bytes];
+    kernels::load_bytes<group_bytes>(blk + values_offset + j0 * bits / 8, bytes);
+    for (std::size_t i = 0; i < group; ++i)
+      q[i] = (static_cast<unsigned>(bytes[i / per_byte]) >> ((i % per_byte) * bits)) & mask;
+  }
+};
 
 /// Block-wise quantization: per block of B elements one fp32 factor (the
 /// block's largest magnitude, amax) and B codes of Format::bits bits
@@ -42,6 +137,8 @@ struct blockwise_codec {
   static constexpr float levels = Format::levels;
   static constexpr unsigned mask = (1u << Format::bits) - 1u;
   ///@}
+  /// The element-level form (the device team programs code through it; decode() here too).
+  using elements = blockwise_elements<Format, B, Rounding>;
 
   /// Bytes of an encoded block: the factor, then the codes (a partial block keeps it,
   /// zero-padded).
@@ -91,29 +188,28 @@ struct blockwise_codec {
     len = len < B ? len : B;
     float amax;
     std::memcpy(&amax, in, 4);
+    const auto t = elements::terms(amax);
     const std::byte* q = in + 4;
-    constexpr auto g = kernels::grid<Format>();
     // Normal scales (and NaN/inf factors, which must stay visibly
     // non-finite) multiply; tiny blocks take dequantize()'s exact path.
-    if (kernels::scale_is_normal(amax, levels) || !(amax - amax == 0.0f)) {
-      const float scale = amax / levels;
+    if (elements::plain(t)) {
 #if !defined(__CUDA_ARCH__)
-      if constexpr (table_decode) return decode_by_table(q, len, scale, dq);
+      if constexpr (table_decode) return decode_by_table(q, len, t.scale, dq);
 #endif
       if constexpr (Format::bits == 8) {
-        for (std::size_t j = 0; j < len; ++j) dq[j] = g.value(static_cast<unsigned>(q[j])) * scale;
+        for (std::size_t j = 0; j < len; ++j) dq[j] = elements::decode_plain(static_cast<unsigned>(q[j]), t);
       } else {
         // Whole bytes, their codes unpacked with constant shifts (so the
         // loop vectorizes), then the partial byte.
         const std::size_t full = len / per_byte;
         for (std::size_t p = 0; p < full; ++p) {
           const auto byte = static_cast<unsigned>(q[p]);
-          for (std::size_t i = 0; i < per_byte; ++i) dq[p * per_byte + i] = g.value((byte >> (i * bits)) & mask) * scale;
+          for (std::size_t i = 0; i < per_byte; ++i) dq[p * per_byte + i] = elements::decode_plain((byte >> (i * bits)) & mask, t);
         }
-        for (std::size_t j = full * per_byte; j < len; ++j) dq[j] = g.value(code(q, j)) * scale;
+        for (std::size_t j = full * per_byte; j < len; ++j) dq[j] = elements::decode_plain(code(q, j), t);
       }
     } else {
-      for (std::size_t j = 0; j < len; ++j) dq[j] = kernels::dequantize(g.value(code(q, j)), amax, levels);
+      for (std::size_t j = 0; j < len; ++j) dq[j] = elements::decode(code(q, j), t);
     }
   }
 

@@ -51,45 +51,95 @@ DILOCO_HD DILOCO_FORCEINLINE float dequantize(float q, float amax, float levels)
   return scale >= 1.17549435e-38f ? q * scale : (q * amax) / levels;
 }
 
+/// What quantizing and dequantizing need of a block's amax, worked out once
+/// per block: the two divisions (L / amax and amax / L) and the cases they
+/// select. Each is an IEEE division (about ten instructions on the device);
+/// made per element they were most of the int8 encode's and the shard
+/// reduce's instructions. Both the host's block loops (quantize_block) and
+/// the device team programs' element form (blockwise_codec's elements)
+/// quantize through these terms, so the float operations per element are
+/// written once.
+struct quant_terms {
+  float amax;     ///< the block's amax
+  float inv;      ///< L / amax
+  float scale;    ///< amax / L
+  bool zero;      ///< amax is 0, infinite or NaN: every code that of 0, dq = zero_dq
+  bool normal;    ///< inv finite and scale normal: r = round(v * inv), dq = r * scale
+  bool plain;     ///< dequantize as r * scale (a normal scale, or a non-finite amax)
+  float zero_dq;  ///< dq of a zero block: value(code(0)) * scale, i.e. 0, or NaN/inf
+};
+
+/// The terms of a block whose amax is `amax`, on `grid` (levels L = grid.levels).
+template <class Grid>
+DILOCO_HD DILOCO_FORCEINLINE quant_terms quant_terms_of(float amax, const Grid& grid) {
+  const float levels = grid.levels;
+  quant_terms t{};
+  t.amax = amax;
+  t.inv = levels / amax;
+  t.scale = amax / levels;
+  const bool finite = amax - amax == 0.0f;
+  t.zero = !(amax > 0.0f) || !finite;
+  t.normal = t.inv - t.inv == 0.0f && t.scale >= 1.17549435e-38f;
+  t.plain = t.scale >= 1.17549435e-38f || !finite;
+  t.zero_dq = grid.value(grid.code(0.0f)) * t.scale;
+  return t;
+}
+
+/// The grid value r of v on a block whose terms are normal and not zero (the
+/// common case), and its dequantized value dq = r * scale; u is v's draw
+/// (stochastic rounding).
+template <bool Stochastic, class Grid>
+DILOCO_HD DILOCO_FORCEINLINE float quantize_normal(float v, const quant_terms& t, const Grid& grid, float u,
+                                                   float& dq) {
+  const float r = grid.template round<Stochastic>(v * t.inv, u);
+  dq = r * t.scale;
+  return r;
+}
+
+/// The grid value r of v on any block, and dq: a zero, infinite or NaN amax
+/// gives r = 0 and dq = zero_dq (non-finite blocks stay visibly non-finite);
+/// tiny blocks, where L / amax may overflow (divide first) and amax / L is
+/// subnormal (multiply by amax first, see dequantize()), take the exact path.
+template <bool Stochastic, class Grid>
+DILOCO_HD DILOCO_FORCEINLINE float quantize_element(float v, const quant_terms& t, const Grid& grid, float u,
+                                                    float& dq) {
+  if (t.zero) {
+    dq = t.zero_dq;
+    return 0.0f;
+  }
+  if (t.normal) return quantize_normal<Stochastic>(v, t, grid, u, dq);
+  const float r = grid.template round<Stochastic>(t.inv - t.inv == 0.0f ? v * t.inv : (v / t.amax) * grid.levels, u);
+  dq = dequantize(r, t.amax, grid.levels);
+  return r;
+}
+
+/// The value of grid value r on a block with terms t: r * scale where the
+/// scale is normal (or the amax not finite), else dequantize()'s exact form.
+DILOCO_HD DILOCO_FORCEINLINE float dequantize_element(float r, const quant_terms& t, float levels) {
+  return t.plain ? r * t.scale : dequantize(r, t.amax, levels);
+}
+
 /// Quantizes v[0, len) against `amax` into q[0, len) (as floats holding grid
-/// values in [-L, L]) and writes the dequantized values into dq.
-/// Stochastic: the grid's stochastic rounding with random(j) in [0, 1);
-/// otherwise round to nearest, ties to even.
-/// A zero, infinite or NaN amax gives q = 0 and dq = value(code(0)) * (amax / L),
-/// i.e. 0, or inf/NaN: non-finite blocks stay visibly non-finite.
+/// values in [-L, L]) and writes the dequantized values into dq, each
+/// element by quantize_element (the normal and zero blocks in loops of their
+/// own, which vectorize). Stochastic: the grid's stochastic rounding with
+/// random(j) in [0, 1); otherwise round to nearest, ties to even.
 template <bool Stochastic, class Grid, class Random>
 DILOCO_HD DILOCO_FORCEINLINE void quantize_block(const float* v, std::size_t len, float amax, const Grid& grid, float* q,
                                                  float* dq, const Random& random) {
-  const float levels = grid.levels;
-  const bool finite = amax - amax == 0.0f;
-  if (!(amax > 0.0f) || !finite) {
-    const float z = grid.value(grid.code(0.0f)) * (amax / levels);  // what decode gives: 0 or NaN
+  const quant_terms t = quant_terms_of(amax, grid);
+  if (t.zero) {
     for (std::size_t j = 0; j < len; ++j) {
       q[j] = 0.0f;
-      dq[j] = z;
+      dq[j] = t.zero_dq;
     }
     return;
   }
-  const float inv = levels / amax;
-  const float scale = amax / levels;
-  auto level = [&](float y, std::size_t j) {
-    return grid.template round<Stochastic>(y, Stochastic ? random(j) : 0.0f);
-  };
-  if (inv - inv == 0.0f && scale >= 1.17549435e-38f) {  // every normal block
-    for (std::size_t j = 0; j < len; ++j) {
-      const float r = level(v[j] * inv, j);
-      q[j] = r;
-      dq[j] = r * scale;
-    }
+  if (t.normal) {  // every normal block
+    for (std::size_t j = 0; j < len; ++j) q[j] = quantize_normal<Stochastic>(v[j], t, grid, Stochastic ? random(j) : 0.0f, dq[j]);
     return;
   }
-  // Tiny blocks: L / amax may overflow (divide first) and amax / L is
-  // subnormal (multiply by amax first), see dequantize().
-  for (std::size_t j = 0; j < len; ++j) {
-    const float r = level(inv - inv == 0.0f ? v[j] * inv : (v[j] / amax) * levels, j);
-    q[j] = r;
-    dq[j] = scale >= 1.17549435e-38f ? r * scale : (r * amax) / levels;
-  }
+  for (std::size_t j = 0; j < len; ++j) q[j] = quantize_element<Stochastic>(v[j], t, grid, Stochastic ? random(j) : 0.0f, dq[j]);
 }
 
 /// Kept for callers that quantize one value at a time (tests, references).
