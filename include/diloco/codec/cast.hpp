@@ -98,7 +98,8 @@ template <class Format, class Rounding, std::size_t B = 64>
 struct cast_codec {
   static_assert(std::is_same_v<Format, bf16> || std::is_same_v<Format, fp16>,
                 "cast: Format must be diloco::bf16 or diloco::fp16");
-  /// The element-level form (the device team programs code through it; encode() and decode() here too).
+  /// The element-level form (the device team programs code through it): the same
+  /// encode_float16 and decode per element as encode() and decode() here.
   using elements = cast_elements<Format, Rounding, B>;
   /// The bit-level conversions of the format (codec/float_formats.hpp).
   using bits_format = typename elements::bits_format;
@@ -120,11 +121,11 @@ struct cast_codec {
         dq[j] = bits_format::decode(h);
       }
     } else {
-      for (std::size_t j = 0; j < len; ++j) {
-        const float u = Rounding::stochastic ? kernels::random_unit(stream, index0 + j) : 0.0f;
-        std::uint16_t h;
-        elements::encode(v[j], 0.0f, u, h, dq[j]);
+      for (std::size_t j = 0; j < len; ++j) {  // elements::encode, inline
+        const float u = Rounding::stochastic ? kernels::random_unit(stream, index0 + j) : -1.0f;
+        const std::uint16_t h = kernels::encode_float16<bits_format>(v[j], u);
         std::memcpy(out + 2 * j, &h, 2);
+        dq[j] = bits_format::decode(h);
       }
     }
     if (len < B) std::memset(out + 2 * len, 0, 2 * (B - len));
@@ -135,7 +136,7 @@ struct cast_codec {
     for (std::size_t j = 0; j < len; ++j) {
       std::uint16_t h;
       std::memcpy(&h, in + 2 * j, 2);
-      dq[j] = elements::decode(h, 0.0f);
+      dq[j] = bits_format::decode(h);
     }
   }
 
