@@ -21,6 +21,8 @@
 #include <thread>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#include <random>
 #include <diloco/diloco.hpp>
 #include <diloco/tensor/low_precision.hpp>
 #include <string>
@@ -318,6 +320,143 @@ TEST_CASE("bf16 replicas in an elastic group: leaves and joins keep T = RNE(thet
     CHECK(entry.second == final_global.begin()->second);
     CHECK(final_rounded[id]);
   }
+}
+
+// ------------------------------------------ the host mirror's loops
+// The mirror's host passes (tensor/low_precision.hpp, mirror_host_loops:
+// a loop for the rule's common cases, a second for the rest, each compiled
+// for AVX2 too) against the read rule as the header states it, written
+// here with std::nextafter for "c's fp32 neighbour toward T", on elements of
+// every kind: untouched, moved by a few codes, reads that meet rounding ties
+// (S on a midpoint), moves into a narrower binade, zeros, subnormals, inf
+// and NaN; and the write (T = RNE(S), its inf count) against T::round.
+template <class T>
+float rule(std::uint16_t t, float s) {
+  using format = typename dc::detail::low_precision_ops<T>::format;
+  const std::uint16_t written = T::round(s).bits;
+  if (t == written) return s;
+  const float target = format::decode(t);
+  const float c = target + (s - format::decode(written));
+  if (T::round(c).bits == t) return c;
+  const float toward = std::nextafter(c, target);
+  if (T::round(toward).bits == t) return toward;
+  return target;
+}
+
+template <class T>
+void mirror_loops_follow_the_rule() {
+  using format = typename dc::detail::low_precision_ops<T>::format;
+  using loops = dc::detail::mirror_host_loops<T>;
+  std::mt19937 rng(11);
+  std::vector<std::uint16_t> t;
+  std::vector<float> s;
+  const auto code_of = [](float x) { return T::round(x).bits; };
+  for (int i = 0; i < 40000; ++i) {
+    // A replica code: a random sign, exponent and mantissa, the mantissa
+    // often at a binade's ends.
+    std::uint16_t w = static_cast<std::uint16_t>(rng());
+    if (rng() % 3 == 0) w = static_cast<std::uint16_t>((w & ~0x3u) | (rng() % 2 ? 0x0u : 0x3u));
+    if ((w & 0x7fffu) >= format::inf) w = static_cast<std::uint16_t>(w & 0x80ffu);  // finite mostly
+    const std::uint16_t next = static_cast<std::uint16_t>(w + 1u);
+    float si = format::decode(w);
+    switch (rng() % 4) {
+      case 0:  // S on the midpoint to the next code: a rounding tie
+        if ((next & 0x7fffu) < format::inf) si = static_cast<float>((static_cast<double>(format::decode(w)) + format::decode(next)) / 2.0);
+        break;
+      case 1:  // S a few fp32 ulps off the code
+        si = std::nextafter(si, (rng() % 2 ? 1.0f : -1.0f) * std::numeric_limits<float>::infinity());
+        break;
+      case 2: {  // S anywhere between the code and the next
+        if ((next & 0x7fffu) < format::inf) {
+          const double u = static_cast<double>(rng() % 1000) / 1000.0;
+          si = static_cast<float>(format::decode(w) + u * (static_cast<double>(format::decode(next)) - format::decode(w)));
+        }
+        break;
+      }
+      default: break;
+    }
+    const std::uint16_t written = code_of(si);
+    // T: untouched, or moved by up to three codes (across binades too).
+    const int k = static_cast<int>(rng() % 7) - 3;
+    std::uint16_t ti = rng() % 4 == 0 ? written : static_cast<std::uint16_t>(written + k);
+    if (((ti ^ written) & 0x8000u) != 0) ti = written;  // keep the sign
+    t.push_back(ti);
+    s.push_back(si);
+  }
+  // Specials.
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (float si : {0.0f, -0.0f, 1e-30f, -1e-30f, inf, -inf, nan, 1.0f})
+    for (std::uint16_t ti : {std::uint16_t{0}, std::uint16_t{0x8000}, std::uint16_t{1}, std::uint16_t{0x8001},
+                             format::inf, static_cast<std::uint16_t>(format::inf | 0x8000u), code_of(nan),
+                             code_of(1.0f), code_of(si)}) {
+      t.push_back(ti);
+      s.push_back(si);
+    }
+  const std::size_t n = t.size();
+  std::vector<T> replica(n);
+  for (std::size_t i = 0; i < n; ++i) replica[i].bits = t[i];
+  std::vector<float> want(n);
+  bool tie = false, toward = false, target = false;
+  for (std::size_t i = 0; i < n; ++i) {
+    want[i] = rule<T>(t[i], s[i]);
+    const float c = format::decode(t[i]) + (s[i] - format::decode(code_of(s[i])));
+    if (t[i] != code_of(s[i]) && code_of(c) != t[i]) (code_of(std::nextafter(c, format::decode(t[i]))) == t[i] ? toward : target) = true;
+    tie = tie || (t[i] != code_of(s[i]) && code_of(c) != t[i]);
+  }
+  REQUIRE(tie);
+  REQUIRE(toward);  // the rule's third case is met
+  REQUIRE(target);  // and its fourth
+  const auto same = [&](const std::vector<float>& got, const char* form) {
+    CAPTURE(form);
+    for (std::size_t i = 0; i < n; ++i) {
+      std::uint32_t a, b;
+      std::memcpy(&a, &got[i], 4);
+      std::memcpy(&b, &want[i], 4);
+      if (a != b) {
+        CAPTURE(i);
+        CAPTURE(t[i]);
+        CAPTURE(s[i]);
+        REQUIRE(a == b);
+      }
+    }
+  };
+  // Pieces of odd lengths, as the executor's pieces end at a tensor's end.
+  const auto read_in_pieces = [&](auto read) {
+    std::vector<float> got = s;
+    for (std::size_t b = 0; b < n; b += 997) read(replica.data(), got.data(), b, std::min(n, b + 997));
+    return got;
+  };
+  same(read_in_pieces([](const T* tt, float* ss, std::size_t b, std::size_t e) { loops::read(tt, ss, b, e); }), "portable");
+  same(read_in_pieces([](const T* tt, float* ss, std::size_t b, std::size_t e) { loops::read_any(tt, ss, b, e); }), "widest");
+#if defined(DILOCO_HOST_SIMD_X86)
+  if (dc::kernels::host_simd::enabled())
+    same(read_in_pieces([](const T* tt, float* ss, std::size_t b, std::size_t e) { loops::read_avx2(tt, ss, b, e); }), "avx2");
+  else
+    MESSAGE("no AVX2 here: the AVX2 loops are not run");
+#endif
+  // The write: every code RNE(S), the inf codes counted.
+  std::size_t infinite = 0;
+  for (std::size_t i = 0; i < n; ++i) infinite += (code_of(s[i]) & 0x7fffu) == format::inf ? 1u : 0u;
+  REQUIRE(infinite > 0);
+  const auto write_all = [&](auto write) {
+    std::vector<T> out(n);
+    std::size_t count = 0;
+    for (std::size_t b = 0; b < n; b += 997) count += write(s.data(), out.data(), b, std::min(n, b + 997));
+    CHECK(count == infinite);
+    for (std::size_t i = 0; i < n; ++i)
+      if (out[i].bits != code_of(s[i])) REQUIRE(out[i].bits == code_of(s[i]));
+  };
+  write_all([](const float* ss, T* tt, std::size_t b, std::size_t e) { return loops::write(ss, tt, b, e); });
+  write_all([](const float* ss, T* tt, std::size_t b, std::size_t e) { return loops::write_any(ss, tt, b, e); });
+#if defined(DILOCO_HOST_SIMD_X86)
+  if (dc::kernels::host_simd::enabled())
+    write_all([](const float* ss, T* tt, std::size_t b, std::size_t e) { return loops::write_avx2(ss, tt, b, e); });
+#endif
+}
+
+TEST_CASE("the mirror's host loops (portable and AVX2) follow the read rule and RNE on every kind of element") {
+  mirror_loops_follow_the_rule<dc::bfloat16>();
+  mirror_loops_follow_the_rule<dc::float16>();
 }
 
 // ------------------------------------------------------------ errors

@@ -58,6 +58,7 @@
 #include "diloco/core/macros.hpp"
 #include "diloco/exec/executor_for.hpp"
 #include "diloco/exec/host.hpp"
+#include "diloco/kernels/host_simd.hpp"
 #include "diloco/memory/buffer.hpp"
 #include "diloco/codec/float_formats.hpp"
 #include "diloco/tensor/parameter_set.hpp"
@@ -180,6 +181,100 @@ struct inf_codes {
   }
 };
 
+/// The mirror's passes on the host over elements [b, e) of one tensor:
+/// plain loops that vectorize, and where the CPU has AVX2
+/// (kernels::host_simd::enabled()) the same loops compiled for it (the
+/// same IEEE operations and integer steps on wider registers, no FMA:
+/// the same bits). The read is compute-bound at the baseline ISA (three
+/// roundings, a decode and selects per element).
+template <class T>
+struct mirror_host_loops {
+  /// S <- the read rule of T and S, elements [b, e), in two loops: the
+  /// first takes the rule's first two cases (S kept where T == RNE(S), else
+  /// c where RNE(c) == T), which are nearly every element, and leaves S as
+  /// it was elsewhere; there T != RNE(S) still holds, and only those
+  /// elements, if any, take the whole rule (pulled) in the second. The same
+  /// values as pulled for every element, with one rounding fewer in the
+  /// loop that runs over all of them.
+  DILOCO_FORCEINLINE static void read(const T* t, float* s, std::size_t b, std::size_t e) {
+    using ops = low_precision_ops<T>;
+    std::size_t left = 0;
+    for (std::size_t i = b; i < e; ++i) {
+      const std::uint16_t code = t[i].bits;
+      const float si = s[i];
+      const std::uint16_t written = ops::round_bits(si);
+      const float c = ops::format::decode(code) + (si - ops::format::decode(written));
+      const bool moved = code != written;
+      const bool exact = ops::round_bits(c) == code;
+      s[i] = moved && exact ? c : si;
+      left += moved && !exact ? 1u : 0u;
+    }
+    if (left == 0) return;
+    for (std::size_t i = b; i < e; ++i)
+      if (ops::round_bits(s[i]) != t[i].bits) s[i] = ops::pulled(t[i].bits, s[i]);
+  }
+  /// T <- RNE(S), elements [b, e); returns how many codes written are inf.
+  DILOCO_FORCEINLINE static std::size_t write(const float* s, T* t, std::size_t b, std::size_t e) {
+    std::size_t infinite = 0;
+    for (std::size_t i = b; i < e; ++i) {
+      const std::uint16_t c = low_precision_ops<T>::round_bits(s[i]);
+      t[i].bits = c;
+      infinite += (c & 0x7fffu) == low_precision_ops<T>::format::inf ? 1u : 0u;
+    }
+    return infinite;
+  }
+#if defined(DILOCO_HOST_SIMD_X86)
+  ///@{
+  /// read and write compiled for AVX2.
+  __attribute__((target("avx2"))) static void read_avx2(const T* t, float* s, std::size_t b, std::size_t e) {
+    read(t, s, b, e);
+  }
+  __attribute__((target("avx2"))) static std::size_t write_avx2(const float* s, T* t, std::size_t b, std::size_t e) {
+    return write(s, t, b, e);
+  }
+  ///@}
+#endif
+  ///@{
+  /// read and write in the widest form the CPU runs.
+  static void read_any(const T* t, float* s, std::size_t b, std::size_t e) {
+#if defined(DILOCO_HOST_SIMD_X86)
+    if (kernels::host_simd::enabled()) return read_avx2(t, s, b, e);
+#endif
+    read(t, s, b, e);
+  }
+  static std::size_t write_any(const float* s, T* t, std::size_t b, std::size_t e) {
+#if defined(DILOCO_HOST_SIMD_X86)
+    if (kernels::host_simd::enabled()) return write_avx2(s, t, b, e);
+#endif
+    return write(s, t, b, e);
+  }
+  ///@}
+};
+
+/// One piece of a host mirror pass: elements [p * piece, (p + 1) * piece) of
+/// a tensor of n, so that the executor's threads split a tensor into pieces
+/// and each runs mirror_host_loops over its own.
+template <class T>
+struct mirror_host_pieces {
+  static constexpr std::size_t piece = std::size_t{1} << 14;  ///< elements per piece
+  static constexpr std::size_t elements_per_call = piece;     ///< what one call stands for (exec::host)
+  const T* read_from;             ///< the replica, for the read (else null)
+  T* write_to;                    ///< the replica, for the write (else null)
+  float* s;                       ///< the mirror
+  std::size_t n;                  ///< the tensor's elements
+  std::uint32_t* inf_per_piece;   ///< the write: inf codes written, per piece
+  /// The pieces of n elements.
+  static std::size_t count(std::size_t elements) { return (elements + piece - 1) / piece; }
+  /// Piece p.
+  void operator()(std::size_t p) const {
+    const std::size_t b = p * piece, e = std::min(n, b + piece);
+    if (read_from)
+      mirror_host_loops<T>::read_any(read_from, s, b, e);
+    else
+      inf_per_piece[p] = static_cast<std::uint32_t>(mirror_host_loops<T>::write_any(s, write_to, b, e));
+  }
+};
+
 /// The mirror of a low-precision replica, behind the interface the front end
 /// (algorithm.hpp) calls, whatever the element type and memory space.
 class replica_mirror {
@@ -230,22 +325,33 @@ class low_precision_mirror_on final : public replica_mirror {
   const std::vector<tensor_view<float, Space>>& views() const { return views_; }
 
   void pull() override {
-    for (std::size_t k = 0; k < replica_.size(); ++k)
-      exec_.for_each(replica_[k].size(), read_replica<T>{replica_[k].data(), views_[k].data()});
+    for (std::size_t k = 0; k < replica_.size(); ++k) {
+      const std::size_t n = replica_[k].size();
+      if constexpr (host)
+        exec_.for_each(mirror_host_pieces<T>::count(n),
+                       mirror_host_pieces<T>{replica_[k].data(), nullptr, views_[k].data(), n, nullptr});
+      else
+        exec_.for_each(n, read_replica<T>{replica_[k].data(), views_[k].data()});
+    }
   }
 
   void push() override {
     for (std::size_t k = 0; k < replica_.size(); ++k) {
       const std::size_t n = replica_[k].size();
       T* t = replica_[k].data();
-      exec_.for_each(n, write_replica<T>{views_[k].data(), t});
-      // Overflow shows as an inf code: count those (a narrow scan), and
-      // look at the mirror only when there are any.
+      // Overflow shows as an inf code: count those (on the host while
+      // writing them, on the device a narrow scan), and look at the mirror
+      // only when there are any.
       std::size_t infinite = 0;
-      if constexpr (host)
-        infinite = ops::inf_codes_in(t, n);
-      else
+      if constexpr (host) {
+        const std::size_t pieces = mirror_host_pieces<T>::count(n);
+        inf_per_piece_.assign(pieces, 0);
+        exec_.for_each(pieces, mirror_host_pieces<T>{nullptr, t, views_[k].data(), n, inf_per_piece_.data()});
+        for (const std::uint32_t c : inf_per_piece_) infinite += c;
+      } else {
+        exec_.for_each(n, write_replica<T>{views_[k].data(), t});
         infinite = static_cast<std::size_t>(exec_.transform_reduce(n, inf_codes<T>{t}));
+      }
       if (infinite > 0) check_overflow(k);
     }
   }
@@ -268,6 +374,7 @@ class low_precision_mirror_on final : public replica_mirror {
   buffer<float, Space> mirror_;
   std::vector<tensor_view<float, Space>> views_;
   executor exec_;
+  std::vector<std::uint32_t> inf_per_piece_;  // the host write's inf codes, per piece
 };
 
 }  // namespace detail
