@@ -9,6 +9,15 @@
    rounds; the replica in plain heap memory, as NumPy's is). The C++
    figure is taken before and after the Python one and averaged, since this
    machine's speed drifts; python_vs_cxx is the ratio (target <= 1.02).
+   In the same process, each round's time around `step()` is also compared
+   with the engine's own time for that round (the growth of `stats()`'s
+   `outer_seconds`, taken in C++ around the round's passes, its
+   collectives and the apply pass):
+   python_vs_engine is the median of those ratios, the same round in the
+   same pages, so neither the machine's drift nor where a process's pages
+   landed (docs/performance.md, "Page size and the outer round") enters
+   it; what it shows is the wrapper's own cost plus the C++ step's
+   bookkeeping outside the round's passes.
 2. `DiLoCo.step()` on a step that runs no round (the call, the GIL release,
    the count): microseconds per call over many calls (target < 5).
 
@@ -42,16 +51,19 @@ def cxx_round(binary: str, log2: int, tensors: int, reps: int) -> float:
     return value_of(out, "outer_round.process_median_seconds")
 
 
-def python_round(log2: int, tensors: int, reps: int, inner_steps: int) -> float:
+def python_round(log2: int, tensors: int, reps: int, inner_steps: int) -> tuple[float, float]:
+    """The median round time around step(), and the median of its ratios to
+    the engine's own time for the same round."""
     n = 1 << log2
     params = [np.full(n // tensors, 0.5, dtype=np.float32) for _ in range(tensors)]
     outer = diloco.DiLoCo(params, inner_steps=inner_steps, comm=diloco.local())
-    times = []
+    times, ratios = [], []
     for r in range(reps + 1):  # round 0 warms up
         for _ in range(inner_steps - 1):
             if outer.step():
                 raise RuntimeError("a round ran before its step")
         params[0][0] -= 1e-3  # the user's optimizer moved something
+        engine0 = outer.stats()["outer_seconds"]
         t0 = time.perf_counter()
         applied = outer.step()
         t1 = time.perf_counter()
@@ -59,7 +71,8 @@ def python_round(log2: int, tensors: int, reps: int, inner_steps: int) -> float:
             raise RuntimeError("the H-th step ran no round")
         if r > 0:
             times.append(t1 - t0)
-    return statistics.median(times)
+            ratios.append((t1 - t0) / (outer.stats()["outer_seconds"] - engine0))
+    return statistics.median(times), statistics.median(ratios)
 
 
 def step_call(calls: int) -> float:
@@ -82,7 +95,7 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=200000, help="step() calls timed for the per-call cost")
     a = ap.parse_args()
     before = cxx_round(a.cxx, a.log2, a.tensors, a.reps)
-    py = python_round(a.log2, a.tensors, a.reps, a.inner_steps)
+    py, vs_engine = python_round(a.log2, a.tensors, a.reps, a.inner_steps)
     after = cxx_round(a.cxx, a.log2, a.tensors, a.reps)
     cxx = 0.5 * (before + after)
     tag = f"[2^{a.log2}, {a.tensors} tensors]"
@@ -90,6 +103,7 @@ def main() -> int:
     print(f"cxx_round_seconds.before_after_spread{tag}: {max(before, after) / min(before, after):.4g}")
     print(f"python_round_seconds{tag}: {py:.6g}")
     print(f"python_vs_cxx{tag}: {py / cxx:.4g}")
+    print(f"python_vs_engine{tag}: {vs_engine:.4g}")
     print(f"python_step_call_us: {step_call(a.calls) * 1e6:.4g}")
     return 0
 
