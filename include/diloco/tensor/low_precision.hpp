@@ -139,10 +139,12 @@ struct low_precision_ops {
                                      " (written as inf); keep the model in a wider type or lower the outer lr");
     }
   }
+  // Whether code c is +inf or -inf (how an overflow shows in the replica).
+  DILOCO_HD DILOCO_FORCEINLINE static bool is_inf_code(std::uint16_t c) { return (c & 0x7fffu) == format::inf; }
   // The inf codes among n replica elements (host memory): a narrow scan.
   static std::size_t inf_codes_in(const T* t, std::size_t n) {
     std::size_t infinite = 0;
-    for (std::size_t i = 0; i < n; ++i) infinite += (t[i].bits & 0x7fffu) == format::inf ? 1u : 0u;
+    for (std::size_t i = 0; i < n; ++i) infinite += is_inf_code(t[i].bits) ? 1u : 0u;
     return infinite;
   }
 };
@@ -177,7 +179,7 @@ struct inf_codes {
   const T* t;  ///< the replica
   /// Element i.
   DILOCO_HD double operator()(std::size_t i) const {
-    return (t[i].bits & 0x7fffu) == low_precision_ops<T>::format::inf ? 1.0 : 0.0;
+    return low_precision_ops<T>::is_inf_code(t[i].bits) ? 1.0 : 0.0;
   }
 };
 
@@ -219,7 +221,7 @@ struct mirror_host_loops {
     for (std::size_t i = b; i < e; ++i) {
       const std::uint16_t c = low_precision_ops<T>::round_bits(s[i]);
       t[i].bits = c;
-      infinite += (c & 0x7fffu) == low_precision_ops<T>::format::inf ? 1u : 0u;
+      infinite += low_precision_ops<T>::is_inf_code(c) ? 1u : 0u;
     }
     return infinite;
   }
