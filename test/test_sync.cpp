@@ -1323,3 +1323,154 @@ TEST_CASE("delayed: four phases against the definition in double precision; one_
   const auto osd = run_library<dc::sync::one_step_delay>(sizes, steps, H, {});
   CHECK(rel_err(ref_local[0][2 * H - 1], osd[0].local[2 * H - 1]) > 1e-3);
 }
+
+// ------------------------------------------------ delayed Nesterov (outer)
+
+namespace {
+
+template <class Sync = dc::sync::one_step_delay>
+using dn_trainer = dc::algorithm<dc::inner::sgd, dc::outer::delayed_nesterov, dc::compress::none, dc::comm::threads, Sync>;
+
+}  // namespace
+
+TEST_CASE("delayed Nesterov under one-step delay: one scalar, two workers, the sequence worked by hand") {
+  // Worker m minimises 1/2 (w - c_m)^2 with c = {0, 2}; inner SGD lr 1/2
+  // (w <- (w + c)/2), H = 1; outer lr 1, momentum 1/2, period N = 2. By
+  // one-step delay's definition the mean of round r is applied at the end
+  // of round r + 1 and the replica is re-based on theta_g keeping its own
+  // phase (theta_local <- theta_g - (s - w)); by the delayed Nesterov rule
+  // odd outer steps apply d/2 alone, even ones also m <- m/2 + a/2 (a the sum
+  // of the two means) and mu*m:
+  //   step 1: w = {0, 1};      D1 = {0, -1}, mean -1/2; nothing applied; s = w
+  //   step 2: w = {0, 3/2};    D2 = {0, -1/2}; t=1: g = 0 + 1/4 = 1/4;
+  //           w = 1/4 - D2 = {1/4, 3/4}; mean(D2) = -1/4
+  //   step 3: w = {1/8, 11/8}; D3 = {1/8, -5/8}; t=2: a = -3/4, m = -3/8,
+  //           g = 1/4 + 1/8 + 3/16 = 9/16; w = {7/16, 19/16}; mean(D3) = -1/4
+  //   step 4: w = {7/32, 51/32}; D4 = {7/32, -13/32}; t=3: g = 9/16 + 1/8 = 11/16;
+  //           w = {15/32, 35/32}; mean(D4) = -3/32
+  //   step 5: w = {15/64, 99/64}; D5 = {15/64, -29/64}; t=4: a = -11/32,
+  //           m = -3/16 - 11/64 = -23/64, g = 11/16 + 3/64 + 23/128 = 117/128;
+  //           w = {87/128, 175/128}
+  // Every value is dyadic: fp32 holds them exactly.
+  using T = dn_trainer<>;
+  const std::vector<float> want_global{0.0f, 0.25f, 0.5625f, 0.6875f, 117.0f / 128.0f};
+  const std::vector<std::vector<float>> want_replica{{0.0f, 0.25f, 7.0f / 16.0f, 15.0f / 32.0f, 87.0f / 128.0f},
+                                                     {1.0f, 0.75f, 19.0f / 16.0f, 35.0f / 32.0f, 175.0f / 128.0f}};
+  std::vector<std::vector<float>> global(2), replica(2);
+  dc::comm::threads::world world(2);
+  world.run([&](dc::comm::threads& comm) {
+    const auto m = static_cast<std::size_t>(comm.rank());
+    const float c = m == 0 ? 0.0f : 2.0f;
+    std::vector<float> w{0.0f};
+    T t(w, comm, {.inner_steps = 1, .inner = {.lr = 0.5f}, .outer = {.lr = 1.0f, .momentum = 0.5f, .period = 2}});
+    for (int s = 0; s < 5; ++s) {
+      const std::vector<std::vector<float>> g{{w[0] - c}};
+      t.step(g);
+      global[m].push_back(t.global_parameters().data()[0]);
+      replica[m].push_back(w[0]);
+    }
+  });
+  for (std::size_t m = 0; m < 2; ++m) {
+    CAPTURE(m);
+    CHECK(global[m] == want_global);
+    CHECK(replica[m] == want_replica[m]);
+  }
+}
+
+TEST_CASE("delayed Nesterov with period 1 is outer::nesterov bit for bit (one-step delay, 3 workers, two tensors)") {
+  const std::vector<std::size_t> sizes{5, 3};
+  const int steps = 12;
+  auto run = [&]<class Outer>(typename Outer::options outer) {
+    using T = dc::algorithm<dc::inner::sgd, Outer, dc::compress::none, dc::comm::threads, dc::sync::one_step_delay>;
+    std::vector<std::vector<float>> out(3);
+    dc::comm::threads::world world(3);
+    world.run([&](dc::comm::threads& comm) {
+      const int m = comm.rank();
+      model mdl(sizes);
+      T t(mdl.w, comm, {.inner_steps = 3, .inner = {.lr = 0.1f}, .outer = outer});
+      for (int s = 0; s < steps; ++s) t.step(mdl.grads(m));
+      const auto g = t.global_parameters();
+      auto& o = out[static_cast<std::size_t>(m)];
+      o.assign(g.data(), g.data() + g.size());
+      for (const auto& w : mdl.w) o.insert(o.end(), w.begin(), w.end());
+    });
+    return out;
+  };
+  const auto dn = run.template operator()<dc::outer::delayed_nesterov>({.lr = 0.7f, .momentum = 0.9f, .period = 1});
+  const auto nag = run.template operator()<dc::outer::nesterov>({.lr = 0.7f, .momentum = 0.9f});
+  for (std::size_t m = 0; m < 3; ++m) CHECK(same_bits(dn[m], nag[m]));
+  // And a period of 2 is another rule: theta_global differs.
+  const auto dn2 = run.template operator()<dc::outer::delayed_nesterov>({.lr = 0.7f, .momentum = 0.9f, .period = 2});
+  CHECK(!same_bits(dn2[0], nag[0]));
+}
+
+TEST_CASE("delayed Nesterov: a checkpoint taken mid-period, a round in flight, resumes to the bits of a run that "
+          "never saved; a different period is refused") {
+  // H 2, period 3: outer steps at the ends of phases 2, 3, 4, ...; after
+  // step 7 two steps of the second period have been applied (a != 0) and
+  // phase 4's round is in flight.
+  using T = dn_trainer<>;
+  const std::vector<std::size_t> sizes{4, 6};
+  const T::options opts{.inner_steps = 2, .inner = {.lr = 0.1f}, .outer = {.lr = 0.6f, .momentum = 0.8f, .period = 3}};
+  const int total = 16, save_at = 7;
+  auto finish_run = [&](T& t, model& mdl, int m, int from) {
+    for (int s = from; s <= total; ++s) t.step(mdl.grads(m));
+    t.finish();
+    const auto g = t.global_parameters();
+    std::vector<float> o(g.data(), g.data() + g.size());
+    for (const auto& w : mdl.w) o.insert(o.end(), w.begin(), w.end());
+    return o;
+  };
+  std::vector<std::vector<float>> plain(2), restored(2);
+  std::vector<std::vector<std::byte>> files(2);
+  {
+    dc::comm::threads::world world(2);
+    world.run([&](dc::comm::threads& comm) {
+      const int m = comm.rank();
+      model mdl(sizes);
+      T t(mdl.w, comm, opts);
+      plain[static_cast<std::size_t>(m)] = finish_run(t, mdl, m, 1);
+    });
+  }
+  {
+    dc::comm::threads::world world(2);
+    world.run([&](dc::comm::threads& comm) {
+      const int m = comm.rank();
+      model mdl(sizes);
+      T t(mdl.w, comm, opts);
+      for (int s = 1; s <= save_at; ++s) t.step(mdl.grads(m));
+      files[static_cast<std::size_t>(m)] = t.save_bytes();
+    });
+  }
+  {
+    dc::comm::threads::world world(2);
+    world.run([&](dc::comm::threads& comm) {
+      const int m = comm.rank();
+      model mdl({4, 6});
+      for (auto& w : mdl.w) std::fill(w.begin(), w.end(), 3.0f);  // overwritten by the load
+      T u(mdl.w, comm, opts);
+      u.load(files[static_cast<std::size_t>(m)]);
+      restored[static_cast<std::size_t>(m)] = finish_run(u, mdl, m, save_at + 1);
+      auto other = opts;
+      other.outer.period = 2;
+      model spare(sizes);
+      T v(spare.w, comm, other);
+      CHECK_THROWS_WITH(v.load(files[static_cast<std::size_t>(m)]), doctest::Contains("period"));
+    });
+  }
+  for (std::size_t m = 0; m < 2; ++m) {
+    CAPTURE(m);
+    CHECK(same_bits(restored[m], plain[m]));
+  }
+}
+
+TEST_CASE("delayed Nesterov options out of range are config_errors naming the option and its range") {
+  using O = dc::outer::delayed_nesterov;
+  CHECK_THROWS_WITH_AS(O::validate({.period = 0}), doctest::Contains("period (N) must be in [1, 1048576], got 0"),
+                       dc::config_error);
+  CHECK_THROWS_WITH_AS(O::validate({.momentum = 0.0f}), doctest::Contains("momentum must be in (0, 1)"),
+                       dc::config_error);
+  CHECK_THROWS_WITH_AS(O::validate({.momentum = 1.0f}), doctest::Contains("momentum"), dc::config_error);
+  CHECK_THROWS_WITH_AS(O::validate({.lr = -1.0f}), doctest::Contains("lr"), dc::config_error);
+  CHECK_NOTHROW(O::validate({}));
+}

@@ -20,6 +20,7 @@
 #include "diloco/inner/external.hpp"
 #include "diloco/inner/muon.hpp"
 #include "diloco/inner/sgd.hpp"
+#include "diloco/outer/delayed_nesterov.hpp"
 #include "diloco/outer/nesterov.hpp"
 #include "diloco/outer/sgd.hpp"
 #include "diloco/compress/none.hpp"
