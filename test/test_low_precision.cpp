@@ -385,9 +385,9 @@ void mirror_loops_follow_the_rule() {
   }
   // Specials.
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-  for (float si : {0.0f, -0.0f, 1e-30f, -1e-30f, inf, -inf, nan, 1.0f})
+  for (float si : {0.0f, -0.0f, 1e-30f, -1e-30f, inf, -inf, nan, -nan, 1.0f})
     for (std::uint16_t ti : {std::uint16_t{0}, std::uint16_t{0x8000}, std::uint16_t{1}, std::uint16_t{0x8001},
-                             format::inf, static_cast<std::uint16_t>(format::inf | 0x8000u), code_of(nan),
+                             format::inf, static_cast<std::uint16_t>(format::inf | 0x8000u), code_of(nan), code_of(-nan),
                              code_of(1.0f), code_of(si)}) {
       t.push_back(ti);
       s.push_back(si);
