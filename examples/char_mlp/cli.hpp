@@ -118,6 +118,8 @@ result run_diloco_variant(const diloco_variant& v, const config& row, const data
   c.outer = v.outer;
   result r = run_diloco_variant_as(v, c, data, comm);
   if (v.outer == outer_step::sgd) r.method += " (outer sgd)";
+  if (v.outer == outer_step::delayed_nesterov && v.sync == "delay")
+    r.method += " (delayed nesterov N=" + std::to_string(c.outer_period) + ")";
   return r;
 }
 
@@ -154,14 +156,21 @@ inline cli parse_cli(int argc, char** argv, const cli& defaults, const char* wor
   app.add_option("--outer", out.outer,
                  "DiLoCo's outer step, every row: nesterov (--outer-lr, --outer-momentum) or sgd (a plain step "
                  "along the averaged pseudo-gradient, --outer-sgd-lr, no momentum); default: nesterov, and sgd for "
-                 "the sparseloco rows (the SparseLoCo paper's: its error feedback plays the part of momentum)")
-      ->check(CLI::IsMember(outer_names));
+                 "the sparseloco rows (the SparseLoCo paper's: its error feedback plays the part of momentum); "
+                 "delayed-nesterov: the one-step-delay row takes the delayed Nesterov step of arXiv 2401.09135 "
+                 "(--outer-lr, --outer-momentum, --outer-period), the other rows Nesterov")
+      ->check(CLI::IsMember(demo_outer_names));
   app.add_option("--outer-lr", c.outer_lr, "DiLoCo outer Nesterov learning rate")
       ->capture_default_str()
       ->check(detail::finite_in(0.0, 10.0, true));
   app.add_option("--outer-momentum", c.outer_momentum, "DiLoCo outer Nesterov momentum")
       ->capture_default_str()
       ->check(detail::finite_in(0.0, 0.999));
+  app.add_option("--outer-period", c.outer_period,
+                 "--outer delayed-nesterov: outer steps N per momentum update (each step applies its mean / N; "
+                 "1: Nesterov)")
+      ->capture_default_str()
+      ->check(detail::int_in(1, 1 << 20));
   app.add_option("--outer-sgd-lr", c.sgd_outer_lr, "DiLoCo outer SGD learning rate (1: plain averaging)")
       ->capture_default_str()
       ->check(detail::finite_in(0.0, 10.0, true));
@@ -294,7 +303,12 @@ inline void print_outer_steps(const cli& opts) {
   bool sparse_sgd = false;
   for (const auto& v : diloco_variants(opts))
     if (v.compress == "sparseloco" && v.outer == outer_step::sgd && opts.outer.empty()) sparse_sgd = true;
-  if (!opts.outer.empty())
+  if (opts.outer == "delayed-nesterov")
+    std::printf("outer step: %s; the one-step-delay row: delayed nesterov (lr %g, momentum %g, period %d) "
+                "(--outer delayed-nesterov)\n",
+                describe(outer_step::nesterov).c_str(), static_cast<double>(c.outer_lr),
+                static_cast<double>(c.outer_momentum), c.outer_period);
+  else if (!opts.outer.empty())
     std::printf("outer step: %s, every DiLoCo row (--outer %s)\n",
                 describe(outer_for(opts, "none")).c_str(), opts.outer.c_str());
   else if (sparse_sgd)

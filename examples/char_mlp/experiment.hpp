@@ -29,14 +29,21 @@
 
 namespace char_mlp {
 
-// DiLoCo's outer step (--outer): Nesterov momentum (DiLoCo's) or plain SGD
-// (diloco::outer::sgd without momentum: lr 1 is model averaging).
-enum class outer_step { nesterov, sgd };
+// DiLoCo's outer step (--outer): Nesterov momentum (DiLoCo's), plain SGD
+// (diloco::outer::sgd without momentum: lr 1 is model averaging), or the
+// delayed Nesterov step (diloco::outer::delayed_nesterov, arXiv 2401.09135)
+// on the one-step-delay row, whose means are a round old (the rows of the
+// other schedules then take Nesterov).
+enum class outer_step { nesterov, sgd, delayed_nesterov };
 
-inline const char* name_of(outer_step o) { return o == outer_step::sgd ? "sgd" : "nesterov"; }
+inline const char* name_of(outer_step o) {
+  return o == outer_step::sgd ? "sgd" : o == outer_step::delayed_nesterov ? "delayed-nesterov" : "nesterov";
+}
 
 // The values of --outer (the demo's and the sweep's).
 inline const std::vector<std::string> outer_names{"nesterov", "sgd"};
+// The demo's --outer also takes delayed-nesterov (its one-step-delay row).
+inline const std::vector<std::string> demo_outer_names{"nesterov", "sgd", "delayed-nesterov"};
 
 // The outer step of a row with compressor `compress` (a name of --compress)
 // under --outer `choice`: the step it names, or where it names none,
@@ -46,7 +53,9 @@ inline const std::vector<std::string> outer_names{"nesterov", "sgd"};
 inline outer_step outer_for(const std::string& choice, const std::string& compress) {
   if (choice == "sgd") return outer_step::sgd;
   if (choice == "nesterov") return outer_step::nesterov;
-  if (!choice.empty()) throw diloco::config_error("--outer must be nesterov or sgd, not '" + choice + "'");
+  if (choice == "delayed-nesterov") return outer_step::delayed_nesterov;
+  if (!choice.empty())
+    throw diloco::config_error("--outer must be nesterov, sgd or delayed-nesterov, not '" + choice + "'");
   return compress == "sparseloco" ? outer_step::sgd : outer_step::nesterov;
 }
 
@@ -77,6 +86,8 @@ struct config {
   outer_step outer = outer_step::nesterov;
   float outer_lr = 0.7f;        // outer Nesterov
   float outer_momentum = 0.9f;  // outer Nesterov
+  // --outer delayed-nesterov: outer steps per momentum update N (1: Nesterov).
+  int outer_period = 2;
   // Outer SGD's lr, no momentum: the SparseLoCo paper's outer step (arXiv
   // 2508.15706, theta <- theta - alpha * mean of the sent updates; its
   // error feedback plays the part of momentum). 1 is plain averaging of
@@ -298,6 +309,8 @@ template <class Outer>
 typename Outer::options outer_options(const config& c) {
   if constexpr (std::is_same_v<Outer, diloco::outer::sgd>)
     return {.lr = c.sgd_outer_lr};
+  else if constexpr (std::is_same_v<Outer, diloco::outer::delayed_nesterov>)
+    return {.lr = c.outer_lr, .momentum = c.outer_momentum, .period = static_cast<std::uint32_t>(c.outer_period)};
   else
     return {.lr = c.outer_lr, .momentum = c.outer_momentum};
 }
@@ -314,6 +327,11 @@ result run_diloco(const config& c, const dataset& d, Comm& comm, const std::stri
                   typename Compressor::options compress = {}) {
   if (c.outer == outer_step::sgd)
     return run_diloco_with<diloco::outer::sgd, Compressor, Comm, Sync>(c, d, comm, label, compress);
+  // Delayed Nesterov on the one-step-delay row only (one more engine per
+  // program, not one per compressor); the other rows take Nesterov.
+  if constexpr (std::is_same_v<Sync, diloco::sync::one_step_delay>)
+    if (c.outer == outer_step::delayed_nesterov)
+      return run_diloco_with<diloco::outer::delayed_nesterov, Compressor, Comm, Sync>(c, d, comm, label, compress);
   return run_diloco_with<diloco::outer::nesterov, Compressor, Comm, Sync>(c, d, comm, label, compress);
 }
 
