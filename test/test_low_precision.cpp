@@ -454,6 +454,48 @@ void mirror_loops_follow_the_rule() {
 #endif
 }
 
+// The loops' branch-free element math (mirror_host_loops::wide, value,
+// round_wide) against the format's own functions (T::round, format::decode):
+// every code's value, and RNE over a sweep of fp32 bit patterns plus, for
+// every code, the midpoint to the next code and the fp32 values beside it
+// (the ties and near-ties that decide RNE).
+template <class T>
+void loop_math_matches_the_format() {
+  using format = typename dc::detail::low_precision_ops<T>::format;
+  using loops = dc::detail::mirror_host_loops<T>;
+  const auto bits = [](float x) { return dc::kernels::float_bits(x); };
+  for (std::uint32_t c = 0; c < 0x10000u; ++c) {
+    const auto code = static_cast<std::uint16_t>(c);
+    if (loops::narrow(loops::wide(code)) != code) REQUIRE(loops::narrow(loops::wide(code)) == code);
+    if (bits(loops::value(loops::wide(code))) != bits(format::decode(code)))
+      REQUIRE(bits(loops::value(loops::wide(code))) == bits(format::decode(code)));
+  }
+  std::size_t checked = 0;
+  const auto check = [&](std::uint32_t u) {
+    const std::uint16_t want = T::round(dc::kernels::bits_float(u)).bits;
+    const std::uint16_t got = loops::narrow(loops::round_wide(u));
+    ++checked;
+    if (got != want) {
+      CAPTURE(u);
+      REQUIRE(got == want);
+    }
+  };
+  for (std::uint64_t u = 0; u < (std::uint64_t{1} << 32); u += 2011) check(static_cast<std::uint32_t>(u));
+  for (std::uint32_t c = 0; c < 0x10000u; ++c) {
+    const auto code = static_cast<std::uint16_t>(c), next = static_cast<std::uint16_t>(c + 1);
+    if ((code & 0x7fffu) >= format::inf || (next & 0x7fffu) > format::inf || (next & 0x8000u) != (code & 0x8000u)) continue;
+    const double lo = format::decode(code), hi = (next & 0x7fffu) == format::inf ? 2.0 * lo - format::decode(static_cast<std::uint16_t>(c - 1)) : format::decode(next);
+    const std::uint32_t mid = bits(static_cast<float>((lo + hi) / 2.0));
+    for (std::uint32_t u : {mid - 1u, mid, mid + 1u}) check(u);
+  }
+  CHECK(checked > 2000000);
+}
+
+TEST_CASE("the mirror loops' branch-free element math gives the format's codes and values") {
+  loop_math_matches_the_format<dc::bfloat16>();
+  loop_math_matches_the_format<dc::float16>();
+}
+
 TEST_CASE("the mirror's host loops (portable and AVX2) follow the read rule and RNE on every kind of element") {
   mirror_loops_follow_the_rule<dc::bfloat16>();
   mirror_loops_follow_the_rule<dc::float16>();

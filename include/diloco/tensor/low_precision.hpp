@@ -205,52 +205,97 @@ struct mirror_host_loops {
     std::uint32_t left = 0;  // 32-bit lanes: a size_t count would widen the loop to 64-bit ones
     for (std::size_t i = b; i < e; ++i) {
       const float si = s[i];
-      bool moved, exact;
-      float c;
-      if constexpr (std::is_same_v<T, bfloat16>) {
-        // bf16 in the fp32 bit domain: a code's value is its bits << 16 and
-        // RNE keeps the top 16 bits (round_wide), so the whole element stays
-        // in 32-bit lanes with no packing to 16 bits and back.
-        const std::uint32_t code = static_cast<std::uint32_t>(t[i].bits) << 16;
-        const std::uint32_t written = round_wide(kernels::float_bits(si));
-        c = kernels::bits_float(code) + (si - kernels::bits_float(written));
-        moved = code != written;
-        exact = round_wide(kernels::float_bits(c)) == code;
-      } else {
-        const std::uint16_t code = t[i].bits;
-        const std::uint16_t written = ops::round_bits(si);
-        c = ops::format::decode(code) + (si - ops::format::decode(written));
-        moved = code != written;
-        exact = ops::round_bits(c) == code;
-      }
-      // The select on the bits, stored unconditionally: `moved && exact ? c
-      // : si` becomes a masked store, which is microcoded on some CPUs (AMD
-      // EPYC here: the loop ran at 0.4 of the speed).
-      const std::uint32_t keep_c = 0u - static_cast<std::uint32_t>(moved && exact);
-      s[i] = kernels::bits_float((kernels::float_bits(c) & keep_c) | (kernels::float_bits(si) & ~keep_c));
+      const std::uint32_t code = wide(t[i].bits);
+      const std::uint32_t written = round_wide(kernels::float_bits(si));
+      const float c = value(code) + (si - value(written));
+      const bool moved = code != written;
+      const bool exact = round_wide(kernels::float_bits(c)) == code;
+      // The select on the bits, stored unconditionally (pick): `moved &&
+      // exact ? c : si` became a masked store, which is microcoded on some
+      // CPUs (AMD EPYC here: the loop ran at 0.4 of the speed).
+      s[i] = kernels::bits_float(pick(moved && exact, kernels::float_bits(c), kernels::float_bits(si)));
       left |= moved && !exact ? 1u : 0u;
     }
     if (left == 0) return;
     for (std::size_t i = b; i < e; ++i)
       if (ops::round_bits(s[i]) != t[i].bits) s[i] = ops::pulled(t[i].bits, s[i]);
   }
-  /// bf16's RNE in the fp32 bit domain: RNE(x)'s code << 16 from x's bits
-  /// (kernels::bf16_round_nearest without the final shift).
-  DILOCO_FORCEINLINE static std::uint32_t round_wide(std::uint32_t u) {
-    const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    return (u & 0x7fffffffu) > 0x7f800000u ? (u & 0x80000000u) | 0x7fc00000u : rounded;
-  }
   /// T <- RNE(S), elements [b, e) (e - b < 2^32: a piece); returns how
   /// many codes written are inf.
   DILOCO_FORCEINLINE static std::size_t write(const float* s, T* t, std::size_t b, std::size_t e) {
     std::uint32_t infinite = 0;  // 32-bit lanes (a size_t count ran the loop at 0.4-0.8 of the speed)
     for (std::size_t i = b; i < e; ++i) {
-      const std::uint16_t c = low_precision_ops<T>::round_bits(s[i]);
-      t[i].bits = c;
-      infinite += low_precision_ops<T>::is_inf_code(c) ? 1u : 0u;
+      const std::uint32_t w = round_wide(kernels::float_bits(s[i]));
+      t[i].bits = narrow(w);
+      infinite += (w & inf_mask) == inf_wide ? 1u : 0u;
     }
     return infinite;
   }
+
+  /// @name The element math of the loops, in 32-bit lanes and without branches
+  /// A code "wide": bf16's bits << 16 (the fp32 bits of its value, so that
+  /// RNE keeps the top half of an fp32's bits), fp16's code itself. The same
+  /// codes and values as T::round and format::decode (test_low_precision
+  /// checks every fp16 code and a sweep of fp32 bit patterns), in the form
+  /// GCC vectorizes: every case computed and selected, no 16-bit lanes.
+  ///@{
+  static constexpr bool bf16 = std::is_same_v<T, bfloat16>;
+  static constexpr std::uint32_t inf_mask = bf16 ? 0x7fff0000u : 0x7fffu;  ///< a wide code's magnitude
+  static constexpr std::uint32_t inf_wide = bf16 ? 0x7f800000u : 0x7c00u;  ///< +inf, wide
+  /// `when ? a : b` as masks: a ternary lets GCC move the case's
+  /// computation (a float add here) under a branch, which then does not
+  /// vectorize (floating point that may trap is not speculated), and a
+  /// ternary into a store becomes a masked store.
+  DILOCO_FORCEINLINE static std::uint32_t pick(bool when, std::uint32_t a, std::uint32_t b) {
+    const std::uint32_t m = 0u - static_cast<std::uint32_t>(when);
+    return (a & m) | (b & ~m);
+  }
+  /// Code c, wide.
+  DILOCO_FORCEINLINE static std::uint32_t wide(std::uint16_t c) {
+    return bf16 ? static_cast<std::uint32_t>(c) << 16 : static_cast<std::uint32_t>(c);
+  }
+  /// The code of wide code w.
+  DILOCO_FORCEINLINE static std::uint16_t narrow(std::uint32_t w) {
+    return static_cast<std::uint16_t>(bf16 ? w >> 16 : w);
+  }
+  /// RNE of the fp32 with bits u, wide (NaN gives the quiet NaN of its
+  /// sign, beyond the range gives inf).
+  DILOCO_FORCEINLINE static std::uint32_t round_wide(std::uint32_t u) {
+    const std::uint32_t a = u & 0x7fffffffu;
+    if constexpr (bf16) {
+      // Adding 0x7fff plus the kept part's lowest bit and truncating
+      // (kernels::bf16_round_nearest without its final shift).
+      const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+      return pick(a > 0x7f800000u, (u & 0x80000000u) | 0x7fc00000u, rounded);
+    } else {
+      const std::uint32_t sign = (u >> 16) & 0x8000u;
+      // Normal in fp16 (|x| >= 2^-14): rebias the exponent (127 - 15) and
+      // round the 13 bits dropped to nearest even; the carry reaches the
+      // exponent, and past 65504 inf's code, exactly when IEEE's rounding does.
+      const std::uint32_t normal = (a - 0x38000000u + 0xfffu + ((a >> 13) & 1u)) >> 13;
+      // Subnormal: |x| * 2^24 to the nearest even integer, by the FPU's own
+      // rounding: 0.5 + |x| has the ulp 2^-24, and 0.5's bits are removed.
+      const std::uint32_t subnormal = kernels::float_bits(kernels::bits_float(a) + 0.5f) - 0x3f000000u;
+      std::uint32_t r = pick(a < 0x38800000u, subnormal, normal);
+      r = pick(a >= 0x47800000u, 0x7c00u, r);  // |x| >= 65536 (inf too): inf
+      r = pick(a > 0x7f800000u, 0x7e00u, r);   // NaN: quiet
+      return sign | r;
+    }
+  }
+  /// The value of wide code w (exact).
+  DILOCO_FORCEINLINE static float value(std::uint32_t w) {
+    if constexpr (bf16) {
+      return kernels::bits_float(w);
+    } else {
+      const std::uint32_t sign = (w & 0x8000u) << 16, exp = (w >> 10) & 0x1fu, mant = w & 0x3ffu;
+      const std::uint32_t normal = sign | ((exp + 112u) << 23) | (mant << 13);
+      const std::uint32_t special = sign | 0x7f800000u | (mant << 13);  // inf, NaN
+      const std::uint32_t subnormal =
+          sign | kernels::float_bits(static_cast<float>(static_cast<std::int32_t>(mant)) * 5.9604644775390625e-8f);
+      return kernels::bits_float(pick(exp == 0, subnormal, pick(exp == 31, special, normal)));
+    }
+  }
+  ///@}
 #if defined(DILOCO_HOST_SIMD_X86)
   ///@{
   /// read and write compiled for AVX2.
