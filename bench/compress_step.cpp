@@ -139,12 +139,12 @@ void run(const char* name, std::size_t n, int world, int reps, Triad&& triad) {
         {}, nesterov, anchor.data(), own.data(), eager_slots.data(), n, 1.0f / static_cast<float>(world)});
   };
   // The structure check a receiver runs on every block of a segment
-  // (compress::validate_segment, the checksum aside), on one thread as the
-  // receiver runs it.
+  // (compress::validate_segment's compress::first_bad_block, the checksum
+  // aside), on one thread as the receiver runs it.
   std::size_t malformed = 0;
   auto check = [&] {
-    for (std::size_t k = 0; k < layout.block_count(); ++k)
-      malformed += c.check(payload.data() + k * stride, layout.blocks()[k].len) != nullptr;
+    malformed += cp::first_bad_block(c, payload.data(), layout.blocks(), layout.block_count()).index !=
+                 layout.block_count();
   };
   // In alternation with STREAM triad on buffers of the same size, so the
   // ratios compare passes measured under the same conditions.

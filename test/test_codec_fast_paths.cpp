@@ -10,7 +10,15 @@
 //    element-level forms the device team programs use
 //    (kernels::codec_elements: one element's float operations, its codes
 //    packed group by group), on odd sizes, partial blocks, zero, tiny,
-//    non-finite and saturating blocks.
+//    non-finite and saturating blocks;
+//  - the fused block loops of the compressed round (kernels/host_simd.hpp's
+//    block_loops: the shard reduction's block and the encode pass's block,
+//    every blockwise format) against the same element definitions, each
+//    dispatch path this machine runs (the baseline ISA and AVX2) forced in
+//    turn, and the branch-free code values against value() for every code;
+//  - the receiver's structure check of a payload (compress::first_bad_block,
+//    whole blocks a run at a time, on each path) against check() block by
+//    block.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -337,4 +345,342 @@ TEST_CASE("cast<bf16> encode and decode equal the element definition (encode_flo
     }
     for (std::size_t p = 2 * len; p < C::stride(); ++p) REQUIRE(out[p] == std::byte{0});
   }
+}
+
+namespace {
+
+// Every code's branch-free value is value()'s, the codes never written too.
+template <class Format>
+void values_everywhere() {
+  using G = dk::minifloat_grid<Format>;
+  for (unsigned c = 0; c < (1u << Format::bits); ++c) {
+    CAPTURE(c);
+    REQUIRE(bits_of(G::value_branchless(c)) == bits_of(G::value(c)));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("small floats: the branch-free code values equal value() for every code") {
+  values_everywhere<dc::fp8_e4m3>();
+  values_everywhere<dc::fp8_e5m2>();
+  values_everywhere<dc::fp4_e3m0>();
+}
+
+#if defined(DILOCO_HOST_BLOCK_LOOPS)
+namespace {
+
+// The norm lanes' definition (kernels::lane_squares): x[j]^2 added into
+// lane j % L in order, fp32, then the lanes halved as a tree.
+double lanes_by_definition(const std::vector<float>& x, std::size_t L) {
+  std::vector<float> acc(L, 0.0f);
+  for (std::size_t j = 0; j < x.size(); ++j) {
+    const float sq = x[j] * x[j];
+    acc[j % L] = acc[j % L] + sq;
+  }
+  for (std::size_t w = L / 2; w > 0; w /= 2)
+    for (std::size_t l = 0; l < w; ++l) acc[l] = acc[l] + acc[l + w];
+  return static_cast<double>(acc[0]);
+}
+
+std::uint64_t dbits(double x) {
+  std::uint64_t b;
+  std::memcpy(&b, &x, 8);
+  return b;
+}
+
+// A dispatch path of block_loops: the baseline ISA's compilation, or AVX2's.
+enum class path { baseline, avx2 };
+
+std::vector<path> paths_here() {
+  std::vector<path> p{path::baseline};
+#if defined(DILOCO_HOST_SIMD_X86)
+  if (dk::host_simd::enabled()) p.push_back(path::avx2);
+#endif
+  return p;
+}
+
+template <class Loops>
+bool reduce_on(path p, const std::byte* const* in, int world, std::byte* out, double& norm) {
+#if defined(DILOCO_HOST_SIMD_X86)
+  if (p == path::avx2) return Loops::reduce_avx2(in, world, out, norm);
+#endif
+  (void)p;
+  return Loops::reduce_baseline(in, world, out, norm);
+}
+
+template <class Loops>
+bool encode_on(path p, const float* g, const float* l, const float* e, float* next, float decay, std::byte* out,
+               double& a, double& b) {
+#if defined(DILOCO_HOST_SIMD_X86)
+  if (p == path::avx2) return Loops::encode_avx2(g, l, e, next, decay, out, a, b);
+#endif
+  (void)p;
+  return Loops::encode_baseline(g, l, e, next, decay, out, a, b);
+}
+
+// Whether a block of this amax takes the loops' path: the common path
+// (positive, finite, L / amax finite, amax / L normal) or zero.
+bool common_amax(float amax, float levels) {
+  if (amax == 0.0f) return true;
+  const float inv = levels / amax, scale = amax / levels;
+  return std::isfinite(amax) && std::isfinite(inv) && scale >= std::numeric_limits<float>::min();
+}
+
+float amax_of(const std::vector<float>& v) {
+  std::uint32_t m = 0;
+  for (float x : v) m = std::max(m, bits_of(x) & 0x7fffffffu);
+  float a;
+  std::memcpy(&a, &m, 4);
+  return a;
+}
+
+template <class Codec>
+void fused_encode_against_elements() {
+  using Loops = typename dk::host_simd::fused<Codec>::template loops<dk::norm_lanes(Codec::block)>;
+  constexpr std::size_t B = Codec::block, L = dk::norm_lanes(Codec::block);
+  // Whole blocks of every kind: v = (g - l) + e with l = 0 and e chosen so
+  // that v is each test block (and, without e, v = g).
+  std::size_t taken = 0;
+  const auto kinds = blocks_of(B, Codec::levels);
+  for (path p : paths_here()) {
+    for (const auto& want_v : kinds) {
+      if (want_v.size() != B) continue;
+      for (int with_e = 0; with_e < 2; ++with_e) {
+        for (float decay : {1.0f, 0.75f}) {
+          std::vector<float> g = want_v, l(B, 0.0f), e(B, 0.0f);
+          if (with_e) {  // g - l = half the block, e the rest (v not exactly want_v; computed below)
+            for (std::size_t j = 0; j < B; ++j) {
+              g[j] = want_v[j] * 0.5f;
+              e[j] = want_v[j] * 0.25f;
+              l[j] = static_cast<float>(j % 3) * 1e-3f;
+            }
+          }
+          std::vector<float> d(B), v(B);
+          for (std::size_t j = 0; j < B; ++j) {
+            d[j] = g[j] - l[j];
+            v[j] = with_e ? d[j] + e[j] : d[j];
+          }
+          CAPTURE(static_cast<int>(p));
+          CAPTURE(with_e);
+          CAPTURE(v[0]);
+          std::vector<std::byte> out(Codec::stride(), std::byte{0x5a});
+          std::vector<float> next(B, -7.0f);
+          double delta = -1.0, err = -1.0;
+          const bool ok = encode_on<Loops>(p, g.data(), l.data(), with_e ? e.data() : nullptr, next.data(), decay,
+                                           out.data(), delta, err);
+          REQUIRE(ok == common_amax(amax_of(v), Codec::levels));
+          if (!ok) continue;
+          ++taken;
+          std::vector<float> want_dq;
+          const auto want = encode_by_elements<Codec>(v, want_dq);
+          for (std::size_t q = 0; q < out.size(); ++q) {
+            CAPTURE(q);
+            REQUIRE(static_cast<unsigned>(out[q]) == static_cast<unsigned>(want[q]));
+          }
+          std::vector<float> error(B);
+          for (std::size_t j = 0; j < B; ++j) error[j] = v[j] - want_dq[j];
+          for (std::size_t j = 0; j < B; ++j) REQUIRE(bits_of(next[j]) == bits_of(decay == 1.0f ? error[j] : decay * error[j]));
+          REQUIRE(dbits(delta) == dbits(lanes_by_definition(d, L)));
+          REQUIRE(dbits(err) == dbits(lanes_by_definition(error, L)));
+        }
+      }
+    }
+  }
+  CHECK(taken > 0);
+}
+
+// Rank k's encoding of a block, by the element definition.
+template <class Codec>
+std::vector<std::byte> encoded(const std::vector<float>& v) {
+  std::vector<float> dq;
+  return encode_by_elements<Codec>(v, dq);
+}
+
+template <class Codec>
+void fused_reduce_against_elements() {
+  using E = dk::codec_elements<Codec>;
+  using Loops = typename dk::host_simd::fused<Codec>::template loops<dk::norm_lanes(Codec::block)>;
+  constexpr std::size_t B = Codec::block, L = dk::norm_lanes(Codec::block);
+  // Sets of M received blocks: ordinary values, one rank's block zero, one
+  // tiny (subnormal scale: the portable path), one with every code at random
+  // (the codes never written too) under a normal factor, one infinite,
+  // huge ones whose mean saturates, and means that are zero.
+  std::mt19937 rng(46);
+  std::vector<std::vector<std::vector<std::byte>>> sets;
+  for (int world : {1, 3, 4}) {
+    for (int kind = 0; kind < 8; ++kind) {
+      std::vector<std::vector<std::byte>> set;
+      for (int k = 0; k < world; ++k) {
+        std::vector<float> v = random_values(B, static_cast<unsigned>(97 * kind + k), -8.0f, 2.0f);
+        if (kind == 1 && k == 0) v.assign(B, 0.0f);
+        if (kind == 2 && k == world - 1) v = random_values(B, 5u + static_cast<unsigned>(k), -140.0f, -128.0f);
+        if (kind == 4 && k == 0) v[B / 2] = std::numeric_limits<float>::infinity();
+        if (kind == 5) v[3] = 3e38f;
+        if (kind == 6) v.assign(B, k % 2 ? -0.0f : 0.0f);
+        auto blk = encoded<Codec>(v);
+        if (kind == 3) {
+          for (std::size_t q = 4; q < blk.size(); ++q) blk[q] = static_cast<std::byte>(rng());
+          const float amax = 0.5f + static_cast<float>(k);
+          std::memcpy(blk.data(), &amax, 4);
+        }
+        if (kind == 7) {  // ties and exact sums: every rank the same block at amax = L
+          std::vector<float> t(B);
+          for (std::size_t j = 0; j < B; ++j) t[j] = (j % 2 ? -1.0f : 1.0f) * (0.5f + static_cast<float>(j % 5));
+          t[0] = Codec::levels;
+          blk = encoded<Codec>(t);
+        }
+        set.push_back(blk);
+      }
+      sets.push_back(set);
+    }
+  }
+  std::size_t taken = 0;
+  for (path p : paths_here()) {
+    for (const auto& set : sets) {
+      const int world = static_cast<int>(set.size());
+      // The mean by definition: each element decoded (E::decode against its
+      // block's factor), summed in rank order, divided by M.
+      std::vector<float> mean(B, 0.0f);
+      bool received_common = true;
+      for (int k = 0; k < world; ++k) {
+        const float amax = E::factor(set[k].data());
+        received_common = received_common && (std::isnormal(amax / Codec::levels) || !std::isfinite(amax) || amax == 0.0f);
+        for (std::size_t j = 0; j < B; ++j) {
+          typename E::code q[E::group];
+          E::codes(set[k].data(), j - j % E::group, q);
+          const float x = E::decode(q[j % E::group], amax);
+          mean[j] = k == 0 ? x : mean[j] + x;
+        }
+      }
+      for (auto& x : mean) x = x / static_cast<float>(world);
+      std::vector<const std::byte*> in;
+      for (const auto& b : set) in.push_back(b.data());
+      std::vector<std::byte> out(Codec::stride(), std::byte{0x5a});
+      double norm = -1.0;
+      CAPTURE(static_cast<int>(p));
+      CAPTURE(world);
+      const bool ok = reduce_on<Loops>(p, in.data(), world, out.data(), norm);
+      REQUIRE(ok == (received_common && common_amax(amax_of(mean), Codec::levels)));
+      if (!ok) continue;
+      ++taken;
+      std::vector<float> want_dq;
+      const auto want = encode_by_elements<Codec>(mean, want_dq);
+      for (std::size_t q = 0; q < out.size(); ++q) {
+        CAPTURE(q);
+        REQUIRE(static_cast<unsigned>(out[q]) == static_cast<unsigned>(want[q]));
+      }
+      REQUIRE(dbits(norm) == dbits(lanes_by_definition(want_dq, L)));
+    }
+  }
+  CHECK(taken > 0);
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("the fused block loops (reduce, encode) equal the element definitions on every path", Codec,
+                   cp::blockwise_codec<dc::fp8_e4m3, 128, cp::round_nearest>,
+                   cp::blockwise_codec<dc::fp8_e5m2, 128, cp::round_nearest>,
+                   cp::blockwise_codec<dc::fp4_e3m0, 128, cp::round_nearest>,
+                   cp::blockwise_codec<dc::int2, 128, cp::round_nearest>,
+                   cp::blockwise_codec<dc::int4, 128, cp::round_nearest>,
+                   cp::blockwise_codec<dc::int8, 128, cp::round_nearest>,
+                   cp::blockwise_codec<dc::fp8_e4m3, 40, cp::round_nearest>,
+                   cp::blockwise_codec<dc::int2, 24, cp::round_nearest>,
+                   cp::blockwise_codec<dc::fp4_e3m0, 1024, cp::round_nearest>) {
+  fused_encode_against_elements<Codec>();
+  fused_reduce_against_elements<Codec>();
+}
+#endif
+
+namespace {
+
+template <class Codec>
+std::vector<std::byte> encoded_block(const std::vector<float>& v) {
+  std::vector<float> dq;
+  return encode_by_elements<Codec>(v, dq);
+}
+
+// Payloads of whole and partial blocks with bad codes (or padding) planted
+// here and there: first_bad_block names the block and problem that check()
+// block by block names first.
+template <class Codec>
+void first_bad_block_everywhere() {
+  const Codec codec{};
+  std::mt19937 rng(4646);
+  for (int trial = 0; trial < 60; ++trial) {
+    // A layout: runs of whole blocks with partial ones between.
+    std::vector<cp::block_ref> blocks;
+    const std::size_t n = 1 + rng() % 40;
+    for (std::size_t b = 0; b < n; ++b) {
+      const bool partial = rng() % 6 == 0;
+      const auto len = static_cast<std::uint32_t>(partial ? 1 + rng() % (Codec::block - 1) : Codec::block);
+      blocks.push_back({0, len, 0});
+    }
+    std::vector<std::byte> payload(n * Codec::stride());
+    for (std::size_t b = 0; b < n; ++b) {
+      const auto v = random_values(blocks[b].len, static_cast<unsigned>(trial * 100 + b), -6.0f, 3.0f);
+      const auto blk = encoded_block<Codec>(v);
+      std::memcpy(payload.data() + b * Codec::stride(), blk.data(), Codec::stride());
+    }
+    // Plant 0 to 2 random bytes anywhere in the values (or padding).
+    const int plants = trial % 3;
+    for (int k = 0; k < plants; ++k) {
+      const std::size_t b = rng() % n;
+      const std::size_t p = 4 + rng() % Codec::value_bytes;
+      payload[b * Codec::stride() + p] = static_cast<std::byte>(rng());
+    }
+    cp::bad_block want{n, nullptr};
+    for (std::size_t b = 0; b < n && want.problem == nullptr; ++b)
+      if (const char* bad = codec.check(payload.data() + b * Codec::stride(), blocks[b].len)) want = {b, bad};
+    const cp::bad_block got = cp::first_bad_block(codec, payload.data(), blocks.data(), n);
+    CAPTURE(trial);
+    // Each run of whole blocks on each path against check() block by block.
+    for (std::size_t b = 0; b < n;) {
+      std::size_t end = b;
+      bool clean = true;
+      for (; end < n && blocks[end].len == Codec::block; ++end)
+        clean = clean && codec.check(payload.data() + end * Codec::stride(), Codec::block) == nullptr;
+      if (end > b) {
+        REQUIRE(Codec::whole_blocks_clean_loop(payload.data() + b * Codec::stride(), end - b) == clean);
+#if defined(DILOCO_HOST_SIMD_X86)
+        if (dk::host_simd::enabled())
+          REQUIRE(Codec::whole_blocks_clean_avx2(payload.data() + b * Codec::stride(), end - b) == clean);
+#endif
+      }
+      b = end + 1;
+    }
+    REQUIRE(got.index == want.index);
+    REQUIRE((got.problem == nullptr) == (want.problem == nullptr));
+    if (want.problem) CHECK(std::string(got.problem) == std::string(want.problem));
+  }
+  // Every byte value at every position of a whole block, alone.
+  std::vector<cp::block_ref> one{{0, static_cast<std::uint32_t>(Codec::block), 0}};
+  auto clean = encoded_block<Codec>(random_values(Codec::block, 3, -4.0f, 2.0f));
+  for (std::size_t p = 4; p < Codec::stride(); p += 7)
+    for (unsigned byte = 0; byte < 256; ++byte) {
+      auto blk = clean;
+      blk[p] = static_cast<std::byte>(byte);
+      const bool bad = codec.check(blk.data(), Codec::block) != nullptr;
+      REQUIRE(Codec::whole_blocks_clean(blk.data(), 1) == !bad);
+      REQUIRE(Codec::whole_blocks_clean_loop(blk.data(), 1) == !bad);
+#if defined(DILOCO_HOST_SIMD_X86)
+      if (dk::host_simd::enabled()) REQUIRE(Codec::whole_blocks_clean_avx2(blk.data(), 1) == !bad);
+#endif
+      REQUIRE((cp::first_bad_block(codec, blk.data(), one.data(), 1).index == 0) == bad);
+    }
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("the receiver's structure check of a payload equals check() block by block", Codec,
+                   cp::blockwise_codec<dc::fp8_e4m3, 128, cp::round_nearest>,
+                   cp::blockwise_codec<dc::fp8_e5m2, 128, cp::round_nearest>,
+                   cp::blockwise_codec<dc::fp4_e3m0, 128, cp::round_nearest>,
+                   cp::blockwise_codec<dc::int2, 128, cp::round_nearest>,
+                   cp::blockwise_codec<dc::int4, 128, cp::round_nearest>,
+                   cp::blockwise_codec<dc::int8, 128, cp::round_nearest>,
+                   cp::blockwise_codec<dc::fp8_e5m2, 10, cp::round_nearest>,
+                   cp::blockwise_codec<dc::int4, 6, cp::round_nearest>) {
+  first_bad_block_everywhere<Codec>();
 }

@@ -12,6 +12,7 @@
 #include "diloco/core/macros.hpp"
 #include "diloco/codec/grids.hpp"
 #include "diloco/codec/group_bytes.hpp"
+#include "diloco/codec/host_cpu.hpp"
 #include "diloco/codec/quantize.hpp"
 #include "diloco/core/random.hpp"
 
@@ -266,6 +267,68 @@ struct blockwise_codec {
       return 0;
     }
   }
+  /// Whether `count` whole blocks, one after another from `first` (stride()
+  /// bytes apart), hold only codes the format writes: check() finds nothing
+  /// in any of them iff this is true (a whole block has no padding). One
+  /// loop over their value bytes that vectorizes at the baseline ISA, a
+  /// test per byte without a branch: for the small floats a magnitude above
+  /// max_code carries into bit 7 when 127 - max_code is added to it, int8's
+  /// code never written is 0x80, int4's a nibble of 8; formats whose every
+  /// code is a value (int2, fp4_e3m0) have nothing to find. A receiver runs
+  /// it over each run of whole blocks (compress::first_bad_block) and check()
+  /// only over a run it refuses, for the message.
+  static bool whole_blocks_clean(const std::byte* first, std::size_t count) {
+#if defined(DILOCO_HOST_SIMD_X86)
+    if (kernels::host_simd::enabled()) return whole_blocks_clean_avx2(first, count);
+#endif
+    return whole_blocks_clean_loop(first, count);
+  }
+#if defined(DILOCO_HOST_SIMD_X86)
+  /// whole_blocks_clean's loop compiled for AVX2 (chosen at run time, codec/host_cpu.hpp).
+  __attribute__((target("avx2"))) static bool whole_blocks_clean_avx2(const std::byte* first, std::size_t count) {
+    return whole_blocks_clean_loop(first, count);
+  }
+#endif
+  /// whole_blocks_clean's loop at the baseline ISA.
+  DILOCO_FORCEINLINE static bool whole_blocks_clean_loop(const std::byte* first, std::size_t count) {
+    if constexpr (every_code_valid()) {
+      (void)first;
+      (void)count;
+      return true;
+    } else {
+      // Each value byte position's findings gathered over the blocks (so the
+      // loop body is whole vectors, no reduction per block), then folded.
+      unsigned char found[value_bytes] = {};
+      for (std::size_t k = 0; k < count; ++k) {
+        const auto* DILOCO_RESTRICT q = reinterpret_cast<const unsigned char*>(first + k * stride() + 4);
+        for (std::size_t p = 0; p < value_bytes; ++p) found[p] = static_cast<unsigned char>(found[p] | bad_bits(q[p]));
+      }
+      unsigned bad = 0;
+      for (std::size_t p = 0; p < value_bytes; ++p) bad |= found[p];
+      return bad == 0;
+    }
+  }
+  /// Non-zero iff value byte b (of a whole block) holds a code the format never writes.
+  DILOCO_HD static constexpr unsigned char bad_bits(unsigned char b) {
+    if constexpr (!is_int_grid && Format::bits == 8) {
+      static_assert(minifloat_pattern_holds(), "blockwise: bad_bits' test of the small floats");
+      return static_cast<unsigned char>(((b & 0x7fu) + (0x7fu - Format::max_code)) & 0x80u);
+    } else if constexpr (is_int_grid && Format::bits == 8) {
+      return static_cast<unsigned char>(0u - static_cast<unsigned>(b == 0x80u));
+    } else if constexpr (is_int_grid && Format::bits == 4) {
+      // A nibble of 8 is a zero nibble of x = b ^ 0x88; a nibble n is
+      // non-zero iff bit 3 of (n & 7) + 7 or of n is set (no carry leaves
+      // a nibble: 7 + 7 < 16).
+      const unsigned x = b ^ 0x88u;
+      return static_cast<unsigned char>(~(((x & 0x77u) + 0x77u) | x) & 0x88u);
+    } else {
+      constexpr auto g = kernels::grid<Format>();
+      unsigned char out = 0;
+      for (std::size_t i = 0; i < per_byte; ++i) out |= static_cast<unsigned char>(!g.valid((b >> (i * bits)) & mask));
+      return out;
+    }
+  }
+
   /// Thread t of `threads`' share of check(), for a team scanning one block
   /// (kernels::check_blocks): value bytes t, t + threads, ... check() finds
   /// a problem iff some share does; which one it is, check() says.

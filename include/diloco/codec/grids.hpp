@@ -182,6 +182,26 @@ struct minifloat_grid {
   static constexpr const char* invalid = "NaN or infinity code (the format saturates and never writes one)";
   ///@}
 
+  /// value(c) without branches, so that a loop over codes vectorizes (the
+  /// host's block loops, kernels/host_simd.hpp): the magnitude's exponent and
+  /// mantissa fields moved to fp32's and the bias difference added to the
+  /// exponent (magnitude()'s normal case, the same bits), or for exponent
+  /// field 0 the mantissa times the subnormal spacing (its other case), chosen
+  /// by a mask; the sign bit moved to fp32's. The same float for every code,
+  /// the codes never written included (test_codec_fast_paths).
+  DILOCO_HD DILOCO_FORCEINLINE static float value_branchless(std::uint32_t c) {
+    const std::uint32_t m = c & (sign_bit - 1u);
+    const std::uint32_t normal = (m << (23 - M)) + (static_cast<std::uint32_t>(127 - bias) << 23);
+    if constexpr (M == 0) {  // no subnormals: exponent field 0 is zero alone
+      const std::uint32_t zero = 0u - static_cast<std::uint32_t>(m == 0u);
+      return bits_float((normal & ~zero) | ((c & sign_bit) << (31 - E - M)));
+    }
+    const float sub = static_cast<float>(static_cast<std::int32_t>(m)) *
+                      bits_float(static_cast<std::uint32_t>(127 + 1 - bias - M) << 23);
+    const std::uint32_t is_sub = 0u - static_cast<std::uint32_t>(m < (1u << M));
+    return bits_float((float_bits(sub) & is_sub) | (normal & ~is_sub) | ((c & sign_bit) << (31 - E - M)));
+  }
+
   /// round<false>(y, 0) and code() of it at once, without branches, so that
   /// a block's loop over it vectorizes on any SIMD level (the host's encode,
   /// compress/blockwise.hpp). The same value and code for every y: at or

@@ -5,6 +5,7 @@
 // checksum, then the structure of every codec block, before anything is
 // decoded (codec/wire_format.hpp has the layout).
 
+#include <concepts>
 #include <cstddef>
 #include <span>
 
@@ -26,6 +27,33 @@ struct bad_block {
   std::size_t index;    ///< the first malformed block, or the block count when none is
   const char* problem;  ///< what is wrong with it (null when none is)
 };
+
+/// The first malformed block of a payload of `nblocks` codec blocks (their
+/// lengths in `blocks`), by Codec::check: where the codec can say that a run
+/// of whole blocks is clean in one pass (a static
+/// whole_blocks_clean(first, count), codec/blockwise.hpp), each run of whole
+/// blocks is tested at once, and check() names the problem only in a run
+/// that has one; the same answer as check() block by block.
+template <block_codec Codec>
+bad_block first_bad_block(const Codec& codec, const std::byte* payload, const block_ref* blocks, std::size_t nblocks) {
+  const std::size_t stride = codec.stride();
+  std::size_t b = 0;
+  if constexpr (requires(const std::byte* p) { { Codec::whole_blocks_clean(p, b) } -> std::same_as<bool>; }) {
+    while (b < nblocks) {
+      std::size_t end = b;
+      while (end < nblocks && blocks[end].len == Codec::block) ++end;
+      if (end > b && !Codec::whole_blocks_clean(payload + b * stride, end - b)) break;  // check() finds which
+      b = end;
+      if (b < nblocks) {
+        if (const char* bad = codec.check(payload + b * stride, blocks[b].len)) return {b, bad};
+        ++b;
+      }
+    }
+  }
+  for (; b < nblocks; ++b)
+    if (const char* bad = codec.check(payload + b * stride, blocks[b].len)) return {b, bad};
+  return {nblocks, nullptr};
+}
 
 /// The checks of validate_segment for a segment whose header was copied to
 /// `head` (from a slot of `slot_bytes` bytes) and whose payload may live
@@ -74,13 +102,7 @@ wire::header validate_segment(const Codec& codec, std::span<const std::byte> slo
   return validate_segment_parts(
       slot.data(), slot.size(), want, nblocks, where, allow_status, world,
       [&](std::uint64_t bytes) { return wire::detail::payload_words_sum(slot.data() + wire::header_bytes, bytes); },
-      [&]() -> bad_block {
-        const std::byte* payload = slot.data() + wire::header_bytes;
-        const std::size_t stride = codec.stride();
-        for (std::size_t b = 0; b < nblocks; ++b)
-          if (const char* bad = codec.check(payload + b * stride, blocks[b].len)) return {b, bad};
-        return {nblocks, nullptr};
-      });
+      [&]() -> bad_block { return first_bad_block(codec, slot.data() + wire::header_bytes, blocks, nblocks); });
 }
 
 }  // namespace diloco::compress

@@ -73,6 +73,16 @@ inline constexpr bool host_simd_codec =
     host_simd::supports<Codec>::value && Codec::block % norm_lanes(Codec::block) == 0;
 #endif
 
+#if defined(DILOCO_HOST_BLOCK_LOOPS)
+/// Whether Codec's whole blocks can take host_simd::block_loops (every
+/// blockwise format with round to nearest, B a multiple of 8 and of its
+/// norm lanes), and those loops.
+template <class Codec>
+inline constexpr bool host_block_codec = host_simd::fused<Codec>::value && Codec::block % norm_lanes(Codec::block) == 0;
+template <class Codec>
+using host_loops = typename host_simd::fused<Codec>::template loops<norm_lanes(Codec::block)>;
+#endif
+
 /// Two sums from one pass.
 struct sums2 {
   ///@{
@@ -137,6 +147,20 @@ struct encode_pseudo_gradient {
         if (host_simd::encode_block<Codec::bits, Codec::block, norm_lanes(Codec::block)>(
                 global + off, tensors.local[blk.tensor] + blk.start, residual ? residual + off : nullptr,
                 new_residual ? new_residual + off : nullptr, decay, Codec::levels, payload + b * stride, s.a, s.b))
+          return s;
+      }
+    }
+#endif
+#if defined(DILOCO_HOST_BLOCK_LOOPS)
+    if constexpr (host_block_codec<Codec>) {
+      const compress::block_ref blk = blocks[b];
+      if (blk.len == Codec::block) {
+        const std::size_t off = tensors.offset[blk.tensor] + blk.start;
+        sums2 s;
+        if (host_loops<Codec>::encode_any(global + off, tensors.local[blk.tensor] + blk.start,
+                                          residual ? residual + off : nullptr,
+                                          new_residual ? new_residual + off : nullptr, decay, payload + b * stride,
+                                          s.a, s.b))
           return s;
       }
     }
@@ -220,6 +244,16 @@ struct reduce_shard {
         if (host_simd::reduce_block<Codec::bits, Codec::block, norm_lanes(Codec::block)>(in, world, Codec::levels,
                                                                                         payload + b * stride, norm_sq))
           return norm_sq;
+      }
+    }
+#endif
+#if defined(DILOCO_HOST_BLOCK_LOOPS)
+    if constexpr (host_block_codec<Codec>) {
+      if (blocks[b].len == Codec::block && world <= host_simd::max_world) {
+        const std::byte* in[host_simd::max_world];
+        for (int k = 0; k < world; ++k) in[k] = received[k] + b * stride;
+        double norm_sq;
+        if (host_loops<Codec>::reduce_any(in, world, payload + b * stride, norm_sq)) return norm_sq;
       }
     }
 #endif

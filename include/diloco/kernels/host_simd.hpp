@@ -35,36 +35,17 @@
 #include <type_traits>
 
 #include "diloco/codec/blockwise.hpp"
+#include "diloco/codec/packed_codes.hpp"
+#include "diloco/codec/quantize.hpp"
 #include "diloco/codec/formats.hpp"
+#include "diloco/codec/host_cpu.hpp"
 #include "diloco/core/macros.hpp"
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && \
-    !defined(DILOCO_NO_HOST_SIMD)
-/// Defined where the hand-vectorised host passes are compiled in (x86-64,
-/// GCC or Clang, not nvcc, DILOCO_NO_HOST_SIMD not defined).
-#define DILOCO_HOST_SIMD_X86 1
-#include <immintrin.h>
-#endif
 
 DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::kernels::host_simd {
 
-/// Whether the hand-vectorised passes run: compiled in, the CPU has AVX2,
-/// and DILOCO_HOST_SIMD is not 0 (read once).
-inline bool enabled() {
-#if defined(DILOCO_HOST_SIMD_X86)
-  static const bool on = [] {
-    const char* env = std::getenv("DILOCO_HOST_SIMD");
-    if (env && (std::strcmp(env, "0") == 0 || std::strcmp(env, "off") == 0)) return false;
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") != 0;
-  }();
-  return on;
-#else
-  return false;
-#endif
-}
+// enabled() and DILOCO_HOST_SIMD_X86: codec/host_cpu.hpp.
 
 /// The most ranks whose blocks reduce_block sums (its scales live on the
 /// stack); larger groups take the portable pass.
@@ -310,6 +291,278 @@ DILOCO_AVX2 bool reduce_block(const std::byte* const* in, int world, float level
 #undef DILOCO_AVX2
 
 #endif  // DILOCO_HOST_SIMD_X86
+
+// The block loops of every blockwise format with round to nearest (int8,
+// int4, int2, fp8 e4m3 and e5m2, fp4 e3m0): the shard reduction's block
+// (decode M blocks, sum in rank order, divide by M, re-encode, the norm of
+// what it encodes) and the encode pass's block (v = (g - l) + e, encoded,
+// the new residual and both norms), each as a few loops over a whole block
+// that compilers vectorize at the baseline ISA: codes unpacked a word at a
+// time, each code's value without a branch (a table load per code does not
+// vectorize), the rounding without a branch (the grid's round_nearest_code
+// for the small floats, round<false> and code() for the integer grids),
+// the norm lanes as whole vectors, the codes packed a word at a time
+// (packed_codes::pack). The same IEEE operations per element as the
+// portable pass (blockwise_codec::decode / encode and quantize_block), in
+// the same order, and the norms in the same lanes and tree, so the same
+// bytes and bits; a block whose factor leaves the common path (a tiny
+// nonzero scale, an infinite or NaN amax) returns false and takes the
+// portable code. Each is compiled twice: as it is, and for AVX2
+// (__attribute__((target("avx2"))), no FMA, so the same bits), chosen at
+// run time by enabled(). Not under nvcc (its host code runs the portable
+// passes, as above).
+#if !defined(__CUDACC__)
+/// Defined where block_loops is compiled in (every host compiler but nvcc).
+#define DILOCO_HOST_BLOCK_LOOPS 1
+
+template <class Format, std::size_t B, std::size_t L>
+struct block_loops;
+
+/// Which codecs block_loops serves: blockwise with round to nearest, B a
+/// multiple of 8 (whole 64-bit words of unpacked codes); `loops<L>` are
+/// theirs with L norm lanes.
+template <class Codec>
+struct fused : std::false_type {};
+template <class Format, std::size_t B>
+struct fused<compress::blockwise_codec<Format, B, compress::round_nearest>> : std::bool_constant<B % 8 == 0> {
+  template <std::size_t L>
+  using loops = block_loops<Format, B, L>;
+};
+
+
+/// The fused block loops of blockwise_codec<Format, B, round_nearest> with
+/// L norm lanes (kernels::norm_lanes(B)).
+template <class Format, std::size_t B, std::size_t L>
+struct block_loops {
+  static_assert(B % 8 == 0 && B % L == 0 && L > 0 && (L & (L - 1)) == 0, "whole words of codes and whole lanes");
+  ///@{
+  /// The format, its bits per code, its largest value, its grid.
+  using format_type = Format;
+  static constexpr int bits = Format::bits;
+  static constexpr float levels = Format::levels;
+  using grid_type = kernels::grid_t<Format>;
+  ///@}
+
+  /// The codes of a whole block (its B * bits / 8 value bytes at `in`), one
+  /// per byte: the packing's inverse, 8 codes per 64-bit word. Returns where
+  /// they are (8-bit codes are read in place).
+  DILOCO_FORCEINLINE static const unsigned char* unpack(const unsigned char* DILOCO_RESTRICT in,
+                                                        unsigned char* DILOCO_RESTRICT c) {
+    if constexpr (bits == 8) {
+      (void)c;
+      return in;
+    } else {
+      for (std::size_t w = 0; w < B / 8; ++w) {
+        std::uint64_t x = 0;
+        std::memcpy(&x, in + static_cast<std::size_t>(bits) * w, static_cast<std::size_t>(bits));  // 8 codes
+        // Double the field count and halve each field's width until each
+        // code has a byte (packed_codes::pack's folds, undone).
+        if constexpr (bits == 4) {
+          x = (x | (x << 16)) & 0x0000ffff0000ffffULL;
+          x = (x | (x << 8)) & 0x00ff00ff00ff00ffULL;
+          x = (x | (x << 4)) & 0x0f0f0f0f0f0f0f0fULL;
+        } else {
+          x = (x | (x << 24)) & 0x000000ff000000ffULL;
+          x = (x | (x << 12)) & 0x000f000f000f000fULL;
+          x = (x | (x << 6)) & 0x0303030303030303ULL;
+        }
+        std::memcpy(c + 8 * w, &x, 8);
+      }
+      return c;
+    }
+  }
+
+  /// The grid value of code c, without a branch (the grid's value()).
+  DILOCO_FORCEINLINE static float value(std::uint32_t c) {
+    if constexpr (requires { grid_type::value_branchless(c); })
+      return grid_type::value_branchless(c);
+    else
+      return grid_type::value(c);
+  }
+
+  /// The grid value y rounds to (to the nearest, ties to even) and its code
+  /// (the grid's round<false> and code()).
+  DILOCO_FORCEINLINE static float round_code(float y, std::uint32_t& c) {
+    if constexpr (requires(unsigned u) { grid_type::round_nearest_code(y, u); }) {
+      unsigned u;
+      const float r = grid_type::round_nearest_code(y, u);
+      c = u;
+      return r;
+    } else {
+      constexpr auto g = kernels::grid<Format>();
+      const float r = g.template round<false>(y, 0.0f);
+      c = g.code(r);
+      return r;
+    }
+  }
+
+  /// lane_tree (kernels/compressed_passes.hpp): acc[l] += acc[l + w] for w = L / 2, ..., 1.
+  DILOCO_FORCEINLINE static double tree(float* acc) {
+    for (std::size_t w = L / 2; w > 0; w /= 2)
+      for (std::size_t l = 0; l < w; ++l) acc[l] = acc[l] + acc[l + w];
+    return static_cast<double>(acc[0]);
+  }
+
+  /// The scale terms of a block whose amax is `amax` when it takes the
+  /// common path (positive, finite, L / amax finite, amax / L normal) or
+  /// is zero (inv = scale = 0 then give every element code(0) and dq = +0,
+  /// quantize_block's zero block); false otherwise.
+  DILOCO_FORCEINLINE static bool terms(float amax, float& inv, float& scale) {
+    if (amax == 0.0f) {
+      inv = scale = 0.0f;
+      return true;
+    }
+    inv = levels / amax;
+    scale = amax / levels;
+    return amax > 0.0f && amax - amax == 0.0f && inv - inv == 0.0f && scale >= 1.17549435e-38f;
+  }
+
+  /// The squares of n[0, B) summed in L lanes (element j in lane j % L, in
+  /// order: lane_squares' sums), then the lanes by tree().
+  DILOCO_FORCEINLINE static double squares(const float* DILOCO_RESTRICT n) {
+    float acc[L] = {};
+    for (std::size_t j0 = 0; j0 < B; j0 += L)
+      for (std::size_t l = 0; l < L; ++l) acc[l] = acc[l] + n[j0 + l] * n[j0 + l];
+    return tree(acc);
+  }
+
+  /// a[j] = value(q[j]) * s (First) or a[j] + value(q[j]) * s, j in [0, B).
+  template <bool First>
+  DILOCO_FORCEINLINE static void accumulate(float* DILOCO_RESTRICT a, const unsigned char* DILOCO_RESTRICT q, float s) {
+    if constexpr (First) {
+      for (std::size_t j = 0; j < B; ++j) a[j] = value(q[j]) * s;
+    } else {
+      alignas(64) float d[B];
+      for (std::size_t j = 0; j < B; ++j) d[j] = value(q[j]) * s;
+      for (std::size_t j = 0; j < B; ++j) a[j] = a[j] + d[j];
+    }
+  }
+
+  /// x[0, B) rounded against inv and scale: the codes into c, dq into d.
+  DILOCO_FORCEINLINE static void round_block(const float* DILOCO_RESTRICT x, float inv, float scale,
+                                             unsigned char* DILOCO_RESTRICT c, float* DILOCO_RESTRICT d) {
+    for (std::size_t j = 0; j < B; ++j) {
+      std::uint32_t cj;
+      const float r = round_code(x[j] * inv, cj);
+      c[j] = static_cast<unsigned char>(cj);
+      d[j] = r * scale;
+    }
+  }
+
+  /// Quantizes x[0, B) against its amax into `out` (factor, codes) and dq
+  /// into d; false (nothing written) off the common path.
+  DILOCO_FORCEINLINE static bool quantize(const float* x, std::byte* out, float* d) {
+    const float amax = kernels::block_amax(x, B);
+    float inv, scale;
+    if (!terms(amax, inv, scale)) return false;
+    std::memcpy(out, &amax, 4);
+    alignas(64) unsigned char c[B];
+    round_block(x, inv, scale, c, d);
+    compress::packed_codes::pack<bits>(c, B, reinterpret_cast<unsigned char*>(out + 4));
+    return true;
+  }
+
+  /// reduce_shard's block: in[k] is rank k's encoding of the block; the
+  /// mean re-encoded into `out`, the squared norm of its decoding into
+  /// norm_sq. False (nothing written) where a received factor or the mean's
+  /// leaves the common path.
+  DILOCO_FORCEINLINE static bool reduce(const std::byte* const* in, int world, std::byte* out, double& norm_sq) {
+    if (world < 1 || world > max_world) return false;
+    float scales[max_world];
+    for (int k = 0; k < world; ++k) {
+      float amax;
+      std::memcpy(&amax, in[k], 4);
+      // decode() multiplies by amax / L when that is normal or amax is not
+      // finite, and computes (q * amax) / L otherwise, which for amax = 0 is
+      // q * 0 as well; other tiny factors take the portable path.
+      if (!(kernels::scale_is_normal(amax, levels) || !(amax - amax == 0.0f) || amax == 0.0f)) return false;
+      scales[k] = amax / levels;
+    }
+    alignas(64) float acc[B];
+    alignas(64) unsigned char c[B];
+    accumulate<true>(acc, unpack(reinterpret_cast<const unsigned char*>(in[0] + 4), c), scales[0]);
+    for (int k = 1; k < world; ++k)
+      accumulate<false>(acc, unpack(reinterpret_cast<const unsigned char*>(in[k] + 4), c), scales[k]);
+    // For M a power of two, x * (1 / M) is x / M (the same real number, rounded once).
+    const auto m = static_cast<float>(world);
+    if ((world & (world - 1)) == 0) {
+      const float rcp = 1.0f / m;
+      for (std::size_t j = 0; j < B; ++j) acc[j] = acc[j] * rcp;
+    } else {
+      for (std::size_t j = 0; j < B; ++j) acc[j] = acc[j] / m;
+    }
+    alignas(64) float dq[B];
+    if (!quantize(acc, out, dq)) return false;
+    norm_sq = squares(dq);
+    return true;
+  }
+
+  /// encode_pseudo_gradient's block: v = (g - l) + e (v = g - l without a
+  /// residual) encoded into `out`; with `next`, the new residual
+  /// decay * (v - dq) (v - dq for decay 1); ||g - l||^2 and ||v - dq||^2
+  /// into delta_sq and error_sq. False (nothing written) off the common path.
+  DILOCO_FORCEINLINE static bool encode(const float* DILOCO_RESTRICT g, const float* DILOCO_RESTRICT l,
+                                        const float* DILOCO_RESTRICT e, float* DILOCO_RESTRICT next, float decay,
+                                        std::byte* out, double& delta_sq, double& error_sq) {
+    alignas(64) float v[B];
+    alignas(64) float d[B];
+    for (std::size_t j = 0; j < B; ++j) d[j] = g[j] - l[j];
+    if (e) {
+      for (std::size_t j = 0; j < B; ++j) v[j] = d[j] + e[j];
+    } else {
+      for (std::size_t j = 0; j < B; ++j) v[j] = d[j];
+    }
+    alignas(64) float dq[B];
+    if (!quantize(v, out, dq)) return false;
+    delta_sq = squares(d);
+    for (std::size_t j = 0; j < B; ++j) dq[j] = v[j] - dq[j];  // the error, in place
+    error_sq = squares(dq);
+    if (next != nullptr) {
+      if (decay == 1.0f)
+        for (std::size_t j = 0; j < B; ++j) next[j] = dq[j];
+      else
+        for (std::size_t j = 0; j < B; ++j) next[j] = decay * dq[j];
+    }
+    return true;
+  }
+
+  ///@{
+  /// reduce and encode as compiled for the baseline ISA, for AVX2 (where
+  /// compiled in), and the widest the CPU runs (enabled()).
+  static bool reduce_baseline(const std::byte* const* in, int world, std::byte* out, double& norm_sq) {
+    return reduce(in, world, out, norm_sq);
+  }
+  static bool encode_baseline(const float* g, const float* l, const float* e, float* next, float decay,
+                              std::byte* out, double& delta_sq, double& error_sq) {
+    return encode(g, l, e, next, decay, out, delta_sq, error_sq);
+  }
+#if defined(DILOCO_HOST_SIMD_X86)
+  __attribute__((target("avx2"))) static bool reduce_avx2(const std::byte* const* in, int world, std::byte* out,
+                                                          double& norm_sq) {
+    return reduce(in, world, out, norm_sq);
+  }
+  __attribute__((target("avx2"))) static bool encode_avx2(const float* g, const float* l, const float* e,
+                                                          float* next, float decay, std::byte* out,
+                                                          double& delta_sq, double& error_sq) {
+    return encode(g, l, e, next, decay, out, delta_sq, error_sq);
+  }
+#endif
+  static bool reduce_any(const std::byte* const* in, int world, std::byte* out, double& norm_sq) {
+#if defined(DILOCO_HOST_SIMD_X86)
+    if (enabled()) return reduce_avx2(in, world, out, norm_sq);
+#endif
+    return reduce_baseline(in, world, out, norm_sq);
+  }
+  static bool encode_any(const float* g, const float* l, const float* e, float* next, float decay, std::byte* out,
+                         double& delta_sq, double& error_sq) {
+#if defined(DILOCO_HOST_SIMD_X86)
+    if (enabled()) return encode_avx2(g, l, e, next, decay, out, delta_sq, error_sq);
+#endif
+    return encode_baseline(g, l, e, next, decay, out, delta_sq, error_sq);
+  }
+  ///@}
+};
+#endif  // !__CUDACC__
 
 }  // namespace diloco::kernels::host_simd
 

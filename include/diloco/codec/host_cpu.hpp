@@ -1,0 +1,42 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+// Which wider instruction set the host passes may use, chosen at run time:
+// the library is header-only and users compile it without -march, so a
+// loop that gains from AVX2 is compiled a second time with
+// __attribute__((target("avx2"))) (no FMA: the same IEEE operations, the
+// same bits) and called when enabled() says the CPU runs it. Used by the
+// codecs' host loops (codec/blockwise.hpp's structure check) and by
+// kernels/host_simd.hpp (the compressed round's block passes), which
+// includes it; tensor/low_precision.hpp's mirror loops ask the same.
+
+#include <cstdlib>
+#include <cstring>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && \
+    !defined(DILOCO_NO_HOST_SIMD)
+/// Defined where the hand-vectorised host passes are compiled in (x86-64,
+/// GCC or Clang, not nvcc, DILOCO_NO_HOST_SIMD not defined).
+#define DILOCO_HOST_SIMD_X86 1
+#include <immintrin.h>
+#endif
+
+namespace diloco::kernels::host_simd {
+
+/// Whether the hand-vectorised passes run: compiled in, the CPU has AVX2,
+/// and DILOCO_HOST_SIMD is not 0 (read once).
+inline bool enabled() {
+#if defined(DILOCO_HOST_SIMD_X86)
+  static const bool on = [] {
+    const char* env = std::getenv("DILOCO_HOST_SIMD");
+    if (env && (std::strcmp(env, "0") == 0 || std::strcmp(env, "off") == 0)) return false;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") != 0;
+  }();
+  return on;
+#else
+  return false;
+#endif
+}
+
+}  // namespace diloco::kernels::host_simd
