@@ -12,8 +12,8 @@
 //    packed group by group), on odd sizes, partial blocks, zero, tiny,
 //    non-finite and saturating blocks;
 //  - the fused block loops of the compressed round (kernels/host_simd.hpp's
-//    block_loops: the shard reduction's block and the encode pass's block,
-//    every blockwise format) against the same element definitions, each
+//    block_loops and bf16_loops: the shard reduction's block and the encode
+//    pass's block, every blockwise format and cast<bf16>) against the same element definitions, each
 //    dispatch path this machine runs (the baseline ISA and AVX2) forced in
 //    turn, and the branch-free code values against value() for every code;
 //  - the receiver's structure check of a payload (compress::first_bad_block,
@@ -427,6 +427,15 @@ bool common_amax(float amax, float levels) {
   return std::isfinite(amax) && std::isfinite(inv) && scale >= std::numeric_limits<float>::min();
 }
 
+// The format's largest value L (a cast has none: 1).
+template <class Codec>
+float levels_of() {
+  if constexpr (requires { Codec::levels; })
+    return Codec::levels;
+  else
+    return 1.0f;
+}
+
 float amax_of(const std::vector<float>& v) {
   std::uint32_t m = 0;
   for (float x : v) m = std::max(m, bits_of(x) & 0x7fffffffu);
@@ -442,7 +451,7 @@ void fused_encode_against_elements() {
   // Whole blocks of every kind: v = (g - l) + e with l = 0 and e chosen so
   // that v is each test block (and, without e, v = g).
   std::size_t taken = 0;
-  const auto kinds = blocks_of(B, Codec::levels);
+  const auto kinds = blocks_of(B, levels_of<Codec>());
   for (path p : paths_here()) {
     for (const auto& want_v : kinds) {
       if (want_v.size() != B) continue;
@@ -469,7 +478,7 @@ void fused_encode_against_elements() {
           double delta = -1.0, err = -1.0;
           const bool ok = encode_on<Loops>(p, g.data(), l.data(), with_e ? e.data() : nullptr, next.data(), decay,
                                            out.data(), delta, err);
-          REQUIRE(ok == common_amax(amax_of(v), Codec::levels));
+          REQUIRE(ok == (!dk::codec_elements<Codec>::scaled || common_amax(amax_of(v), levels_of<Codec>())));
           if (!ok) continue;
           ++taken;
           std::vector<float> want_dq;
@@ -527,7 +536,7 @@ void fused_reduce_against_elements() {
         if (kind == 7) {  // ties and exact sums: every rank the same block at amax = L
           std::vector<float> t(B);
           for (std::size_t j = 0; j < B; ++j) t[j] = (j % 2 ? -1.0f : 1.0f) * (0.5f + static_cast<float>(j % 5));
-          t[0] = Codec::levels;
+          t[0] = levels_of<Codec>();
           blk = encoded<Codec>(t);
         }
         set.push_back(blk);
@@ -545,7 +554,8 @@ void fused_reduce_against_elements() {
       bool received_common = true;
       for (int k = 0; k < world; ++k) {
         const float amax = E::factor(set[k].data());
-        received_common = received_common && (std::isnormal(amax / Codec::levels) || !std::isfinite(amax) || amax == 0.0f);
+        received_common =
+            received_common && (std::isnormal(amax / levels_of<Codec>()) || !std::isfinite(amax) || amax == 0.0f);
         for (std::size_t j = 0; j < B; ++j) {
           typename E::code q[E::group];
           E::codes(set[k].data(), j - j % E::group, q);
@@ -561,7 +571,7 @@ void fused_reduce_against_elements() {
       CAPTURE(static_cast<int>(p));
       CAPTURE(world);
       const bool ok = reduce_on<Loops>(p, in.data(), world, out.data(), norm);
-      REQUIRE(ok == (received_common && common_amax(amax_of(mean), Codec::levels)));
+      REQUIRE(ok == (!E::scaled || (received_common && common_amax(amax_of(mean), levels_of<Codec>()))));
       if (!ok) continue;
       ++taken;
       std::vector<float> want_dq;
@@ -587,7 +597,8 @@ TEST_CASE_TEMPLATE("the fused block loops (reduce, encode) equal the element def
                    cp::blockwise_codec<dc::int8, 128, cp::round_nearest>,
                    cp::blockwise_codec<dc::fp8_e4m3, 40, cp::round_nearest>,
                    cp::blockwise_codec<dc::int2, 24, cp::round_nearest>,
-                   cp::blockwise_codec<dc::fp4_e3m0, 1024, cp::round_nearest>) {
+                   cp::blockwise_codec<dc::fp4_e3m0, 1024, cp::round_nearest>,
+                   cp::cast_codec<dc::bf16, cp::round_nearest>, cp::cast_codec<dc::bf16, cp::round_nearest, 16>) {
   fused_encode_against_elements<Codec>();
   fused_reduce_against_elements<Codec>();
 }

@@ -35,6 +35,8 @@
 #include <type_traits>
 
 #include "diloco/codec/blockwise.hpp"
+#include "diloco/codec/cast.hpp"
+#include "diloco/codec/float_formats.hpp"
 #include "diloco/codec/packed_codes.hpp"
 #include "diloco/codec/quantize.hpp"
 #include "diloco/codec/formats.hpp"
@@ -293,7 +295,8 @@ DILOCO_AVX2 bool reduce_block(const std::byte* const* in, int world, float level
 #endif  // DILOCO_HOST_SIMD_X86
 
 // The block loops of every blockwise format with round to nearest (int8,
-// int4, int2, fp8 e4m3 and e5m2, fp4 e3m0): the shard reduction's block
+// int4, int2, fp8 e4m3 and e5m2, fp4 e3m0) and of cast<bf16> with round to
+// nearest (bf16_loops): the shard reduction's block
 // (decode M blocks, sum in rank order, divide by M, re-encode, the norm of
 // what it encodes) and the encode pass's block (v = (g - l) + e, encoded,
 // the new residual and both norms), each as a few loops over a whole block
@@ -315,6 +318,53 @@ DILOCO_AVX2 bool reduce_block(const std::byte* const* in, int world, float level
 /// Defined where block_loops is compiled in (every host compiler but nvcc).
 #define DILOCO_HOST_BLOCK_LOOPS 1
 
+/// reduce and encode of a loops struct (block_loops, bf16_loops) as
+/// compiled for the baseline ISA, for AVX2 (where compiled in), and the
+/// widest the CPU runs (enabled()); Loops gives the two as always-inline
+/// statics, which each of these compiles in its own target.
+template <class Loops>
+struct dispatch {
+  ///@{
+  /// reduce (Loops::reduce's contract) on the baseline ISA, AVX2, or the widest the CPU runs.
+  static bool reduce_baseline(const std::byte* const* in, int world, std::byte* out, double& norm_sq) {
+    return Loops::reduce(in, world, out, norm_sq);
+  }
+#if defined(DILOCO_HOST_SIMD_X86)
+  __attribute__((target("avx2"))) static bool reduce_avx2(const std::byte* const* in, int world, std::byte* out,
+                                                          double& norm_sq) {
+    return Loops::reduce(in, world, out, norm_sq);
+  }
+#endif
+  static bool reduce_any(const std::byte* const* in, int world, std::byte* out, double& norm_sq) {
+#if defined(DILOCO_HOST_SIMD_X86)
+    if (enabled()) return reduce_avx2(in, world, out, norm_sq);
+#endif
+    return reduce_baseline(in, world, out, norm_sq);
+  }
+  ///@}
+  ///@{
+  /// encode (Loops::encode's contract) on the baseline ISA, AVX2, or the widest the CPU runs.
+  static bool encode_baseline(const float* g, const float* l, const float* e, float* next, float decay,
+                              std::byte* out, double& delta_sq, double& error_sq) {
+    return Loops::encode(g, l, e, next, decay, out, delta_sq, error_sq);
+  }
+#if defined(DILOCO_HOST_SIMD_X86)
+  __attribute__((target("avx2"))) static bool encode_avx2(const float* g, const float* l, const float* e,
+                                                          float* next, float decay, std::byte* out,
+                                                          double& delta_sq, double& error_sq) {
+    return Loops::encode(g, l, e, next, decay, out, delta_sq, error_sq);
+  }
+#endif
+  static bool encode_any(const float* g, const float* l, const float* e, float* next, float decay, std::byte* out,
+                         double& delta_sq, double& error_sq) {
+#if defined(DILOCO_HOST_SIMD_X86)
+    if (enabled()) return encode_avx2(g, l, e, next, decay, out, delta_sq, error_sq);
+#endif
+    return encode_baseline(g, l, e, next, decay, out, delta_sq, error_sq);
+  }
+  ///@}
+};
+
 template <class Format, std::size_t B, std::size_t L>
 struct block_loops;
 
@@ -330,10 +380,18 @@ struct fused<compress::blockwise_codec<Format, B, compress::round_nearest>> : st
 };
 
 
+template <std::size_t B, std::size_t L>
+struct bf16_loops;
+template <std::size_t B>
+struct fused<compress::cast_codec<bf16, compress::round_nearest, B>> : std::bool_constant<B % 8 == 0> {
+  template <std::size_t L>
+  using loops = bf16_loops<B, L>;
+};
+
 /// The fused block loops of blockwise_codec<Format, B, round_nearest> with
 /// L norm lanes (kernels::norm_lanes(B)).
 template <class Format, std::size_t B, std::size_t L>
-struct block_loops {
+struct block_loops : dispatch<block_loops<Format, B, L>> {
   static_assert(B % 8 == 0 && B % L == 0 && L > 0 && (L & (L - 1)) == 0, "whole words of codes and whole lanes");
   ///@{
   /// The format, its bits per code, its largest value, its grid.
@@ -504,14 +562,12 @@ struct block_loops {
   DILOCO_FORCEINLINE static bool encode(const float* DILOCO_RESTRICT g, const float* DILOCO_RESTRICT l,
                                         const float* DILOCO_RESTRICT e, float* DILOCO_RESTRICT next, float decay,
                                         std::byte* out, double& delta_sq, double& error_sq) {
-    alignas(64) float v[B];
     alignas(64) float d[B];
+    alignas(64) float ve[B];
     for (std::size_t j = 0; j < B; ++j) d[j] = g[j] - l[j];
-    if (e) {
-      for (std::size_t j = 0; j < B; ++j) v[j] = d[j] + e[j];
-    } else {
-      for (std::size_t j = 0; j < B; ++j) v[j] = d[j];
-    }
+    if (e)
+      for (std::size_t j = 0; j < B; ++j) ve[j] = d[j] + e[j];
+    const float* DILOCO_RESTRICT v = e ? ve : d;  // v = (g - l) + e, or g - l
     alignas(64) float dq[B];
     if (!quantize(v, out, dq)) return false;
     delta_sq = squares(d);
@@ -526,41 +582,81 @@ struct block_loops {
     return true;
   }
 
-  ///@{
-  /// reduce and encode as compiled for the baseline ISA, for AVX2 (where
-  /// compiled in), and the widest the CPU runs (enabled()).
-  static bool reduce_baseline(const std::byte* const* in, int world, std::byte* out, double& norm_sq) {
-    return reduce(in, world, out, norm_sq);
+};
+
+/// The same block loops for cast_codec<bf16, round_nearest, B>: no factor,
+/// each element's code the top 16 bits of its fp32 rounded to nearest even
+/// (bf16_round_nearest, as cast_codec::encode), its value those bits moved
+/// back up (bf16_format::decode).
+template <std::size_t B, std::size_t L>
+struct bf16_loops : dispatch<bf16_loops<B, L>> {
+  static_assert(B % 8 == 0 && B % L == 0 && L > 0 && (L & (L - 1)) == 0, "whole words of codes and whole lanes");
+  using same_lanes = block_loops<int8, B, L>;  ///< squares() and tree(), shared
+
+  /// x[0, B) rounded to bf16: the codes into out, dq into d.
+  DILOCO_FORCEINLINE static void round_block(const float* DILOCO_RESTRICT x, std::byte* DILOCO_RESTRICT out,
+                                             float* DILOCO_RESTRICT d) {
+    for (std::size_t j = 0; j < B; ++j) {
+      const std::uint16_t h = kernels::bf16_round_nearest(x[j]);
+      std::memcpy(out + 2 * j, &h, 2);
+      d[j] = kernels::bf16_format::decode(h);
+    }
   }
-  static bool encode_baseline(const float* g, const float* l, const float* e, float* next, float decay,
-                              std::byte* out, double& delta_sq, double& error_sq) {
-    return encode(g, l, e, next, decay, out, delta_sq, error_sq);
+  /// a[j] = value(h[j]) (First) or a[j] + value(h[j]), h the codes at `in`.
+  template <bool First>
+  DILOCO_FORCEINLINE static void accumulate(float* DILOCO_RESTRICT a, const std::byte* DILOCO_RESTRICT in) {
+    if constexpr (First) {
+      for (std::size_t j = 0; j < B; ++j) {
+        std::uint16_t h;
+        std::memcpy(&h, in + 2 * j, 2);
+        a[j] = kernels::bf16_format::decode(h);
+      }
+    } else {  // in two loops, which vectorize inside reduce's loop over ranks
+      alignas(64) float d[B];
+      accumulate<true>(d, in);
+      for (std::size_t j = 0; j < B; ++j) a[j] = a[j] + d[j];
+    }
   }
-#if defined(DILOCO_HOST_SIMD_X86)
-  __attribute__((target("avx2"))) static bool reduce_avx2(const std::byte* const* in, int world, std::byte* out,
-                                                          double& norm_sq) {
-    return reduce(in, world, out, norm_sq);
+  /// reduce_shard's block (block_loops::reduce's contract; never refuses a block).
+  DILOCO_FORCEINLINE static bool reduce(const std::byte* const* in, int world, std::byte* out, double& norm_sq) {
+    alignas(64) float acc[B];
+    accumulate<true>(acc, in[0]);
+    for (int k = 1; k < world; ++k) accumulate<false>(acc, in[k]);
+    const auto m = static_cast<float>(world);
+    if ((world & (world - 1)) == 0) {
+      const float rcp = 1.0f / m;
+      for (std::size_t j = 0; j < B; ++j) acc[j] = acc[j] * rcp;
+    } else {
+      for (std::size_t j = 0; j < B; ++j) acc[j] = acc[j] / m;
+    }
+    alignas(64) float dq[B];
+    round_block(acc, out, dq);
+    norm_sq = same_lanes::squares(dq);
+    return true;
   }
-  __attribute__((target("avx2"))) static bool encode_avx2(const float* g, const float* l, const float* e,
-                                                          float* next, float decay, std::byte* out,
-                                                          double& delta_sq, double& error_sq) {
-    return encode(g, l, e, next, decay, out, delta_sq, error_sq);
+  /// encode_pseudo_gradient's block (block_loops::encode's contract; never refuses a block).
+  DILOCO_FORCEINLINE static bool encode(const float* DILOCO_RESTRICT g, const float* DILOCO_RESTRICT l,
+                                        const float* DILOCO_RESTRICT e, float* DILOCO_RESTRICT next, float decay,
+                                        std::byte* out, double& delta_sq, double& error_sq) {
+    alignas(64) float d[B];
+    alignas(64) float ve[B];
+    for (std::size_t j = 0; j < B; ++j) d[j] = g[j] - l[j];
+    if (e)
+      for (std::size_t j = 0; j < B; ++j) ve[j] = d[j] + e[j];
+    const float* DILOCO_RESTRICT v = e ? ve : d;  // v = (g - l) + e, or g - l
+    alignas(64) float dq[B];
+    round_block(v, out, dq);
+    delta_sq = same_lanes::squares(d);
+    for (std::size_t j = 0; j < B; ++j) dq[j] = v[j] - dq[j];
+    error_sq = same_lanes::squares(dq);
+    if (next != nullptr) {
+      if (decay == 1.0f)
+        for (std::size_t j = 0; j < B; ++j) next[j] = dq[j];
+      else
+        for (std::size_t j = 0; j < B; ++j) next[j] = decay * dq[j];
+    }
+    return true;
   }
-#endif
-  static bool reduce_any(const std::byte* const* in, int world, std::byte* out, double& norm_sq) {
-#if defined(DILOCO_HOST_SIMD_X86)
-    if (enabled()) return reduce_avx2(in, world, out, norm_sq);
-#endif
-    return reduce_baseline(in, world, out, norm_sq);
-  }
-  static bool encode_any(const float* g, const float* l, const float* e, float* next, float decay, std::byte* out,
-                         double& delta_sq, double& error_sq) {
-#if defined(DILOCO_HOST_SIMD_X86)
-    if (enabled()) return encode_avx2(g, l, e, next, decay, out, delta_sq, error_sq);
-#endif
-    return encode_baseline(g, l, e, next, decay, out, delta_sq, error_sq);
-  }
-  ///@}
 };
 #endif  // !__CUDACC__
 
