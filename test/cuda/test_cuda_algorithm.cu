@@ -472,3 +472,46 @@ TEST_CASE("gpu: outer_state_on_host gives the device-resident outer state's bits
   thrust::copy(b.begin(), b.end(), rb.begin());
   CHECK(std::memcmp(ra.data(), rb.data(), n * sizeof(float)) == 0);
 }
+
+// Outer state in host memory with a bf16 replica on the device: the host
+// outer mirror stages the codes and runs tensor/low_precision.hpp's host
+// loops on them, so the run gives, bit for bit, the run whose bf16 replica
+// lives in host memory (the same host engine, loops and rule).
+TEST_CASE("gpu: outer_state_on_host with a bf16 device replica gives the host-memory bf16 run's bits") {
+  constexpr std::size_t n = 40000;  // more than two of the staging's pieces
+  constexpr int steps = 12;
+  auto user_step = [](std::vector<dc::bfloat16>& w, int s) {
+    for (std::size_t i = 0; i < w.size(); ++i)
+      w[i] = dc::bfloat16::round(static_cast<float>(w[i]) * 0.99f + 0.001f * static_cast<float>((i + static_cast<std::size_t>(s)) % 7));
+  };
+  using T = dc::algorithm<dc::inner::external, dc::outer::nesterov, dc::compress::none, dc::comm::local>;
+  const dc::algorithm_options<dc::inner::external, dc::outer::nesterov, dc::compress::none, dc::sync::blocking> o{
+      .inner_steps = 4};
+  std::vector<dc::bfloat16> host(n);
+  for (std::size_t i = 0; i < n; ++i) host[i] = dc::bfloat16::round(0.01f * static_cast<float>(i % 97) - 0.3f);
+  std::vector<dc::bfloat16> of_device = host;
+  dc::bfloat16* dev = nullptr;
+  REQUIRE(cudaMalloc(&dev, n * sizeof(dc::bfloat16)) == cudaSuccess);
+  REQUIRE(cudaMemcpy(dev, host.data(), n * sizeof(dc::bfloat16), cudaMemcpyHostToDevice) == cudaSuccess);
+  dc::device_view<dc::bfloat16> view(dev, n);
+  dc::comm::local comm;
+  std::vector<float> global_host(n), global_device(n);
+  {
+    T in_host_memory(host, comm, o);
+    T outer_on_host(dc::outer_state_on_host(view), comm, o);
+    for (int s = 0; s < steps; ++s) {
+      user_step(host, s);
+      in_host_memory.step();
+      REQUIRE(cudaMemcpy(of_device.data(), dev, n * sizeof(dc::bfloat16), cudaMemcpyDeviceToHost) == cudaSuccess);
+      user_step(of_device, s);
+      REQUIRE(cudaMemcpy(dev, of_device.data(), n * sizeof(dc::bfloat16), cudaMemcpyHostToDevice) == cudaSuccess);
+      outer_on_host.step();
+    }
+    in_host_memory.copy_global_to(global_host);
+    outer_on_host.copy_global_to(global_device);
+  }
+  REQUIRE(cudaMemcpy(of_device.data(), dev, n * sizeof(dc::bfloat16), cudaMemcpyDeviceToHost) == cudaSuccess);
+  cudaFree(dev);
+  CHECK(std::memcmp(global_host.data(), global_device.data(), n * sizeof(float)) == 0);
+  CHECK(std::memcmp(host.data(), of_device.data(), n * sizeof(dc::bfloat16)) == 0);
+}

@@ -12,7 +12,7 @@
 //          fp32: S <- T, copied device to host;
 //          bf16/fp16: T copied to pinned host staging, then the element
 //          rule of tensor/low_precision.hpp (S keeps the last write's
-//          rounding error where T did not move);
+//          rounding error where T did not move) by its host loops;
 //   write  (after the engine wrote S: a merge, a reset, a restore)
 //          fp32: T <- S, copied host to device;
 //          bf16/fp16: T <- RNE(S) into the staging, then copied over.
@@ -28,6 +28,7 @@
 // where device_tensors is a range of device tensors (or one), in an nvcc
 // translation unit that includes <diloco/cuda.hpp>.
 
+#include <algorithm>
 #include <cstddef>
 #include <type_traits>
 #include <utility>
@@ -63,6 +64,9 @@ class host_outer_mirror final : public replica_mirror {
   template <class U>
   using pinned = typename executor::template staging_buffer<U>;
   static constexpr bool low = is_low_precision_v<T>;
+  // bf16/fp16: the staging's host passes, tensor/low_precision.hpp's loops
+  // (vectorized) in pieces of this many elements.
+  static constexpr std::size_t piece = std::size_t{1} << 14;
 
  public:
   /// S = float(T), copied from the device.
@@ -99,8 +103,7 @@ class host_outer_mirror final : public replica_mirror {
       if constexpr (low) {
         T* stage = staging_.data() + offsets_[k];
         exec_.to_host(stage, replica_[k].data(), n);
-        const read_replica<T> read{stage, views_[k].data()};
-        for (std::size_t i = 0; i < n; ++i) read(i);
+        for (std::size_t b = 0; b < n; b += piece) mirror_host_loops<T>::read_any(stage, views_[k].data(), b, std::min(n, b + piece));
       } else {
         exec_.to_host(views_[k].data(), replica_[k].data(), n);
       }
@@ -112,12 +115,13 @@ class host_outer_mirror final : public replica_mirror {
       const std::size_t n = replica_[k].size();
       if constexpr (low) {
         T* stage = staging_.data() + offsets_[k];
-        const write_replica<T> write{views_[k].data(), stage};
-        for (std::size_t i = 0; i < n; ++i) write(i);
+        std::size_t infinite = 0;
+        for (std::size_t b = 0; b < n; b += piece)
+          infinite += mirror_host_loops<T>::write_any(views_[k].data(), stage, b, std::min(n, b + piece));
         exec_.from_host(replica_[k].data(), stage, n);
         // As low_precision_mirror_on: the replica is written, then an
         // overflow raises.
-        if (low_precision_ops<T>::inf_codes_in(stage, n) > 0)
+        if (infinite > 0)
           low_precision_ops<T>::raise_if_overflowed(k, views_[k].data(), n);
       } else {
         exec_.from_host(replica_[k].data(), views_[k].data(), n);
