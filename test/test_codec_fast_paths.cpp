@@ -16,6 +16,8 @@
 //    pass's block, every blockwise format and cast<bf16>) against the same element definitions, each
 //    dispatch path this machine runs (the baseline ISA and AVX2) forced in
 //    turn, and the branch-free code values against value() for every code;
+//  - decode-apply and the gathered aggregate-apply compiled for AVX2 against
+//    their baseline compilation (the portable code), every merge;
 //  - the receiver's structure check of a payload (compress::first_bad_block,
 //    whole blocks a run at a time, on each path) against check() block by
 //    block.
@@ -695,3 +697,116 @@ TEST_CASE_TEMPLATE("the receiver's structure check of a payload equals check() b
                    cp::blockwise_codec<dc::int4, 6, cp::round_nearest>) {
   first_bad_block_everywhere<Codec>();
 }
+
+#if defined(DILOCO_HOST_SIMD_X86)
+namespace {
+
+// A pass's state: theta_global, momentum, the replica and the merges' buffers.
+struct apply_state {
+  std::vector<float> global, momentum, local, start, anchor, own, slots;
+  explicit apply_state(std::size_t n)
+      : global(random_values(n, 1, -6.0f, 2.0f)),
+        momentum(random_values(n, 2, -8.0f, 0.0f)),
+        local(random_values(n, 3, -6.0f, 2.0f)),
+        start(random_values(n, 4, -6.0f, 2.0f)),
+        anchor(random_values(n, 5, -6.0f, 2.0f)),
+        own(random_values(n, 6, -9.0f, -2.0f)),
+        slots(random_values(n, 7, -8.0f, 0.0f)),
+        ptrs{local.data()} {}
+  std::vector<float*> ptrs;  // the replica's one tensor
+  bool same_bits(const apply_state& o) const {
+    auto eq = [](const std::vector<float>& a, const std::vector<float>& b) {
+      for (std::size_t i = 0; i < a.size(); ++i)
+        if (bits_of(a[i]) != bits_of(b[i])) return false;
+      return true;
+    };
+    return eq(global, o.global) && eq(momentum, o.momentum) && eq(local, o.local) && eq(start, o.start) &&
+           eq(anchor, o.anchor) && eq(own, o.own) && eq(slots, o.slots);
+  }
+};
+
+// Runs the pass made by make(state, merge) block by block at the baseline
+// ISA on one state and for AVX2 on another, with each merge; the states must
+// end the same, bit for bit.
+template <class Codec, class Make>
+void apply_paths_agree(std::size_t n, Make&& make) {
+  const auto nesterov = dc::outer::nesterov::make_update({.lr = 0.7f, .momentum = 0.9f}, 3);
+  auto merges = [&](apply_state& st, auto&& body) {
+    body(dk::merge::overwrite{});
+    body(dk::merge::mix{{}, 0.25f});
+    body(dk::merge::rebase{{}, st.start.data()});
+    body(dk::merge::eager<dk::sgd_update>{{}, nesterov, st.anchor.data(), st.own.data(), st.slots.data(), n, 0.25f});
+  };
+  for (int which = 0; which < 4; ++which) {
+    apply_state a(n), b(n);
+    int k = 0;
+    merges(a, [&](auto m) {
+      if (k++ != which) return;
+      const auto pass = make(a, m, nesterov);
+      for (std::size_t blk = 0; blk < pass.blocks_count; ++blk) pass.pass.run(blk);
+    });
+    k = 0;
+    merges(b, [&](auto m) {
+      if (k++ != which) return;
+      const auto pass = make(b, m, nesterov);
+      for (std::size_t blk = 0; blk < pass.blocks_count; ++blk) pass.pass.run_avx2(blk);
+    });
+    CAPTURE(which);
+    REQUIRE(a.same_bits(b));
+  }
+}
+
+template <class P>
+struct counted {
+  P pass;
+  std::size_t blocks_count;
+};
+
+template <class Codec>
+void decode_apply_paths() {
+  const Codec codec{};
+  const std::size_t n = 5 * Codec::block + 7;  // a partial block at the end
+  const cp::block_layout layout({n}, Codec::block, 1);
+  // A payload of every kind of block the codec meets, encoded by the codec.
+  std::vector<std::byte> payload(layout.block_count() * Codec::stride());
+  for (std::size_t b = 0; b < layout.block_count(); ++b) {
+    const std::size_t len = layout.blocks()[b].len;
+    auto v = random_values(len, static_cast<unsigned>(b) + 40, -7.0f, 1.0f);
+    if (b == 1) v.assign(len, 0.0f);
+    if (b == 2) v = random_values(len, 9, -140.0f, -128.0f);
+    if (b == 3) v[0] = std::numeric_limits<float>::infinity();
+    std::vector<float> dq(len);
+    codec.encode(v.data(), len, payload.data() + b * Codec::stride(), dq.data(), 1, 0);
+  }
+  std::vector<std::size_t> offsets{0};
+  apply_paths_agree<Codec>(n, [&](apply_state& st, auto m, const dk::sgd_update& u) {
+    using M = decltype(m);
+    return counted<dk::decode_apply<Codec, dk::sgd_update, M>>{
+        {codec, u, layout.blocks(), {st.ptrs.data(), offsets.data()}, payload.data(), Codec::stride(), st.global.data(),
+         st.momentum.data(), n, m},
+        layout.block_count()};
+  });
+  // The gathered form: three ranks' payloads (the same bytes, read three times).
+  std::vector<const std::byte*> three(3, payload.data());
+  apply_paths_agree<Codec>(n, [&](apply_state& st, auto m, const dk::sgd_update& u) {
+    using M = decltype(m);
+    return counted<dk::gathered_decode_apply<Codec, dk::sgd_update, M>>{
+        {codec, u, layout.blocks(), {st.ptrs.data(), offsets.data()}, three.data(), 3, Codec::stride(),
+         st.global.data(), st.momentum.data(), n, m},
+        layout.block_count()};
+  });
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("decode-apply compiled for AVX2 gives the baseline's bits with every merge", Codec,
+                   cp::blockwise_codec<dc::fp8_e4m3, 128, cp::round_nearest>,
+                   cp::blockwise_codec<dc::fp4_e3m0, 128, cp::round_nearest>,
+                   cp::blockwise_codec<dc::int2, 128, cp::round_nearest>,
+                   cp::blockwise_codec<dc::int8, 128, cp::round_nearest>,
+                   cp::cast_codec<dc::bf16, cp::round_nearest>,
+                   cp::chunk_topk_codec<64, 8, dc::int2, cp::round_nearest>) {
+  if (!dk::host_simd::enabled()) return;  // this CPU runs only the baseline: nothing to compare
+  decode_apply_paths<Codec>();
+}
+#endif

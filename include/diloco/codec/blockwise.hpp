@@ -194,11 +194,17 @@ struct blockwise_codec {
     // Normal scales (and NaN/inf factors, which must stay visibly
     // non-finite) multiply; tiny blocks take dequantize()'s exact path.
     if (elements::plain(t)) {
-#if !defined(__CUDA_ARCH__)
-      if constexpr (table_decode) return decode_by_table(q, len, t.scale, dq);
-#endif
       if constexpr (Format::bits == 8) {
-        for (std::size_t j = 0; j < len; ++j) dq[j] = elements::decode_plain(static_cast<unsigned>(q[j]), t);
+        if constexpr (requires(std::uint32_t c) { kernels::grid_t<Format>::value_branchless(c); }) {
+          // fp8: each code's value without a branch (the grid's value() takes
+          // one on the exponent field), so the loop vectorizes.
+          const float scale = t.scale;
+          const auto* DILOCO_RESTRICT bytes = reinterpret_cast<const unsigned char*>(q);
+          float* DILOCO_RESTRICT d = dq;
+          for (std::size_t j = 0; j < len; ++j) d[j] = kernels::grid_t<Format>::value_branchless(bytes[j]) * scale;
+        } else {
+          for (std::size_t j = 0; j < len; ++j) dq[j] = elements::decode_plain(static_cast<unsigned>(q[j]), t);
+        }
       } else {
         // Whole bytes, their codes unpacked with constant shifts (so the
         // loop vectorizes), then the partial byte.
@@ -366,9 +372,6 @@ struct blockwise_codec {
   /// small floats, whose rounding finds two neighbours per element with
   /// branches (int2's and the integer grids' already vectorize).
   static constexpr bool fused_nearest = requires(float y, unsigned c) { kernels::grid_t<Format>::round_nearest_code(y, c); };
-  /// Whether the host decodes by packed_codes' byte table: fp8, whose
-  /// value() takes a branch per code (fp4's and int2's vectorize as they are).
-  static constexpr bool table_decode = fused_nearest && Format::bits == 8;
   /// clean_prefix's test of the small floats: the magnitudes above max_code
   /// are those that have every bit of max_code + 1.
   DILOCO_HD static constexpr bool minifloat_pattern_holds() {
@@ -408,19 +411,6 @@ struct blockwise_codec {
     if (used < value_bytes) std::memset(bytes + used, 0, value_bytes - used);
     return true;
   }
-  /// decode()'s plain case (value(code) * scale) by packed_codes' byte table.
-  static void decode_by_table(const std::byte* q, std::size_t len, float scale, float* dq) {
-    const auto& t = packed_codes::values_of_bytes<Format>();
-    const auto* bytes = reinterpret_cast<const unsigned char*>(q);
-    float* DILOCO_RESTRICT d = dq;
-    const std::size_t full = len / per_byte;
-    for (std::size_t p = 0; p < full; ++p) {
-      const float* tv = t.v[bytes[p]];
-      for (std::size_t i = 0; i < per_byte; ++i) d[p * per_byte + i] = tv[i] * scale;
-    }
-    for (std::size_t j = full * per_byte; j < len; ++j) d[j] = t.v[bytes[j / per_byte]][j % per_byte] * scale;
-  }
-
   /// The code of element j.
   DILOCO_HD static unsigned code(const std::byte* q, std::size_t j) {
     if constexpr (Format::bits == 8)

@@ -1,14 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-// Host helpers of the block codecs' codes (compress/blockwise.hpp):
-// packing a block's codes a 64-bit word at a time, and decoding them by a
-// table that holds, for each of the 256 byte values, the grid values of the
-// codes in it. Both give what the code-by-code loops give (the table is
-// filled by the grid's own value()), only without a loop or a branch per
-// code: packing 8 codes takes a handful of shifts and masks, and a code's
-// value is one load (fp8's value() takes a branch on the exponent field).
-// Host only: the device passes pack and decode a group of codes per thread
+// Host helper of the block codecs' codes (codec/blockwise.hpp): packing a
+// block's codes a 64-bit word at a time, which gives what the code-by-code
+// loop gives without a loop per code (8 codes take a handful of shifts and
+// masks). Decoding needs no table: the small floats' codes have a
+// branch-free value (minifloat_grid::value_branchless) whose loops vectorize
+// (a 256-entry table's loads did not, and were slower; issue 46). Host
+// only: the device passes pack and decode a group of codes per thread
 // (kernels/codec_elements.hpp).
 
 #include <bit>
@@ -63,28 +62,6 @@ inline std::size_t pack(const unsigned char* c, std::size_t n, unsigned char* ou
     }
     return used;
   }
-}
-
-/// For each byte value, the grid values of the 8 / Bits codes in it, from
-/// the low bits (element i of the byte in v[byte][i]).
-template <int Bits>
-struct byte_values {
-  alignas(4 * (8 / Bits) <= 16 ? 4 * (8 / Bits) : 16) float v[256][8 / Bits];  ///< the values, by byte and position
-};
-
-/// The table of a block format (filled once, on first use, by its grid's value()).
-template <class Format>
-inline const byte_values<Format::bits>& values_of_bytes() {
-  constexpr int bits = Format::bits;
-  static const byte_values<bits> table = [] {
-    byte_values<bits> t{};
-    constexpr auto g = kernels::grid<Format>();
-    constexpr unsigned mask = (1u << bits) - 1u;
-    for (unsigned b = 0; b < 256; ++b)
-      for (unsigned i = 0; i < 8 / bits; ++i) t.v[b][i] = g.value((b >> (i * bits)) & mask);
-    return t;
-  }();
-  return table;
 }
 
 }  // namespace diloco::compress::packed_codes

@@ -346,8 +346,20 @@ struct gathered_decode_apply {
   ///@}
 
   /// Block b: decoded from every payload, summed in rank order, divided by M, then the outer
-  /// step and the merge.
+  /// step and the merge. On the host, compiled for AVX2 too and chosen at run time
+  /// (host_simd::enabled(): the same operations, no FMA, the same bits).
   DILOCO_HD void operator()(std::size_t b) const {
+#if defined(DILOCO_HOST_SIMD_X86)
+    if (host_simd::enabled()) return run_avx2(b);
+#endif
+    run(b);
+  }
+#if defined(DILOCO_HOST_SIMD_X86)
+  /// run() compiled for AVX2.
+  __attribute__((target("avx2"))) void run_avx2(std::size_t b) const { run(b); }
+#endif
+  /// Block b at the baseline ISA (what operator() runs).
+  DILOCO_HD DILOCO_FORCEINLINE void run(std::size_t b) const {
     const compress::block_ref blk = blocks[b];
     const std::size_t off = tensors.offset[blk.tensor] + blk.start;
     float* local = tensors.local[blk.tensor] + blk.start;
@@ -398,8 +410,21 @@ struct decode_apply {
   Merge merge{};  ///< how theta_global reaches the replica (kernels/merge.hpp)
   ///@}
 
-  /// Block b: decoded, then the outer step and the merge.
+  /// Block b: decoded, then the outer step and the merge. On the host, compiled for AVX2
+  /// too and chosen at run time (host_simd::enabled(): the same operations, no FMA, the
+  /// same bits).
   DILOCO_HD void operator()(std::size_t b) const {
+#if defined(DILOCO_HOST_SIMD_X86)
+    if (host_simd::enabled()) return run_avx2(b);
+#endif
+    run(b);
+  }
+#if defined(DILOCO_HOST_SIMD_X86)
+  /// run() compiled for AVX2.
+  __attribute__((target("avx2"))) void run_avx2(std::size_t b) const { run(b); }
+#endif
+  /// Block b at the baseline ISA (what operator() runs).
+  DILOCO_HD DILOCO_FORCEINLINE void run(std::size_t b) const {
     const compress::block_ref blk = blocks[b];
     const std::size_t off = tensors.offset[blk.tensor] + blk.start;
     float dq[Codec::block];
