@@ -16,8 +16,11 @@
 //    pass's block, every blockwise format and cast<bf16>) against the same element definitions, each
 //    dispatch path this machine runs (the baseline ISA and AVX2) forced in
 //    turn, and the branch-free code values against value() for every code;
-//  - decode-apply and the gathered aggregate-apply compiled for AVX2 against
-//    their baseline compilation (the portable code), every merge;
+//  - decode-apply, the gathered aggregate-apply and the encode pass's
+//    portable code compiled for AVX2 against their baseline compilation
+//    (every merge; chunk_topk, fp16, stochastic codecs);
+//  - chunk_topk's selection (its shortcuts for crowded bins included)
+//    against a full sort;
 //  - the receiver's structure check of a payload (compress::first_bad_block,
 //    whole blocks a run at a time, on each path) against check() block by
 //    block.
@@ -797,7 +800,52 @@ void decode_apply_paths() {
   });
 }
 
+// The encode pass's portable code compiled for AVX2 (what runs where no
+// fused loop takes a block) against its baseline compilation: payload,
+// residual and norm bits, with and without error feedback.
+template <class Codec>
+void encode_paths() {
+  const Codec codec{};
+  const std::size_t n = 3 * Codec::block + 5;
+  const cp::block_layout layout({n}, Codec::block, 1);
+  std::vector<float> global = random_values(n, 11, -7.0f, 1.0f), local = random_values(n, 12, -7.0f, 1.0f);
+  std::vector<float> residual = random_values(n, 13, -9.0f, -3.0f);
+  global[5] = std::numeric_limits<float>::infinity();  // a non-finite block too
+  std::vector<float*> ptrs{local.data()};
+  std::vector<std::size_t> offsets{0};
+  for (int ef = 0; ef < 2; ++ef) {
+    std::vector<std::byte> pa(layout.block_count() * Codec::stride()), pb(pa.size());
+    std::vector<float> na(n, -1.0f), nb(n, -2.0f);
+    auto pass = [&](std::vector<std::byte>& payload, std::vector<float>& next) {
+      return dk::encode_pseudo_gradient<Codec>{codec, layout.blocks(), {ptrs.data(), offsets.data()}, global.data(),
+                                               ef ? residual.data() : nullptr, ef ? next.data() : nullptr,
+                                               payload.data(), Codec::stride(), 5, 0.95f};
+    };
+    const auto a = pass(pa, na);
+    const auto b = pass(pb, nb);
+    for (std::size_t blk = 0; blk < layout.block_count(); ++blk) {
+      const dk::sums2 x = a.portable(blk), y = b.portable_avx2(blk);
+      REQUIRE(dbits(x.a) == dbits(y.a));
+      REQUIRE(dbits(x.b) == dbits(y.b));
+    }
+    REQUIRE(std::memcmp(pa.data(), pb.data(), pa.size()) == 0);
+    if (ef)
+      for (std::size_t i = 0; i < n; ++i) REQUIRE(bits_of(na[i]) == bits_of(nb[i]));
+  }
+}
+
 }  // namespace
+
+TEST_CASE_TEMPLATE("the encode pass's portable code compiled for AVX2 gives the baseline's bits", Codec,
+                   cp::chunk_topk_codec<64, 8, dc::int2, cp::round_nearest>,
+                   cp::chunk_topk_codec<100, 7, dc::fp8_e4m3, cp::stochastic_rounding>,
+                   cp::cast_codec<dc::fp16, cp::round_nearest>,
+                   cp::cast_codec<dc::bf16, cp::stochastic_rounding>,
+                   cp::blockwise_codec<dc::fp8_e5m2, 128, cp::stochastic_rounding>,
+                   cp::blockwise_codec<dc::int4, 128, cp::round_nearest>) {
+  if (!dk::host_simd::enabled()) return;  // this CPU runs only the baseline: nothing to compare
+  encode_paths<Codec>();
+}
 
 TEST_CASE_TEMPLATE("decode-apply compiled for AVX2 gives the baseline's bits with every merge", Codec,
                    cp::blockwise_codec<dc::fp8_e4m3, 128, cp::round_nearest>,

@@ -167,19 +167,30 @@ struct chunk_topk_codec {
     // Two histograms, even and odd positions: the counts of neighbours in
     // one bin (most of a chunk's magnitudes share a few) do not wait on
     // each other's stores.
-    std::uint16_t count[2][bins] = {};
-    for (std::size_t j = 0; j + 1 < len; j += 2) {
-      ++count[0][magnitude(j) >> shift];
-      ++count[1][magnitude(j + 1) >> shift];
-    }
-    if (len % 2) ++count[0][magnitude(len - 1) >> shift];
+    std::uint16_t count[2][bins];
     std::uint32_t largest = 0;  // where the scan down the bins starts: most bins above are empty
     for (std::size_t j = 0; j < len; ++j) largest = magnitude(j) > largest ? magnitude(j) : largest;
     unsigned bin = largest >> shift;
+    // When the top bin alone holds n or more (nearly equal magnitudes, as a
+    // flat chunk has), it is the bin, found by one counting pass that
+    // vectorizes instead of the histogram (whose counts of one crowded bin
+    // wait on each other's stores).
+    std::size_t in_top = 0;
+    for (std::size_t j = 0; j < len; ++j) in_top += (magnitude(j) >> shift) == bin;
     std::size_t above = 0;  // elements in the bins above `bin`
-    while (above + count[0][bin] + count[1][bin] < n) above += count[0][bin] + count[1][bin], --bin;
+    std::size_t in_bin = in_top;
+    if (in_top < n) {
+      for (auto& row : count)
+        for (auto& x : row) x = 0;
+      for (std::size_t j = 0; j + 1 < len; j += 2) {
+        ++count[0][magnitude(j) >> shift];
+        ++count[1][magnitude(j + 1) >> shift];
+      }
+      if (len % 2) ++count[0][magnitude(len - 1) >> shift];
+      while (above + count[0][bin] + count[1][bin] < n) above += count[0][bin] + count[1][bin], --bin;
+      in_bin = count[0][bin] + count[1][bin];
+    }
     const std::size_t need = n - above;  // of the bin's elements, in [1, its count]
-    const std::size_t in_bin = count[0][bin] + count[1][bin];
     auto greater = [](std::uint64_t a, std::uint64_t b) { return a > b; };
     // The keys of every element in the bin or above, in position order
     // (compacted without branches: store always, move on when it counts;
@@ -235,13 +246,21 @@ struct chunk_topk_codec {
     for (const unsigned field : {9u, 0u}) {
       const unsigned width = field == 9u ? 11u : 9u;
       auto part = [&](std::uint64_t k) { return static_cast<unsigned>(k >> (32 + field)) & ((1u << width) - 1u); };
-      std::uint16_t* sub = count[0];
-      for (unsigned b = 0; b < (1u << width); ++b) sub[b] = 0;
-      for (std::size_t i = 0; i < c; ++i) ++sub[part(idx[i])];
-      unsigned sb = (1u << width) - 1u;
-      std::size_t higher = 0;
-      while (higher + sub[sb] < left) higher += sub[sb--];
-      left -= higher;
+      // The top sub-bin, and whether it alone holds what is left (as above).
+      unsigned sb = 0;
+      for (std::size_t i = 0; i < c; ++i) sb = part(idx[i]) > sb ? part(idx[i]) : sb;
+      std::size_t in_sb = 0;
+      for (std::size_t i = 0; i < c; ++i) in_sb += part(idx[i]) == sb;
+      if (in_sb < left) {
+        std::uint16_t* sub = count[0];
+        std::uint16_t* sub2 = count[1];
+        for (unsigned b = 0; b < (1u << width); ++b) sub[b] = 0, sub2[b] = 0;
+        for (std::size_t i = 0; i + 1 < c; i += 2) ++sub[part(idx[i])], ++sub2[part(idx[i + 1])];
+        if (c % 2) ++sub[part(idx[c - 1])];
+        std::size_t higher = 0;
+        while (higher + sub[sb] + sub2[sb] < left) higher += sub[sb] + sub2[sb], --sb;
+        left -= higher;
+      }
       std::size_t kept = 0;
       for (std::size_t i = 0; i < c; ++i) {
         const std::uint64_t ki = idx[i];
@@ -250,9 +269,9 @@ struct chunk_topk_codec {
       }
       c = kept;
     }
-    const std::size_t need_here = left;
-    std::nth_element(idx, idx + (need_here - 1), idx + c, greater);
-    const std::uint64_t threshold = idx[need_here - 1];
+    // What is left holds one magnitude, its keys in position order, so in
+    // decreasing order: the left-th of them is the smallest selected key.
+    const std::uint64_t threshold = idx[left - 1];
     std::size_t e = 0;
     for (std::size_t j = 0; j < len && e < n; ++j) {
       const std::uint32_t m = magnitude(j);

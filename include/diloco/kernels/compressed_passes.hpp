@@ -165,11 +165,23 @@ struct encode_pseudo_gradient {
       }
     }
 #endif
+#if defined(DILOCO_HOST_SIMD_X86)
+    if (host_simd::enabled()) return portable_avx2(b);
+#endif
     return portable(b);
   }
 
   /// Block b by the portable code (what every other path must equal).
-  DILOCO_HD sums2 portable(std::size_t b) const {
+  DILOCO_HD sums2 portable(std::size_t b) const { return portable_body(b); }
+#if defined(DILOCO_HOST_SIMD_X86)
+  /// The portable code compiled for AVX2 (what operator() runs where no
+  /// other form takes the block and the CPU has it: chunk_topk, fp16, the
+  /// stochastic codecs, partial blocks; the same operations, no FMA, the
+  /// same bits).
+  __attribute__((target("avx2"))) sums2 portable_avx2(std::size_t b) const { return portable_body(b); }
+#endif
+  /// The portable code's body.
+  DILOCO_HD DILOCO_FORCEINLINE sums2 portable_body(std::size_t b) const {
     const compress::block_ref blk = blocks[b];
     const std::size_t off = tensors.offset[blk.tensor] + blk.start;
     const float* DILOCO_RESTRICT local = tensors.local[blk.tensor] + blk.start;
