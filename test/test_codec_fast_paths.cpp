@@ -602,6 +602,8 @@ TEST_CASE_TEMPLATE("the fused block loops (reduce, encode) equal the element def
                    cp::blockwise_codec<dc::int8, 128, cp::round_nearest>,
                    cp::blockwise_codec<dc::fp8_e4m3, 40, cp::round_nearest>,
                    cp::blockwise_codec<dc::int2, 24, cp::round_nearest>,
+                   cp::blockwise_codec<dc::int2, 40, cp::round_nearest>,
+                   cp::blockwise_codec<dc::fp4_e3m0, 40, cp::round_nearest>,
                    cp::blockwise_codec<dc::fp4_e3m0, 1024, cp::round_nearest>,
                    cp::cast_codec<dc::bf16, cp::round_nearest>, cp::cast_codec<dc::bf16, cp::round_nearest, 16>) {
   fused_encode_against_elements<Codec>();

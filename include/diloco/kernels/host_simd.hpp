@@ -536,11 +536,16 @@ struct block_loops : dispatch<block_loops<Format, B, L>> {
       if (!(kernels::scale_is_normal(amax, levels) || !(amax - amax == 0.0f) || amax == 0.0f)) return false;
       scales[k] = amax / levels;
     }
+    // Sub-byte codes are summed, averaged and re-rounded in plane order
+    // (element per_byte * p + i at i * B / per_byte + p: code i of every
+    // byte, which a loop of byte shifts unpacks and packs); every step but
+    // the norm is element by element, so the order changes nothing, and the
+    // norm takes its elements back in order.
     alignas(64) float acc[B];
     alignas(64) unsigned char c[B];
-    accumulate<true>(acc, unpack(reinterpret_cast<const unsigned char*>(in[0] + 4), c), scales[0]);
+    accumulate<true>(acc, planes(reinterpret_cast<const unsigned char*>(in[0] + 4), c), scales[0]);
     for (int k = 1; k < world; ++k)
-      accumulate<false>(acc, unpack(reinterpret_cast<const unsigned char*>(in[k] + 4), c), scales[k]);
+      accumulate<false>(acc, planes(reinterpret_cast<const unsigned char*>(in[k] + 4), c), scales[k]);
     // For M a power of two, x * (1 / M) is x / M (the same real number, rounded once).
     const auto m = static_cast<float>(world);
     if ((world & (world - 1)) == 0) {
@@ -550,10 +555,70 @@ struct block_loops : dispatch<block_loops<Format, B, L>> {
       for (std::size_t j = 0; j < B; ++j) acc[j] = acc[j] / m;
     }
     alignas(64) float dq[B];
-    if (!quantize(acc, out, dq)) return false;
-    norm_sq = squares(dq);
+    if constexpr (bits == 8) {
+      if (!quantize(acc, out, dq)) return false;
+      norm_sq = squares(dq);
+    } else {
+      const float amax = kernels::block_amax(acc, B);
+      float inv, scale;
+      if (!terms(amax, inv, scale)) return false;
+      std::memcpy(out, &amax, 4);
+      round_block(acc, inv, scale, c, dq);
+      pack_planes(c, reinterpret_cast<unsigned char*>(out + 4));
+      alignas(64) float ordered[B];
+      for (std::size_t p = 0; p < plane; ++p)
+        for (std::size_t i = 0; i < per_byte; ++i) ordered[per_byte * p + i] = dq[i * plane + p];
+      norm_sq = squares(ordered);
+    }
     return true;
   }
+
+  /// The codes of a whole block in plane order: code i of value byte p at
+  /// c[i * B / per_byte + p] (8-bit codes are read in place).
+  DILOCO_FORCEINLINE static const unsigned char* planes(const unsigned char* DILOCO_RESTRICT in,
+                                                        unsigned char* DILOCO_RESTRICT c) {
+    if constexpr (bits == 8) {
+      (void)c;
+      return in;
+    } else {
+      // Eight value bytes at a time: a 64-bit word shifted right by
+      // bits * i holds code i of each byte in that byte's low bits.
+      for (std::size_t w = 0; w < plane / 8; ++w) {
+        std::uint64_t x;
+        std::memcpy(&x, in + 8 * w, 8);
+        for (std::size_t i = 0; i < per_byte; ++i) {
+          const std::uint64_t y = (x >> (bits * i)) & low;
+          std::memcpy(c + i * plane + 8 * w, &y, 8);
+        }
+      }
+      for (std::size_t p = plane / 8 * 8; p < plane; ++p)  // the bytes after the last whole word
+        for (std::size_t i = 0; i < per_byte; ++i)
+          c[i * plane + p] = static_cast<unsigned char>((in[p] >> (bits * i)) & ((1u << bits) - 1u));
+      return c;
+    }
+  }
+  /// planes()' inverse: the value bytes of codes c in plane order.
+  DILOCO_FORCEINLINE static void pack_planes(const unsigned char* DILOCO_RESTRICT c, unsigned char* DILOCO_RESTRICT out) {
+    for (std::size_t w = 0; w < plane / 8; ++w) {
+      std::uint64_t x = 0;
+      for (std::size_t i = 0; i < per_byte; ++i) {
+        std::uint64_t y;
+        std::memcpy(&y, c + i * plane + 8 * w, 8);
+        x |= y << (bits * i);  // each byte's code is below 2^bits: nothing crosses into the next byte
+      }
+      std::memcpy(out + 8 * w, &x, 8);
+    }
+    for (std::size_t p = plane / 8 * 8; p < plane; ++p) {
+      unsigned byte = 0;
+      for (std::size_t i = 0; i < per_byte; ++i) byte |= static_cast<unsigned>(c[i * plane + p]) << (bits * i);
+      out[p] = static_cast<unsigned char>(byte);
+    }
+  }
+  ///@{
+  /// Codes per value byte, value bytes per block (a plane's codes), a code's mask in every byte.
+  static constexpr std::size_t per_byte = 8 / bits, plane = B / per_byte;
+  static constexpr std::uint64_t low = 0x0101010101010101ULL * ((1u << bits) - 1u);
+  ///@}
 
   /// encode_pseudo_gradient's block: v = (g - l) + e (v = g - l without a
   /// residual) encoded into `out`; with `next`, the new residual
