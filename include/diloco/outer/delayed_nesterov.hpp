@@ -32,8 +32,9 @@ namespace diloco::outer {
 /// outer::nesterov (torch.optim.SGD(nesterov=True)) bit for bit: m starts at
 /// zero, so the first step sets m = d. Defaults lr 0.7, momentum 0.9, N = 2.
 /// The step count t is the fragment's outer step count, which checkpoints
-/// keep; m and a are the two state slots. Not for sync::eager (whose
-/// vectorized step takes one momentum slot).
+/// keep; m and a are the two state slots. Any schedule takes it (it is an
+/// outer optimizer like the others); it was written, tested and measured
+/// for one_step_delay.
 struct delayed_nesterov {
   /// The hyper-parameters, set with designated initializers ({.period = 3}).
   struct options {
