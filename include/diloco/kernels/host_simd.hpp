@@ -499,12 +499,17 @@ struct block_loops : dispatch<block_loops<Format, B, L>> {
   /// x[0, B) rounded against inv and scale: the codes into c, dq into d.
   DILOCO_FORCEINLINE static void round_block(const float* DILOCO_RESTRICT x, float inv, float scale,
                                              unsigned char* DILOCO_RESTRICT c, float* DILOCO_RESTRICT d) {
+    // The codes as 32-bit words first, narrowed to bytes in a loop of their
+    // own: one loop that rounds a vector at a time and one that packs,
+    // rather than one that rounds four vectors per byte vector and spills.
+    alignas(64) std::uint32_t wide[B];
     for (std::size_t j = 0; j < B; ++j) {
       std::uint32_t cj;
       const float r = round_code(x[j] * inv, cj);
-      c[j] = static_cast<unsigned char>(cj);
+      wide[j] = cj;
       d[j] = r * scale;
     }
+    for (std::size_t j = 0; j < B; ++j) c[j] = static_cast<unsigned char>(wide[j]);
   }
 
   /// Quantizes x[0, B) against its amax into `out` (factor, codes) and dq
