@@ -300,12 +300,13 @@ DILOCO_AVX2 bool reduce_block(const std::byte* const* in, int world, float level
 // (decode M blocks, sum in rank order, divide by M, re-encode, the norm of
 // what it encodes) and the encode pass's block (v = (g - l) + e, encoded,
 // the new residual and both norms), each as a few loops over a whole block
-// that compilers vectorize at the baseline ISA: codes unpacked a word at a
-// time, each code's value without a branch (a table load per code does not
-// vectorize), the rounding without a branch (the grid's round_nearest_code
-// for the small floats, round<false> and code() for the integer grids),
-// the norm lanes as whole vectors, the codes packed a word at a time
-// (packed_codes::pack). The same IEEE operations per element as the
+// that compilers vectorize at the baseline ISA: each code's value without
+// a branch (a table load per code does not vectorize), the rounding without
+// a branch (the grid's round_nearest_code for the small floats, round<false>
+// and code() for the integer grids), the norm lanes as whole vectors, codes
+// packed a 64-bit word at a time (packed_codes::pack), and in the reduction
+// sub-byte codes unpacked, summed, re-rounded and packed in plane order
+// (code i of every value byte together). The same IEEE operations per element as the
 // portable pass (blockwise_codec::decode / encode and quantize_block), in
 // the same order, and the norms in the same lanes and tree, so the same
 // bytes and bits; a block whose factor leaves the common path (a tiny
@@ -400,35 +401,6 @@ struct block_loops : dispatch<block_loops<Format, B, L>> {
   static constexpr float levels = Format::levels;
   using grid_type = kernels::grid_t<Format>;
   ///@}
-
-  /// The codes of a whole block (its B * bits / 8 value bytes at `in`), one
-  /// per byte: the packing's inverse, 8 codes per 64-bit word. Returns where
-  /// they are (8-bit codes are read in place).
-  DILOCO_FORCEINLINE static const unsigned char* unpack(const unsigned char* DILOCO_RESTRICT in,
-                                                        unsigned char* DILOCO_RESTRICT c) {
-    if constexpr (bits == 8) {
-      (void)c;
-      return in;
-    } else {
-      for (std::size_t w = 0; w < B / 8; ++w) {
-        std::uint64_t x = 0;
-        std::memcpy(&x, in + static_cast<std::size_t>(bits) * w, static_cast<std::size_t>(bits));  // 8 codes
-        // Double the field count and halve each field's width until each
-        // code has a byte (packed_codes::pack's folds, undone).
-        if constexpr (bits == 4) {
-          x = (x | (x << 16)) & 0x0000ffff0000ffffULL;
-          x = (x | (x << 8)) & 0x00ff00ff00ff00ffULL;
-          x = (x | (x << 4)) & 0x0f0f0f0f0f0f0f0fULL;
-        } else {
-          x = (x | (x << 24)) & 0x000000ff000000ffULL;
-          x = (x | (x << 12)) & 0x000f000f000f000fULL;
-          x = (x | (x << 6)) & 0x0303030303030303ULL;
-        }
-        std::memcpy(c + 8 * w, &x, 8);
-      }
-      return c;
-    }
-  }
 
   /// The grid value of code c, without a branch (the grid's value()).
   DILOCO_FORCEINLINE static float value(std::uint32_t c) {
