@@ -79,6 +79,7 @@ inline constexpr bool host_simd_codec =
 /// norm lanes), and those loops.
 template <class Codec>
 inline constexpr bool host_block_codec = host_simd::fused<Codec>::value && Codec::block % norm_lanes(Codec::block) == 0;
+/// Codec's fused host block loops (host_simd::fused), with its norm lanes.
 template <class Codec>
 using host_loops = typename host_simd::fused<Codec>::template loops<norm_lanes(Codec::block)>;
 #endif

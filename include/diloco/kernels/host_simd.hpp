@@ -336,6 +336,7 @@ struct dispatch {
     return Loops::reduce(in, world, out, norm_sq);
   }
 #endif
+  /// reduce on the widest ISA the CPU runs.
   static bool reduce_any(const std::byte* const* in, int world, std::byte* out, double& norm_sq) {
 #if defined(DILOCO_HOST_SIMD_X86)
     if (enabled()) return reduce_avx2(in, world, out, norm_sq);
@@ -356,6 +357,7 @@ struct dispatch {
     return Loops::encode(g, l, e, next, decay, out, delta_sq, error_sq);
   }
 #endif
+  /// encode on the widest ISA the CPU runs.
   static bool encode_any(const float* g, const float* l, const float* e, float* next, float decay, std::byte* out,
                          double& delta_sq, double& error_sq) {
 #if defined(DILOCO_HOST_SIMD_X86)
@@ -374,8 +376,10 @@ struct block_loops;
 /// theirs with L norm lanes.
 template <class Codec>
 struct fused : std::false_type {};
+/// Blockwise codecs with round to nearest: block_loops.
 template <class Format, std::size_t B>
 struct fused<compress::blockwise_codec<Format, B, compress::round_nearest>> : std::bool_constant<B % 8 == 0> {
+  /// The loops with L norm lanes.
   template <std::size_t L>
   using loops = block_loops<Format, B, L>;
 };
@@ -383,8 +387,10 @@ struct fused<compress::blockwise_codec<Format, B, compress::round_nearest>> : st
 
 template <std::size_t B, std::size_t L>
 struct bf16_loops;
+/// cast<bf16> with round to nearest: bf16_loops.
 template <std::size_t B>
 struct fused<compress::cast_codec<bf16, compress::round_nearest, B>> : std::bool_constant<B % 8 == 0> {
+  /// The loops with L norm lanes.
   template <std::size_t L>
   using loops = bf16_loops<B, L>;
 };
