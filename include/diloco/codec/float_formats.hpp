@@ -74,12 +74,17 @@ struct fp16_format {
 /// value and subnormal (the carry moves into the exponent exactly when it
 /// should, and past the largest finite value into inf); NaN is kept quiet.
 /// Branch-free, so it vectorizes; encode_float16<bf16_format> gives the same
-/// result for every input.
-DILOCO_HD DILOCO_FORCEINLINE std::uint16_t bf16_round_nearest(float x) {
-  const std::uint32_t u = float_bits(x);
-  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+/// result for every input. This form works on the fp32 bits `u` and returns
+/// the code << 16 (the fp32 bits of the rounded value: a loop that stays in
+/// 32-bit lanes, as the low-precision mirror's, uses it directly).
+DILOCO_HD DILOCO_FORCEINLINE std::uint32_t bf16_round_nearest_wide(std::uint32_t u) {
+  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
   const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-  return static_cast<std::uint16_t>(nan ? ((u >> 16) & 0x8000u) | 0x7fc0u : rounded);
+  return nan ? (u & 0x80000000u) | 0x7fc00000u : rounded;
+}
+/// bf16_round_nearest_wide of x, as the 16-bit code.
+DILOCO_HD DILOCO_FORCEINLINE std::uint16_t bf16_round_nearest(float x) {
+  return static_cast<std::uint16_t>(bf16_round_nearest_wide(float_bits(x)) >> 16);
 }
 
 /// Rounds x to the format. `u` in [0, 1) selects stochastic rounding; a

@@ -64,9 +64,9 @@ class host_outer_mirror final : public replica_mirror {
   template <class U>
   using pinned = typename executor::template staging_buffer<U>;
   static constexpr bool low = is_low_precision_v<T>;
-  // bf16/fp16: the staging's host passes, tensor/low_precision.hpp's loops
-  // (vectorized) in pieces of this many elements.
-  static constexpr std::size_t piece = std::size_t{1} << 14;
+  // bf16/fp16: the staging's host passes run tensor/low_precision.hpp's
+  // loops over its pieces.
+  static constexpr std::size_t piece = mirror_host_pieces<T>::piece;
 
  public:
   /// S = float(T), copied from the device.

@@ -141,12 +141,6 @@ struct low_precision_ops {
   }
   // Whether code c is +inf or -inf (how an overflow shows in the replica).
   DILOCO_HD DILOCO_FORCEINLINE static bool is_inf_code(std::uint16_t c) { return (c & 0x7fffu) == format::inf; }
-  // The inf codes among n replica elements (host memory): a narrow scan.
-  static std::size_t inf_codes_in(const T* t, std::size_t n) {
-    std::size_t infinite = 0;
-    for (std::size_t i = 0; i < n; ++i) infinite += is_inf_code(t[i].bits) ? 1u : 0u;
-    return infinite;
-  }
 };
 
 /// S <- float(T) (the mirror's start).
@@ -261,13 +255,10 @@ struct mirror_host_loops {
   /// RNE of the fp32 with bits u, wide (NaN gives the quiet NaN of its
   /// sign, beyond the range gives inf).
   DILOCO_FORCEINLINE static std::uint32_t round_wide(std::uint32_t u) {
-    const std::uint32_t a = u & 0x7fffffffu;
     if constexpr (bf16) {
-      // Adding 0x7fff plus the kept part's lowest bit and truncating
-      // (kernels::bf16_round_nearest without its final shift).
-      const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-      return pick(a > 0x7f800000u, (u & 0x80000000u) | 0x7fc00000u, rounded);
+      return kernels::bf16_round_nearest_wide(u);
     } else {
+      const std::uint32_t a = u & 0x7fffffffu;
       const std::uint32_t sign = (u >> 16) & 0x8000u;
       // Normal in fp16 (|x| >= 2^-14): rebias the exponent (127 - 15) and
       // round the 13 bits dropped to nearest even; the carry reaches the
