@@ -386,6 +386,27 @@ TEST_CASE("gpu: compressed DiLoCo with AdamW and Nesterov over device tensors st
   }
 }
 
+// The bf16 tests' replica and the user's optimizer: a step written on the
+// host, and the same step on n bf16 values in device memory (copied into
+// `scratch`, stepped, copied back).
+namespace {
+std::vector<dc::bfloat16> bf16_start(std::size_t n) {
+  std::vector<dc::bfloat16> w(n);
+  for (std::size_t i = 0; i < n; ++i) w[i] = dc::bfloat16::round(0.01f * static_cast<float>(i % 97) - 0.3f);
+  return w;
+}
+void bf16_user_step(std::vector<dc::bfloat16>& w, int s) {
+  for (std::size_t i = 0; i < w.size(); ++i)
+    w[i] = dc::bfloat16::round(static_cast<float>(w[i]) * 0.99f + 0.001f * static_cast<float>((i + static_cast<std::size_t>(s)) % 7));
+}
+void bf16_user_step_on_device(dc::bfloat16* dev, std::vector<dc::bfloat16>& scratch, int s) {
+  const std::size_t bytes = scratch.size() * sizeof(dc::bfloat16);
+  REQUIRE(cudaMemcpy(scratch.data(), dev, bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
+  bf16_user_step(scratch, s);
+  REQUIRE(cudaMemcpy(dev, scratch.data(), bytes, cudaMemcpyHostToDevice) == cudaSuccess);
+}
+}  // namespace
+
 // A bf16 replica on the device (tensor/low_precision.hpp): the user's
 // optimizer (here a step written on the host and copied over) moves the
 // bf16 tensors, inner::external; the device mirror's passes give the host
@@ -395,15 +416,10 @@ TEST_CASE("gpu: compressed DiLoCo with AdamW and Nesterov over device tensors st
 TEST_CASE("gpu: a bf16 replica in device memory follows the same run over host memory") {
   constexpr std::size_t n = 1000;
   constexpr int steps = 12;
-  auto user_step = [](std::vector<dc::bfloat16>& w, int s) {
-    for (std::size_t i = 0; i < w.size(); ++i)
-      w[i] = dc::bfloat16::round(static_cast<float>(w[i]) * 0.99f + 0.001f * static_cast<float>((i + static_cast<std::size_t>(s)) % 7));
-  };
   using T = dc::algorithm<dc::inner::external, dc::outer::nesterov, dc::compress::none, dc::comm::local>;
   const dc::algorithm_options<dc::inner::external, dc::outer::nesterov, dc::compress::none, dc::sync::blocking> o{
       .inner_steps = 4};
-  std::vector<dc::bfloat16> host(n);
-  for (std::size_t i = 0; i < n; ++i) host[i] = dc::bfloat16::round(0.01f * static_cast<float>(i % 97) - 0.3f);
+  std::vector<dc::bfloat16> host = bf16_start(n);
   std::vector<dc::bfloat16> mirror_of_device = host;
   dc::bfloat16* dev = nullptr;
   REQUIRE(cudaMalloc(&dev, n * sizeof(dc::bfloat16)) == cudaSuccess);
@@ -414,11 +430,9 @@ TEST_CASE("gpu: a bf16 replica in device memory follows the same run over host m
     T on_host(host, comm, o);
     T on_device(view, comm, o);
     for (int s = 0; s < steps; ++s) {
-      user_step(host, s);
+      bf16_user_step(host, s);
       on_host.step();
-      REQUIRE(cudaMemcpy(mirror_of_device.data(), dev, n * sizeof(dc::bfloat16), cudaMemcpyDeviceToHost) == cudaSuccess);
-      user_step(mirror_of_device, s);
-      REQUIRE(cudaMemcpy(dev, mirror_of_device.data(), n * sizeof(dc::bfloat16), cudaMemcpyHostToDevice) == cudaSuccess);
+      bf16_user_step_on_device(dev, mirror_of_device, s);
       on_device.step();
     }
   }
@@ -480,15 +494,10 @@ TEST_CASE("gpu: outer_state_on_host gives the device-resident outer state's bits
 TEST_CASE("gpu: outer_state_on_host with a bf16 device replica gives the host-memory bf16 run's bits") {
   constexpr std::size_t n = 40000;  // more than two of the staging's pieces
   constexpr int steps = 12;
-  auto user_step = [](std::vector<dc::bfloat16>& w, int s) {
-    for (std::size_t i = 0; i < w.size(); ++i)
-      w[i] = dc::bfloat16::round(static_cast<float>(w[i]) * 0.99f + 0.001f * static_cast<float>((i + static_cast<std::size_t>(s)) % 7));
-  };
   using T = dc::algorithm<dc::inner::external, dc::outer::nesterov, dc::compress::none, dc::comm::local>;
   const dc::algorithm_options<dc::inner::external, dc::outer::nesterov, dc::compress::none, dc::sync::blocking> o{
       .inner_steps = 4};
-  std::vector<dc::bfloat16> host(n);
-  for (std::size_t i = 0; i < n; ++i) host[i] = dc::bfloat16::round(0.01f * static_cast<float>(i % 97) - 0.3f);
+  std::vector<dc::bfloat16> host = bf16_start(n);
   std::vector<dc::bfloat16> of_device = host;
   dc::bfloat16* dev = nullptr;
   REQUIRE(cudaMalloc(&dev, n * sizeof(dc::bfloat16)) == cudaSuccess);
@@ -500,11 +509,9 @@ TEST_CASE("gpu: outer_state_on_host with a bf16 device replica gives the host-me
     T in_host_memory(host, comm, o);
     T outer_on_host(dc::outer_state_on_host(view), comm, o);
     for (int s = 0; s < steps; ++s) {
-      user_step(host, s);
+      bf16_user_step(host, s);
       in_host_memory.step();
-      REQUIRE(cudaMemcpy(of_device.data(), dev, n * sizeof(dc::bfloat16), cudaMemcpyDeviceToHost) == cudaSuccess);
-      user_step(of_device, s);
-      REQUIRE(cudaMemcpy(dev, of_device.data(), n * sizeof(dc::bfloat16), cudaMemcpyHostToDevice) == cudaSuccess);
+      bf16_user_step_on_device(dev, of_device, s);
       outer_on_host.step();
     }
     in_host_memory.copy_global_to(global_host);
