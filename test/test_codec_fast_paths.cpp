@@ -14,8 +14,13 @@
 //  - the fused block loops of the compressed round (kernels/host_simd.hpp's
 //    block_loops and bf16_loops: the shard reduction's block and the encode
 //    pass's block, every blockwise format and cast<bf16>) against the same element definitions, each
-//    dispatch path this machine runs (the baseline ISA and AVX2) forced in
+//    dispatch path this machine runs (the baseline ISA and AVX2, and
+//    host_simd's AVX2 intrinsics for the codecs it supports) forced in
 //    turn, and the branch-free code values against value() for every code;
+//  - host_simd's AVX2 element operations (each format's rounding of every
+//    grid value, midpoint and their neighbours, its packing, its decoding
+//    of every code under normal, zero, large and non-finite factors)
+//    against the grids' definitions;
 //  - decode-apply, the gathered aggregate-apply and the encode pass's
 //    portable code compiled for AVX2 against their baseline compilation
 //    (every merge; chunk_topk, fp16, stochastic codecs);
@@ -372,6 +377,153 @@ TEST_CASE("small floats: the branch-free code values equal value() for every cod
   values_everywhere<dc::fp4_e3m0>();
 }
 
+#if defined(DILOCO_HOST_SIMD_X86)
+namespace {
+
+// host_simd's AVX2 element operations, eight at a time, called from a
+// function compiled for AVX2 (they are inlined only into such code).
+template <class Format>
+__attribute__((target("avx2"))) void round8_avx2(const float* y, float* r, std::int32_t* c) {
+  __m256i code;
+  const __m256 v = dk::host_simd::detail::ops<Format>::round8(_mm256_loadu_ps(y), code);
+  _mm256_storeu_ps(r, v);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(c), code);
+}
+template <class Format>
+__attribute__((target("avx2"))) bool decode32_avx2(const unsigned char* codes, float amax, float* out) {
+  using O = dk::host_simd::detail::ops<Format>;
+  typename O::rank rank;
+  if (!O::make_rank(amax, amax / Format::levels, rank)) return false;
+  __m256 v[4];
+  O::decode32(codes, rank, v);
+  for (int k = 0; k < 4; ++k) _mm256_storeu_ps(out + 8 * k, v[k]);
+  return true;
+}
+template <class Format>
+__attribute__((target("avx2"))) void put32_avx2(const std::int32_t* c, unsigned char* out) {
+  __m256i v[4];
+  for (int k = 0; k < 4; ++k) v[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 8 * k));
+  dk::host_simd::detail::ops<Format>::put32(out, v);
+}
+
+// The grid's rounding (round<false>, then code()) of y: the definition.
+template <class Format>
+void round_by_definition(float y, float& r, unsigned& c) {
+  constexpr auto g = dk::grid<Format>();
+  r = g.template round<false>(y, 0.0f);
+  c = g.code(r);
+}
+
+// Every input the rounding test of the small floats uses, and for the
+// integer grids their every value, midpoint and fp32 neighbours.
+template <class Format>
+std::vector<float> rounding_inputs() {
+  std::vector<float> ys = {0.0f, -0.0f, Format::levels, -Format::levels, std::nextafter(Format::levels, 1e30f),
+                           2.0f * Format::levels, 1e38f, std::numeric_limits<float>::infinity(),
+                           std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+                           std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::min(), 1e-30f};
+  std::vector<float> grid_values;
+  if constexpr (requires { Format::mantissa_bits; }) {
+    for (unsigned m = 0; m <= Format::max_code; ++m) grid_values.push_back(dk::minifloat_grid<Format>::magnitude(m));
+  } else {
+    for (float q = 0.0f; q <= Format::levels; q += 1.0f) grid_values.push_back(q);
+  }
+  for (std::size_t i = 0; i < grid_values.size(); ++i) {
+    const float a = grid_values[i];
+    ys.push_back(a);
+    for (float t : {a, i + 1 < grid_values.size() ? (a + grid_values[i + 1]) / 2.0f : a}) {
+      ys.push_back(t);
+      ys.push_back(std::nextafter(t, 0.0f));
+      ys.push_back(std::nextafter(t, 1e30f));
+    }
+  }
+  const auto spread = random_values(4000, 47, -24.0f, 18.0f);
+  ys.insert(ys.end(), spread.begin(), spread.end());
+  const std::size_t n = ys.size();
+  for (std::size_t i = 0; i < n; ++i) ys.push_back(-ys[i]);
+  while (ys.size() % 8 != 0) ys.push_back(0.5f);
+  return ys;
+}
+
+template <class Format>
+void intrinsics_against_grid() {
+  // Rounding: every input against round<false> and code().
+  const auto ys = rounding_inputs<Format>();
+  for (std::size_t i = 0; i < ys.size(); i += 8) {
+    float r[8];
+    std::int32_t c[8];
+    round8_avx2<Format>(ys.data() + i, r, c);
+    for (std::size_t k = 0; k < 8; ++k) {
+      float wr;
+      unsigned wc;
+      round_by_definition<Format>(ys[i + k], wr, wc);
+      CAPTURE(ys[i + k]);
+      REQUIRE(bits_of(r[k]) == bits_of(wr));
+      REQUIRE((static_cast<unsigned>(c[k]) & ((1u << Format::bits) - 1u)) == wc);
+    }
+  }
+  // Packing: 32 codes at random, against the layout's definition.
+  std::mt19937 rng(48);
+  for (int trial = 0; trial < 64; ++trial) {
+    std::int32_t c[32];
+    std::vector<unsigned char> codes(32);
+    for (int j = 0; j < 32; ++j) {
+      codes[static_cast<std::size_t>(j)] = static_cast<unsigned char>(rng() & ((1u << Format::bits) - 1u));
+      // The integer grids hand put32 their values (two's complement), the others their codes.
+      c[j] = codes[static_cast<std::size_t>(j)];
+      if constexpr (std::is_same_v<Format, dc::int8> || std::is_same_v<Format, dc::int4>)
+        c[j] = static_cast<std::int32_t>(dk::grid<Format>().value(codes[static_cast<std::size_t>(j)]));
+    }
+    if constexpr (std::is_same_v<Format, dc::int8> || std::is_same_v<Format, dc::int4>)
+      for (int j = 0; j < 32; ++j)  // the code -L - 1 is never written: keep to the values
+        if (c[j] < -static_cast<std::int32_t>(Format::levels)) c[j] = 0, codes[static_cast<std::size_t>(j)] = 0;
+    unsigned char out[32 + 8];
+    std::memset(out, 0xa5, sizeof out);
+    put32_avx2<Format>(c, out);
+    const auto want = pack_by_definition<Format::bits>(codes);
+    for (std::size_t p = 0; p < want.size(); ++p) REQUIRE(out[p] == want[p]);
+    REQUIRE(out[want.size()] == 0xa5);
+  }
+  // Decoding: every code at every lane against value(q) * scale (the
+  // element's decode), for factors normal, zero, large and non-finite.
+  using C = cp::blockwise_codec<Format, 32, cp::round_nearest>;
+  using E = dk::codec_elements<C>;
+  for (float amax : {1.0f, 3.5e-3f, 0.0f, 9.0e3f, 2.0e5f, 3.0e38f, std::numeric_limits<float>::infinity(),
+                     std::numeric_limits<float>::quiet_NaN()}) {
+    for (unsigned first = 0; first < (1u << Format::bits); first += 32 / (8 / Format::bits) / 4 + 1) {
+      std::vector<std::byte> blk(C::stride());
+      std::memcpy(blk.data(), &amax, 4);
+      for (std::size_t p = 4; p < blk.size(); ++p)
+        blk[p] = static_cast<std::byte>(p == 4 ? first : rng());
+      float got[32];
+      CAPTURE(amax);
+      const bool ok = decode32_avx2<Format>(reinterpret_cast<const unsigned char*>(blk.data() + 4), amax, got);
+      // Where the multiplier or the table is exact, the form must take the block.
+      if (std::fabs(amax) < 1e4f) REQUIRE(ok);
+      if (!ok) continue;
+      for (std::size_t j = 0; j < 32; ++j) {
+        typename E::code q[E::group];
+        E::codes(blk.data(), j - j % E::group, q);
+        CAPTURE(j);
+        REQUIRE(bits_of(got[j]) == bits_of(E::decode(q[j % E::group], amax)));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("host SIMD element operations (rounding, packing, decoding) equal the grids' definitions") {
+  if (!dk::host_simd::enabled()) return;  // this CPU runs only the baseline: nothing to run
+  intrinsics_against_grid<dc::fp8_e4m3>();
+  intrinsics_against_grid<dc::fp8_e5m2>();
+  intrinsics_against_grid<dc::fp4_e3m0>();
+  intrinsics_against_grid<dc::int2>();
+  intrinsics_against_grid<dc::int4>();
+  intrinsics_against_grid<dc::int8>();
+}
+#endif
+
 #if defined(DILOCO_HOST_BLOCK_LOOPS)
 namespace {
 
@@ -394,34 +546,61 @@ std::uint64_t dbits(double x) {
   return b;
 }
 
-// A dispatch path of block_loops: the baseline ISA's compilation, or AVX2's.
-enum class path { baseline, avx2 };
+// A path of the compressed round's block passes: block_loops compiled for
+// the baseline ISA or for AVX2, or (for the codecs host_simd::supports)
+// host_simd's AVX2 intrinsics, which the passes run where the CPU has AVX2.
+enum class path { baseline, avx2, intrinsics };
 
+template <class Codec = void>
 std::vector<path> paths_here() {
   std::vector<path> p{path::baseline};
 #if defined(DILOCO_HOST_SIMD_X86)
-  if (dk::host_simd::enabled()) p.push_back(path::avx2);
+  if (dk::host_simd::enabled()) {
+    p.push_back(path::avx2);
+    if constexpr (!std::is_void_v<Codec>)
+      if constexpr (dk::host_simd::supports<Codec>::value && Codec::block % dk::norm_lanes(Codec::block) == 0)
+        p.push_back(path::intrinsics);
+  }
 #endif
   return p;
 }
 
-template <class Loops>
+template <class Codec, class Loops>
 bool reduce_on(path p, const std::byte* const* in, int world, std::byte* out, double& norm) {
 #if defined(DILOCO_HOST_SIMD_X86)
+  if constexpr (dk::host_simd::supports<Codec>::value && Codec::block % dk::norm_lanes(Codec::block) == 0)
+    if (p == path::intrinsics)
+      return dk::host_simd::reduce_block<typename dk::host_simd::supports<Codec>::format, Codec::block,
+                                         dk::norm_lanes(Codec::block)>(in, world, out, norm);
   if (p == path::avx2) return Loops::reduce_avx2(in, world, out, norm);
 #endif
   (void)p;
   return Loops::reduce_baseline(in, world, out, norm);
 }
 
-template <class Loops>
+template <class Codec, class Loops>
 bool encode_on(path p, const float* g, const float* l, const float* e, float* next, float decay, std::byte* out,
                double& a, double& b) {
 #if defined(DILOCO_HOST_SIMD_X86)
+  if constexpr (dk::host_simd::supports<Codec>::value && Codec::block % dk::norm_lanes(Codec::block) == 0)
+    if (p == path::intrinsics)
+      return dk::host_simd::encode_block<typename dk::host_simd::supports<Codec>::format, Codec::block,
+                                         dk::norm_lanes(Codec::block)>(g, l, e, next, decay, out, a, b);
   if (p == path::avx2) return Loops::encode_avx2(g, l, e, next, decay, out, a, b);
 #endif
   (void)p;
   return Loops::encode_baseline(g, l, e, next, decay, out, a, b);
+}
+
+// Whether the intrinsics must take a block the loops take: they also refuse
+// received blocks whose factor their decoding cannot use bit for bit (fp8
+// with a multiplier scale * 2^(127 - bias) that overflows, fp4 with a
+// non-finite factor); below 1e4 and finite, none.
+bool intrinsics_must_take(path p, const std::vector<float>& received_amax) {
+  if (p != path::intrinsics) return true;
+  for (float a : received_amax)
+    if (!(std::fabs(a) < 1e4f)) return false;
+  return true;
 }
 
 // Whether a block of this amax takes the loops' path: the common path
@@ -457,7 +636,7 @@ void fused_encode_against_elements() {
   // that v is each test block (and, without e, v = g).
   std::size_t taken = 0;
   const auto kinds = blocks_of(B, levels_of<Codec>());
-  for (path p : paths_here()) {
+  for (path p : paths_here<Codec>()) {
     for (const auto& want_v : kinds) {
       if (want_v.size() != B) continue;
       for (int with_e = 0; with_e < 2; ++with_e) {
@@ -481,8 +660,8 @@ void fused_encode_against_elements() {
           std::vector<std::byte> out(Codec::stride(), std::byte{0x5a});
           std::vector<float> next(B, -7.0f);
           double delta = -1.0, err = -1.0;
-          const bool ok = encode_on<Loops>(p, g.data(), l.data(), with_e ? e.data() : nullptr, next.data(), decay,
-                                           out.data(), delta, err);
+          const bool ok = encode_on<Codec, Loops>(p, g.data(), l.data(), with_e ? e.data() : nullptr, next.data(),
+                                                  decay, out.data(), delta, err);
           REQUIRE(ok == (!dk::codec_elements<Codec>::scaled || common_amax(amax_of(v), levels_of<Codec>())));
           if (!ok) continue;
           ++taken;
@@ -550,15 +729,17 @@ void fused_reduce_against_elements() {
     }
   }
   std::size_t taken = 0;
-  for (path p : paths_here()) {
+  for (path p : paths_here<Codec>()) {
     for (const auto& set : sets) {
       const int world = static_cast<int>(set.size());
       // The mean by definition: each element decoded (E::decode against its
       // block's factor), summed in rank order, divided by M.
       std::vector<float> mean(B, 0.0f);
       bool received_common = true;
+      std::vector<float> received_amax;
       for (int k = 0; k < world; ++k) {
         const float amax = E::factor(set[k].data());
+        received_amax.push_back(amax);
         received_common =
             received_common && (std::isnormal(amax / levels_of<Codec>()) || !std::isfinite(amax) || amax == 0.0f);
         for (std::size_t j = 0; j < B; ++j) {
@@ -575,8 +756,12 @@ void fused_reduce_against_elements() {
       double norm = -1.0;
       CAPTURE(static_cast<int>(p));
       CAPTURE(world);
-      const bool ok = reduce_on<Loops>(p, in.data(), world, out.data(), norm);
-      REQUIRE(ok == (!E::scaled || (received_common && common_amax(amax_of(mean), levels_of<Codec>()))));
+      const bool ok = reduce_on<Codec, Loops>(p, in.data(), world, out.data(), norm);
+      const bool loops_take = !E::scaled || (received_common && common_amax(amax_of(mean), levels_of<Codec>()));
+      if (intrinsics_must_take(p, received_amax))
+        REQUIRE(ok == loops_take);
+      else
+        REQUIRE((!ok || loops_take));
       if (!ok) continue;
       ++taken;
       std::vector<float> want_dq;

@@ -2,7 +2,8 @@
 // The hand-vectorised host passes (kernels/host_simd.hpp) against the
 // portable code they stand in for: the compressed round's encode
 // (encode_pseudo_gradient) and shard reduction (reduce_shard) with the
-// integer block codecs must give the same payload bytes, residual bits and
+// block codecs (int8, int4, int2, fp8 e4m3 and e5m2, fp4 e3m0) must give
+// the same payload bytes, residual bits and
 // norm bits for every block, on random layouts and on the blocks that take
 // the special paths (zero, tiny, huge, infinite, NaN, ties). The portable
 // code is in turn checked against hand-computed codes in
@@ -143,9 +144,10 @@ std::size_t check_encode(const inputs& in, const cp::block_layout& layout, bool 
       std::vector<std::byte> scratch(stride);
       std::vector<float> scratch_next(Codec::block);
       double x, y;
-      taken += dk::host_simd::encode_block<Codec::bits, Codec::block, dk::norm_lanes(Codec::block)>(
+      taken += dk::host_simd::encode_block<typename dk::host_simd::supports<Codec>::format, Codec::block,
+                                            dk::norm_lanes(Codec::block)>(
           in.global.data() + off, in.ptrs[blk.tensor] + blk.start, error_feedback ? in.residual.data() + off : nullptr,
-          scratch_next.data(), decay, Codec::levels, scratch.data(), x, y);
+          scratch_next.data(), decay, scratch.data(), x, y);
     }
 #endif
   }
@@ -195,8 +197,8 @@ std::size_t check_reduce(const std::vector<std::size_t>& sizes, int world, unsig
       for (int k = 0; k < world; ++k) in.push_back(received[static_cast<std::size_t>(k)] + b * stride);
       std::vector<std::byte> scratch(stride);
       double x;
-      taken += dk::host_simd::reduce_block<Codec::bits, Codec::block, dk::norm_lanes(Codec::block)>(
-          in.data(), world, Codec::levels, scratch.data(), x);
+      taken += dk::host_simd::reduce_block<typename dk::host_simd::supports<Codec>::format, Codec::block,
+                                            dk::norm_lanes(Codec::block)>(in.data(), world, scratch.data(), x);
     }
 #endif
   }
@@ -253,6 +255,13 @@ TEST_CASE("host SIMD encode and reduce equal the portable passes bit for bit" * 
   // 32 norm lanes: four registers of lanes and the tree across them.
   SUBCASE("int8, B = 1024") { check_codec<cp::blockwise_codec<dc::int8, 1024, cp::round_nearest>>(12, 9000); }
   SUBCASE("int4, B = 4096") { check_codec<cp::blockwise_codec<dc::int4, 4096, cp::round_nearest>>(8, 40000); }
+  SUBCASE("fp8 e4m3, B = 128") { check_codec<cp::blockwise_codec<dc::fp8_e4m3, 128, cp::round_nearest>>(40, 1500); }
+  SUBCASE("fp8 e5m2, B = 128") { check_codec<cp::blockwise_codec<dc::fp8_e5m2, 128, cp::round_nearest>>(40, 1500); }
+  SUBCASE("fp4 e3m0, B = 128") { check_codec<cp::blockwise_codec<dc::fp4_e3m0, 128, cp::round_nearest>>(40, 1500); }
+  SUBCASE("int2, B = 128") { check_codec<cp::blockwise_codec<dc::int2, 128, cp::round_nearest>>(40, 1500); }
+  SUBCASE("fp8 e4m3, B = 32") { check_codec<cp::blockwise_codec<dc::fp8_e4m3, 32, cp::round_nearest>>(30, 400); }
+  SUBCASE("int2, B = 1024") { check_codec<cp::blockwise_codec<dc::int2, 1024, cp::round_nearest>>(12, 9000); }
+  SUBCASE("fp4 e3m0, B = 4096") { check_codec<cp::blockwise_codec<dc::fp4_e3m0, 4096, cp::round_nearest>>(8, 40000); }
 }
 
 TEST_CASE("host SIMD passes take the codecs they claim and no others") {
@@ -261,6 +270,10 @@ TEST_CASE("host SIMD passes take the codecs they claim and no others") {
   CHECK(supports<cp::blockwise_codec<dc::int4, 64, cp::round_nearest>>::value);
   CHECK_FALSE(supports<cp::blockwise_codec<dc::int8, 16, cp::round_nearest>>::value);  // not whole 32-steps
   CHECK_FALSE(supports<cp::blockwise_codec<dc::int4, 128, cp::stochastic_rounding>>::value);
-  CHECK_FALSE(supports<cp::blockwise_codec<dc::int2, 128, cp::round_nearest>>::value);
-  CHECK_FALSE(supports<cp::blockwise_codec<dc::fp8_e4m3, 128, cp::round_nearest>>::value);
+  CHECK(supports<cp::blockwise_codec<dc::int2, 128, cp::round_nearest>>::value);
+  CHECK(supports<cp::blockwise_codec<dc::fp8_e4m3, 128, cp::round_nearest>>::value);
+  CHECK(supports<cp::blockwise_codec<dc::fp8_e5m2, 64, cp::round_nearest>>::value);
+  CHECK(supports<cp::blockwise_codec<dc::fp4_e3m0, 128, cp::round_nearest>>::value);
+  CHECK_FALSE(supports<cp::blockwise_codec<dc::fp8_e4m3, 40, cp::round_nearest>>::value);  // not whole 32-steps
+  CHECK_FALSE(supports<cp::blockwise_codec<dc::int2, 128, cp::stochastic_rounding>>::value);
 }

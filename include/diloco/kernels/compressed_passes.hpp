@@ -136,32 +136,37 @@ struct encode_pseudo_gradient {
   ///@}
 
   /// Block b: encodes it; returns (||delta||^2, ||v - decoded||^2). On the
-  /// host the integer codecs' whole blocks take kernels/host_simd.hpp's
-  /// hand-vectorised form where the CPU has it (the same bits).
+  /// host the blockwise codecs' whole blocks take kernels/host_simd.hpp's
+  /// intrinsics where the CPU has AVX2, else its fused loops (the same bits).
   DILOCO_HD sums2 operator()(std::size_t b) const {
-#if defined(DILOCO_HOST_SIMD_X86)
-    if constexpr (host_simd_codec<Codec>) {
-      const compress::block_ref blk = blocks[b];
-      if (blk.len == Codec::block && host_simd::enabled()) {
-        const std::size_t off = tensors.offset[blk.tensor] + blk.start;
-        sums2 s;
-        if (host_simd::encode_block<Codec::bits, Codec::block, norm_lanes(Codec::block)>(
-                global + off, tensors.local[blk.tensor] + blk.start, residual ? residual + off : nullptr,
-                new_residual ? new_residual + off : nullptr, decay, Codec::levels, payload + b * stride, s.a, s.b))
-          return s;
-      }
-    }
-#endif
 #if defined(DILOCO_HOST_BLOCK_LOOPS)
     if constexpr (host_block_codec<Codec>) {
       const compress::block_ref blk = blocks[b];
       if (blk.len == Codec::block) {
         const std::size_t off = tensors.offset[blk.tensor] + blk.start;
+        const float* g = global + off;
+        const float* l = tensors.local[blk.tensor] + blk.start;
+        const float* e = residual ? residual + off : nullptr;
+        float* next = new_residual ? new_residual + off : nullptr;
+        std::byte* out = payload + b * stride;
         sums2 s;
-        if (host_loops<Codec>::encode_any(global + off, tensors.local[blk.tensor] + blk.start,
-                                          residual ? residual + off : nullptr,
-                                          new_residual ? new_residual + off : nullptr, decay, payload + b * stride,
-                                          s.a, s.b))
+#if defined(DILOCO_HOST_SIMD_X86)
+        // With AVX2, the codecs host_simd::supports take its intrinsics
+        // (the rare block they refuse, the portable code); without, and for
+        // the others, the fused loops of the ISA the CPU runs. So only the
+        // loops' baseline form is compiled for the former.
+        if constexpr (host_simd_codec<Codec>) {
+          if (host_simd::enabled()) {
+            if (host_simd::encode_block<typename host_simd::supports<Codec>::format, Codec::block,
+                                        norm_lanes(Codec::block)>(g, l, e, next, decay, out, s.a, s.b))
+              return s;
+            return portable_avx2(b);
+          }
+          if (host_loops<Codec>::encode_baseline(g, l, e, next, decay, out, s.a, s.b)) return s;
+          return portable(b);
+        } else
+#endif
+        if (host_loops<Codec>::encode_any(g, l, e, next, decay, out, s.a, s.b))
           return s;
       }
     }
@@ -245,28 +250,32 @@ struct reduce_shard {
   ///@}
 
   /// Block b: the decoded mean, re-encoded; returns its squared norm. On
-  /// the host the integer codecs' whole blocks take kernels/host_simd.hpp's
-  /// hand-vectorised form where the CPU has it (the same bits).
+  /// the host the blockwise codecs' whole blocks take kernels/host_simd.hpp's
+  /// intrinsics where the CPU has AVX2, else its fused loops (the same bits).
   DILOCO_HD double operator()(std::size_t b) const {
-#if defined(DILOCO_HOST_SIMD_X86)
-    if constexpr (host_simd_codec<Codec>) {
-      if (blocks[b].len == Codec::block && world <= host_simd::max_world && host_simd::enabled()) {
-        const std::byte* in[host_simd::max_world];
-        for (int k = 0; k < world; ++k) in[k] = received[k] + b * stride;
-        double norm_sq;
-        if (host_simd::reduce_block<Codec::bits, Codec::block, norm_lanes(Codec::block)>(in, world, Codec::levels,
-                                                                                        payload + b * stride, norm_sq))
-          return norm_sq;
-      }
-    }
-#endif
 #if defined(DILOCO_HOST_BLOCK_LOOPS)
     if constexpr (host_block_codec<Codec>) {
       if (blocks[b].len == Codec::block && world <= host_simd::max_world) {
         const std::byte* in[host_simd::max_world];
         for (int k = 0; k < world; ++k) in[k] = received[k] + b * stride;
+        std::byte* out = payload + b * stride;
         double norm_sq;
-        if (host_loops<Codec>::reduce_any(in, world, payload + b * stride, norm_sq)) return norm_sq;
+#if defined(DILOCO_HOST_SIMD_X86)
+        // As encode_pseudo_gradient: the intrinsics with AVX2, else the
+        // loops' baseline form, for the codecs host_simd::supports.
+        if constexpr (host_simd_codec<Codec>) {
+          if (host_simd::enabled()) {
+            if (host_simd::reduce_block<typename host_simd::supports<Codec>::format, Codec::block,
+                                        norm_lanes(Codec::block)>(in, world, out, norm_sq))
+              return norm_sq;
+          } else if (host_loops<Codec>::reduce_baseline(in, world, out, norm_sq)) {
+            return norm_sq;
+          }
+          return portable(b);
+        } else
+#endif
+        if (host_loops<Codec>::reduce_any(in, world, out, norm_sq))
+          return norm_sq;
       }
     }
 #endif

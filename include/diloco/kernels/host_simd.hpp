@@ -2,24 +2,29 @@
 #pragma once
 
 // Hand-vectorised host forms of the two compute-bound passes of a
-// compressed round with the integer block codecs (blockwise<int8|int4, B>,
-// round to nearest): stage 1's encode of the pseudo-gradient
-// (kernels::encode_pseudo_gradient) and stages 3+4's shard reduction
-// (kernels::reduce_shard). Compilers vectorize neither well from the
-// portable code: the block max, the rounding and the packing of codes sit
-// in separate loops over block-local arrays, and the reduction decodes M
-// blocks through byte loads.
+// compressed round with the block codecs (blockwise<int8|int4|int2|
+// fp8_e4m3|fp8_e5m2|fp4_e3m0, B>, round to nearest): stage 1's encode of the
+// pseudo-gradient (kernels::encode_pseudo_gradient) and stages 3+4's shard
+// reduction (kernels::reduce_shard). Compilers vectorize neither well from
+// the portable code: the block max, the rounding and the packing of codes
+// sit in separate loops over block-local arrays, and the reduction decodes
+// M blocks through byte loads. Each format's element operations (decoding
+// 32 codes, rounding 8 values, packing 32 codes) are detail::ops<Format>;
+// encode_block and reduce_block are written once over them.
 //
 // Each routine does, per element, exactly the IEEE operations of the
 // portable pass (AVX2 add, sub, mul and div are correctly rounded, and no
-// FMA is enabled, so nothing is fused), and sums the norms in the same
+// FMA is enabled, so nothing is fused; where a form differs, such as fp8's
+// decoding by one multiply of the code's bits, it is the same real product
+// rounded once), and sums the norms in the same
 // lanes (norm_lanes(B) lanes, eight to a 256-bit register, then
 // lane_tree's tree), so the bytes on the wire, the residuals and the norms
 // are the same bits as the portable code's, which the tests check block by
 // block. A block they do not take returns false and the caller runs the
 // portable code: partial blocks (a tensor's last), and blocks whose amax is
 // infinite, NaN or so small (but not zero) that its scale is subnormal
-// (rare; the portable code's special paths).
+// (rare; the portable code's special paths), or a received factor the
+// format's decoding refuses (ops::make_rank).
 //
 // The library stays header-only and builds at the baseline ISA: these
 // functions carry __attribute__((target("avx2"))) and are chosen at run
@@ -53,14 +58,22 @@ namespace diloco::kernels::host_simd {
 /// stack); larger groups take the portable pass.
 inline constexpr int max_world = 64;
 
-/// Which codecs have hand-vectorised passes: blockwise int8 and int4 with
-/// round to nearest, B a multiple of 32 (whole 32-element steps; the
-/// caller also asks B to be a multiple of its norm lanes).
+/// Which codecs have hand-vectorised passes: blockwise int8, int4, int2,
+/// fp8 e4m3 and e5m2 and fp4 e3m0 with round to nearest, B a multiple of 32
+/// (whole 32-element steps; the caller also asks B to be a multiple of its
+/// norm lanes). `format` is the codec's element format.
 template <class Codec>
 struct supports : std::false_type {};
+/// blockwise_codec with round to nearest: those six formats, whole 32-element steps.
 template <class Format, std::size_t B>
 struct supports<compress::blockwise_codec<Format, B, compress::round_nearest>>
-    : std::bool_constant<(std::is_same_v<Format, int8> || std::is_same_v<Format, int4>) && B % 32 == 0> {};
+    : std::bool_constant<(std::is_same_v<Format, int8> || std::is_same_v<Format, int4> ||
+                          std::is_same_v<Format, int2> || std::is_same_v<Format, fp8_e4m3> ||
+                          std::is_same_v<Format, fp8_e5m2> || std::is_same_v<Format, fp4_e3m0>) &&
+                         B % 32 == 0> {
+  /// The codec's element format.
+  using format = Format;
+};
 
 #if defined(DILOCO_HOST_SIMD_X86)
 
@@ -118,15 +131,25 @@ DILOCO_AVX2_INLINE __m256 grid_round(__m256 y, __m256 levels, __m256 neg_levels)
   return _mm256_max_ps(r, neg_levels);
 }
 
+/// 32 int32 codes in [-128, 255] (four registers, elements 8k .. 8k + 7 in
+/// the k-th) as 32 bytes in element order: Unsigned packs 0..255 (the small
+/// floats' codes), signed packs -128..127 (the integer grids' values).
+template <bool Unsigned>
+DILOCO_AVX2_INLINE __m256i bytes32(__m256i a, __m256i b, __m256i c, __m256i d) {
+  // The packs interleave 128-bit halves, which the permutation undoes.
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  if constexpr (Unsigned)
+    return _mm256_permutevar8x32_epi32(_mm256_packus_epi16(_mm256_packus_epi32(a, b), _mm256_packus_epi32(c, d)), order);
+  else
+    return _mm256_permutevar8x32_epi32(_mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d)), order);
+}
+
 /// Codes of 32 elements (grid values as int32, four registers) into the block's code bytes:
 /// int8 one byte each, int4 two to a byte (element 2i in the low nibble).
 template <int Bits>
 DILOCO_AVX2_INLINE void put_codes32(unsigned char* out, __m256i a, __m256i b, __m256i c, __m256i d) {
-  // Saturating packs keep the values (|q| <= 127); they interleave 128-bit
-  // halves, which the permutation undoes: bytes of elements 0..31 in order.
-  const __m256i ab = _mm256_packs_epi32(a, b);
-  const __m256i cd = _mm256_packs_epi32(c, d);
-  const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, cd), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  // Saturating packs keep the values (|q| <= 127).
+  const __m256i bytes = bytes32<false>(a, b, c, d);
   if constexpr (Bits == 8) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), bytes);
   } else {
@@ -162,6 +185,202 @@ DILOCO_AVX2_INLINE void values32(const unsigned char* in, __m256* v) {
   }
 }
 
+/// A format's vector operations, for the passes below: `rank` (what
+/// decoding one received block needs of its scale), make_rank(amax, scale)
+/// (false when this form cannot decode such a block bit for bit),
+/// decode32(codes, rank, out) (value(q) * scale of 32 elements, in four
+/// registers), round8(y, code) (the grid value nearest y, ties to the even
+/// code, saturating, for finite y, and its code as int32) and
+/// put32(out, codes) (32 codes into the block's code bytes).
+template <class Format>
+struct ops;
+
+/// int8 and int4: the grid values by sign extension and a conversion, the
+/// rounding by the 1.5 * 2^23 trick.
+template <class Format>
+  requires(std::is_same_v<Format, int8> || std::is_same_v<Format, int4>)
+struct ops<Format> {
+  static constexpr int bits = Format::bits;
+  struct rank {
+    __m256 scale;
+  };
+  DILOCO_AVX2_INLINE static bool make_rank(float, float scale, rank& r) {
+    r.scale = _mm256_set1_ps(scale);
+    return true;
+  }
+  DILOCO_AVX2_INLINE static void decode32(const unsigned char* in, const rank& r, __m256* out) {
+    values32<bits>(in, out);
+    for (int k = 0; k < 4; ++k) out[k] = _mm256_mul_ps(out[k], r.scale);
+  }
+  DILOCO_AVX2_INLINE static __m256 round8(__m256 y, __m256i& code) {
+    const __m256 q = grid_round(y, _mm256_set1_ps(Format::levels), _mm256_set1_ps(-Format::levels));
+    code = _mm256_cvttps_epi32(q);
+    return q;
+  }
+  DILOCO_AVX2_INLINE static void put32(unsigned char* out, const __m256i* c) {
+    put_codes32<bits>(out, c[0], c[1], c[2], c[3]);
+  }
+};
+
+/// fp8 e4m3 and e5m2. Decoding: the code sign-extended to 32 bits and moved
+/// left by 23 - M puts its sign at fp32's and its exponent and mantissa
+/// fields under fp32's, so that those bits are value(q) * 2^-(127 - bias)
+/// exactly (normal codes as normal floats, subnormal codes as subnormal
+/// ones, the spacing matching); one multiply by scale * 2^(127 - bias) is
+/// then value(q) * scale, one rounding of the same real product (make_rank
+/// refuses a scale whose multiplier overflows, from amax ~1e5 for e4m3).
+/// Rounding: |y| clamped to L, added to and subtracted from 2^(e - M + 23),
+/// e its binade (at least the smallest normal's), which rounds it to the
+/// format's spacing there, ties to the even multiple (the even code); the
+/// magnitude code is the bits of r * 2^-(127 - bias) moved right by 23 - M.
+template <class Format>
+  requires(std::is_same_v<Format, fp8_e4m3> || std::is_same_v<Format, fp8_e5m2>)
+struct ops<Format> {
+  static constexpr int bits = 8;
+  static constexpr int M = Format::mantissa_bits, bias = Format::bias;
+  static constexpr float down = static_cast<float>(1.0 / static_cast<double>(1ull << 62) /
+                                                   static_cast<double>(1ull << (127 - bias - 62)));  // 2^-(127 - bias)
+  static constexpr float up = static_cast<float>(static_cast<double>(1ull << 62) *
+                                                 static_cast<double>(1ull << (127 - bias - 62)));  // 2^(127 - bias)
+  struct rank {
+    __m256 mult;
+  };
+  DILOCO_AVX2_INLINE static bool make_rank(float, float scale, rank& r) {
+    const float m = scale * up;
+    r.mult = _mm256_set1_ps(m);
+    return !(scale - scale == 0.0f) || m - m == 0.0f;  // a finite scale's multiplier must be finite
+  }
+  DILOCO_AVX2_INLINE static void decode32(const unsigned char* in, const rank& r, __m256* out) {
+    const __m256i keep = _mm256_set1_epi32(static_cast<int>(0x80000000u | (0x7fu << (23 - M))));
+    for (int k = 0; k < 4; ++k) {
+      const __m256i c = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(in + 8 * k)));
+      const __m256i b = _mm256_and_si256(_mm256_slli_epi32(c, 23 - M), keep);
+      out[k] = _mm256_mul_ps(_mm256_castsi256_ps(b), r.mult);
+    }
+  }
+  DILOCO_AVX2_INLINE static __m256 round8(__m256 y, __m256i& code) {
+    const __m256i sign_bit = _mm256_set1_epi32(static_cast<int>(0x80000000u));
+    const __m256 a = _mm256_min_ps(_mm256_andnot_ps(_mm256_castsi256_ps(sign_bit), y), _mm256_set1_ps(Format::levels));
+    __m256i e = _mm256_srli_epi32(_mm256_castps_si256(a), 23);
+    e = _mm256_max_epi32(e, _mm256_set1_epi32(127 + 1 - bias));
+    const __m256 magic = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(23 - M)), 23));
+    const __m256 r = _mm256_sub_ps(_mm256_add_ps(a, magic), magic);
+    const __m256i mag = _mm256_srli_epi32(_mm256_castps_si256(_mm256_mul_ps(r, _mm256_set1_ps(down))), 23 - M);
+    // y < 0 and r != 0 take the sign (zero is always +0, code 0).
+    const __m256i neg = _mm256_castps_si256(
+        _mm256_and_ps(_mm256_cmp_ps(y, _mm256_setzero_ps(), _CMP_LT_OQ), _mm256_cmp_ps(r, _mm256_setzero_ps(), _CMP_GT_OQ)));
+    code = _mm256_or_si256(mag, _mm256_and_si256(neg, _mm256_set1_epi32(0x80)));
+    return _mm256_or_ps(r, _mm256_castsi256_ps(_mm256_and_si256(neg, sign_bit)));
+  }
+  DILOCO_AVX2_INLINE static void put32(unsigned char* out, const __m256i* c) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), bytes32<true>(c[0], c[1], c[2], c[3]));
+  }
+};
+
+/// fp4 e3m0: decoding looks each magnitude up in a table of the eight
+/// value(m) * scale (vpermps), the sign ORed in (so make_rank refuses a
+/// non-finite amax, whose NaN products would keep their own sign). Rounding
+/// of |y| (clamped to L) to nearest with ties to the even code: at or above
+/// the smallest normal 2^(1 - bias), on the bit pattern (half an exponent
+/// step less one plus the exponent's lowest bit, which is the code's,
+/// then truncated); below it, 0 or 2^(1 - bias), ties to 0.
+template <class Format>
+  requires std::is_same_v<Format, fp4_e3m0>
+struct ops<Format> {
+  static constexpr int bits = 4;
+  static constexpr int bias = Format::bias;
+  struct rank {
+    __m256 table;
+  };
+  DILOCO_AVX2_INLINE static bool make_rank(float amax, float scale, rank& r) {
+    alignas(32) float t[8];
+    for (std::uint32_t m = 0; m < 8; ++m) t[m] = kernels::minifloat_grid<Format>::value_branchless(m) * scale;
+    r.table = _mm256_load_ps(t);
+    return amax - amax == 0.0f;
+  }
+  DILOCO_AVX2_INLINE static void decode32(const unsigned char* in, const rank& r, __m256* out) {
+    const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    const __m256i sign_bit = _mm256_set1_epi32(static_cast<int>(0x80000000u));
+    for (int k = 0; k < 4; ++k) {
+      std::int32_t w;
+      std::memcpy(&w, in + 4 * k, 4);
+      const __m256i c = _mm256_srlv_epi32(_mm256_set1_epi32(w), shifts);  // code of element 8k + i in lane i's low bits
+      const __m256 mag = _mm256_permutevar8x32_ps(r.table, c);                // by the low three bits
+      out[k] = _mm256_or_ps(mag, _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(c, 28), sign_bit)));
+    }
+  }
+  DILOCO_AVX2_INLINE static __m256 round8(__m256 y, __m256i& code) {
+    const __m256i sign_bit = _mm256_set1_epi32(static_cast<int>(0x80000000u));
+    const __m256 a = _mm256_min_ps(_mm256_andnot_ps(_mm256_castsi256_ps(sign_bit), y), _mm256_set1_ps(Format::levels));
+    const __m256i ab = _mm256_castps_si256(a);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(ab, 23), _mm256_set1_epi32(1));
+    const __m256i nb = _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(ab, _mm256_set1_epi32(0x3fffff)), odd),
+                                        _mm256_set1_epi32(static_cast<int>(0xff800000u)));
+    const float min_normal = kernels::minifloat_grid<Format>::value_branchless(1);
+    const __m256 sub = _mm256_and_ps(_mm256_cmp_ps(a, _mm256_set1_ps(0.5f * min_normal), _CMP_GT_OQ),
+                                     _mm256_set1_ps(min_normal));
+    const __m256 r = _mm256_blendv_ps(_mm256_castsi256_ps(nb), sub,
+                                      _mm256_cmp_ps(a, _mm256_set1_ps(min_normal), _CMP_LT_OQ));
+    // The magnitude code: the exponent field less 127 - bias, and 0 for r = 0.
+    const __m256i rb = _mm256_castps_si256(r);
+    const __m256i nz = _mm256_cmpgt_epi32(rb, _mm256_setzero_si256());
+    const __m256i mag = _mm256_and_si256(_mm256_sub_epi32(_mm256_srli_epi32(rb, 23), _mm256_set1_epi32(127 - bias)), nz);
+    const __m256i neg = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(y, _mm256_setzero_ps(), _CMP_LT_OQ)), nz);
+    code = _mm256_or_si256(mag, _mm256_and_si256(neg, _mm256_set1_epi32(0x8)));
+    return _mm256_or_ps(r, _mm256_castsi256_ps(_mm256_and_si256(neg, sign_bit)));
+  }
+  DILOCO_AVX2_INLINE static void put32(unsigned char* out, const __m256i* c) {
+    put_codes32<4>(out, c[0], c[1], c[2], c[3]);
+  }
+};
+
+/// int2: decoding looks each code up in a table of value(c) * scale, twice
+/// over (vpermps reads an index's low three bits, so a code's neighbour
+/// above it does not matter); rounding by three comparisons (y > -2,
+/// y >= 0, y > 2 count the code, as int2_grid::round's branches choose).
+template <class Format>
+  requires std::is_same_v<Format, int2>
+struct ops<Format> {
+  static constexpr int bits = 2;
+  struct rank {
+    __m256 table;
+  };
+  DILOCO_AVX2_INLINE static bool make_rank(float, float scale, rank& r) {
+    r.table = _mm256_mul_ps(_mm256_setr_ps(-3.0f, -1.0f, 1.0f, 3.0f, -3.0f, -1.0f, 1.0f, 3.0f), _mm256_set1_ps(scale));
+    return true;
+  }
+  DILOCO_AVX2_INLINE static void decode32(const unsigned char* in, const rank& r, __m256* out) {
+    const __m256i shifts = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+    for (int k = 0; k < 4; ++k) {
+      std::uint16_t w;
+      std::memcpy(&w, in + 2 * k, 2);
+      out[k] = _mm256_permutevar8x32_ps(r.table, _mm256_srlv_epi32(_mm256_set1_epi32(w), shifts));
+    }
+  }
+  DILOCO_AVX2_INLINE static __m256 round8(__m256 y, __m256i& code) {
+    const __m256i a = _mm256_castps_si256(_mm256_cmp_ps(y, _mm256_set1_ps(-2.0f), _CMP_GT_OQ));
+    const __m256i b = _mm256_castps_si256(_mm256_cmp_ps(y, _mm256_setzero_ps(), _CMP_GE_OQ));
+    const __m256i c = _mm256_castps_si256(_mm256_cmp_ps(y, _mm256_set1_ps(2.0f), _CMP_GT_OQ));
+    code = _mm256_sub_epi32(_mm256_sub_epi32(_mm256_sub_epi32(_mm256_setzero_si256(), a), b), c);
+    return _mm256_permutevar8x32_ps(_mm256_setr_ps(-3.0f, -1.0f, 1.0f, 3.0f, -3.0f, -1.0f, 1.0f, 3.0f), code);
+  }
+  DILOCO_AVX2_INLINE static void put32(unsigned char* out, const __m256i* c) {
+    // One code a byte, then (b0 + 4 b1) per 16-bit word and (w0 + 16 w1) per 32-bit one:
+    // element 4i + k at bits 2k of byte i.
+    const __m256i bytes = bytes32<true>(c[0], c[1], c[2], c[3]);
+    const __m256i words = _mm256_maddubs_epi16(bytes, _mm256_set1_epi16(0x0401));
+    const __m256i quads = _mm256_madd_epi16(words, _mm256_set1_epi32(0x00100001));
+    // The low byte of each 32-bit lane, in order: bytes 0, 4, 8, 12 of each half.
+    const __m256i gathered = _mm256_shuffle_epi8(
+        quads, _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1, -1, -1,
+                                -1, -1, -1, -1, -1, -1, -1, -1, -1));
+    const std::uint32_t lo = static_cast<std::uint32_t>(_mm_cvtsi128_si32(_mm256_castsi256_si128(gathered)));
+    const std::uint32_t hi = static_cast<std::uint32_t>(_mm_cvtsi128_si32(_mm256_extracti128_si256(gathered, 1)));
+    const std::uint64_t packed = lo | (static_cast<std::uint64_t>(hi) << 32);
+    std::memcpy(out, &packed, 8);
+  }
+};
+
 /// What quantize_into does with each element's dq: the encode pass writes
 /// the residual decay * (v - dq) (when it keeps one) and sums the squares of
 /// v - dq; the reduction sums the squares of dq.
@@ -182,24 +401,21 @@ struct decoded_sink {
 /// Quantizes the block v[0, B) (its scale common) into `codes`; each
 /// element's dq goes to sink(j, v, dq) (8 at a time), whose result's
 /// squares the L norm lanes sum.
-template <int Bits, std::size_t B, std::size_t L, class Sink>
-DILOCO_AVX2_INLINE double quantize_into(const float* v, const block_scale& s, float levels, unsigned char* codes,
-                                        const Sink& sink) {
+template <class Format, std::size_t B, std::size_t L, class Sink>
+DILOCO_AVX2_INLINE double quantize_into(const float* v, const block_scale& s, unsigned char* codes, const Sink& sink) {
   __m256 acc[L / 8];
   for (auto& a : acc) a = _mm256_setzero_ps();
   const __m256 inv = _mm256_set1_ps(s.inv), scale = _mm256_set1_ps(s.scale);
-  const __m256 lv = _mm256_set1_ps(levels), nlv = _mm256_set1_ps(-levels);
   for (std::size_t j = 0; j < B; j += 32) {
     __m256i q[4];
     for (std::size_t k = 0; k < 4; ++k) {
       const __m256 x = _mm256_loadu_ps(v + j + 8 * k);
-      const __m256 r = grid_round(_mm256_mul_ps(x, inv), lv, nlv);
-      q[k] = _mm256_cvttps_epi32(r);
+      const __m256 r = ops<Format>::round8(_mm256_mul_ps(x, inv), q[k]);
       const __m256 n = sink(j + 8 * k, x, _mm256_mul_ps(r, scale));
       __m256& a = acc[((j + 8 * k) / 8) % (L / 8)];
       a = _mm256_add_ps(a, _mm256_mul_ps(n, n));
     }
-    put_codes32<Bits>(codes + j * Bits / 8, q[0], q[1], q[2], q[3]);
+    ops<Format>::put32(codes + j * Format::bits / 8, q);
   }
   return lane_tree8<L>(acc);
 }
@@ -210,8 +426,8 @@ DILOCO_AVX2_INLINE double quantize_into(const float* v, const block_scale& s, fl
 /// into `out`, the new residual decay * (v - dq) into `next`, the sums
 /// ||g - l||^2 and ||v - dq||^2 into delta_sq and error_sq in L lanes), when
 /// its scale takes the common path; false (having written nothing) when not.
-template <int Bits, std::size_t B, std::size_t L>
-DILOCO_AVX2 bool encode_block(const float* g, const float* l, const float* e, float* next, float decay, float levels,
+template <class Format, std::size_t B, std::size_t L>
+DILOCO_AVX2 bool encode_block(const float* g, const float* l, const float* e, float* next, float decay,
                               std::byte* out, double& delta_sq, double& error_sq) {
   static_assert(B % 32 == 0 && L % 8 == 0 && B % L == 0, "whole 32-element steps and whole lanes");
   alignas(32) float v[B];
@@ -227,12 +443,12 @@ DILOCO_AVX2 bool encode_block(const float* g, const float* l, const float* e, fl
     a = _mm256_add_ps(a, _mm256_mul_ps(d, d));
     mbits = _mm256_max_epi32(mbits, _mm256_and_si256(_mm256_castps_si256(x), abs_mask));
   }
-  const detail::block_scale s = detail::scale_of(detail::max8(mbits), levels);
+  const detail::block_scale s = detail::scale_of(detail::max8(mbits), Format::levels);
   if (!s.common) return false;
   delta_sq = detail::lane_tree8<L>(acc);
   std::memcpy(out, &s.amax, 4);
-  error_sq = detail::quantize_into<Bits, B, L>(v, s, levels, reinterpret_cast<unsigned char*>(out + 4),
-                                               detail::residual_sink{next, _mm256_set1_ps(decay), decay != 1.0f});
+  error_sq = detail::quantize_into<Format, B, L>(v, s, reinterpret_cast<unsigned char*>(out + 4),
+                                                 detail::residual_sink{next, _mm256_set1_ps(decay), decay != 1.0f});
   return true;
 }
 
@@ -241,11 +457,13 @@ DILOCO_AVX2 bool encode_block(const float* g, const float* l, const float* e, fl
 /// norm of the re-encoded block into norm_sq. False (having written
 /// nothing) when a received factor or the mean's scale leaves the common
 /// path. `in[k]` is rank k's encoding of the block.
-template <int Bits, std::size_t B, std::size_t L>
-DILOCO_AVX2 bool reduce_block(const std::byte* const* in, int world, float levels, std::byte* out, double& norm_sq) {
+template <class Format, std::size_t B, std::size_t L>
+DILOCO_AVX2 bool reduce_block(const std::byte* const* in, int world, std::byte* out, double& norm_sq) {
   static_assert(B % 32 == 0 && L % 8 == 0 && B % L == 0, "whole 32-element steps and whole lanes");
+  constexpr float levels = Format::levels;
+  using fmt = detail::ops<Format>;
   alignas(32) float mean[B];
-  float scales[max_world];
+  typename fmt::rank ranks[max_world];
   if (world < 1 || world > max_world) return false;
   for (int k = 0; k < world; ++k) {
     float amax;
@@ -255,7 +473,7 @@ DILOCO_AVX2 bool reduce_block(const std::byte* const* in, int world, float level
     // amax = 0 is q * 0 (+-0 by q's sign) too; other tiny factors take the
     // portable path.
     if (!(kernels::scale_is_normal(amax, levels) || !(amax - amax == 0.0f) || amax == 0.0f)) return false;
-    scales[k] = amax / levels;
+    if (!fmt::make_rank(amax, amax / levels, ranks[k])) return false;
   }
   // acc / M: for M a power of two, acc * (1 / M) is the same real number,
   // so the same correctly rounded float, and a multiply is several times
@@ -267,13 +485,10 @@ DILOCO_AVX2 bool reduce_block(const std::byte* const* in, int world, float level
   const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
   for (std::size_t j = 0; j < B; j += 32) {
     __m256 acc[4], x[4];
-    detail::values32<Bits>(reinterpret_cast<const unsigned char*>(in[0] + 4) + j * Bits / 8, acc);
-    const __m256 s0 = _mm256_set1_ps(scales[0]);
-    for (auto& a : acc) a = _mm256_mul_ps(a, s0);
+    fmt::decode32(reinterpret_cast<const unsigned char*>(in[0] + 4) + j * Format::bits / 8, ranks[0], acc);
     for (int k = 1; k < world; ++k) {
-      detail::values32<Bits>(reinterpret_cast<const unsigned char*>(in[k] + 4) + j * Bits / 8, x);
-      const __m256 sk = _mm256_set1_ps(scales[k]);
-      for (int i = 0; i < 4; ++i) acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(x[i], sk));
+      fmt::decode32(reinterpret_cast<const unsigned char*>(in[k] + 4) + j * Format::bits / 8, ranks[k], x);
+      for (int i = 0; i < 4; ++i) acc[i] = _mm256_add_ps(acc[i], x[i]);
     }
     for (int i = 0; i < 4; ++i) {
       const __m256 y = pow2 ? _mm256_mul_ps(acc[i], rcp) : _mm256_div_ps(acc[i], m);
@@ -284,8 +499,8 @@ DILOCO_AVX2 bool reduce_block(const std::byte* const* in, int world, float level
   const detail::block_scale s = detail::scale_of(detail::max8(mbits), levels);
   if (!s.common) return false;
   std::memcpy(out, &s.amax, 4);
-  norm_sq = detail::quantize_into<Bits, B, L>(mean, s, levels, reinterpret_cast<unsigned char*>(out + 4),
-                                              detail::decoded_sink{});
+  norm_sq = detail::quantize_into<Format, B, L>(mean, s, reinterpret_cast<unsigned char*>(out + 4),
+                                                detail::decoded_sink{});
   return true;
 }
 
