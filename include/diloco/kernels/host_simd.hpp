@@ -230,9 +230,11 @@ struct ops<Format> {
 /// then value(q) * scale, one rounding of the same real product (make_rank
 /// refuses a scale whose multiplier overflows, from amax ~1e5 for e4m3).
 /// Rounding: |y| clamped to L, added to and subtracted from 2^(e - M + 23),
-/// e its binade (at least the smallest normal's), which rounds it to the
-/// format's spacing there, ties to the even multiple (the even code); the
-/// magnitude code is the bits of r * 2^-(127 - bias) moved right by 23 - M.
+/// 2^e its binade (its exponent field alone, at least the smallest
+/// normal's), which rounds it to the format's spacing there, ties to the
+/// even multiple (the even code); the magnitude code is the bits of
+/// r * 2^-(127 - bias) moved right by 23 - M; the sign ORed in and + 0
+/// added (a negative y that rounds to zero gives +0 and code 0).
 template <class Format>
   requires(std::is_same_v<Format, fp8_e4m3> || std::is_same_v<Format, fp8_e5m2>)
 struct ops<Format> {
@@ -259,18 +261,22 @@ struct ops<Format> {
     }
   }
   DILOCO_AVX2_INLINE static __m256 round8(__m256 y, __m256i& code) {
-    const __m256i sign_bit = _mm256_set1_epi32(static_cast<int>(0x80000000u));
-    const __m256 a = _mm256_min_ps(_mm256_andnot_ps(_mm256_castsi256_ps(sign_bit), y), _mm256_set1_ps(Format::levels));
-    __m256i e = _mm256_srli_epi32(_mm256_castps_si256(a), 23);
-    e = _mm256_max_epi32(e, _mm256_set1_epi32(127 + 1 - bias));
-    const __m256 magic = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(23 - M)), 23));
+    const __m256 sign_bit = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0x80000000u)));
+    const __m256 a = _mm256_min_ps(_mm256_andnot_ps(sign_bit, y), _mm256_set1_ps(Format::levels));
+    // 2^e of a's binade (its exponent field alone), at least the smallest
+    // normal's 2^(1 - bias) (which zero and the subnormals take), times
+    // 2^(23 - M): an exact power of two whose ulp is the format's spacing.
+    const __m256 binade = _mm256_max_ps(_mm256_and_ps(a, _mm256_castsi256_ps(_mm256_set1_epi32(0x7f800000))),
+                                        _mm256_set1_ps(kernels::minifloat_grid<Format>::value_branchless(1u << M)));
+    const __m256 magic = _mm256_mul_ps(binade, _mm256_set1_ps(static_cast<float>(1u << (23 - M))));
     const __m256 r = _mm256_sub_ps(_mm256_add_ps(a, magic), magic);
     const __m256i mag = _mm256_srli_epi32(_mm256_castps_si256(_mm256_mul_ps(r, _mm256_set1_ps(down))), 23 - M);
-    // y < 0 and r != 0 take the sign (zero is always +0, code 0).
-    const __m256i neg = _mm256_castps_si256(
-        _mm256_and_ps(_mm256_cmp_ps(y, _mm256_setzero_ps(), _CMP_LT_OQ), _mm256_cmp_ps(r, _mm256_setzero_ps(), _CMP_GT_OQ)));
-    code = _mm256_or_si256(mag, _mm256_and_si256(neg, _mm256_set1_epi32(0x80)));
-    return _mm256_or_ps(r, _mm256_castsi256_ps(_mm256_and_si256(neg, sign_bit)));
+    // The sign where y < 0 (so -NaN, as round(), saturates to +L), then
+    // + 0: -0 (y < 0 rounded to zero) becomes +0, code 0.
+    const __m256 neg = _mm256_and_ps(_mm256_cmp_ps(y, _mm256_setzero_ps(), _CMP_LT_OQ), sign_bit);
+    const __m256 rs = _mm256_add_ps(_mm256_or_ps(r, neg), _mm256_setzero_ps());
+    code = _mm256_or_si256(mag, _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(rs), 24), _mm256_set1_epi32(0x80)));
+    return rs;
   }
   DILOCO_AVX2_INLINE static void put32(unsigned char* out, const __m256i* c) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), bytes32<true>(c[0], c[1], c[2], c[3]));
@@ -350,11 +356,15 @@ struct ops<Format> {
     return true;
   }
   DILOCO_AVX2_INLINE static void decode32(const unsigned char* in, const rank& r, __m256* out) {
+    // The 16 bits of elements 8k .. 8k + 7 in both halves of every 32-bit
+    // lane (one broadcast from memory), lane i moved right by 2i: its code
+    // in the low two bits (the third, the next code's or the copy's, picks
+    // the table's second copy).
     const __m256i shifts = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
     for (int k = 0; k < 4; ++k) {
-      std::uint16_t w;
+      std::int16_t w;
       std::memcpy(&w, in + 2 * k, 2);
-      out[k] = _mm256_permutevar8x32_ps(r.table, _mm256_srlv_epi32(_mm256_set1_epi32(w), shifts));
+      out[k] = _mm256_permutevar8x32_ps(r.table, _mm256_srlv_epi32(_mm256_set1_epi16(w), shifts));
     }
   }
   DILOCO_AVX2_INLINE static __m256 round8(__m256 y, __m256i& code) {
