@@ -12,6 +12,9 @@
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 
+#include <chrono>
+#include <concepts>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -20,7 +23,9 @@
 #include <diloco/replicated.hpp>
 #include <diloco/sharded.hpp>
 #include <fstream>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "mesh_problem.hpp"
@@ -71,6 +76,127 @@ void sharded_rank_program(const std::string& out_path) {
   }
 }
 
+// An elastic 3 x 2 mesh (six processes): group 1's rank at position 1
+// kills itself (SIGKILL) at the start of step kill_step, inside round 3's
+// inner phase (H = 3: rounds end at steps 2, 5, 8, 11). Its group's other
+// rank finds out at its next collective over intra (the gradients'
+// all_reduce of that step), writes "left" and the error, and ends; the
+// other two groups go on. Each of those writes its group, the final inter
+// size, its replica and theta_global.
+constexpr int kill_step = 7;
+
+template <class Inner>
+auto options() {
+  using algo = dc::algorithm<Inner, dc::outer::nesterov, int4_ef, dc::comm::threads, dc::sync::blocking>;
+  typename algo::options o{.inner_steps = H};
+  if constexpr (!std::same_as<Inner, dc::inner::external>) o.inner.lr = 0.1f;
+  return o;
+}
+
+// Inner: inner::sgd (lr 0.1), or inner::external with the user's SGD of the
+// same lr on the full replica (then the replica's gather follows the step
+// count, replicated.hpp's rule for elastic meshes).
+template <class Inner>
+void user_sgd(std::vector<std::vector<float>>& p, const std::vector<std::vector<float>>& g) {
+  if constexpr (std::same_as<Inner, dc::inner::external>)
+    for (std::size_t k = 0; k < p.size(); ++k)
+      for (std::size_t i = 0; i < p[k].size(); ++i) p[k][i] -= 0.1f * g[k][i];
+}
+
+template <class Inner>
+void elastic_rank_program(const std::string& out_path) {
+  auto world = dc::comm::gloo::from_env();
+  dc::mesh<dc::comm::gloo> m(world, {.group_size = 2});
+  if (!m.elastic()) throw std::runtime_error("the mesh of an elastic world is not elastic");
+  // Refused, before any collective: a split of an elastic world that is not
+  // a mesh's part, and checkpoints of an elastic mesh.
+  auto refused = [](auto&& call, const char* want) {
+    try {
+      call();
+    } catch (const dc::config_error& e) {
+      if (std::string(e.what()).find(want) != std::string::npos) return;
+      throw std::runtime_error(std::string("refused with another message: ") + e.what());
+    }
+    throw std::runtime_error(std::string("not refused: ") + want);
+  };
+  refused([&] { (void)dc::comm::split_communicator(world, 0, 0); }, "only a mesh's parts are split off an elastic world");
+  auto p = initial_params();
+  dc::replicated<Inner, dc::outer::nesterov, int4_ef, dc::comm::gloo, dc::sync::blocking> a(p, m, options<Inner>());
+  refused([&] { (void)a.save_round(out_path + ".ckpt"); }, "save_round: checkpoints of an elastic mesh are not supported");
+  refused([&] { (void)a.load_latest_common(out_path + ".ckpt"); },
+          "load_latest_common: checkpoints of an elastic mesh are not supported");
+  std::vector<std::vector<float>> g(p.size());
+  std::ofstream out(out_path, std::ios::binary);
+  for (int s = 0; s < steps; ++s) {
+    if (m.group() == 1 && m.position() == 1 && s == kill_step) std::raise(SIGKILL);
+    for (std::size_t k = 0; k < p.size(); ++k) {
+      g[k].resize(p[k].size());
+      for (std::size_t i = 0; i < p[k].size(); ++i) g[k][i] = grad_of(m.group(), s, k, i, p[k][i]);
+    }
+    try {
+      dc::all_reduce_gradients(m, g);
+      if constexpr (std::same_as<Inner, dc::inner::external>) {
+        user_sgd<Inner>(p, g);
+        a.step();
+      } else {
+        a.step(g);
+      }
+    } catch (const dc::comm_error& e) {
+      out << "left at step " << s << ": " << e.what();
+      return;
+    }
+  }
+  a.finish();
+  const std::vector<float> glob = whole_global(a, p), rep = concat_all(p);
+  const int head[2] = {m.group(), m.inter().size()};
+  out.write(reinterpret_cast<const char*>(head), sizeof head);
+  out.write(reinterpret_cast<const char*>(rep.data()), static_cast<std::streamsize>(rep.size() * sizeof(float)));
+  out.write(reinterpret_cast<const char*>(glob.data()), static_cast<std::streamsize>(glob.size() * sizeof(float)));
+}
+
+// The flat reference of the elastic case: DiLoCo with 3 workers on an
+// elastic comm::threads world, worker 1 leaving right after round 2 (the
+// last round it took part in), workers 0 and 2 going on; each worker's
+// gradients are those of its group (a stable id, not its rank, which
+// renumbers). Returns the replica and theta_global of workers 0 and 2.
+template <class Inner>
+flat_result run_flat_leaving() {
+  using algo = dc::algorithm<Inner, dc::outer::nesterov, int4_ef, dc::comm::threads, dc::sync::blocking>;
+  flat_result out;
+  out.replica.resize(3);
+  out.global.resize(3);
+  dc::comm::threads::world world(3, std::chrono::seconds(60), dc::comm::threads::membership::elastic);
+  world.run([&](dc::comm::threads& comm) {
+    const int id = comm.rank();
+    auto p = initial_params();
+    algo a(p, comm, options<Inner>());
+    std::vector<std::vector<float>> g(p.size());
+    for (int s = 0; s < steps; ++s) {
+      for (std::size_t k = 0; k < p.size(); ++k) {
+        g[k].resize(p[k].size());
+        for (std::size_t i = 0; i < p[k].size(); ++i) g[k][i] = grad_of(id, s, k, i, p[k][i]);
+      }
+      if constexpr (std::same_as<Inner, dc::inner::external>) {
+        user_sgd<Inner>(p, g);
+        a.step();
+      } else {
+        a.step(g);
+      }
+      if (id == 1 && s == 5) {
+        a.leave();
+        return;
+      }
+    }
+    a.finish();
+    std::vector<std::vector<float>> th(p.size());
+    for (std::size_t k = 0; k < p.size(); ++k) th[k].resize(p[k].size());
+    a.copy_global_to(th);
+    out.replica[static_cast<std::size_t>(id)] = concat_all(p);
+    out.global[static_cast<std::size_t>(id)] = concat_all(th);
+  });
+  return out;
+}
+
 // Starts the four rank processes with `role` and waits for them to exit 0.
 void run_ranks(const char* role, harness::temp_dir& dir) {
   std::vector<pid_t> pids;
@@ -114,7 +240,11 @@ TEST_CASE("mesh gloo: rank program") {
   const char* role = std::getenv(role_env);
   if (role == nullptr) return;  // only in the processes the cases below start
   const std::string out = std::getenv("DILOCO_TEST_MESH_OUT");
-  if (std::string(role) == "blocking")
+  if (std::string(role) == "elastic")
+    elastic_rank_program<dc::inner::sgd>(out);
+  else if (std::string(role) == "elastic_external")
+    elastic_rank_program<dc::inner::external>(out);
+  else if (std::string(role) == "blocking")
     rank_program<int4_ef, dc::sync::blocking>(out);
   else if (std::string(role) == "sharded")
     sharded_rank_program(out);
@@ -158,4 +288,70 @@ TEST_CASE("mesh gloo 2 x 2 (4 processes), sharded: one_step_delay, int4 + error 
     }
   }
   CHECK_FALSE(same_bits(flat.global[0][0], initial_params()[0]));
+}
+
+template <class Inner>
+void check_elastic(const std::string& role) {
+  const flat_result flat = run_flat_leaving<Inner>();
+  harness::temp_dir dir;
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 6; ++r)
+    pids.push_back(harness::spawn({harness::self_exe(), "-tc=mesh gloo: rank program", "--minimal"},
+                                  {std::string(role_env) + "=" + role, "DILOCO_RANK=" + std::to_string(r),
+                                   "DILOCO_WORLD_SIZE=6", "DILOCO_STORE=file://" + dir.file("store"),
+                                   "DILOCO_ELASTIC=1", "DILOCO_TIMEOUT_MS=5000",
+                                   "DILOCO_TEST_MESH_OUT=" + dir.file("rank" + std::to_string(r))}));
+  // Bounded: every process is reaped within 90 s, or killed and failed.
+  std::vector<int> status(6, -1);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  for (int left = 6; left > 0 && std::chrono::steady_clock::now() < deadline;) {
+    for (int r = 0; r < 6; ++r)
+      if (status[static_cast<std::size_t>(r)] < 0 &&
+          waitpid(pids[static_cast<std::size_t>(r)], &status[static_cast<std::size_t>(r)], WNOHANG) > 0)
+        --left;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (int r = 0; r < 6; ++r)
+    if (status[static_cast<std::size_t>(r)] < 0) {
+      kill(pids[static_cast<std::size_t>(r)], SIGKILL);
+      waitpid(pids[static_cast<std::size_t>(r)], nullptr, 0);
+      FAIL("rank ", r, " still ran after 90 s");
+    }
+  // World rank 3 is group 1, position 1: killed; rank 2 (group 1, position 0) left.
+  CHECK((WIFSIGNALED(status[3]) && WTERMSIG(status[3]) == SIGKILL));
+  REQUIRE((WIFEXITED(status[2]) && WEXITSTATUS(status[2]) == 0));
+  const std::string left = harness::read_file(dir.file("rank2"));
+  INFO(left);
+  CHECK(left.rfind("left at step 7: ", 0) == 0);
+  CHECK(left.find("group 1 lost a rank") != std::string::npos);
+  CHECK(left.find("leaves the run as a whole") != std::string::npos);
+  const std::size_t n = concat_all(initial_params()).size();
+  for (int r : {0, 1, 4, 5}) {
+    INFO("rank ", r);
+    REQUIRE((WIFEXITED(status[static_cast<std::size_t>(r)]) && WEXITSTATUS(status[static_cast<std::size_t>(r)]) == 0));
+    std::ifstream in(dir.file("rank" + std::to_string(r)), std::ios::binary);
+    int head[2] = {-1, -1};
+    std::vector<float> rep(n), glob(n);
+    in.read(reinterpret_cast<char*>(head), sizeof head);
+    in.read(reinterpret_cast<char*>(rep.data()), static_cast<std::streamsize>(n * sizeof(float)));
+    in.read(reinterpret_cast<char*>(glob.data()), static_cast<std::streamsize>(n * sizeof(float)));
+    REQUIRE(in.good());
+    CHECK(head[0] == r / 2);
+    CHECK(head[1] == 2);  // two groups at every position
+    CHECK(same_bits(rep, flat.replica[static_cast<std::size_t>(r / 2)]));
+    CHECK(same_bits(glob, flat.global[static_cast<std::size_t>(r / 2)]));
+  }
+  // The leaving group changed the outcome: the run without a departure differs.
+  const flat_result all_three = run_flat<int4_ef, dc::sync::blocking>(3);
+  CHECK_FALSE(same_bits(flat.global[0], all_three.global[0]));
+}
+
+TEST_CASE("mesh gloo 3 x 2 (6 processes), elastic: a group that loses a rank leaves as a whole, the others go on") {
+  if (std::getenv(role_env)) return;
+  check_elastic<dc::inner::sgd>("elastic");
+}
+
+TEST_CASE("mesh gloo 3 x 2 (6 processes), elastic, inner::external: the group leaves, the replicas gather by step count") {
+  if (std::getenv(role_env)) return;
+  check_elastic<dc::inner::external>("elastic_external");
 }

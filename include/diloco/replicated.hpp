@@ -50,6 +50,12 @@
 // (it would need each new shard's state read from the old shards' files,
 // which the per-position checkpoint format does not allow yet).
 //
+// Elastic meshes (comm::gloo split from an elastic world, mesh::elastic()):
+// the gathers over intra raise the comm_error that says this group leaves
+// (mesh::in_group), each position's world re-forms on its own, and under
+// inner::external the replica is gathered at every phase end (gathered()).
+// Checkpoints of an elastic mesh are a config_error.
+//
 // Not yet flat DiLoCo's: a non-finite pseudo-gradient refuses the round
 // only for the shard that holds it. Its owners (one position, every group)
 // raise numeric_error and reset that shard to theta_global; the other
@@ -259,6 +265,7 @@ class replicated {
   /// schedule asks for. Returns true when an outer step was applied.
   bool step() {
     static_assert(external_inner<Inner>, "diloco::replicated::step(): pass the gradients, step(grads)");
+    ++external_steps_;
     return gathered([&] { return algo_->step(); }, false);
   }
 
@@ -318,6 +325,7 @@ class replicated {
   /// `keep` rounds. Returns the checkpoint's path. Under inner::external
   /// your optimizer's state is yours to save.
   std::string save_round(const std::string& dir, std::size_t keep = 2) {
+    detail_sharded::refuse_elastic_checkpoints(*mesh_, "diloco::replicated", "save_round");
     return detail_sharded::save_shard_round(*algo_, position_dir(dir), keep, manifest_);
   }
 
@@ -333,6 +341,7 @@ class replicated {
   /// new instance of the shard's algorithm: references to
   /// shard_algorithm() do not survive that).
   std::uint64_t load_latest_common(const std::string& dir) {
+    detail_sharded::refuse_elastic_checkpoints(*mesh_, "diloco::replicated", "load_latest_common");
     auto make = [this] { return make_algorithm(); };
     const std::uint64_t round =
         detail_sharded::load_shard_round(algo_, make, *mesh_, dir, position_dir(dir), manifest_, "diloco::replicated");
@@ -406,7 +415,11 @@ class replicated {
   // a merge, a reset of a refused round, the delayed schedules' restart at a
   // phase end); a refused round (numeric_error, alike on every rank) is
   // gathered, then rethrown. Every rank of a group decides alike: they take
-  // the same steps under the same schedule.
+  // the same steps under the same schedule. In an elastic mesh each
+  // position's world re-forms on its own (a recovery may reset one
+  // position's replica and not the others'), so the rule is the step count
+  // instead, alike by construction: every phase end (where every schedule
+  // here writes the replica), whether or not this position wrote it.
   template <class F>
   bool gathered(F&& f, bool always) {
     const auto before = algo_->replica_writes();
@@ -417,7 +430,8 @@ class replicated {
       gather_replica();
       throw;
     }
-    if (always || algo_->replica_writes() != before) gather_replica();
+    const bool wrote = mesh_->elastic() ? external_steps_ % opts_.inner_steps == 0 : algo_->replica_writes() != before;
+    if (always || wrote) gather_replica();
     return applied;
   }
 
@@ -445,8 +459,10 @@ class replicated {
       const std::size_t have = o < own_size ? std::min(len, own_size - o) : 0;
       if (have > 0) pack(o, have, mine.data());
       std::fill(mine.begin() + static_cast<std::ptrdiff_t>(have), mine.begin() + static_cast<std::ptrdiff_t>(len), 0.0f);
-      mesh_->intra().all_gather(std::as_bytes(std::span<const float>(mine.data(), len)),
-                                std::as_writable_bytes(std::span<float>(all.data(), len * g)));
+      mesh_->in_group("diloco::replicated (the replica's gather)", [&] {
+        mesh_->intra().all_gather(std::as_bytes(std::span<const float>(mine.data(), len)),
+                                  std::as_writable_bytes(std::span<float>(all.data(), len * g)));
+      });
       for (std::size_t s = 0; s < g; ++s) {
         if (static_cast<int>(s) == mesh_->position() && !own_too) continue;
         copy_packed(shards_[s], o, len, all.data() + len * s, out, true);
@@ -481,6 +497,7 @@ class replicated {
   std::size_t largest_ = 0;                         ///< elements of the largest shard
   std::size_t gather_chunk_ = default_gather_chunk;  ///< set_gather_chunk
   options opts_;                                    ///< the algorithm's (for a roll-back's new instance)
+  std::uint64_t external_steps_ = 0;                ///< step() calls under inner::external
   std::unique_ptr<algorithm_type> algo_;
   detail_sharded::manifest manifest_;               ///< written beside each checkpoint
 };

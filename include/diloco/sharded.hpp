@@ -32,7 +32,8 @@
 //   rounds, and when a position cannot restore its file, the others put
 //   their state back (into a new instance of the algorithm, since the round
 //   they restored may hold a reduction in flight): every rank raises, none
-//   changed. On the mesh that saved, the restore is bitwise. A manifest
+//   changed. On the mesh that saved, the restore is bitwise. Checkpoints of
+//   an elastic mesh (mesh::elastic()) are a config_error. A manifest
 //   naming another mesh or cut (another G, another R, other shards) is
 //   refused before anything is loaded: the same state_error on every rank,
 //   naming the saved mesh and this one. There is no re-sharding.
@@ -168,6 +169,17 @@ inline std::vector<std::uint64_t> manifested_rounds(const std::filesystem::path&
   for (const std::uint64_t n : checkpoint::saved_rounds(folder))
     if (std::filesystem::exists(manifest_path(folder, n), ec)) out.push_back(n);
   return out;
+}
+
+/// Checkpoints of an elastic mesh are a config_error naming `who` and
+/// `what` (sharded's and replicated's save_round and load_latest_common).
+template <class Comm>
+void refuse_elastic_checkpoints(const mesh<Comm>& m, const char* who, const char* what) {
+  if (m.elastic())
+    diloco::detail::raise<config_error>(who, "::", what,
+                                        ": checkpoints of an elastic mesh are not supported (a group that left "
+                                        "leaves its files behind, and the inter ranks renumber); use a fixed world "
+                                        "for a mesh that saves");
 }
 
 /// Saves the shard's algorithm as algorithm::save_round under
@@ -385,6 +397,7 @@ class sharded {
   /// and position, every position's element count, this shard's tensor
   /// sizes, the model's size); returns the checkpoint's path.
   std::string save_round(const std::string& dir, std::size_t keep = 2) {
+    detail_sharded::refuse_elastic_checkpoints(*mesh_, "diloco::sharded", "save_round");
     return detail_sharded::save_shard_round(*algo_, position_dir(dir), keep, manifest_);
   }
 
@@ -401,6 +414,7 @@ class sharded {
   /// constructor built it: references to shard_algorithm() do not survive
   /// that): every rank's state is as it was.
   std::uint64_t load_latest_common(const std::string& dir) {
+    detail_sharded::refuse_elastic_checkpoints(*mesh_, "diloco::sharded", "load_latest_common");
     return detail_sharded::load_shard_round(algo_, make_, *mesh_, dir, position_dir(dir), manifest_,
                                             "diloco::sharded");
   }

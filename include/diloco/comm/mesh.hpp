@@ -22,12 +22,25 @@
 // returns std::unique_ptr<Comm>, collective over the parent, as
 // MPI_Comm_split (same color: one new communicator, ranked by key).
 // comm::threads splits here (threads::split); comm::mpi in comm/mesh_mpi.hpp
-// (MPI_Comm_split: an optional component).
+// (MPI_Comm_split: an optional component). A communicator whose parts
+// differ by role provides split_communicator(parent, color, key, part)
+// instead, with part mesh_part::intra or mesh_part::inter: comm::gloo
+// (comm/mesh_gloo.hpp), whose elastic world splits into a fixed group and
+// an elastic world per position.
+//
+// Elastic meshes (comm::gloo with options.elastic): a group that loses a
+// rank leaves as a whole. Its survivors' next collective over intra fails
+// (all_reduce_gradients, or replicated's gather of the replica) and raises
+// comm_error naming the group; their processes end, and every position's
+// inter world re-forms without the group (elastic membership, per
+// position), so the other groups go on. See docs/concepts.md, "Groups of
+// ranks".
 
 #include <cerrno>
 #include <cstddef>
 #include <cstdlib>
 #include <limits>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <span>
@@ -86,6 +99,13 @@ struct mesh_shape {
                                           " is not; set both, or neither to take them from the rank");
     return s;
   }
+};
+
+/// Which part of a mesh a split makes (split_communicator's fourth
+/// argument, for the communicators whose parts differ by role).
+enum class mesh_part : std::uint8_t {
+  intra,  ///< the G ranks of a group
+  inter,  ///< the R ranks at one position, one per group
 };
 
 namespace comm {
@@ -165,9 +185,9 @@ class mesh {
     group_size_ = shape.group_size;
     group_ = shape.group < 0 ? world.rank() / group_size_ : shape.group;
     position_ = shape.position < 0 ? world.rank() % group_size_ : shape.position;
-    using comm::split_communicator;
-    intra_ = split_communicator(world, group_, position_);
-    inter_ = split_communicator(world, position_, group_);
+    intra_ = split(world, group_, position_, mesh_part::intra);
+    inter_ = split(world, position_, group_, mesh_part::inter);
+    if constexpr (elastic_communicator<Comm>) elastic_ = inter_->elastic();
   }
 
   mesh(const mesh&) = delete;
@@ -179,7 +199,9 @@ class mesh {
   ///@}
 
   ///@{
-  /// W, G and R = W / G; this rank's group r and position g.
+  /// W, G and R = W / G (as constructed: in an elastic mesh, the groups
+  /// still in the run are inter().size()); this rank's group r and
+  /// position g.
   int world_size() const { return world_size_; }
   int group_size() const { return group_size_; }
   int groups() const { return world_size_ / group_size_; }
@@ -192,8 +214,39 @@ class mesh {
   Comm& intra() { return *intra_; }
   Comm& inter() { return *inter_; }
   ///@}
+  /// Whether the inter worlds are elastic (comm::gloo split from an
+  /// elastic world): a group that loses a rank leaves as a whole.
+  bool elastic() const { return elastic_; }
+
+  /// Runs `f`, a collective over intra named `what`. In an elastic mesh a
+  /// comm_error from it (a rank of this group died or stalled) becomes the
+  /// comm_error that says this group leaves the run; in a fixed mesh it
+  /// propagates unchanged.
+  template <class F>
+  decltype(auto) in_group(const char* what, F&& f) {
+    if (!elastic_) return f();
+    try {
+      return f();
+    } catch (const comm_error& e) {
+      diloco::detail::raise<comm_error>(
+          what, ": group ", group_, " lost a rank (its collective over intra failed: ", e.what(),
+          "); the group leaves the run as a whole: end this process (or destroy the trainer and the mesh), and "
+          "the other groups go on without it");
+    }
+  }
 
  private:
+  // split_communicator(parent, color, key, part) where Comm has it, else
+  // the three-argument form.
+  static std::unique_ptr<Comm> split(Comm& world, int color, int key, mesh_part part) {
+    using comm::split_communicator;
+    if constexpr (requires { split_communicator(world, color, key, part); })
+      return split_communicator(world, color, key, part);
+    else
+      return split_communicator(world, color, key);
+  }
+
+  bool elastic_ = false;
   int world_size_ = 0;
   int group_size_ = 1;
   int group_ = 0;
@@ -232,7 +285,8 @@ void all_reduce_gradients(mesh<Comm>& m, Grads&& grads) {
     static_assert(std::same_as<tensor_value_t<std::remove_cvref_t<decltype(t)>>, float> &&
                       std::same_as<tensor_space_t<std::remove_cvref_t<decltype(t)>>, host_space>,
                   "diloco::all_reduce_gradients: the gradients must be writable fp32 host tensors");
-    m.intra().all_reduce(std::span<float>(tensor_data(t), tensor_size(t)), reduce_op::mean);
+    m.in_group("diloco::all_reduce_gradients",
+               [&] { m.intra().all_reduce(std::span<float>(tensor_data(t), tensor_size(t)), reduce_op::mean); });
   };
   if constexpr (float_tensor<std::remove_cvref_t<Grads>>)
     reduce_one(grads);
