@@ -413,6 +413,7 @@ int main(int argc, char** argv) {
     app.add_option("--batch", c.batch, "global batch, split over the workers")
         ->capture_default_str()
         ->check(CLI::Range(1, 1 << 20));
+    app.add_option("--seed", c.seed, "data and initialization seed")->capture_default_str();
     app.add_option("--inner-steps", c.inner_steps, "DiLoCo's H")->capture_default_str()->check(CLI::Range(1, 1 << 30));
     app.add_option("--hidden", c.dims.hidden, "hidden units")->capture_default_str()->check(CLI::Range(1, 1 << 16));
     auto* lr = app.add_option("--lr", c.lr, "AdamW peak learning rate (default: 3e-3 for ddp, 2e-3 for diloco)")
