@@ -154,6 +154,50 @@ void elastic_rank_program(const std::string& out_path) {
   out.write(reinterpret_cast<const char*>(glob.data()), static_cast<std::streamsize>(glob.size() * sizeof(float)));
 }
 
+// The same kill on sharded groups (FSDP-style, tensor 0 at position 0,
+// tensors 1 and 2 at position 1) whose gradients need no collective inside
+// the group (each element's own pull, as flat DiLoCo's): nothing but
+// sharded's check before a round runs over intra, so group 1's position-0
+// rank learns of the loss there, at step 8 (the step that ends round 3),
+// and leaves before the round. Each rank writes its group, the final inter
+// size, then each of its tensors' replica and theta_global.
+void elastic_sharded_program(const std::string& out_path) {
+  namespace sp = sharded_problem;
+  auto world = dc::comm::gloo::from_env();
+  dc::mesh<dc::comm::gloo> m(world, {.group_size = 2});
+  const auto& ks = sp::shard_tensors[static_cast<std::size_t>(m.position())];
+  auto mine = sp::initial_shard(m.position());
+  sp::sharded_sgd<int4_ef, dc::sync::blocking, dc::comm::gloo> a(mine, m, {.inner_steps = H, .inner = {.lr = 0.1f}});
+  try {
+    (void)a.save_round(out_path + ".ckpt");
+    throw std::runtime_error("sharded::save_round on an elastic mesh was not refused");
+  } catch (const dc::config_error&) {
+  }
+  std::vector<std::vector<float>> g(mine.size());
+  std::ofstream out(out_path, std::ios::binary);
+  for (int s = 0; s < steps; ++s) {
+    if (m.group() == 1 && m.position() == 1 && s == kill_step) std::raise(SIGKILL);
+    for (std::size_t j = 0; j < mine.size(); ++j) {
+      g[j].resize(mine[j].size());
+      for (std::size_t i = 0; i < mine[j].size(); ++i) g[j][i] = grad_of(m.group(), s, ks[j], i, mine[j][i]);
+    }
+    try {
+      a.step(g);
+    } catch (const dc::comm_error& e) {
+      out << "left at step " << s << ": " << e.what();
+      return;
+    }
+  }
+  a.finish();
+  const auto global = sp::global_tensors(a.shard_algorithm(), mine);
+  const int head[2] = {m.group(), m.inter().size()};
+  out.write(reinterpret_cast<const char*>(head), sizeof head);
+  for (std::size_t j = 0; j < mine.size(); ++j) {
+    out.write(reinterpret_cast<const char*>(mine[j].data()), static_cast<std::streamsize>(mine[j].size() * sizeof(float)));
+    out.write(reinterpret_cast<const char*>(global[j].data()), static_cast<std::streamsize>(global[j].size() * sizeof(float)));
+  }
+}
+
 // The flat reference of the elastic case: DiLoCo with 3 workers on an
 // elastic comm::threads world, worker 1 leaving right after round 2 (the
 // last round it took part in), workers 0 and 2 going on; each worker's
@@ -242,6 +286,8 @@ TEST_CASE("mesh gloo: rank program") {
   const std::string out = std::getenv("DILOCO_TEST_MESH_OUT");
   if (std::string(role) == "elastic")
     elastic_rank_program<dc::inner::sgd>(out);
+  else if (std::string(role) == "elastic_sharded")
+    elastic_sharded_program(out);
   else if (std::string(role) == "elastic_external")
     elastic_rank_program<dc::inner::external>(out);
   else if (std::string(role) == "blocking")
@@ -290,10 +336,9 @@ TEST_CASE("mesh gloo 2 x 2 (4 processes), sharded: one_step_delay, int4 + error 
   CHECK_FALSE(same_bits(flat.global[0][0], initial_params()[0]));
 }
 
-template <class Inner>
-void check_elastic(const std::string& role) {
-  const flat_result flat = run_flat_leaving<Inner>();
-  harness::temp_dir dir;
+// Starts the six rank processes of an elastic 3 x 2 mesh with `role` and
+// reaps them (within 90 s, else kills them and fails); their wait statuses.
+std::vector<int> run_elastic_ranks(const std::string& role, harness::temp_dir& dir) {
   std::vector<pid_t> pids;
   for (int r = 0; r < 6; ++r)
     pids.push_back(harness::spawn({harness::self_exe(), "-tc=mesh gloo: rank program", "--minimal"},
@@ -317,6 +362,14 @@ void check_elastic(const std::string& role) {
       waitpid(pids[static_cast<std::size_t>(r)], nullptr, 0);
       FAIL("rank ", r, " still ran after 90 s");
     }
+  return status;
+}
+
+template <class Inner>
+void check_elastic(const std::string& role) {
+  const flat_result flat = run_flat_leaving<Inner>();
+  harness::temp_dir dir;
+  const std::vector<int> status = run_elastic_ranks(role, dir);
   // World rank 3 is group 1, position 1: killed; rank 2 (group 1, position 0) left.
   CHECK((WIFSIGNALED(status[3]) && WTERMSIG(status[3]) == SIGKILL));
   REQUIRE((WIFEXITED(status[2]) && WEXITSTATUS(status[2]) == 0));
@@ -354,4 +407,41 @@ TEST_CASE("mesh gloo 3 x 2 (6 processes), elastic: a group that loses a rank lea
 TEST_CASE("mesh gloo 3 x 2 (6 processes), elastic, inner::external: the group leaves, the replicas gather by step count") {
   if (std::getenv(role_env)) return;
   check_elastic<dc::inner::external>("elastic_external");
+}
+
+TEST_CASE("mesh gloo 3 x 2 (6 processes), elastic, sharded: the group checks itself before a round and leaves whole") {
+  if (std::getenv(role_env)) return;
+  namespace sp = sharded_problem;
+  const flat_result flat = run_flat_leaving<dc::inner::sgd>();
+  harness::temp_dir dir;
+  const std::vector<int> status = run_elastic_ranks("elastic_sharded", dir);
+  CHECK((WIFSIGNALED(status[3]) && WTERMSIG(status[3]) == SIGKILL));
+  REQUIRE((WIFEXITED(status[2]) && WEXITSTATUS(status[2]) == 0));
+  const std::string left = harness::read_file(dir.file("rank2"));
+  INFO(left);
+  CHECK(left.rfind("left at step 8: ", 0) == 0);  // at the check before round 3, not earlier
+  CHECK(left.find("diloco::sharded (the group's check before a round)") != std::string::npos);
+  CHECK(left.find("group 1 lost a rank") != std::string::npos);
+  std::vector<std::size_t> at(sizes.size(), 0);  // tensor k's offset in the concatenated model
+  for (std::size_t k = 1; k < sizes.size(); ++k) at[k] = at[k - 1] + sizes[k - 1];
+  for (int r : {0, 1, 4, 5}) {
+    INFO("rank ", r);
+    REQUIRE((WIFEXITED(status[static_cast<std::size_t>(r)]) && WEXITSTATUS(status[static_cast<std::size_t>(r)]) == 0));
+    std::ifstream in(dir.file("rank" + std::to_string(r)), std::ios::binary);
+    int head[2] = {-1, -1};
+    in.read(reinterpret_cast<char*>(head), sizeof head);
+    CHECK(head[0] == r / 2);
+    CHECK(head[1] == 2);
+    const auto w = static_cast<std::size_t>(r / 2);
+    for (std::size_t k : sp::shard_tensors[static_cast<std::size_t>(r % 2)]) {
+      std::vector<float> rep(sizes[k]), glob(sizes[k]);
+      in.read(reinterpret_cast<char*>(rep.data()), static_cast<std::streamsize>(rep.size() * sizeof(float)));
+      in.read(reinterpret_cast<char*>(glob.data()), static_cast<std::streamsize>(glob.size() * sizeof(float)));
+      INFO("tensor ", k);
+      REQUIRE(in.good());
+      const auto from = static_cast<std::ptrdiff_t>(at[k]), to = static_cast<std::ptrdiff_t>(at[k] + sizes[k]);
+      CHECK(same_bits(rep, std::vector<float>(flat.replica[w].begin() + from, flat.replica[w].begin() + to)));
+      CHECK(same_bits(glob, std::vector<float>(flat.global[w].begin() + from, flat.global[w].begin() + to)));
+    }
+  }
 }

@@ -33,7 +33,10 @@
 //   their state back (into a new instance of the algorithm, since the round
 //   they restored may hold a reduction in flight): every rank raises, none
 //   changed. On the mesh that saved, the restore is bitwise. Checkpoints of
-//   an elastic mesh (mesh::elastic()) are a config_error. A manifest
+//   an elastic mesh (mesh::elastic()) are a config_error.
+// - Elastic meshes: before each step that ends a phase (and outer_round,
+//   finish) the group checks over intra that it is whole (at_step), so a
+//   group that lost a rank leaves as a whole before the round. A manifest
 //   naming another mesh or cut (another G, another R, other shards) is
 //   refused before anything is loaded: the same state_error on every rank,
 //   naming the saved mesh and this one. There is no re-sharding.
@@ -324,6 +327,7 @@ class sharded {
   sharded(Params&& shard, mesh<Comm>& m, options opts = {}) : mesh_(&m) {
     if constexpr (!external_inner<Inner>) diloco::detail::refuse_shard_clipping(opts, "diloco::sharded");
     agree_in_group(opts);
+    inner_steps_ = std::max<std::uint64_t>(1, opts.inner_steps);
     std::string tensors;  // this shard's tensor sizes, for the manifest (before `shard` is held)
     if constexpr (diloco::detail::replica_element_tensor<std::remove_cvref_t<Params>>)
       tensors = std::to_string(tensor_size(shard));
@@ -377,18 +381,26 @@ class sharded {
   /// algorithm::step. Every rank of the world steps in lockstep.
   template <class Grads>
   bool step(Grads&& grads) {
+    at_step();
     return algo_->step(std::forward<Grads>(grads));
   }
   /// algorithm::step() under inner::external.
-  bool step() { return algo_->step(); }
+  bool step() {
+    at_step();
+    return algo_->step();
+  }
   /// algorithm::outer_round (sync::blocking).
   void outer_round()
     requires std::same_as<Sync, sync::blocking>
   {
+    check_group();
     algo_->outer_round();
   }
   /// algorithm::finish.
-  void finish() { algo_->finish(); }
+  void finish() {
+    check_group();
+    algo_->finish();
+  }
 
   /// Saves this rank's shard (algorithm::save_round, collective over the
   /// whole mesh as every rank saves) under `<dir>/position-<g>`, as
@@ -455,6 +467,24 @@ class sharded {
     return (std::filesystem::path(dir) / diloco::detail::concat("position-", mesh_->position())).string();
   }
 
+  // Elastic meshes: nothing of sharded runs over intra between rounds, and
+  // the group's own framework may not either, so before every step that
+  // ends a phase (and before outer_round and finish) the group checks that
+  // it is whole with a one-float all_reduce over intra; a lost rank makes
+  // it raise mesh::in_group's comm_error before this rank takes part in the
+  // round, so the group leaves every position's world at the same round.
+  void at_step() {
+    ++steps_;
+    if (steps_ % inner_steps_ == 0) check_group();
+  }
+  void check_group() {
+    if (!mesh_->elastic()) return;
+    mesh_->in_group("diloco::sharded (the group's check before a round)", [&] {
+      float one = 1.0f;
+      mesh_->intra().all_reduce(std::span<float>(&one, 1), reduce_op::sum);
+    });
+  }
+
   // The group's ranks compare their policies and must-agree options
   // (core/agreement.hpp, over intra); then each group's verdict goes to
   // every group (over inter), so every rank of the world raises the same.
@@ -481,6 +511,8 @@ class sharded {
   }
 
   mesh<Comm>* mesh_;
+  std::uint64_t steps_ = 0;        ///< step() calls (at_step)
+  std::uint64_t inner_steps_ = 1;  ///< H
   std::function<std::unique_ptr<algorithm_type>()> make_;
   std::unique_ptr<algorithm_type> algo_;
   detail_sharded::manifest manifest_;
