@@ -28,6 +28,16 @@ inline float grad_of(int r, int s, std::size_t k, std::size_t i, float w) {
   return (w - target) + 0.01f * static_cast<float>((s * 7 + static_cast<int>(i)) % 5 - 2);
 }
 
+// Every tensor's gradient of group (or worker) r at step s into g, resized
+// to the parameters p.
+inline void gradients_into(std::vector<std::vector<float>>& g, int r, int s, const std::vector<std::vector<float>>& p) {
+  g.resize(p.size());
+  for (std::size_t k = 0; k < p.size(); ++k) {
+    g[k].resize(p[k].size());
+    for (std::size_t i = 0; i < p[k].size(); ++i) g[k][i] = grad_of(r, s, k, i, p[k][i]);
+  }
+}
+
 inline std::vector<std::vector<float>> initial_params() {
   std::vector<std::vector<float>> p;
   for (std::size_t k = 0; k < sizes.size(); ++k) {
@@ -68,10 +78,7 @@ void train_on_mesh(dc::mesh<Comm>& m, Inspect&& inspect, Setup&& setup = {}) {
   setup(a);
   std::vector<std::vector<float>> g(p.size());
   for (int s = 0; s < steps; ++s) {
-    for (std::size_t k = 0; k < p.size(); ++k) {
-      g[k].resize(p[k].size());
-      for (std::size_t i = 0; i < p[k].size(); ++i) g[k][i] = grad_of(m.group(), s, k, i, p[k][i]);
-    }
+    gradients_into(g, m.group(), s, p);
     dc::all_reduce_gradients(m, g);
     a.step(g);
   }
@@ -88,10 +95,7 @@ template <class A, class Comm>
 void train_range(A& a, dc::mesh<Comm>& m, std::vector<std::vector<float>>& p, int from, int to) {
   std::vector<std::vector<float>> g(p.size());
   for (int s = from; s < to; ++s) {
-    for (std::size_t k = 0; k < p.size(); ++k) {
-      g[k].resize(p[k].size());
-      for (std::size_t i = 0; i < p[k].size(); ++i) g[k][i] = grad_of(m.group(), s, k, i, p[k][i]);
-    }
+    gradients_into(g, m.group(), s, p);
     dc::all_reduce_gradients(m, g);
     a.step(g);
   }
@@ -119,10 +123,7 @@ flat_result run_flat(int R) {
     algo a(p, comm, {.inner_steps = H, .inner = {.lr = 0.1f}});
     std::vector<std::vector<float>> g(p.size());
     for (int s = 0; s < steps; ++s) {
-      for (std::size_t k = 0; k < p.size(); ++k) {
-        g[k].resize(p[k].size());
-        for (std::size_t i = 0; i < p[k].size(); ++i) g[k][i] = grad_of(comm.rank(), s, k, i, p[k][i]);
-      }
+      gradients_into(g, comm.rank(), s, p);
       a.step(g);
     }
     a.finish();

@@ -39,6 +39,31 @@ namespace {
 
 constexpr const char* role_env = "DILOCO_TEST_MESH_GLOO";  // "<sync>" in a rank process
 
+// The rank programs' outputs: ints and float vectors, raw.
+template <class T>
+void put(std::ofstream& out, const std::vector<T>& v) {
+  out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(T)));
+}
+template <class T>
+std::vector<T> get(std::ifstream& in, std::size_t n) {
+  std::vector<T> v(n);
+  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * sizeof(T)));
+  return v;
+}
+
+// Runs `call`, which must raise config_error with `want` in its message;
+// anything else ends the rank program with an exception (a failed run).
+template <class Call>
+void refused(Call&& call, const char* want) {
+  try {
+    call();
+  } catch (const dc::config_error& e) {
+    if (std::string(e.what()).find(want) != std::string::npos) return;
+    throw std::runtime_error(std::string("refused with another message: ") + e.what());
+  }
+  throw std::runtime_error(std::string("not refused: ") + want);
+}
+
 template <class C, class Sync>
 void rank_program(const std::string& out_path) {
   auto world = dc::comm::gloo::from_env();
@@ -49,10 +74,9 @@ void rank_program(const std::string& out_path) {
     glob = std::move(global);
   });
   std::ofstream out(out_path, std::ios::binary);
-  const int group = m.group();
-  out.write(reinterpret_cast<const char*>(&group), sizeof group);
-  out.write(reinterpret_cast<const char*>(rep.data()), static_cast<std::streamsize>(rep.size() * sizeof(float)));
-  out.write(reinterpret_cast<const char*>(glob.data()), static_cast<std::streamsize>(glob.size() * sizeof(float)));
+  put(out, std::vector<int>{m.group()});
+  put(out, rep);
+  put(out, glob);
 }
 
 // Sharded groups: this process's shard trained FSDP-style; writes its group
@@ -68,11 +92,10 @@ void sharded_rank_program(const std::string& out_path) {
   a.finish();
   const auto global = sp::global_tensors(a.shard_algorithm(), mine);
   std::ofstream out(out_path, std::ios::binary);
-  const int where[2] = {m.group(), m.position()};
-  out.write(reinterpret_cast<const char*>(where), sizeof where);
+  put(out, std::vector<int>{m.group(), m.position()});
   for (std::size_t j = 0; j < mine.size(); ++j) {
-    out.write(reinterpret_cast<const char*>(mine[j].data()), static_cast<std::streamsize>(mine[j].size() * sizeof(float)));
-    out.write(reinterpret_cast<const char*>(global[j].data()), static_cast<std::streamsize>(global[j].size() * sizeof(float)));
+    put(out, mine[j]);
+    put(out, global[j]);
   }
 }
 
@@ -96,11 +119,15 @@ auto options() {
 // Inner: inner::sgd (lr 0.1), or inner::external with the user's SGD of the
 // same lr on the full replica (then the replica's gather follows the step
 // count, replicated.hpp's rule for elastic meshes).
-template <class Inner>
-void user_sgd(std::vector<std::vector<float>>& p, const std::vector<std::vector<float>>& g) {
-  if constexpr (std::same_as<Inner, dc::inner::external>)
+template <class Inner, class A>
+void take_step(A& a, std::vector<std::vector<float>>& p, std::vector<std::vector<float>>& g) {
+  if constexpr (std::same_as<Inner, dc::inner::external>) {
     for (std::size_t k = 0; k < p.size(); ++k)
       for (std::size_t i = 0; i < p[k].size(); ++i) p[k][i] -= 0.1f * g[k][i];
+    a.step();
+  } else {
+    a.step(g);
+  }
 }
 
 template <class Inner>
@@ -110,15 +137,6 @@ void elastic_rank_program(const std::string& out_path) {
   if (!m.elastic()) throw std::runtime_error("the mesh of an elastic world is not elastic");
   // Refused, before any collective: a split of an elastic world that is not
   // a mesh's part, and checkpoints of an elastic mesh.
-  auto refused = [](auto&& call, const char* want) {
-    try {
-      call();
-    } catch (const dc::config_error& e) {
-      if (std::string(e.what()).find(want) != std::string::npos) return;
-      throw std::runtime_error(std::string("refused with another message: ") + e.what());
-    }
-    throw std::runtime_error(std::string("not refused: ") + want);
-  };
   refused([&] { (void)dc::comm::split_communicator(world, 0, 0); }, "only a mesh's parts are split off an elastic world");
   auto p = initial_params();
   dc::replicated<Inner, dc::outer::nesterov, int4_ef, dc::comm::gloo, dc::sync::blocking> a(p, m, options<Inner>());
@@ -129,29 +147,19 @@ void elastic_rank_program(const std::string& out_path) {
   std::ofstream out(out_path, std::ios::binary);
   for (int s = 0; s < steps; ++s) {
     if (m.group() == 1 && m.position() == 1 && s == kill_step) std::raise(SIGKILL);
-    for (std::size_t k = 0; k < p.size(); ++k) {
-      g[k].resize(p[k].size());
-      for (std::size_t i = 0; i < p[k].size(); ++i) g[k][i] = grad_of(m.group(), s, k, i, p[k][i]);
-    }
+    gradients_into(g, m.group(), s, p);
     try {
       dc::all_reduce_gradients(m, g);
-      if constexpr (std::same_as<Inner, dc::inner::external>) {
-        user_sgd<Inner>(p, g);
-        a.step();
-      } else {
-        a.step(g);
-      }
+      take_step<Inner>(a, p, g);
     } catch (const dc::comm_error& e) {
       out << "left at step " << s << ": " << e.what();
       return;
     }
   }
   a.finish();
-  const std::vector<float> glob = whole_global(a, p), rep = concat_all(p);
-  const int head[2] = {m.group(), m.inter().size()};
-  out.write(reinterpret_cast<const char*>(head), sizeof head);
-  out.write(reinterpret_cast<const char*>(rep.data()), static_cast<std::streamsize>(rep.size() * sizeof(float)));
-  out.write(reinterpret_cast<const char*>(glob.data()), static_cast<std::streamsize>(glob.size() * sizeof(float)));
+  put(out, std::vector<int>{m.group(), m.inter().size()});
+  put(out, concat_all(p));
+  put(out, whole_global(a, p));
 }
 
 // The same kill on sharded groups (FSDP-style, tensor 0 at position 0,
@@ -168,11 +176,7 @@ void elastic_sharded_program(const std::string& out_path) {
   const auto& ks = sp::shard_tensors[static_cast<std::size_t>(m.position())];
   auto mine = sp::initial_shard(m.position());
   sp::sharded_sgd<int4_ef, dc::sync::blocking, dc::comm::gloo> a(mine, m, {.inner_steps = H, .inner = {.lr = 0.1f}});
-  try {
-    (void)a.save_round(out_path + ".ckpt");
-    throw std::runtime_error("sharded::save_round on an elastic mesh was not refused");
-  } catch (const dc::config_error&) {
-  }
+  refused([&] { (void)a.save_round(out_path + ".ckpt"); }, "save_round: checkpoints of an elastic mesh are not supported");
   std::vector<std::vector<float>> g(mine.size());
   std::ofstream out(out_path, std::ios::binary);
   for (int s = 0; s < steps; ++s) {
@@ -190,11 +194,10 @@ void elastic_sharded_program(const std::string& out_path) {
   }
   a.finish();
   const auto global = sp::global_tensors(a.shard_algorithm(), mine);
-  const int head[2] = {m.group(), m.inter().size()};
-  out.write(reinterpret_cast<const char*>(head), sizeof head);
+  put(out, std::vector<int>{m.group(), m.inter().size()});
   for (std::size_t j = 0; j < mine.size(); ++j) {
-    out.write(reinterpret_cast<const char*>(mine[j].data()), static_cast<std::streamsize>(mine[j].size() * sizeof(float)));
-    out.write(reinterpret_cast<const char*>(global[j].data()), static_cast<std::streamsize>(global[j].size() * sizeof(float)));
+    put(out, mine[j]);
+    put(out, global[j]);
   }
 }
 
@@ -216,16 +219,8 @@ flat_result run_flat_leaving() {
     algo a(p, comm, options<Inner>());
     std::vector<std::vector<float>> g(p.size());
     for (int s = 0; s < steps; ++s) {
-      for (std::size_t k = 0; k < p.size(); ++k) {
-        g[k].resize(p[k].size());
-        for (std::size_t i = 0; i < p[k].size(); ++i) g[k][i] = grad_of(id, s, k, i, p[k][i]);
-      }
-      if constexpr (std::same_as<Inner, dc::inner::external>) {
-        user_sgd<Inner>(p, g);
-        a.step();
-      } else {
-        a.step(g);
-      }
+      gradients_into(g, id, s, p);
+      take_step<Inner>(a, p, g);
       if (id == 1 && s == 5) {
         a.leave();
         return;
@@ -265,11 +260,8 @@ void check_gloo_mesh(const char* sync_name) {
   const std::size_t n = concat_all(initial_params()).size();
   for (int r = 0; r < 4; ++r) {
     std::ifstream in(dir.file("rank" + std::to_string(r)), std::ios::binary);
-    int group = -1;
-    std::vector<float> rep(n), glob(n);
-    in.read(reinterpret_cast<char*>(&group), sizeof group);
-    in.read(reinterpret_cast<char*>(rep.data()), static_cast<std::streamsize>(n * sizeof(float)));
-    in.read(reinterpret_cast<char*>(glob.data()), static_cast<std::streamsize>(n * sizeof(float)));
+    const int group = get<int>(in, 1)[0];
+    const std::vector<float> rep = get<float>(in, n), glob = get<float>(in, n);
     INFO("rank ", r, ", ", sync_name);
     REQUIRE(in.good());
     CHECK(group == r / 2);
@@ -316,17 +308,14 @@ TEST_CASE("mesh gloo 2 x 2 (4 processes), sharded: one_step_delay, int4 + error 
   run_ranks("sharded", dir);
   for (int r = 0; r < 4; ++r) {
     std::ifstream in(dir.file("rank" + std::to_string(r)), std::ios::binary);
-    int where[2] = {-1, -1};
-    in.read(reinterpret_cast<char*>(where), sizeof where);
+    const std::vector<int> where = get<int>(in, 2);
     INFO("rank ", r);
     REQUIRE(in.good());
     CHECK(where[0] == r / 2);
     CHECK(where[1] == r % 2);
     const auto group = static_cast<std::size_t>(r / 2);
     for (std::size_t k : sp::shard_tensors[static_cast<std::size_t>(r % 2)]) {
-      std::vector<float> rep(sizes[k]), glob(sizes[k]);
-      in.read(reinterpret_cast<char*>(rep.data()), static_cast<std::streamsize>(rep.size() * sizeof(float)));
-      in.read(reinterpret_cast<char*>(glob.data()), static_cast<std::streamsize>(glob.size() * sizeof(float)));
+      const std::vector<float> rep = get<float>(in, sizes[k]), glob = get<float>(in, sizes[k]);
       INFO("tensor ", k);
       REQUIRE(in.good());
       CHECK(same_bits(rep, flat.replica[group][k]));
@@ -383,11 +372,8 @@ void check_elastic(const std::string& role) {
     INFO("rank ", r);
     REQUIRE((WIFEXITED(status[static_cast<std::size_t>(r)]) && WEXITSTATUS(status[static_cast<std::size_t>(r)]) == 0));
     std::ifstream in(dir.file("rank" + std::to_string(r)), std::ios::binary);
-    int head[2] = {-1, -1};
-    std::vector<float> rep(n), glob(n);
-    in.read(reinterpret_cast<char*>(head), sizeof head);
-    in.read(reinterpret_cast<char*>(rep.data()), static_cast<std::streamsize>(n * sizeof(float)));
-    in.read(reinterpret_cast<char*>(glob.data()), static_cast<std::streamsize>(n * sizeof(float)));
+    const std::vector<int> head = get<int>(in, 2);
+    const std::vector<float> rep = get<float>(in, n), glob = get<float>(in, n);
     REQUIRE(in.good());
     CHECK(head[0] == r / 2);
     CHECK(head[1] == 2);  // two groups at every position
@@ -428,15 +414,13 @@ TEST_CASE("mesh gloo 3 x 2 (6 processes), elastic, sharded: the group checks its
     INFO("rank ", r);
     REQUIRE((WIFEXITED(status[static_cast<std::size_t>(r)]) && WEXITSTATUS(status[static_cast<std::size_t>(r)]) == 0));
     std::ifstream in(dir.file("rank" + std::to_string(r)), std::ios::binary);
-    int head[2] = {-1, -1};
-    in.read(reinterpret_cast<char*>(head), sizeof head);
+    const std::vector<int> head = get<int>(in, 2);
+    REQUIRE(in.good());
     CHECK(head[0] == r / 2);
     CHECK(head[1] == 2);
     const auto w = static_cast<std::size_t>(r / 2);
     for (std::size_t k : sp::shard_tensors[static_cast<std::size_t>(r % 2)]) {
-      std::vector<float> rep(sizes[k]), glob(sizes[k]);
-      in.read(reinterpret_cast<char*>(rep.data()), static_cast<std::streamsize>(rep.size() * sizeof(float)));
-      in.read(reinterpret_cast<char*>(glob.data()), static_cast<std::streamsize>(glob.size() * sizeof(float)));
+      const std::vector<float> rep = get<float>(in, sizes[k]), glob = get<float>(in, sizes[k]);
       INFO("tensor ", k);
       REQUIRE(in.good());
       const auto from = static_cast<std::ptrdiff_t>(at[k]), to = static_cast<std::ptrdiff_t>(at[k] + sizes[k]);

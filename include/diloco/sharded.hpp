@@ -32,14 +32,14 @@
 //   rounds, and when a position cannot restore its file, the others put
 //   their state back (into a new instance of the algorithm, since the round
 //   they restored may hold a reduction in flight): every rank raises, none
-//   changed. On the mesh that saved, the restore is bitwise. Checkpoints of
-//   an elastic mesh (mesh::elastic()) are a config_error.
-// - Elastic meshes: before each step that ends a phase (and outer_round,
-//   finish) the group checks over intra that it is whole (at_step), so a
-//   group that lost a rank leaves as a whole before the round. A manifest
+//   changed. On the mesh that saved, the restore is bitwise. A manifest
 //   naming another mesh or cut (another G, another R, other shards) is
 //   refused before anything is loaded: the same state_error on every rank,
 //   naming the saved mesh and this one. There is no re-sharding.
+//   Checkpoints of an elastic mesh (mesh::elastic()) are a config_error.
+// - Elastic meshes: before each step that ends a phase (and outer_round,
+//   finish) the group checks over intra that it is whole (at_step), so a
+//   group that lost a rank leaves as a whole before the round.
 //
 // Not flat DiLoCo's: the outer step, its verdict on non-finite values and
 // the compressors run per shard. A non-finite pseudo-gradient refuses the

@@ -30,8 +30,9 @@
 //
 // Elastic meshes (comm::gloo with options.elastic): a group that loses a
 // rank leaves as a whole. Its survivors' next collective over intra fails
-// (all_reduce_gradients, or replicated's gather of the replica) and raises
-// comm_error naming the group; their processes end, and every position's
+// (all_reduce_gradients, replicated's gather of the replica, or sharded's
+// check before a round) and raises comm_error naming the group
+// (mesh::in_group); their processes end, and every position's
 // inter world re-forms without the group (elastic membership, per
 // position), so the other groups go on. See docs/concepts.md, "Groups of
 // ranks".
@@ -39,9 +40,9 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdlib>
-#include <limits>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
