@@ -9,7 +9,9 @@
 // encode and the pass that decodes M segments, sums them and applies.
 // Where a codec has hand-vectorised host passes (kernels/host_simd.hpp;
 // `host_simd: 1` when they run here), `*_simd_vs_portable` is the portable
-// code's time over theirs, measured in alternation in the same run.
+// code's time over theirs, measured in alternation in the same run, and
+// `*.reduce_runs_vs_single_block` the shard reduction called one block at a
+// time over it called a run of blocks at a time (reduce_shard::batch).
 //
 //   bench_compress_step [--log2 24] [--reps 7] [--workers 4]
 
@@ -62,6 +64,15 @@ struct portable_only {
   static constexpr std::size_t elements_per_call = Pass::elements_per_call;
   Pass pass;
   auto operator()(std::size_t b) const { return pass.portable(b); }
+};
+
+// A pass called block by block: without the shard reduction's batch(),
+// exec::host calls operator() once per block (its single-block path).
+template <class Pass>
+struct block_by_block {
+  static constexpr std::size_t elements_per_call = Pass::elements_per_call;
+  Pass pass;
+  auto operator()(std::size_t b) const { return pass(b); }
 };
 
 // The encode pass's rows: bytes it must move per parameter and its rate
@@ -155,9 +166,12 @@ void run(const char* name, std::size_t n, int world, int reps, Triad&& triad) {
   if constexpr (dc::kernels::host_simd::supports<codec>::value) {
     auto encode_portable = [&] { ex.transform_reduce(layout.block_count(), portable_only{encode_pass}); };
     auto reduce_portable = [&] { ex.transform_reduce(shard_blocks, portable_only{reduce_pass}); };
-    const auto v = bench::interleaved_medians(reps, encode, encode_portable, reduce, reduce_portable);
+    auto reduce_single = [&] { ex.transform_reduce(shard_blocks, block_by_block{reduce_pass}); };
+    const auto v = bench::interleaved_medians(reps, encode, encode_portable, reduce, reduce_portable, reduce_single);
     bench::print(std::string(name) + ".encode_simd_vs_portable", v[1] / v[0]);
     bench::print(std::string(name) + ".reduce_simd_vs_portable", v[3] / v[2]);
+    // Runs of blocks (reduce_shard::batch, host_simd::reduce_blocks) against one block a call.
+    bench::print(std::string(name) + ".reduce_runs_vs_single_block", v[4] / v[2]);
   }
   const double t_encode = t[0], t_reduce = t[1], t_apply = t[2];
   const double triad_gbps = 12.0 * static_cast<double>(n) / 1e9 / t[3];

@@ -10,6 +10,7 @@
 // test_compress_codecs.cpp.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -156,13 +157,13 @@ std::size_t check_encode(const inputs& in, const cp::block_layout& layout, bool 
   return taken;
 }
 
-// M ranks' encodings of one shard (portable encodes of independent inputs,
-// with the special blocks), reduced both ways.
+// M ranks' encodings of one shard over `layout` (portable encodes of
+// independent inputs, with the special blocks).
 template <class Codec>
-std::size_t check_reduce(const std::vector<std::size_t>& sizes, int world, unsigned seed) {
+std::vector<std::vector<std::byte>> encodings(const std::vector<std::size_t>& sizes, const cp::block_layout& layout,
+                                              int world, unsigned seed) {
   const Codec c{};
   const std::size_t stride = c.stride();
-  const cp::block_layout layout(sizes, Codec::block, 1);  // one shard: every block
   std::vector<std::vector<std::byte>> payloads;
   for (int k = 0; k < world; ++k) {
     const inputs in = make_inputs(sizes, Codec::block, Codec::levels, seed + 100 * static_cast<unsigned>(k));
@@ -173,6 +174,16 @@ std::size_t check_reduce(const std::vector<std::size_t>& sizes, int world, unsig
     for (std::size_t b = 0; b < layout.block_count(); ++b) enc.portable(b);
     payloads.push_back(std::move(p));
   }
+  return payloads;
+}
+
+// M ranks' encodings of one shard (encodings()), reduced both ways.
+template <class Codec>
+std::size_t check_reduce(const std::vector<std::size_t>& sizes, int world, unsigned seed) {
+  const Codec c{};
+  const std::size_t stride = c.stride();
+  const cp::block_layout layout(sizes, Codec::block, 1);  // one shard: every block
+  std::vector<std::vector<std::byte>> payloads = encodings<Codec>(sizes, layout, world, seed);
   // A block of exact zeros with a zero factor from rank 0 (a frozen layer),
   // and one with a zero factor but non-zero codes: (q * 0) / L keeps q's sign.
   if (layout.block_count() > 2 && layout.blocks()[1].len == Codec::block) {
@@ -204,6 +215,103 @@ std::size_t check_reduce(const std::vector<std::size_t>& sizes, int world, unsig
   }
   CHECK(std::memcmp(fast.data(), slow.data(), fast.size()) == 0);
   return taken;
+}
+
+// The shard reduction over runs of blocks (reduce_shard::batch, which
+// exec::host's sums call 8 blocks at a time, and with AVX2
+// host_simd::reduce_blocks): on tensors of 13.5, 5, 3 blocks and 7 elements
+// and 1 block (odd counts, partial blocks between whole ones), with the
+// random special blocks and, in tensor 0, planted ones that must leave the
+// common path inside a run: block 3 with a tiny received factor (rank M -
+// 1), 5 with an infinite one and 6 with a NaN one (rank 0), and for M >= 2
+// block 9 whose ranks cancel to a mean whose scale is subnormal, beside
+// block 10 whose ranks cancel exactly (a zero mean, which stays on it).
+// Every run [b, b + n), n = 1..8, from every block: payload bytes (the
+// whole output, so nothing is written outside the run) and norm bits equal
+// the portable code's, block by block; and the executor's sum over the
+// shard equals its sum of the portable norms.
+template <class Codec>
+void check_runs(int world) {
+  const unsigned seed = 41;
+  const Codec c{};
+  const std::size_t stride = c.stride();
+  constexpr std::size_t B = Codec::block;
+  const std::vector<std::size_t> sizes{13 * B + B / 2, 5 * B, 3 * B + 7, B};
+  const cp::block_layout layout(sizes, B, 1);
+  REQUIRE(layout.block_count() == 24);
+  std::vector<std::vector<std::byte>> payloads = encodings<Codec>(sizes, layout, world, seed);
+  auto put = [&](int rank, std::size_t b, const std::vector<float>& v) {
+    std::vector<float> dq(B);
+    c.encode(v.data(), B, payloads[static_cast<std::size_t>(rank)].data() + b * stride, dq.data(), 3, 0);
+  };
+  auto factor = [&](int rank, std::size_t b, float amax) {
+    std::memcpy(payloads[static_cast<std::size_t>(rank)].data() + b * stride, &amax, 4);
+  };
+  // Blocks 3..10 of tensor 0 ordinary for every rank, then the planted ones.
+  for (int k = 0; k < world; ++k)
+    for (std::size_t b = 3; b <= 10; ++b)
+      put(k, b, random_values(B, seed + 7 * static_cast<unsigned>(k) + static_cast<unsigned>(b), -12.0f, 4.0f));
+  std::vector<float> tiny(B), v(B), minus(B), zero(B, 0.0f);
+  for (std::size_t j = 0; j < B; ++j) {
+    tiny[j] = 1e-39f * static_cast<float>(j % 5 + 1);  // amax / L subnormal
+    v[j] = 1e-33f * std::sin(static_cast<float>(j) + 0.5f);
+  }
+  v[0] = 1e-33f;  // amax 1e-33: every format's scale normal
+  for (std::size_t j = 0; j < B; ++j) minus[j] = -v[j];  // the negated codes (every grid is symmetric)
+  put(world - 1, 3, tiny);
+  factor(0, 5, std::numeric_limits<float>::infinity());
+  factor(0, 6, std::numeric_limits<float>::quiet_NaN());
+  if (world >= 2) {
+    for (int k = 0; k < world; ++k) {
+      put(k, 9, k == 0 ? v : k == 1 ? minus : zero);
+      put(k, 10, k == 0 ? v : k == 1 ? minus : zero);
+    }
+    // Block 9: rank 1's factor 1e-6 larger, so the sum is q * (s0 - s1),
+    // about 1e-39 at most: the mean's amax / L subnormal.
+    factor(1, 9, 1e-33f * (1.0f + 1e-6f));
+  }
+  std::vector<const std::byte*> received;
+  for (const auto& p : payloads) received.push_back(p.data());
+  std::vector<std::size_t> offsets;
+  std::size_t total = 0;
+  for (std::size_t n : sizes) offsets.push_back(total), total += n;
+  std::vector<std::byte> fast(layout.block_count() * stride), slow(fast.size());
+  const dk::reduce_shard<Codec> f{c, layout.blocks(), offsets.data(), received.data(), world, fast.data(), stride, 5};
+  const dk::reduce_shard<Codec> s{c, layout.blocks(), offsets.data(), received.data(), world, slow.data(), stride, 5};
+#if defined(DILOCO_HOST_SIMD_X86)
+  // The planted blocks leave the common path, the others of the run stay on it.
+  if (dk::host_simd::enabled() && world >= 2) {
+    double norms[8];
+    std::vector<const std::byte*> in;
+    for (int k = 0; k < world; ++k) in.push_back(received[static_cast<std::size_t>(k)] + 3 * stride);
+    const unsigned done = dk::host_simd::reduce_blocks<typename dk::host_simd::supports<Codec>::format, B,
+                                                       dk::norm_lanes(B), 8>(in.data(), stride, world, 0xffu,
+                                                                             fast.data() + 3 * stride, norms);
+    CHECK(done == (0xffu & ~(1u << 0 | 1u << 2 | 1u << 3 | 1u << 6)));  // blocks 3, 5, 6, 9
+  }
+#endif
+  const std::size_t blocks = layout.block_count();
+  for (std::size_t b = 0; b < blocks; ++b)
+    for (std::size_t n = 1; n <= 8 && b + n <= blocks; ++n) {
+      CAPTURE(b);
+      CAPTURE(n);
+      std::fill(fast.begin(), fast.end(), std::byte{0x5a});
+      std::fill(slow.begin(), slow.end(), std::byte{0x5a});
+      double got[8];
+      f.batch(b, n, got);
+      for (std::size_t j = 0; j < n; ++j) {
+        CAPTURE(j);
+        REQUIRE(bits_of(got[j]) == bits_of(s.portable(b + j)));
+      }
+      REQUIRE(std::memcmp(fast.data(), slow.data(), fast.size()) == 0);
+    }
+  struct portable_only {
+    dk::reduce_shard<Codec> pass;
+    double operator()(std::size_t b) const { return pass.portable(b); }
+  };
+  dc::exec::host ex(1);
+  CHECK(bits_of(ex.transform_reduce(blocks, f)) == bits_of(ex.transform_reduce(blocks, portable_only{s})));
+  CHECK(std::memcmp(fast.data(), slow.data(), fast.size()) == 0);
 }
 
 std::vector<std::size_t> random_sizes(std::size_t count, std::size_t max, unsigned seed) {
@@ -264,6 +372,25 @@ TEST_CASE("host SIMD encode and reduce equal the portable passes bit for bit" * 
   SUBCASE("int2, B = 128") { check_codec<cp::blockwise_codec<dc::int2, 128, cp::round_nearest>>(20, 1500); }
   SUBCASE("fp8 e4m3, B = 32") { check_codec<cp::blockwise_codec<dc::fp8_e4m3, 32, cp::round_nearest>>(30, 400); }
   SUBCASE("int2, B = 1024") { check_codec<cp::blockwise_codec<dc::int2, 1024, cp::round_nearest>>(8, 9000); }
+}
+
+// Runs with AVX2 or without (DILOCO_HOST_SIMD=0: batch() is then
+// operator() block by block, which the test checks all the same).
+TEST_CASE("the shard reduction over runs of blocks equals the portable code block by block") {
+  auto worlds = [](auto run) {
+    for (const int world : {1, 2, 3, 4}) {
+      CAPTURE(world);
+      run(world);
+    }
+  };
+  SUBCASE("int8, B = 128") { worlds(check_runs<cp::blockwise_codec<dc::int8, 128, cp::round_nearest>>); }
+  SUBCASE("int4, B = 128") { worlds(check_runs<cp::blockwise_codec<dc::int4, 128, cp::round_nearest>>); }
+  SUBCASE("fp8 e4m3, B = 128") { worlds(check_runs<cp::blockwise_codec<dc::fp8_e4m3, 128, cp::round_nearest>>); }
+  SUBCASE("fp8 e5m2, B = 32") { worlds(check_runs<cp::blockwise_codec<dc::fp8_e5m2, 32, cp::round_nearest>>); }
+  SUBCASE("fp4 e3m0, B = 128") { worlds(check_runs<cp::blockwise_codec<dc::fp4_e3m0, 128, cp::round_nearest>>); }
+  SUBCASE("int2, B = 128") { worlds(check_runs<cp::blockwise_codec<dc::int2, 128, cp::round_nearest>>); }
+  // Runs of 4 blocks (run_blocks), two to a call of 8.
+  SUBCASE("int8, B = 256") { worlds(check_runs<cp::blockwise_codec<dc::int8, 256, cp::round_nearest>>); }
 }
 
 TEST_CASE("host SIMD passes take the codecs they claim and no others") {

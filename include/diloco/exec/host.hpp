@@ -219,6 +219,8 @@ class host {
 
   /// The fixed-order sum of f over [lo, hi): lane l accumulates the indices
   /// congruent to l modulo reduce_lanes, then the lanes are added pairwise.
+  /// A functor with batch(i, n, r) (r[j] = f(i + j), j < n <= reduce_lanes:
+  /// kernels::reduce_shard) is called that way, the same sums in the same order.
   /// A functor returning float is summed in float lanes within the chunk
   /// (each lane adds reduce_chunk / reduce_lanes = 1024 terms, so the
   /// relative error stays near 1e-4 at worst) and chunks in double: the
@@ -230,9 +232,19 @@ class host {
     using R = sum_type<F>;
     R lane[reduce_lanes] = {};
     std::size_t i = lo;
-    for (; i + reduce_lanes <= hi; i += reduce_lanes)
-      for (std::size_t l = 0; l < reduce_lanes; ++l) lane[l] += static_cast<R>(f(i + l));
-    for (std::size_t l = 0; l < reduce_lanes && i < hi; ++i, ++l) lane[l] += static_cast<R>(f(i));  // the tail
+    if constexpr (requires(R* r) { f.batch(i, hi, r); }) {
+      // f.batch(i, n, r): r[j] = f(i + j) for j < n, computed together.
+      R r[reduce_lanes];
+      for (; i < hi; i += reduce_lanes) {
+        const std::size_t n = std::min(reduce_lanes, hi - i);
+        f.batch(i, n, r);
+        for (std::size_t l = 0; l < n; ++l) lane[l] += r[l];
+      }
+    } else {
+      for (; i + reduce_lanes <= hi; i += reduce_lanes)
+        for (std::size_t l = 0; l < reduce_lanes; ++l) lane[l] += static_cast<R>(f(i + l));
+      for (std::size_t l = 0; l < reduce_lanes && i < hi; ++i, ++l) lane[l] += static_cast<R>(f(i));  // the tail
+    }
     for (std::size_t width = reduce_lanes / 2; width > 0; width /= 2)
       for (std::size_t l = 0; l < width; ++l) lane[l] += lane[l + width];
     return lane[0];

@@ -265,8 +265,9 @@ struct reduce_shard {
         // loops' baseline form, for the codecs host_simd::supports.
         if constexpr (host_simd_codec<Codec>) {
           if (host_simd::enabled()) {
-            if (host_simd::reduce_block<typename host_simd::supports<Codec>::format, Codec::block,
-                                        norm_lanes(Codec::block)>(in, world, out, norm_sq))
+            // A run of one: batch()'s instantiation, so only it is compiled.
+            if (host_simd::reduce_blocks<typename host_simd::supports<Codec>::format, Codec::block,
+                                         norm_lanes(Codec::block), run_blocks>(in, stride, world, 1u, out, &norm_sq))
               return norm_sq;
           } else if (host_loops<Codec>::reduce_baseline(in, world, out, norm_sq)) {
             return norm_sq;
@@ -280,6 +281,45 @@ struct reduce_shard {
     }
 #endif
     return portable(b);
+  }
+
+#if defined(DILOCO_HOST_SIMD_X86) && defined(DILOCO_HOST_BLOCK_LOOPS)
+  /// The blocks host_simd::reduce_blocks takes in one run: as many as fill
+  /// 1024 floats of means, at most 8 (exec::host hands batch() 8 blocks).
+  static constexpr std::size_t run_blocks = Codec::block >= 1024 ? 1 : Codec::block >= 128 ? 1024 / Codec::block : 8;
+#endif
+  /// Blocks [b, b + n) into norm_sq[0, n): norm_sq[j] = operator()(b + j),
+  /// the same bits and bytes (exec::host's sums call it 8 blocks at a time
+  /// and add the norms in the order they add operator()'s). With AVX2 the
+  /// whole blocks of the codecs host_simd::supports go to
+  /// host_simd::reduce_blocks run_blocks at a time, which overlaps their
+  /// dependent chains; the blocks it refuses take operator() (so the
+  /// portable code), one by one.
+  void batch(std::size_t b, std::size_t n, double* norm_sq) const {
+#if defined(DILOCO_HOST_SIMD_X86) && defined(DILOCO_HOST_BLOCK_LOOPS)
+    if constexpr (host_block_codec<Codec> && host_simd_codec<Codec> && run_blocks > 1) {
+      if (host_simd::enabled() && world >= 1 && world <= host_simd::max_world) {
+        const std::byte* in[host_simd::max_world];
+        for (std::size_t r = 0; r < n; r += run_blocks) {
+          const std::size_t count = n - r < run_blocks ? n - r : run_blocks;
+          unsigned want = 0;
+          for (std::size_t j = 0; j < count; ++j)
+            if (blocks[b + r + j].len == Codec::block) want |= 1u << j;
+          for (int k = 0; k < world; ++k) in[k] = received[k] + (b + r) * stride;
+          const unsigned done =
+              host_simd::reduce_blocks<typename host_simd::supports<Codec>::format, Codec::block,
+                                       norm_lanes(Codec::block), run_blocks>(in, stride, world, want,
+                                                                            payload + (b + r) * stride, norm_sq + r);
+          // The others by operator(), which tries the block alone and
+          // gives it to the portable code (one copy of it compiled here, not two).
+          for (std::size_t j = 0; j < count; ++j)
+            if (!(done >> j & 1u)) norm_sq[r + j] = (*this)(b + r + j);
+        }
+        return;
+      }
+    }
+#endif
+    for (std::size_t j = 0; j < n; ++j) norm_sq[j] = (*this)(b + j);
   }
 
   /// Block b by the portable code (what every other path must equal).

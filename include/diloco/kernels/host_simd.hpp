@@ -10,7 +10,8 @@
 // sit in separate loops over block-local arrays, and the reduction decodes
 // M blocks through byte loads. Each format's element operations (decoding
 // 32 codes, rounding 8 values, packing 32 codes) are detail::ops<Format>;
-// encode_block and reduce_block are written once over them.
+// encode_block and reduce_blocks (a run of blocks at a time) are written
+// once over them.
 //
 // Each routine does, per element, exactly the IEEE operations of the
 // portable pass (AVX2 add, sub, mul and div are correctly rounded, and no
@@ -123,12 +124,15 @@ inline block_scale scale_of(std::int32_t max_bits, float levels) {
   return s;
 }
 
-/// round_even(y) clamped to [-L, L] (int_grid::round<false>).
-DILOCO_AVX2_INLINE __m256 grid_round(__m256 y, __m256 levels, __m256 neg_levels) {
-  const __m256 magic = _mm256_set1_ps(12582912.0f);
-  __m256 r = _mm256_sub_ps(_mm256_add_ps(y, magic), magic);
-  r = _mm256_min_ps(r, levels);
-  return _mm256_max_ps(r, neg_levels);
+/// round_even(y) clamped to [-L, L] (int_grid::round<false>), and as int32
+/// in code: y clamped first (L is a whole number, so clamping and rounding
+/// commute; a NaN y becomes L, as min returns its second operand, which is
+/// what rounding it by adding 1.5 * 2^23 and clamping gives too), then
+/// converted to the nearest integer, ties to even (the default rounding mode,
+/// which every add of the portable code assumes too), and back.
+DILOCO_AVX2_INLINE __m256 grid_round(__m256 y, __m256 levels, __m256 neg_levels, __m256i& code) {
+  code = _mm256_cvtps_epi32(_mm256_max_ps(_mm256_min_ps(y, levels), neg_levels));
+  return _mm256_cvtepi32_ps(code);
 }
 
 /// 32 int32 codes in [-128, 255] (four registers, elements 8k .. 8k + 7 in
@@ -196,7 +200,7 @@ template <class Format>
 struct ops;
 
 /// int8 and int4: the grid values by sign extension and a conversion, the
-/// rounding by the 1.5 * 2^23 trick.
+/// rounding by a conversion to int32 (grid_round).
 template <class Format>
   requires(std::is_same_v<Format, int8> || std::is_same_v<Format, int4>)
 struct ops<Format> {
@@ -213,9 +217,7 @@ struct ops<Format> {
     for (int k = 0; k < 4; ++k) out[k] = _mm256_mul_ps(out[k], r.scale);
   }
   DILOCO_AVX2_INLINE static __m256 round8(__m256 y, __m256i& code) {
-    const __m256 q = grid_round(y, _mm256_set1_ps(Format::levels), _mm256_set1_ps(-Format::levels));
-    code = _mm256_cvttps_epi32(q);
-    return q;
+    return grid_round(y, _mm256_set1_ps(Format::levels), _mm256_set1_ps(-Format::levels), code);
   }
   DILOCO_AVX2_INLINE static void put32(unsigned char* out, const __m256i* c) {
     put_codes32<bits>(out, c[0], c[1], c[2], c[3]);
@@ -299,9 +301,12 @@ struct ops<Format> {
     __m256 table;
   };
   DILOCO_AVX2_INLINE static bool make_rank(float amax, float scale, rank& r) {
-    alignas(32) float t[8];
-    for (std::uint32_t m = 0; m < 8; ++m) t[m] = kernels::minifloat_grid<Format>::value_branchless(m) * scale;
-    r.table = _mm256_load_ps(t);
+    // value(m) * scale for m = 0..7: eight products, each rounded once, as the scalar ones.
+    using grid = kernels::minifloat_grid<Format>;
+    r.table = _mm256_mul_ps(_mm256_setr_ps(grid::value_branchless(0), grid::value_branchless(1), grid::value_branchless(2),
+                                           grid::value_branchless(3), grid::value_branchless(4), grid::value_branchless(5),
+                                           grid::value_branchless(6), grid::value_branchless(7)),
+                            _mm256_set1_ps(scale));
     return amax - amax == 0.0f;
   }
   DILOCO_AVX2_INLINE static void decode32(const unsigned char* in, const rank& r, __m256* out) {
@@ -391,9 +396,9 @@ struct ops<Format> {
   }
 };
 
-/// What quantize_into does with each element's dq: the encode pass writes
-/// the residual decay * (v - dq) (when it keeps one) and sums the squares of
-/// v - dq; the reduction sums the squares of dq.
+/// What quantize_into does with each element's dq in the encode pass: it
+/// writes the residual decay * (v - dq) (when it keeps one) and sums the
+/// squares of v - dq (the reduction's quantize_group sums those of dq).
 struct residual_sink {
   float* next;  ///< the new residual, or nullptr
   __m256 decay;
@@ -403,9 +408,6 @@ struct residual_sink {
     if (next) _mm256_storeu_ps(next + j, scaled ? _mm256_mul_ps(decay, err) : err);
     return err;
   }
-};
-struct decoded_sink {
-  DILOCO_AVX2_INLINE __m256 operator()(std::size_t, __m256, __m256 dq) const { return dq; }
 };
 
 /// Quantizes the block v[0, B) (its scale common) into `codes`; each
@@ -462,22 +464,21 @@ DILOCO_AVX2 bool encode_block(const float* g, const float* l, const float* e, fl
   return true;
 }
 
-/// reduce_shard's block of B elements: the M payloads' blocks decoded,
-/// summed in rank order, divided by M and re-encoded into `out`; the squared
-/// norm of the re-encoded block into norm_sq. False (having written
-/// nothing) when a received factor or the mean's scale leaves the common
-/// path. `in[k]` is rank k's encoding of the block.
-template <class Format, std::size_t B, std::size_t L>
-DILOCO_AVX2 bool reduce_block(const std::byte* const* in, int world, std::byte* out, double& norm_sq) {
-  static_assert(B % 32 == 0 && L % 8 == 0 && B % L == 0, "whole 32-element steps and whole lanes");
+namespace detail {
+
+/// The mean of one block's M received encodings (rank k's at in[k] + at),
+/// decoded, summed in rank order and divided by M, into mean[0, B), and the
+/// bits of its largest magnitude into max_bits. False (mean unwritten) when
+/// a received factor leaves the common path or the decoding refuses it.
+template <class Format, std::size_t B>
+DILOCO_AVX2_INLINE bool block_mean(const std::byte* const* in, std::size_t at, int world, float* mean,
+                                   std::int32_t& max_bits) {
   constexpr float levels = Format::levels;
-  using fmt = detail::ops<Format>;
-  alignas(32) float mean[B];
+  using fmt = ops<Format>;
   typename fmt::rank ranks[max_world];
-  if (world < 1 || world > max_world) return false;
   for (int k = 0; k < world; ++k) {
     float amax;
-    std::memcpy(&amax, in[k], 4);
+    std::memcpy(&amax, in[k] + at, 4);
     // blockwise_codec::decode multiplies by amax / L when that is normal or
     // amax is not finite, and computes (q * amax) / L otherwise, which for
     // amax = 0 is q * 0 (+-0 by q's sign) too; other tiny factors take the
@@ -495,9 +496,9 @@ DILOCO_AVX2 bool reduce_block(const std::byte* const* in, int world, std::byte* 
   const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
   for (std::size_t j = 0; j < B; j += 32) {
     __m256 acc[4], x[4];
-    fmt::decode32(reinterpret_cast<const unsigned char*>(in[0] + 4) + j * Format::bits / 8, ranks[0], acc);
+    fmt::decode32(reinterpret_cast<const unsigned char*>(in[0] + at + 4) + j * Format::bits / 8, ranks[0], acc);
     for (int k = 1; k < world; ++k) {
-      fmt::decode32(reinterpret_cast<const unsigned char*>(in[k] + 4) + j * Format::bits / 8, ranks[k], x);
+      fmt::decode32(reinterpret_cast<const unsigned char*>(in[k] + at + 4) + j * Format::bits / 8, ranks[k], x);
       for (int i = 0; i < 4; ++i) acc[i] = _mm256_add_ps(acc[i], x[i]);
     }
     for (int i = 0; i < 4; ++i) {
@@ -506,12 +507,100 @@ DILOCO_AVX2 bool reduce_block(const std::byte* const* in, int world, std::byte* 
       mbits = _mm256_max_epi32(mbits, _mm256_and_si256(_mm256_castps_si256(y), abs_mask));
     }
   }
-  const detail::block_scale s = detail::scale_of(detail::max8(mbits), levels);
-  if (!s.common) return false;
-  std::memcpy(out, &s.amax, 4);
-  norm_sq = detail::quantize_into<Format, B, L>(mean, s, reinterpret_cast<unsigned char*>(out + 4),
-                                                detail::decoded_sink{});
+  max_bits = max8(mbits);
   return true;
+}
+
+/// The reduction's quantization of P blocks (scales common), quantize_into's
+/// steps with the squares of dq summed, their steps interleaved (32
+/// elements of each block in turn) so that their norm lanes' sums, each a
+/// chain of dependent adds, run side by side: block p's mean v[p] (scale
+/// s[p]) into codes[p], the squared norm of its decoding into norm[p], each
+/// the bits it has alone.
+template <class Format, std::size_t B, std::size_t L, std::size_t P>
+DILOCO_AVX2_INLINE void quantize_group(const float* const* v, const block_scale* const* s,
+                                       unsigned char* const* codes, double* const* norm) {
+  __m256 acc[P][L / 8];
+  for (auto& a : acc)
+    for (auto& x : a) x = _mm256_setzero_ps();
+  for (std::size_t j = 0; j < B; j += 32)
+    for (std::size_t p = 0; p < P; ++p) {
+      const __m256 inv = _mm256_set1_ps(s[p]->inv), scale = _mm256_set1_ps(s[p]->scale);
+      __m256i q[4];
+      for (std::size_t k = 0; k < 4; ++k) {
+        const __m256 r = ops<Format>::round8(_mm256_mul_ps(_mm256_loadu_ps(v[p] + j + 8 * k), inv), q[k]);
+        const __m256 n = _mm256_mul_ps(r, scale);
+        __m256& a = acc[p][((j + 8 * k) / 8) % (L / 8)];
+        a = _mm256_add_ps(a, _mm256_mul_ps(n, n));
+      }
+      ops<Format>::put32(codes[p] + j * Format::bits / 8, q);
+    }
+  for (std::size_t p = 0; p < P; ++p) *norm[p] = lane_tree8<L>(acc[p]);
+}
+
+}  // namespace detail
+
+/// reduce_shard's blocks of B elements, a run of up to K consecutive ones
+/// of a shard: block j (j < K) at in[k] + j * stride in rank k's encoding
+/// and at out + j * stride in the reduced one. Each block of `want` (bit j:
+/// block j) has its M received blocks decoded, summed in rank order,
+/// divided by M and re-encoded into `out`, the squared norm of the
+/// re-encoded block into norm_sq[j]. The run goes in three phases (every
+/// block's mean, then every scale, then the quantizations two blocks at a
+/// time), so that the out-of-order core overlaps the independent blocks'
+/// dependent chains (the block max, its scale, the norm lanes' sums)
+/// instead of waiting on one block's at a time; each block's operations are
+/// those it has alone, so the same bits. Returns the blocks it wrote (bit
+/// j: block j); the others, whose received factor or mean's scale leaves
+/// the common path, it leaves untouched, for the portable code.
+template <class Format, std::size_t B, std::size_t L, std::size_t K>
+DILOCO_AVX2 unsigned reduce_blocks(const std::byte* const* in, std::size_t stride, int world, unsigned want,
+                                   std::byte* out, double* norm_sq) {
+  static_assert(B % 32 == 0 && L % 8 == 0 && B % L == 0, "whole 32-element steps and whole lanes");
+  static_assert(K >= 1 && K <= 32, "a run's blocks are the bits of an unsigned");
+  if (world < 1 || world > max_world) return 0;
+  alignas(32) float mean[K][B];
+  std::int32_t max_bits[K];
+  unsigned done = 0;
+  for (std::size_t j = 0; j < K; ++j)
+    if ((want >> j & 1u) && detail::block_mean<Format, B>(in, j * stride, world, mean[j], max_bits[j]))
+      done |= 1u << j;
+  detail::block_scale s[K];
+  for (std::size_t j = 0; j < K; ++j)
+    if (done >> j & 1u) {
+      s[j] = detail::scale_of(max_bits[j], Format::levels);
+      if (!s[j].common) done &= ~(1u << j);
+    }
+  // The blocks taken, in order, quantized two at a time (their norm chains
+  // side by side), then the odd one alone; fp8 and fp4, whose rounding
+  // takes more registers, one at a time (pairs measured no faster).
+  const float* v[K];
+  const detail::block_scale* sp[K];
+  unsigned char* codes[K];
+  double* norms[K];
+  std::size_t taken = 0;
+  for (std::size_t j = 0; j < K; ++j)
+    if (done >> j & 1u) {
+      std::byte* o = out + j * stride;
+      std::memcpy(o, &s[j].amax, 4);
+      v[taken] = mean[j];
+      sp[taken] = &s[j];
+      codes[taken] = reinterpret_cast<unsigned char*>(o + 4);
+      norms[taken] = &norm_sq[j];
+      ++taken;
+    }
+  std::size_t i = 0;
+  if constexpr (std::is_same_v<Format, int8> || std::is_same_v<Format, int4> || std::is_same_v<Format, int2>)
+    for (; i + 2 <= taken; i += 2) detail::quantize_group<Format, B, L, 2>(v + i, sp + i, codes + i, norms + i);
+  for (; i < taken; ++i) detail::quantize_group<Format, B, L, 1>(v + i, sp + i, codes + i, norms + i);
+  return done;
+}
+
+/// reduce_blocks for one block: `in[k]` is rank k's encoding of it; false
+/// (having written nothing) where it leaves the common path.
+template <class Format, std::size_t B, std::size_t L>
+DILOCO_AVX2 bool reduce_block(const std::byte* const* in, int world, std::byte* out, double& norm_sq) {
+  return reduce_blocks<Format, B, L, 1>(in, 0, world, 1u, out, &norm_sq) != 0u;
 }
 
 #undef DILOCO_AVX2_INLINE
