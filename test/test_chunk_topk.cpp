@@ -92,6 +92,63 @@ TEST_CASE("chunk_topk selects exactly the K largest magnitudes, ties to the lowe
   }
 }
 
+// The selection of a chunk with at least 2K groups of 8 finds the K-th
+// largest magnitude from the groups' largest (chunk_topk_codec::
+// select_bounded): each input below takes one of its ways (a planted fault
+// in the tie pass, either search or the bound fails this case), against
+// the reference sort; 300 random chunks with heavy ties besides.
+TEST_CASE("chunk_topk's bounded selection: every way through it equals a full sort") {
+  auto check = [](auto codec, const std::vector<float>& v) {
+    using C = decltype(codec);
+    std::vector<std::uint64_t> got(C::block, ~0ULL);
+    C::select(v.data(), v.size(), C::k, got.data());
+    const auto want = reference_topk(v, C::k);
+    REQUIRE(want.size() == C::k);
+    for (std::size_t e = 0; e < C::k; ++e) REQUIRE(got[e] == want[e]);
+  };
+  using S = cp::chunk_topk_codec<4096, 64, dc::int2, cp::round_nearest>;
+  auto tiny = random_normals(4096, 11, 1e-6f);
+  SUBCASE("the K largest in K different groups: the bound is the K-th largest itself") {
+    auto v = tiny;
+    for (std::size_t i = 0; i < 64; ++i) v[64 * i + (i * 13) % 64] = (i % 2 ? -1.0f : 1.0f) * (1.0f + 0.01f * static_cast<float>(i));
+    check(S{}, v);
+  }
+  SUBCASE("fewer than K above the bound and ties at it: the first of the tied by position") {
+    auto v = tiny;
+    for (std::size_t i = 0; i < 40; ++i) v[97 * i + 5] = 2.0f + 0.01f * static_cast<float>(i);
+    for (std::size_t i = 0; i < 100; ++i) v[(41 * i + 3) % 4096] = i % 2 ? -0.5f : 0.5f;
+    check(S{}, v);
+  }
+  SUBCASE("more than K above the bound: the K-th largest searched among them") {
+    std::vector<float> v(4096);
+    for (std::size_t j = 0; j < 4096; ++j) v[j] = static_cast<float>(j) * (j % 2 ? -1.0f : 1.0f);
+    check(S{}, v);
+    std::reverse(v.begin(), v.end());
+    check(S{}, v);
+  }
+  SUBCASE("K = 256: up to 8 (K - 1) elements above the bound") {
+    std::vector<float> v(4096);
+    for (std::size_t j = 0; j < 4096; ++j) v[j] = static_cast<float>(j);
+    check(cp::chunk_topk_codec<4096, 256, dc::int2, cp::round_nearest>{}, v);
+  }
+  SUBCASE("random chunks with heavy ties") {
+    std::mt19937 rng(5);
+    for (int trial = 0; trial < 300; ++trial) {
+      CAPTURE(trial);
+      // Values from a set of `distinct` magnitudes of either sign, on a
+      // `share` of the chunk, the rest tiny: ties inside and across groups.
+      const int distinct = 1 + trial % 9;
+      const float share = 0.002f * static_cast<float>(1 + trial % 50);
+      std::uniform_real_distribution<float> u(0.0f, 1.0f);
+      std::uniform_int_distribution<int> pick(0, distinct - 1);
+      auto v = random_normals(4096, static_cast<std::uint32_t>(100 + trial), 1e-4f);
+      for (auto& x : v)
+        if (u(rng) < share) x = (u(rng) < 0.5f ? -1.0f : 1.0f) * (1.0f + 0.125f * static_cast<float>(pick(rng)));
+      check(S{}, v);
+    }
+  }
+}
+
 TEST_CASE("chunk_topk layout: 4 + K*bits/8 + K*ceil(log2 Chunk)/8 bytes, and 0.0283 B/param at 64 of 4096 in int2") {
   using S = cp::chunk_topk_codec<4096, 64, dc::int2, cp::round_nearest>;
   CHECK(S::index_bits == 12);

@@ -114,8 +114,8 @@ struct chunk_topk_codec {
 
   /// Encodes the chunk's K largest magnitudes (ties to the lower index, NaN first) against its
   /// amax; dq receives decode(out). `stream` and `index0 + j` seed stochastic rounding.
-  void encode(const float* v, std::size_t len, std::byte* out, float* dq, std::uint64_t stream,
-              std::uint64_t index0) const {
+  DILOCO_FORCEINLINE void encode(const float* v, std::size_t len, std::byte* out, float* dq, std::uint64_t stream,
+                                 std::uint64_t index0) const {
     len = std::min(len, Chunk);
     const std::size_t n = entries(len);
     // Selection: the n largest keys (|v| bits, then the lower index), so
@@ -143,18 +143,145 @@ struct chunk_topk_codec {
 
   /// The positions of the n largest keys of v[0, len) (key: |v| bits, then
   /// the lower index; n <= len), in increasing order, into idx[0, n). The
-  /// top n of a total order are one set however they are found; this finds
-  /// them in two passes instead of a selection over the whole chunk: a
-  /// histogram of the keys' top 11 bits (the exponent and 3 mantissa bits)
-  /// finds the bin that holds the n-th largest, every element above it is
-  /// selected, and only that bin's elements are ordered (nth_element) to
-  /// find how many of it are; a last pass collects the selected positions
-  /// in order, so no sort either.
-  static void select(const float* v, std::size_t len, std::size_t n, std::uint64_t* idx) {
+  /// top n of a total order are one set however they are found: where the
+  /// chunk has at least 2n groups of 8 by the n-th largest magnitude, which
+  /// the groups' largest bound (select_bounded), otherwise by a histogram
+  /// of the magnitudes (select_binned).
+  DILOCO_FORCEINLINE static void select(const float* v, std::size_t len, std::size_t n, std::uint64_t* idx) {
     if (n >= len) {
       for (std::size_t j = 0; j < len; ++j) idx[j] = j;
       return;
     }
+    if (len % 8 == 0 && len / 8 >= 2 * n)
+      select_bounded(v, len, n, idx);
+    else
+      select_binned(v, len, n, idx);
+  }
+
+  /// select() by a bound (len a multiple of 8, at least 2n groups of 8,
+  /// n < len). The n-th largest magnitude t decides the selection: every
+  /// element above t, then the first of those equal to t (ties to the lower
+  /// index), collected in one pass in position order that stops when it has
+  /// n. t is found without ordering anything: the n-th largest of the
+  /// groups' largest magnitudes is at most t (n groups each hold one at
+  /// least that), so t is it when fewer than n elements exceed it, and
+  /// otherwise t is the n-th largest of the elements above it, which lie in
+  /// fewer than n groups (those whose largest exceeds it). Each n-th largest
+  /// is built bit by bit (nth_largest), in counting passes that vectorize,
+  /// where a selection's comparisons branch on the data; passes skip the
+  /// groups whose largest is below what they look for.
+  DILOCO_FORCEINLINE static void select_bounded(const float* v, std::size_t len, std::size_t n, std::uint64_t* idx) {
+    auto magnitude = [v](std::size_t j) {
+      std::uint32_t b;
+      std::memcpy(&b, v + j, 4);
+      return b & 0x7fffffffu;
+    };
+    constexpr std::size_t most = Chunk / 8 > 0 ? Chunk / 8 : 1;
+    const std::size_t groups = len / 8;
+    std::uint32_t top[most];
+    std::uint32_t hi = 0;
+    for (std::size_t g = 0; g < groups; ++g) {
+      std::uint32_t m = 0;
+      for (std::size_t i = 0; i < 8; ++i) m = magnitude(8 * g + i) > m ? magnitude(8 * g + i) : m;
+      top[g] = m;
+      hi = m > hi ? m : hi;
+    }
+    // A lower bound to start from: with n runs of 8 groups or more, the
+    // smallest of the runs' largest (n of `top`, one per run, are at least
+    // it), else 0. A chunk of equal magnitudes has it equal to hi.
+    std::uint32_t lo = 0;
+    if (groups / 8 >= n) {
+      lo = hi;
+      for (std::size_t r = 0; r < groups / 8; ++r) {
+        std::uint32_t m = 0;
+        for (std::size_t i = 0; i < 8; ++i) m = top[8 * r + i] > m ? top[8 * r + i] : m;
+        lo = m < lo ? m : lo;
+      }
+    }
+    // Only the values of `top` in [lo, hi] decide it: gathered without
+    // branches first.
+    std::uint32_t t = lo;
+    if (lo != hi) {
+      std::uint32_t in_range[most];
+      std::size_t c = 0;
+      for (std::size_t g = 0; g < groups; ++g) {
+        in_range[c] = top[g];
+        c += top[g] >= lo;
+      }
+      t = nth_largest(in_range, c, n, lo, hi);
+    }
+    // The groups whose largest exceeds t (or, for the last pass, is at
+    // least t), in order, listed without branches (which they are follows
+    // the data).
+    std::uint16_t hot[most];
+    std::size_t h = 0;
+    auto list = [&](bool ties_too) {
+      h = 0;
+      for (std::size_t g = 0; g < groups; ++g) {
+        hot[h] = static_cast<std::uint16_t>(g);
+        h += top[g] > t || (ties_too && top[g] == t);
+      }
+    };
+    list(false);
+    std::size_t above = 0;
+    for (std::size_t q = 0; q < h; ++q)
+      for (std::size_t i = 0; i < 8; ++i) above += magnitude(8 * std::size_t{hot[q]} + i) > t;
+    if (above >= n) {
+      // t is the n-th largest of the elements above the bound, all in the
+      // listed groups: gathered without branches, then searched.
+      std::uint32_t over[Chunk];
+      std::size_t c = 0;
+      for (std::size_t q = 0; q < h; ++q)
+        for (std::size_t i = 0; i < 8; ++i) {
+          over[c] = magnitude(8 * std::size_t{hot[q]} + i);
+          c += over[c] > t;
+        }
+      t = nth_largest(over, c, n, t + 1, hi);
+      above = 0;
+      for (std::size_t j = 0; j < c; ++j) above += over[j] > t;
+    }
+    list(true);
+    std::size_t ties = n - above;  // of the magnitudes equal to t, the first ones
+    std::size_t e = 0;
+    for (std::size_t q = 0; q < h && e < n; ++q) {
+      const std::size_t g = hot[q];
+      for (std::size_t i = 0; i < 8; ++i) {
+        const std::size_t j = 8 * g + i;
+        const std::uint32_t m = magnitude(j);
+        const bool tie = m == t && ties != 0;
+        idx[e] = j;
+        e += static_cast<std::size_t>(m > t) | static_cast<std::size_t>(tie);
+        ties -= static_cast<std::size_t>(tie);
+      }
+    }
+  }
+
+  /// The n-th largest of x[0, count) (1 <= n <= count), given that it lies
+  /// in [lo, hi]: the bits lo and hi share are its bits; below them it is
+  /// built bit by bit from the top as the largest value with at least n of
+  /// x at or above it.
+  DILOCO_FORCEINLINE static std::uint32_t nth_largest(const std::uint32_t* x, std::size_t count, std::size_t n, std::uint32_t lo,
+                                   std::uint32_t hi) {
+    if (lo == hi) return lo;
+    auto at_least = [&](std::uint32_t y) {
+      std::uint32_t c = 0;
+      for (std::size_t i = 0; i < count; ++i) c += x[i] >= y;
+      return std::size_t{c};
+    };
+    int bit = 31;
+    while (((lo ^ hi) >> bit) == 0) --bit;  // the highest bit where they differ
+    std::uint32_t t = hi & ~static_cast<std::uint32_t>((std::uint64_t{2} << bit) - 1u);
+    for (; bit >= 0; --bit)
+      if (const std::uint32_t y = t | (1u << bit); at_least(y) >= n) t = y;
+    return t;
+  }
+
+  /// select() by a histogram (n < len): a histogram of the keys' top 11
+  /// bits (the exponent and 3 mantissa bits) finds the bin that holds the
+  /// n-th largest, every element above it is selected, and only that bin's
+  /// elements are ordered (nth_element) to find how many of it are; a last
+  /// pass collects the selected positions in order, so no sort either.
+  static void select_binned(const float* v, std::size_t len, std::size_t n, std::uint64_t* idx) {
     auto magnitude = [v](std::size_t j) {
       std::uint32_t b;
       std::memcpy(&b, v + j, 4);
