@@ -210,25 +210,23 @@ struct chunk_topk_codec {
       }
       t = nth_largest(in_range, c, n, lo, hi);
     }
-    // The groups whose largest exceeds t (or, for the last pass, is at
-    // least t), in order, listed without branches (which they are follows
-    // the data).
-    std::uint16_t hot[most];
-    std::size_t h = 0;
-    auto list = [&](bool ties_too) {
-      h = 0;
-      for (std::size_t g = 0; g < groups; ++g) {
-        hot[h] = static_cast<std::uint16_t>(g);
-        h += top[g] > t || (ties_too && top[g] == t);
-      }
-    };
-    list(false);
+    // The groups whose largest exceeds t (hot) and those whose largest is
+    // at least t (warm, where the selection is), in order, listed in one
+    // pass without branches (which they are follows the data).
+    std::uint16_t hot[most], warm[most];
+    std::size_t h = 0, w = 0;
+    for (std::size_t g = 0; g < groups; ++g) {
+      hot[h] = warm[w] = static_cast<std::uint16_t>(g);
+      h += top[g] > t;
+      w += top[g] >= t;
+    }
     std::size_t above = 0;
     for (std::size_t q = 0; q < h; ++q)
       for (std::size_t i = 0; i < 8; ++i) above += magnitude(8 * std::size_t{hot[q]} + i) > t;
     if (above >= n) {
       // t is the n-th largest of the elements above the bound, all in the
-      // listed groups: gathered without branches, then searched.
+      // hot groups: gathered without branches, then searched; the warm
+      // groups of the new t are among the hot ones.
       std::uint32_t over[Chunk];
       std::size_t c = 0;
       for (std::size_t q = 0; q < h; ++q)
@@ -239,12 +237,16 @@ struct chunk_topk_codec {
       t = nth_largest(over, c, n, t + 1, hi);
       above = 0;
       for (std::size_t j = 0; j < c; ++j) above += over[j] > t;
+      w = 0;
+      for (std::size_t q = 0; q < h; ++q) {
+        warm[w] = hot[q];
+        w += top[hot[q]] >= t;
+      }
     }
-    list(true);
     std::size_t ties = n - above;  // of the magnitudes equal to t, the first ones
     std::size_t e = 0;
-    for (std::size_t q = 0; q < h && e < n; ++q) {
-      const std::size_t g = hot[q];
+    for (std::size_t q = 0; q < w && e < n; ++q) {
+      const std::size_t g = warm[q];
       for (std::size_t i = 0; i < 8; ++i) {
         const std::size_t j = 8 * g + i;
         const std::uint32_t m = magnitude(j);
