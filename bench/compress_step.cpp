@@ -67,12 +67,14 @@ struct portable_only {
 };
 
 // A pass called block by block: without the shard reduction's batch(),
-// exec::host calls operator() once per block (its single-block path).
+// exec::host calls operator() once per block (its single-block path). Not
+// inlined into the executor's eight lanes, which would compile the pass
+// (its portable code included) sixteen times over for this one row.
 template <class Pass>
 struct block_by_block {
   static constexpr std::size_t elements_per_call = Pass::elements_per_call;
   Pass pass;
-  auto operator()(std::size_t b) const { return pass(b); }
+  __attribute__((noinline)) auto operator()(std::size_t b) const { return pass(b); }
 };
 
 // The encode pass's rows: bytes it must move per parameter and its rate
