@@ -83,9 +83,9 @@ struct no_draw {
 /// fp32 in rank order (reduce/gathered.hpp); re-encoding a mean of sparse
 /// vectors would only lose more.
 ///
-/// Encoding on the host selects with nth_element over the chunk; the device
-/// form (kernels/topk_blocks.hpp) runs a radix select in shared memory per
-/// chunk and gives the same bytes.
+/// Encoding on the host finds the chunk's K-th largest magnitude (select());
+/// the device form (kernels/topk_blocks.hpp) runs a radix select in shared
+/// memory per chunk and gives the same bytes.
 template <std::size_t Chunk, std::size_t K, class Values, class Rounding>
 struct chunk_topk_codec {
   static_assert(Chunk >= 2 && Chunk <= 16384, "chunk_topk: Chunk must be in [2, 16384]");
