@@ -190,12 +190,14 @@ struct chunk_topk_codec {
     // smallest of the runs' largest (n of `top`, one per run, are at least
     // it), else 0. A chunk of equal magnitudes has it equal to hi.
     std::uint32_t lo = 0;
-    if (groups / 8 >= n) {
-      lo = hi;
-      for (std::size_t r = 0; r < groups / 8; ++r) {
-        std::uint32_t m = 0;
-        for (std::size_t i = 0; i < 8; ++i) m = top[8 * r + i] > m ? top[8 * r + i] : m;
-        lo = m < lo ? m : lo;
+    if constexpr (most >= 8) {  // a smaller chunk has no run of 8 groups
+      if (groups / 8 >= n) {
+        lo = hi;
+        for (std::size_t r = 0; r < groups / 8; ++r) {
+          std::uint32_t m = 0;
+          for (std::size_t i = 0; i < 8; ++i) m = top[8 * r + i] > m ? top[8 * r + i] : m;
+          lo = m < lo ? m : lo;
+        }
       }
     }
     // Only the values of `top` in [lo, hi] decide it: gathered without
