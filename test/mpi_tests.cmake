@@ -131,8 +131,5 @@ if(DILOCO_MPIEXEC_EXTRA_FLAGS MATCHES "oversubscribe")  # Open MPI
   # The default mode waits out the 30 s default timeout, idle, holding the
   # MPI lock: the release stage runs it; the sanitizer stages, which leave
   # out the slow tests, have the error mode for the same detection path.
-  # Its COST starts it beside test_demo (COST 1000), whose worker threads
-  # keep both cores busy while it idles in the other ctest slot.
   set_property(TEST test_comm_mpi_peer_death_default_np3 APPEND PROPERTY LABELS slow)
-  set_tests_properties(test_comm_mpi_peer_death_default_np3 PROPERTIES COST 900)
 endif()

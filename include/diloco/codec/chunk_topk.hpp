@@ -9,6 +9,7 @@
 
 #include "diloco/codec/blockwise.hpp"
 #include "diloco/codec/block_codec.hpp"
+#include "diloco/codec/float_formats.hpp"
 #include "diloco/codec/formats.hpp"
 #include "diloco/core/error.hpp"
 #include "diloco/core/macros.hpp"
@@ -171,11 +172,7 @@ struct chunk_topk_codec {
   /// where a selection's comparisons branch on the data; passes skip the
   /// groups whose largest is below what they look for.
   DILOCO_FORCEINLINE static void select_bounded(const float* v, std::size_t len, std::size_t n, std::uint64_t* idx) {
-    auto magnitude = [v](std::size_t j) {
-      std::uint32_t b;
-      std::memcpy(&b, v + j, 4);
-      return b & 0x7fffffffu;
-    };
+    auto magnitude = [v](std::size_t j) { return kernels::float_bits(v[j]) & 0x7fffffffu; };
     constexpr std::size_t most = Chunk / 8 > 0 ? Chunk / 8 : 1;
     const std::size_t groups = len / 8;
     std::uint32_t top[most];
@@ -264,8 +261,8 @@ struct chunk_topk_codec {
   /// in [lo, hi]: the bits lo and hi share are its bits; below them it is
   /// built bit by bit from the top as the largest value with at least n of
   /// x at or above it.
-  DILOCO_FORCEINLINE static std::uint32_t nth_largest(const std::uint32_t* x, std::size_t count, std::size_t n, std::uint32_t lo,
-                                   std::uint32_t hi) {
+  DILOCO_FORCEINLINE static std::uint32_t nth_largest(const std::uint32_t* x, std::size_t count, std::size_t n,
+                                                      std::uint32_t lo, std::uint32_t hi) {
     if (lo == hi) return lo;
     auto at_least = [&](std::uint32_t y) {
       std::uint32_t c = 0;
@@ -286,11 +283,7 @@ struct chunk_topk_codec {
   /// elements are ordered (nth_element) to find how many of it are; a last
   /// pass collects the selected positions in order, so no sort either.
   static void select_binned(const float* v, std::size_t len, std::size_t n, std::uint64_t* idx) {
-    auto magnitude = [v](std::size_t j) {
-      std::uint32_t b;
-      std::memcpy(&b, v + j, 4);
-      return b & 0x7fffffffu;
-    };
+    auto magnitude = [v](std::size_t j) { return kernels::float_bits(v[j]) & 0x7fffffffu; };
     auto key = [](std::uint32_t mag, std::size_t j) {
       return (static_cast<std::uint64_t>(mag) << 32) | (0xffffffffu - static_cast<std::uint32_t>(j));
     };
