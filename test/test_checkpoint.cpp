@@ -165,14 +165,16 @@ TEST_CASE("visit_options lists every option of algorithm_options by name, with i
   CHECK(got.back().value.type == dc::option_value::kind::signed_integer);
 
   // Policies with no options (compress::none) list nothing; each policy's
-  // own fields, eager's one (outer_lr, 0: its stable default) among them.
+  // own fields, eager's two (outer_lr, 0: its stable default; fresh_weight,
+  // 0: 1/M) among them.
   const dc::algorithm_options<dc::inner::sgd, dc::outer::sgd, dc::compress::none, dc::sync::eager> plain{};
   std::vector<std::string> names;
   for (const auto& f : dc::option_fields(plain)) names.push_back(f.name);
   CHECK(names == std::vector<std::string>{"inner_steps", "inner.lr", "inner.momentum", "inner.dampening",
                                           "inner.weight_decay", "inner.nesterov", "inner.max_grad_norm", "outer.lr",
                                           "outer.momentum", "outer.dampening", "outer.weight_decay",
-                                          "outer.nesterov", "sync.outer_lr", "broadcast_initial", "host_threads"});
+                                          "outer.nesterov", "sync.outer_lr", "sync.fresh_weight", "broadcast_initial",
+                                          "host_threads"});
   const auto topk = dc::option_fields(dc::compress::topk_options{.fraction = 0.5f});
   REQUIRE(topk.size() == 1);
   CHECK(topk[0].name == "fraction");
@@ -385,6 +387,27 @@ TEST_CASE("a damaged checkpoint is a format_error naming what is wrong, and the 
         CHECK(contains(msg, "field \"" + f.name + "\" is " + f.value.to_string() + " in the file; this instance has " +
                                 was + " and they must match"));
       }
+    }
+    SUBCASE("an option newer than the file (its field absent) loads at its default, and is refused otherwise") {
+      // sync::eager's fresh_weight came after files like this one: without
+      // its field the file ran at the default (0: 1/M), so it loads there.
+      auto header = img.header;
+      std::erase_if(header, [](const dc::checkpoint::field& f) { return f.name == "options.sync.fresh_weight"; });
+      REQUIRE(header.size() + 1 == img.header.size());
+      const auto older = reseal(img, header);
+      model c(sizes, 5);
+      rich w(c.w, comm, opts);
+      CHECK_NOTHROW(w.load(older));
+      CHECK(difference(snapshot(w, c), snapshot(t, a)) == "");
+      auto other = opts;
+      other.sync.fresh_weight = 0.5f;
+      model d(sizes, 6);
+      rich u(d.w, comm, other);
+      CHECK(contains(load_error(u, older), "has no field \"options.sync.fresh_weight\"; expected it"));
+      // An option away from its default is never spared: H (4 here, 500 by default).
+      header = img.header;
+      std::erase_if(header, [](const dc::checkpoint::field& f) { return f.name == "options.inner_steps"; });
+      CHECK(contains(load_error(v, reseal(img, header)), "has no field \"options.inner_steps\"; expected it"));
     }
     SUBCASE("a field missing, an unexpected field, a section renamed") {
       auto header = img.header;

@@ -389,8 +389,12 @@ TEST_CASE("one-step delay and eager: three rounds against the definitions in dou
   const std::vector<std::size_t> sizes{2, 3};
   const std::size_t H = 3;
   const int steps = 4 * static_cast<int>(H);  // four phases: three applied rounds
-  for (bool is_eager : {false, true}) {
-    CAPTURE(is_eager);
+  // Eager with the paper's fresh weight 1/M (fresh_weight 0), then with
+  // w = 0.75 (exact in float): the worker's step along mean − w·own + w·fresh.
+  for (const double fresh_weight : {-1.0, 0.0, 0.75}) {
+    const bool is_eager = fresh_weight >= 0.0;
+    const double wf = fresh_weight > 0.0 ? fresh_weight : 1.0 / M;
+    CAPTURE(fresh_weight);
     vec global = flat_init(sizes);
     const std::size_t n = global.size();
     std::vector<vec> w(M, global), start(M, global), own(M, vec(n, 0.0));
@@ -416,7 +420,7 @@ TEST_CASE("one-step delay and eager: three rounds against the definitions in dou
           for (int m = 0; m < M; ++m) {
             const auto um = static_cast<std::size_t>(m);
             vec x = start[um], ge(n);
-            for (std::size_t i = 0; i < n; ++i) ge[i] = mean[i] - own[um][i] / M + fresh[um][i] / M;
+            for (std::size_t i = 0; i < n; ++i) ge[i] = mean[i] - wf * own[um][i] + wf * fresh[um][i];
             worker[um].step(x, ge, 0, n);
             w[um] = x;
           }
@@ -438,7 +442,9 @@ TEST_CASE("one-step delay and eager: three rounds against the definitions in dou
       for (int m = 0; m < M; ++m) ref_local[static_cast<std::size_t>(m)].push_back(w[static_cast<std::size_t>(m)]);
     }
     // outer_lr names the reference's 0.7: eager's default follows M.
-    const auto lib = is_eager ? run_library<dc::sync::eager>(sizes, steps, H, {.outer_lr = static_cast<float>(outer_lr)})
+    const auto lib = is_eager ? run_library<dc::sync::eager>(sizes, steps, H,
+                                                             {.outer_lr = static_cast<float>(outer_lr),
+                                                              .fresh_weight = static_cast<float>(fresh_weight)})
                               : run_library<dc::sync::one_step_delay>(sizes, steps, H, {});
     check_against(lib, ref_global, ref_local);
     CHECK(outer.steps == 3);
@@ -1050,6 +1056,16 @@ TEST_CASE("eager's stability bound on the quadratic matches numpy.roots (Nestero
   CHECK(dc::sync::eager_lr_bound(4, nest) == doctest::Approx(bound_m4).epsilon(1e-9));
   CHECK(dc::sync::eager_lr_bound(8, nest) == doctest::Approx(bound_m8).epsilon(1e-9));
   CHECK(dc::sync::eager_lr_bound(1, nest) == doctest::Approx(2.0 * 1.9 / 2.8).epsilon(1e-9));
+  // The fresh weight w enters the polynomial alone (1/M by default): w = 1
+  // is blocking DiLoCo's bound at any M, w = 1/2 at M = 8 is M = 2's, and
+  // w = 1/4 at M = 2 is M = 4's.
+  for (const std::size_t n : {2u, 4u, 8u}) {
+    CAPTURE(n);
+    CHECK(dc::sync::eager_lr_bound(n, nest, 1.0) == doctest::Approx(bound_m1).epsilon(1e-9));
+    CHECK(dc::sync::eager_lr_bound(n, nest, 1.0 / double(n)) == dc::sync::eager_lr_bound(n, nest));
+  }
+  CHECK(dc::sync::eager_lr_bound(8, nest, 0.5) == doctest::Approx(bound_m2).epsilon(1e-9));
+  CHECK(dc::sync::eager_lr_bound(2, nest, 0.25) == doctest::Approx(bound_m4).epsilon(1e-9));
   // Without momentum the round is z² − (1 − a/M)z + a(1 − 1/M): stable for a < M/(M − 1), and a < 2 at M = 1.
   const dc::sync::outer_momentum plain{};
   CHECK(dc::sync::eager_lr_bound(1, plain) == doctest::Approx(2.0).epsilon(1e-9));
@@ -1061,6 +1077,26 @@ TEST_CASE("eager on the quadratic: M = 2 converges and M = 4 diverges at outer l
   CHECK(converges(run_quadratic(2, 300, {.sync = {.outer_lr = 0.7f}})));
   CHECK(diverges(run_quadratic(4, 300, {.sync = {.outer_lr = 0.7f}})));
   CHECK(converges(run_quadratic(4, 300, {.outer = {.lr = 0.35f}})));
+}
+
+TEST_CASE("eager's fresh weight on the quadratic: w = 1 converges at 0.7 with M = 4 and 8; w = 1/2 at M = 8 has M = 2's bound") {
+  // At w = 1/M (the default) M = 4 diverges at 0.7 (the case above).
+  CHECK(converges(run_quadratic(4, 300, {.sync = {.outer_lr = 0.7f, .fresh_weight = 1.0f}})));
+  CHECK(converges(run_quadratic(8, 300, {.sync = {.outer_lr = 0.7f, .fresh_weight = 1.0f}})));
+  CHECK(converges(run_quadratic(8, 2000, {.sync = {.outer_lr = static_cast<float>(0.95 * bound_m2), .fresh_weight = 0.5f}})));
+  CHECK(diverges(run_quadratic(8, 2000, {.sync = {.outer_lr = static_cast<float>(1.05 * bound_m2), .fresh_weight = 0.5f}})));
+  // Unset, the lr is 0.8 x the bound at w, capped at the default: 0.7 at w = 1.
+  using dc::sync::resolve_eager_outer_lr;
+  CHECK(resolve_eager_outer_lr<dc::outer::nesterov>({.fresh_weight = 1.0f}, {}, 8).lr == 0.7f);
+  CHECK(resolve_eager_outer_lr<dc::outer::nesterov>({.fresh_weight = 0.5f}, {}, 8).lr ==
+        doctest::Approx(0.8 * bound_m2).epsilon(1e-6));
+  CHECK(run_quadratic(8, 40, {.sync = {.fresh_weight = 1.0f}}).warnings.empty());
+  // A weight outside [0, 1] is refused, naming it.
+  for (const float bad : {-0.5f, 1.5f, std::numeric_limits<float>::quiet_NaN()}) {
+    CAPTURE(bad);
+    CHECK_THROWS_WITH_AS(run_quadratic(2, 1, {.sync = {.fresh_weight = bad}}),
+                         doctest::Contains("sync::eager: fresh_weight must be in [0, 1]"), dc::config_error);
+  }
 }
 
 TEST_CASE("eager on the quadratic: 5 % below the bound converges, 5 % above diverges (M = 2 and 4)") {

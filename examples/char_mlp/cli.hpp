@@ -91,7 +91,12 @@ result run_diloco_variant_as(const diloco_variant& v, const config& c, const dat
     return run_diloco<cs::none, Comm, sy::streaming>(
         c, data, comm, "diloco streaming P=" + std::to_string(c.fragments) + " tau=" + std::to_string(c.delay));
   if (v.sync == "delay") return run_diloco<cs::none, Comm, sy::one_step_delay>(c, data, comm, "diloco one-step delay");
-  if (v.sync == "eager") return run_diloco<cs::none, Comm, sy::eager>(c, data, comm, "diloco eager");
+  if (v.sync == "eager") {
+    char w[48] = "";
+    if (c.eager_fresh_weight > 0.0f)
+      std::snprintf(w, sizeof w, " w=%g", static_cast<double>(c.eager_fresh_weight));
+    return run_diloco<cs::none, Comm, sy::eager>(c, data, comm, std::string("diloco eager") + w);
+  }
   if (v.sync != "blocking") throw diloco::config_error("demo: unknown schedule '" + v.sync + "'");
   auto run = [&]<class C>(const std::string& label) {
     return run_diloco<C>(c, data, comm, label, cs::compressor_options<C>(c.feedback_decay));
@@ -230,6 +235,10 @@ inline cli parse_cli(int argc, char** argv, const cli& defaults, const char* wor
       ->capture_default_str()
       ->check(detail::int_in(0));
   app.add_option("--alpha", c.alpha, "streaming: weight of the local value when a fragment is merged")
+      ->capture_default_str()
+      ->check(detail::finite_in(0.0, 1.0));
+  app.add_option("--eager-fresh-weight", c.eager_fresh_weight,
+                 "eager: weight w of each worker's fresh pseudo-gradient in its own step (0: 1/M, the paper's)")
       ->capture_default_str()
       ->check(detail::finite_in(0.0, 1.0));
   app.add_option_function<std::string>(
@@ -375,6 +384,11 @@ void run_one_worker_per_process(Comm& comm, const cli& opts, const char* workers
 // The table, then DiLoCo against data parallel when both ran.
 inline void print_report(const std::vector<result>& rows, const result* ddp, const result* dl) {
   print_table(rows);
+  // The overlapping rows' replicas before finish() (result::replica_spread).
+  for (const auto& r : rows)
+    if (r.replica_spread >= 0.0)
+      std::printf("replica spread at the end (rms distance to their mean / its norm): %s %.3g\n", r.method.c_str(),
+                  r.replica_spread);
   if (ddp && dl)
     std::printf("\ndiloco / data parallel: held-out loss x%.3f, bytes %.1fx fewer\n",
                 dl->held_out_loss / ddp->held_out_loss,

@@ -101,6 +101,9 @@ struct config {
   int fragments = 4;
   int delay = 2;
   float alpha = 0.0f;
+  // sync::eager rows (--eager-fresh-weight): the weight w of each worker's
+  // fresh pseudo-gradient in its own step; 0: 1/M, the paper's.
+  float eager_fresh_weight = 0.0f;
   shape dims{};            // vocab is filled in from the corpus
   shard_mode shards = shard_mode::iid;  // how the training text is split over the workers (shards.hpp)
   std::uint64_t seed = 1;
@@ -125,6 +128,10 @@ struct result {
   double seconds = 0.0;
   double encoded_bytes_per_parameter = 0.0;  // DiLoCo with a lossy codec: its encoding's size
   double hidden_fraction = 0.0;  // DiLoCo: share of the exchange time hidden behind inner steps
+  // Overlapping schedules: the workers' replicas at the end of training,
+  // before finish(): the root mean square of their distances to their mean,
+  // over the mean's norm (0 where they are equal; not measured: -1).
+  double replica_spread = -1.0;
 };
 
 // The text file if one was given, else the synthetic corpus if asked for,
@@ -299,6 +306,8 @@ typename Sync::options sync_options(const config& c) {
             .delay = static_cast<std::size_t>(c.delay),
             .alpha = c.alpha,
             .assignment = diloco::sync::fragment_assignment::strided};
+  else if constexpr (std::is_same_v<Sync, diloco::sync::eager>)
+    return {.fresh_weight = c.eager_fresh_weight};
   else
     return {};
 }
@@ -313,6 +322,25 @@ typename Outer::options outer_options(const config& c) {
     return {.lr = c.outer_lr, .momentum = c.outer_momentum, .period = static_cast<std::uint32_t>(c.outer_period)};
   else
     return {.lr = c.outer_lr, .momentum = c.outer_momentum};
+}
+
+// How far apart the workers' replicas are (result::replica_spread), with
+// two all-reduces over the group: the replicas' mean, then the sum of each
+// one's squared distance to it.
+template <class Comm>
+double replica_spread(std::span<const float> p, Comm& comm) {
+  const double M = comm.size();
+  std::vector<float> mean(p.begin(), p.end());
+  comm.all_reduce(std::span<float>(mean), diloco::reduce_op::mean);
+  double far = 0.0, norm = 0.0;
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    const double d = static_cast<double>(p[i]) - static_cast<double>(mean[i]);
+    far += d * d;
+    norm += static_cast<double>(mean[i]) * static_cast<double>(mean[i]);
+  }
+  std::vector<float> sum{static_cast<float>(far)};
+  comm.all_reduce(std::span<float>(sum), diloco::reduce_op::sum);
+  return norm > 0.0 ? std::sqrt(static_cast<double>(sum[0]) / M / norm) : 0.0;
 }
 
 template <class Outer, class Compressor, class Comm, class Sync>
@@ -383,11 +411,14 @@ result run_diloco_with(const config& c, const dataset& d, Comm& comm, const std:
     }
     changes = t.stats().membership_changes;
   }
+  std::vector<float> replica;  // an overlapping schedule's replica before finish()
   if constexpr (std::is_same_v<Sync, diloco::sync::blocking>) {
     // Steps beyond the last round would leave the replicas apart: finish
     // with a round so the evaluated model is theta_global.
     if (t.steps_in_round() != 0) t.outer_round();
   } else {
+    const auto p = m.flat_parameters();
+    replica.assign(p.begin(), p.end());
     // Apply what is in flight, then evaluate theta_global (the replica of an
     // overlapping schedule holds local progress too).
     t.finish();
@@ -396,10 +427,19 @@ result run_diloco_with(const config& c, const dataset& d, Comm& comm, const std:
     for (std::size_t k = 0; k < params.size(); ++k)
       std::copy_n(g.data() + t.global_offset(k), params[k].size(), params[k].data());
   }
-  const auto& st = t.stats();
+  const auto st = t.stats();  // a copy: replica_spread's all-reduces are not the algorithm's traffic
+  // Measured in a group that never changed (an elastic group's communicator
+  // may have lost members since).
+  const double spread = replica.empty() || st.membership_changes != 0 ? -1.0 : replica_spread(replica, comm);
   const double exchange = st.hidden_seconds + st.blocked_seconds;
-  return {label, held_out_loss(m, d, c), st.bytes_sent, st.rounds, log.seconds(), st.encoded_bytes_per_parameter,
-          exchange > 0.0 ? st.hidden_seconds / exchange : 0.0};
+  return {label,
+          held_out_loss(m, d, c),
+          st.bytes_sent,
+          st.rounds,
+          log.seconds(),
+          st.encoded_bytes_per_parameter,
+          exchange > 0.0 ? st.hidden_seconds / exchange : 0.0,
+          spread};
 }
 
 // Runs a per-worker function on an in-process world and returns rank 0's result.

@@ -105,6 +105,7 @@ struct options {
   float outer_momentum = 0.9f;
   int fragments = 4, delay = 2;
   float alpha = 0.0f;  // torchft's and the library's default; 0.5 lost 7 % here (issue 38)
+  float eager_fresh_weight = 0.0f;  // eager: the fresh pseudo-gradient's weight; 0: 1/M, the paper's
   int curve_points = 10;
   char_mlp::shard_mode shards = char_mlp::shard_mode::iid;
   std::vector<std::string> methods{"ddp", "single", "diloco", "int4", "streaming"};
@@ -188,6 +189,10 @@ void parse(int argc, char** argv, options& o, bool print_help) {
   app.add_option("--fragments", o.fragments, "streaming: fragments P")->capture_default_str()->check(cd::int_in(1));
   app.add_option("--delay", o.delay, "streaming: overlapped steps tau")->capture_default_str()->check(cd::int_in(0));
   app.add_option("--alpha", o.alpha, "streaming: weight of the local value at the merge")
+      ->capture_default_str()
+      ->check(cd::finite_in(0, 1));
+  app.add_option("--eager-fresh-weight", o.eager_fresh_weight,
+                 "eager: weight w of each worker's fresh pseudo-gradient in its own step (0: 1/M, the paper's)")
       ->capture_default_str()
       ->check(cd::finite_in(0, 1));
   app.add_option_function<std::string>(
@@ -282,6 +287,7 @@ std::vector<dx::row> run_inner(const options& o, const gpt::problem& problem, La
                      .alpha = o.alpha,
                      .assignment = sy::fragment_assignment::strided};
       }
+      if constexpr (std::is_same_v<dx::sync_of_t<O>, sy::eager>) opts.sync = {.fresh_weight = o.eager_fresh_weight};
     }
   };
   std::vector<dx::row> rows;

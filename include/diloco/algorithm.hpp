@@ -545,9 +545,15 @@ class algorithm {
     for (std::size_t k = 0; k < engine_->tensor_count(); ++k)
       add(detail::concat("tensor.", k, ".elements"), option_value::of_unsigned(tensor_elements_[k]));
     add("flat_elements", option_value::of_unsigned(engine_->flat_size()));
+    // An option at its default may be absent from the file: one written
+    // before the option existed ran as its default does.
+    const auto defaults = option_fields(std::remove_cvref_t<decltype(opts_)>{});
     for (option_field& f : option_fields(opts_)) {
       const bool agree = f.agree == agreement::across_ranks;
-      if (agree || s == checkpoint::scope::worker) add("options." + f.name, std::move(f.value), agree);
+      if (!agree && s != checkpoint::scope::worker) continue;
+      bool at_default = false;
+      for (const option_field& d : defaults) at_default = at_default || (d.name == f.name && d.value == f.value);
+      out.push_back({{"options." + f.name, std::move(f.value)}, agree, at_default});
     }
     return out;
   }

@@ -401,15 +401,20 @@ inline image parse(std::span<const std::byte> bytes) {
 struct expected_field {
   field f;              ///< the field, with the value expected
   bool enforce = true;  ///< whether the value must match (else the field need only be present)
+  /// An option at its default value: a file written before the option
+  /// existed (which ran as its default does) has no such field, and loads.
+  bool may_be_absent = false;
 };
 
 /// Every expected field is present with the expected kind and, where
-/// enforced, value; the file has no other fields. The first difference is a
-/// format_error naming the field and both values.
+/// enforced, value, except options at their defaults, which may be absent
+/// (files from before they existed); the file has no other fields. The first
+/// difference is a format_error naming the field and both values.
 inline void check_header(const image& img, const std::vector<expected_field>& expected) {
   using diloco::detail::raise;
   for (const expected_field& e : expected) {
     const field* f = img.find(e.f.name);
+    if (!f && e.may_be_absent) continue;
     if (!f)
       raise<format_error>("checkpoint header has no field \"", e.f.name, "\"; expected it (this instance has ",
                           e.f.value.to_string(), ")");

@@ -38,7 +38,7 @@ namespace detail {
 // them out. The replica keeps what the worker's step gave it.
 template <std::size_t B, class U, class S>
 DILOCO_HD DILOCO_FORCEINLINE void eager_elements(const U& update_, const S& own_step, float* anchor, float* own,
-                                                 float* slots, float inv_workers, float* g, float* l,
+                                                 float* slots, float weight, float* g, float* l,
                                                  const float* mean, std::size_t n, float* s) {
   static_assert(U::vector_state_slots == 1 && S::vector_state_slots == 1, "one slot per element (momentum)");
   const U u = update_;
@@ -48,7 +48,7 @@ DILOCO_HD DILOCO_FORCEINLINE void eager_elements(const U& update_, const S& own_
     float a = anchor[j], o = own[j], gj = g[j];
     float ws = S::has_momentum ? slots[j] : 0.0f;
     float ss = U::has_momentum ? s[j] : 0.0f;
-    l_out[j] = merge::eager<S>::advance_element(w, a, o, &ws, 1, inv_workers, mean[j], l[j]);
+    l_out[j] = merge::eager<S>::advance_element(w, a, o, &ws, 1, weight, mean[j], l[j]);
     u(gj, mean[j], &ss, 1);
     a_out[j] = a;
     o_out[j] = o;
@@ -81,7 +81,7 @@ DILOCO_HD DILOCO_FORCEINLINE bool eager_block(const sgd_update& update, const me
   update.with_fixed_branches([&](auto fixed) {
     using F = decltype(fixed);
     if (!F::matches(m.step) || (s != nullptr) != F::has_momentum || (m.slots != nullptr) != F::has_momentum) return;
-    detail::eager_elements<B>(fixed, F{m.step}, m.anchor, m.own, m.slots, m.inv_workers, g, l, mean, n, s);
+    detail::eager_elements<B>(fixed, F{m.step}, m.anchor, m.own, m.slots, m.weight, g, l, mean, n, s);
     done = true;
   });
   return done;

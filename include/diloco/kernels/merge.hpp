@@ -70,12 +70,12 @@ struct rebase : base {
 /// Eager updates (Kale, Douillard, Donchev 2025), the worker's side. Each
 /// worker steps its own replica with its own outer state `slots` (and its own
 /// step count, baked into `step`) along the eager gradient
-///   mean − own/M + fresh/M
+///   mean − w·own + w·fresh     (w = 1/M in the paper; sync::eager's fresh_weight)
 /// where `own` is this worker's pseudo-gradient inside `mean` (sent one phase
 /// ago) and `fresh` = start − theta_local the progress of the phase just
 /// ended, start = anchor − own being where that phase began. Summed over
 /// rounds the corrections telescope: every worker's progress enters its
-/// replica once, its own one round early. Afterwards own <- fresh (it travels
+/// replica with weight 1/M in all (w early, 1/M − w a round later). Afterwards own <- fresh (it travels
 /// next) and anchor <- theta_local + fresh, so anchor − theta_local is what
 /// is sent and anchor − own is where the next phase starts. theta_global and
 /// the shared outer state are untouched here (the pass's own update does
@@ -89,28 +89,28 @@ struct eager : base {
   float* DILOCO_RESTRICT own;    ///< own: this worker's pseudo-gradient inside the mean in flight
   float* DILOCO_RESTRICT slots;  ///< null when the outer optimizer keeps none
   std::size_t stride;            ///< between an element's slots
-  float inv_workers;             ///< 1/M
+  float weight;                  ///< w: of fresh − own (1/M: the paper's)
   /// The same merge for a pass over the elements from `off` on: its buffers moved by off.
   DILOCO_HD eager shifted(std::size_t off) const {
-    return {{}, step, anchor + off, own + off, slots ? slots + off : nullptr, stride, inv_workers};
+    return {{}, step, anchor + off, own + off, slots ? slots + off : nullptr, stride, weight};
   }
 
-  /// The eager step of element i from where its phase began, along mean − own/M + fresh/M;
+  /// The eager step of element i from where its phase began, along mean − w·own + w·fresh;
   /// own and anchor move on. Returns the replica's new value.
   DILOCO_HD DILOCO_FORCEINLINE float advance(std::size_t i, float mean, float l) const {
-    return advance_element(step, anchor[i], own[i], slots ? slots + i : nullptr, stride, inv_workers, mean, l);
+    return advance_element(step, anchor[i], own[i], slots ? slots + i : nullptr, stride, weight, mean, l);
   }
   /// advance() on one element's values: its anchor `a` and own `o` (both
   /// updated), its slots at `slot` (null without) and the replica's value l.
   /// Loops that keep the element's values in locals call it directly
   /// (kernels::decode_apply).
   DILOCO_HD DILOCO_FORCEINLINE static float advance_element(const Step& st, float& a, float& o, float* slot,
-                                                            std::size_t slot_stride, float inv, float mean, float l) {
+                                                            std::size_t slot_stride, float w, float mean, float l) {
     const float stale = o;
     const float start = sub_rn(a, stale);
     const float fresh = sub_rn(start, l);
     float x = start;
-    st(x, add_rn(mean, mul_rn(sub_rn(fresh, stale), inv)), slot, slot_stride);
+    st(x, add_rn(mean, mul_rn(sub_rn(fresh, stale), w)), slot, slot_stride);
     o = fresh;
     a = add_rn(x, fresh);
     return x;

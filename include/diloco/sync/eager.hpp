@@ -60,19 +60,39 @@ struct eager : whole_model_schedule<schedule_kind::delayed, true> {
     /// The outer lr this schedule runs with (θ_g's step and each worker's),
     /// in place of the outer optimizer's lr; 0: not set (see sync::eager).
     float outer_lr = 0.0f;
+    /// w, the weight of the worker's fresh pseudo-gradient in its own step,
+    /// which takes its stale share out at the same weight: the step is along
+    /// Δ̄^(r) − w·Δ_m^(r) + w·Δ_m^(r+1). 0: 1/M, the paper's (the fresh share
+    /// in place of the stale one in the mean), following M in an elastic
+    /// group. At w = 1 the worker's step is blocking DiLoCo's along its own
+    /// progress plus the others' stale mean; its stable lr is blocking's
+    /// (eager_lr_bound). Whatever w, each worker's progress enters its
+    /// replica with weight 1/M in all (w at once, 1/M − w a round later),
+    /// and θ_g is the same function of the pseudo-gradients; the replicas
+    /// drift apart more as w grows (docs/algorithms.md section 4).
+    float fresh_weight = 0.0f;
     /// Every field by name (core/options.hpp's visit_options customisation point).
     template <class F>
     friend void visit_options(const options& o, F&& f) {
       f("outer_lr", o.outer_lr);
+      f("fresh_weight", o.fresh_weight);
     }
   };
 
-  /// Throws config_error unless outer_lr is finite and >= 0.
+  /// Throws config_error unless outer_lr is finite and >= 0 and
+  /// fresh_weight is in [0, 1].
   static void validate(const options& o, std::size_t, std::size_t) {
     if (!(o.outer_lr >= 0.0f) || !std::isfinite(o.outer_lr))
       ::diloco::detail::raise<config_error>("sync::eager: outer_lr must be finite and >= 0 (0: the stable default for the "
                                   "group's size), got ",
                                   o.outer_lr);
+    if (!(o.fresh_weight >= 0.0f && o.fresh_weight <= 1.0f))
+      ::diloco::detail::raise<config_error>("sync::eager: fresh_weight must be in [0, 1] (0: 1/M, the paper's), got ",
+                                            o.fresh_weight);
+  }
+  /// The weight w of the fresh pseudo-gradient at M workers: fresh_weight, or 1/M where it is 0.
+  static float fresh_weight_for(const options& o, std::size_t workers) {
+    return o.fresh_weight > 0.0f ? o.fresh_weight : 1.0f / static_cast<float>(workers < 1 ? 1 : workers);
   }
   /// One fragment holding every tensor, applied after every H-th step.
   static fragment_plan plan(const options&, std::size_t H, std::span<const std::size_t> sizes) {
@@ -130,8 +150,12 @@ inline bool eager_round_stable(double a, double w, const outer_momentum& o) {
 /// bisection). 1.357 at M = 1 (2(1 + μ)/(1 + 2μ), blocking DiLoCo), 0.770
 /// at M = 2, 0.416 at M = 4, 0.320 at M = 8 for Nesterov 0.9; infinity when
 /// no lr up to 64 is unstable.
-inline double eager_lr_bound(std::size_t workers, const outer_momentum& o) {
-  const double w = 1.0 / static_cast<double>(workers < 1 ? 1 : workers);
+///
+/// The fresh weight w enters the round's polynomial alone: `fresh_weight` >
+/// 0 gives the bound at that w (sync::eager::options::fresh_weight; w = 1 is
+/// blocking DiLoCo's bound whatever M); 0 gives w = 1/M.
+inline double eager_lr_bound(std::size_t workers, const outer_momentum& o, double fresh_weight = 0.0) {
+  const double w = fresh_weight > 0.0 ? fresh_weight : 1.0 / static_cast<double>(workers < 1 ? 1 : workers);
   constexpr double step = 1.0 / 1024.0, top = 64.0;
   double lo = 0.0;
   for (double a = step; a <= top; a += step) {
@@ -177,12 +201,12 @@ struct eager_outer_lr {
 
 /// The outer lr of sync::eager at M workers (see sync::eager): options::outer_lr
 /// when set, else the outer optimizer's lr when it is not its default, else
-/// min(default, eager_lr_safety × eager_lr_bound(M)).
+/// min(default, eager_lr_safety × eager_lr_bound(M, the fresh weight)).
 template <class Outer>
 eager_outer_lr resolve_eager_outer_lr(const eager::options& so, const typename Outer::options& oo,
                                       std::size_t workers) {
   const std::optional<outer_momentum> shape = outer_momentum_of<Outer>(oo);
-  const double bound = shape ? eager_lr_bound(workers, *shape) : std::numeric_limits<double>::infinity();
+  const double bound = shape ? eager_lr_bound(workers, *shape, so.fresh_weight) : std::numeric_limits<double>::infinity();
   const float preset = typename Outer::options{}.lr;
   if (so.outer_lr > 0.0f) return {so.outer_lr, bound, false};
   if (oo.lr != preset || !shape) return {oo.lr, bound, false};
@@ -232,7 +256,8 @@ struct eager::runtime : runtime_base {
         };
         return ::diloco::detail::concat(
             "sync::eager: outer lr ", num(r.lr), " is above the stability bound ", num(r.bound), " for ", world,
-            " workers (the largest stable lr on f = theta^2/2 with this outer momentum, "
+            " workers", opts.fresh_weight > 0.0f ? " at fresh weight " + num(opts.fresh_weight) : std::string(),
+            " (the largest stable lr on f = theta^2/2 with this outer momentum, "
             "docs/algorithms.md section 4); it runs as set and may diverge. Unset, the lr would be ",
             num(resolve_eager_outer_lr<Outer>({}, unset, M).lr));
       });
@@ -316,7 +341,7 @@ struct eager::runtime : runtime_base {
                                             own.data(),
                                             e.outer_slots() ? slots.data() : nullptr,
                                             e.flat_size(),
-                                            1.0f / static_cast<float>(e.workers())};
+                                            eager::fresh_weight_for(opts, static_cast<std::size_t>(e.workers()))};
   }
   // After a drained or refused round: the worker's outer state becomes the
   // shared one again.
