@@ -1079,12 +1079,15 @@ TEST_CASE("eager on the quadratic: M = 2 converges and M = 4 diverges at outer l
   CHECK(converges(run_quadratic(4, 300, {.outer = {.lr = 0.35f}})));
 }
 
-TEST_CASE("eager's fresh weight on the quadratic: w = 1 converges at 0.7 with M = 4 and 8; w = 1/2 at M = 8 has M = 2's bound") {
+TEST_CASE("eager's fresh weight on the quadratic: w = 1 converges at 0.7 (M = 4, 8); w = 1/2, M = 8 has M = 2's bound") {
   // At w = 1/M (the default) M = 4 diverges at 0.7 (the case above).
   CHECK(converges(run_quadratic(4, 300, {.sync = {.outer_lr = 0.7f, .fresh_weight = 1.0f}})));
   CHECK(converges(run_quadratic(8, 300, {.sync = {.outer_lr = 0.7f, .fresh_weight = 1.0f}})));
-  CHECK(converges(run_quadratic(8, 2000, {.sync = {.outer_lr = static_cast<float>(0.95 * bound_m2), .fresh_weight = 0.5f}})));
-  CHECK(diverges(run_quadratic(8, 2000, {.sync = {.outer_lr = static_cast<float>(1.05 * bound_m2), .fresh_weight = 0.5f}})));
+  const auto at_half = [](double lr) {
+    return run_quadratic(8, 2000, {.sync = {.outer_lr = static_cast<float>(lr), .fresh_weight = 0.5f}});
+  };
+  CHECK(converges(at_half(0.95 * bound_m2)));
+  CHECK(diverges(at_half(1.05 * bound_m2)));
   // Unset, the lr is 0.8 x the bound at w, capped at the default: 0.7 at w = 1.
   using dc::sync::resolve_eager_outer_lr;
   CHECK(resolve_eager_outer_lr<dc::outer::nesterov>({.fresh_weight = 1.0f}, {}, 8).lr == 0.7f);

@@ -75,12 +75,12 @@ struct rebase : base {
 /// ago) and `fresh` = start − theta_local the progress of the phase just
 /// ended, start = anchor − own being where that phase began. Summed over
 /// rounds the corrections telescope: every worker's progress enters its
-/// replica with weight 1/M in all (w early, 1/M − w a round later). Afterwards own <- fresh (it travels
-/// next) and anchor <- theta_local + fresh, so anchor − theta_local is what
-/// is sent and anchor − own is where the next phase starts. theta_global and
-/// the shared outer state are untouched here (the pass's own update does
-/// them); `advance` with mean = 0 is the step of a phase end with nothing in
-/// flight.
+/// replica with weight 1/M in all (w early, 1/M − w a round later).
+/// Afterwards own <- fresh (it travels next) and anchor <- theta_local +
+/// fresh, so anchor − theta_local is what is sent and anchor − own is where
+/// the next phase starts. theta_global and the shared outer state are
+/// untouched here (the pass's own update does them); `advance` with mean = 0
+/// is the step of a phase end with nothing in flight.
 template <class Step>
 struct eager : base {
   static constexpr bool is_overwrite = false;  ///< true only for overwrite

@@ -206,7 +206,8 @@ template <class Outer>
 eager_outer_lr resolve_eager_outer_lr(const eager::options& so, const typename Outer::options& oo,
                                       std::size_t workers) {
   const std::optional<outer_momentum> shape = outer_momentum_of<Outer>(oo);
-  const double bound = shape ? eager_lr_bound(workers, *shape, so.fresh_weight) : std::numeric_limits<double>::infinity();
+  const double bound =
+      shape ? eager_lr_bound(workers, *shape, so.fresh_weight) : std::numeric_limits<double>::infinity();
   const float preset = typename Outer::options{}.lr;
   if (so.outer_lr > 0.0f) return {so.outer_lr, bound, false};
   if (oo.lr != preset || !shape) return {oo.lr, bound, false};
