@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <diloco/diloco.hpp>
 #include <limits>
@@ -1094,6 +1095,16 @@ TEST_CASE("eager's fresh weight on the quadratic: w = 1 converges at 0.7 (M = 4,
   CHECK(resolve_eager_outer_lr<dc::outer::nesterov>({.fresh_weight = 0.5f}, {}, 8).lr ==
         doctest::Approx(0.8 * bound_m2).epsilon(1e-6));
   CHECK(run_quadratic(8, 40, {.sync = {.fresh_weight = 1.0f}}).warnings.empty());
+  // A set lr above the bound at w is reported with w, and with the default
+  // it would have had at that w (0.8 x M = 2's bound), not at 1/M.
+  const quad_run above = run_quadratic(8, 40, {.sync = {.outer_lr = 0.9f, .fresh_weight = 0.5f}});
+  REQUIRE(above.warnings.size() == 1);
+  const std::string& said = above.warnings[0].problem;
+  CHECK(said.find("stability bound 0.769712 for 8 workers at fresh weight 0.5") != std::string::npos);
+  char unset[64];
+  std::snprintf(unset, sizeof unset, "Unset, the lr would be %.6g",
+                static_cast<double>(static_cast<float>(0.8 * bound_m2)));
+  CHECK(said.find(unset) != std::string::npos);
   // A weight outside [0, 1] is refused, naming it.
   for (const float bad : {-0.5f, 1.5f, std::numeric_limits<float>::quiet_NaN()}) {
     CAPTURE(bad);

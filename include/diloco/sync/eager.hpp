@@ -260,7 +260,7 @@ struct eager::runtime : runtime_base {
             " workers", opts.fresh_weight > 0.0f ? " at fresh weight " + num(opts.fresh_weight) : std::string(),
             " (the largest stable lr on f = theta^2/2 with this outer momentum, "
             "docs/algorithms.md section 4); it runs as set and may diverge. Unset, the lr would be ",
-            num(resolve_eager_outer_lr<Outer>({}, unset, M).lr));
+            num(resolve_eager_outer_lr<Outer>({.fresh_weight = opts.fresh_weight}, unset, M).lr));
       });
     }
   }
