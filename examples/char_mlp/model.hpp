@@ -103,8 +103,8 @@ class model {
 #else
     (void)wide;
 #endif
-    const double loss = forward_rows_plain(contexts, targets, batch, backward);
-    if (backward) backprop_plain(contexts, targets, batch);
+    const double loss = forward_rows(contexts, targets, batch, backward);
+    if (backward) backprop(contexts, targets, batch);
     return loss / batch;
   }
 
@@ -154,10 +154,6 @@ class model {
     }
     return loss;
   }
-  double forward_rows_plain(const std::uint8_t* c, const std::uint8_t* t, int batch, bool backward) {
-    return forward_rows(c, t, batch, backward);
-  }
-  void backprop_plain(const std::uint8_t* c, const std::uint8_t* t, int batch) { backprop(c, t, batch); }
 #if defined(DILOCO_HOST_SIMD_X86)
   CHAR_MLP_AVX2 double forward_rows_avx2(const std::uint8_t* c, const std::uint8_t* t, int batch, bool backward) {
     return forward_rows(c, t, batch, backward);
