@@ -54,8 +54,8 @@ gcc_params="--param=ggc-min-expand=1000 --param=ggc-min-heapsize=4000000"
 # seconds) and whose bits the level does not change (no -ffast-math, no FMA
 # in the baseline x86-64 target: the demo's and the GPT example's tests
 # compare printed losses against the threads' runs and the documented
-# tables). What runs at -O3 is the Python extension (`pip install .`, the
-# next stage), test_demo and the codegen probes. Compile time, 2026-11-30,
+# tables); the Python extension (`pip install .`, the next stage) is built
+# at -O3 too. Compile time, 2026-11-30,
 # two compiles side by side: train_char_mlp.cpp 73 s at -O3, 55 s at -O2,
 # 37 s at -O1; train_gpt.cpp 124, 111, 86 s; sweep.cpp 92, 73, 55 s. The
 # tiny demo run (demo_tiny) takes 9.7 CPU-s at -O1 against 7.1 at -O2.

@@ -14,7 +14,6 @@ if(NOT EXISTS ${WORK_DIR}/prefix/include/diloco/comm/mpi.hpp)
   message(FATAL_ERROR "install did not put diloco/comm/mpi.hpp under include/")
 endif()
 run(${CMAKE_COMMAND} -S ${CMAKE_CURRENT_LIST_DIR}/mpi_consumer -B ${WORK_DIR}/build -G ${GENERATOR}
-    -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE=-DNDEBUG  # no -O: run_consumer.cmake
-    -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
+    -DCMAKE_CXX_COMPILER=${CXX} ${consumer_build_type} -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run(${LAUNCH} ${WORK_DIR}/build/mpi_consumer ${POSTFLAGS})
