@@ -3,7 +3,10 @@
 // the same sizes, in one run: stage-1 encode (pseudo-gradient + residual ->
 // encoded shard + new residual), the shard reduction (decode M encodings,
 // sum, re-encode), decode + outer step + copy-back (and the same with one-step
-// delay's rebase and eager's merges), and a receiver's structure check of the blocks.
+// delay's rebase and eager's merges), a receiver's structure check of the blocks
+// (one thread, `check`), its checksum and structure check in one pass on the
+// executor's threads as validate_segment runs them (`validate`), and a
+// sender's checksum of the payload (`checksum`).
 // Communication is excluded. Bytes are the minimum each pass must move per parameter.
 // chunk_topk (gathered aggregation) has no shard reduction: its rows are the
 // encode and the pass that decodes M segments, sums them and applies.
@@ -159,9 +162,21 @@ void run(const char* name, std::size_t n, int world, int reps, Triad&& triad) {
     malformed += cp::first_bad_block(c, payload.data(), layout.blocks(), layout.block_count()).index !=
                  layout.block_count();
   };
+  // What a receiver runs on a received segment's payload: its checksum and
+  // the structure check in one pass on the executor's threads
+  // (compress::scan_payload, as validate_segment does on the host); and the
+  // checksum a sender writes into each segment's header, on the same threads.
+  std::uint64_t sums = 0;
+  auto validate = [&] {
+    const auto r = cp::scan_payload(ex, c, payload.data(), layout.blocks(), layout.block_count(), true);
+    malformed += r.bad.index != layout.block_count();
+    sums += r.sum;
+  };
+  auto checksum = [&] { sums += cp::payload_words_sum(ex, payload.data(), payload.size()); };
   // In alternation with STREAM triad on buffers of the same size, so the
   // ratios compare passes measured under the same conditions.
-  const auto t = bench::interleaved_medians(reps, encode, reduce, apply, triad, apply_rebase, check, apply_eager);
+  const auto t = bench::interleaved_medians(reps, encode, reduce, apply, triad, apply_rebase, check, apply_eager,
+                                            validate, checksum);
   if (malformed != 0) throw std::runtime_error(std::string(name) + ": the encode wrote blocks its check refuses");
   // The hand-vectorised passes against the portable code they stand in for
   // (the same bits: test_host_simd), in alternation, in the same run.
@@ -199,6 +214,11 @@ void run(const char* name, std::size_t n, int world, int reps, Triad&& triad) {
   bench::print(p + "decode_apply_eager_vs_triad", eager_bytes * gn / t[6] / triad_gbps);
   bench::print(p + "check_gbps", enc * gn / t[5]);
   bench::print(p + "check_vs_triad", enc * gn / t[5] / triad_gbps);
+  bench::print(p + "validate_gbps", enc * gn / t[7]);
+  bench::print(p + "validate_vs_triad", enc * gn / t[7] / triad_gbps);
+  bench::print(p + "checksum_gbps", enc * gn / t[8]);
+  bench::print(p + "checksum_vs_triad", enc * gn / t[8] / triad_gbps);
+  if (sums == 1) std::printf("%s: unlikely checksum\n", name);  // keeps the sums
 }
 
 // A gathered (sparse) compressor: stage-1 encode over the whole model, and

@@ -192,3 +192,179 @@ TEST_CASE("codec structure checks catch what a re-checksummed payload could hide
   beyond[0] = std::byte{9};  // index beyond the block
   CHECK(tk.check(beyond.data(), 8) != nullptr);
 }
+
+namespace {
+
+// SplitMix64's output function (Steele, Lea and Flood 2014; Vigna's
+// splitmix64.c), written from its published definition.
+std::uint64_t splitmix_finalizer(std::uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// The checksum's word sum as its definition states it: over the 64-bit
+// little-endian words w_i of `bytes` bytes (the last zero-padded), the
+// wrapping sum of finalizer(w_i + (first + i + 1) * golden), one word at a time.
+std::uint64_t reference_word_sum(const std::byte* data, std::size_t bytes, std::uint64_t first) {
+  std::uint64_t sum = 0;
+  for (std::size_t i = 0; 8 * i < bytes; ++i) {
+    std::uint64_t w = 0;
+    for (std::size_t b = 0; b < 8 && 8 * i + b < bytes; ++b)
+      w |= static_cast<std::uint64_t>(std::to_integer<unsigned>(data[8 * i + b])) << (8 * b);
+    sum += splitmix_finalizer(w + (first + i + 1) * 0x9e3779b97f4a7c15ULL);
+  }
+  return sum;
+}
+
+std::vector<std::byte> random_bytes(std::size_t n, std::uint64_t seed) {
+  std::vector<std::byte> v(n);
+  std::uint64_t s = seed;
+  for (auto& b : v) b = static_cast<std::byte>((s = splitmix_finalizer(s + 1)) >> 56);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("the checksum's word sum is its definition on every path this CPU runs") {
+  // SplitMix64 seeded with 0 first returns 0xe220a8397b1dcdaf: the term of
+  // one zero word at index 0.
+  const std::vector<std::byte> zero(8, std::byte{0});
+  CHECK(dc::checksum_words(zero.data(), 8) == 0xe220a8397b1dcdafULL);
+  const auto data = random_bytes((std::size_t{1} << 16) + 64, 7);
+  using whole_words = std::uint64_t (*)(const std::byte*, std::size_t, std::uint64_t);
+  std::vector<std::pair<const char*, whole_words>> paths{{"baseline", dc::detail::checksum_whole_words_baseline}};
+#if defined(DILOCO_HOST_SIMD_X86)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2"))
+    paths.emplace_back("avx2", dc::detail::checksum_whole_words_avx2);
+  else
+    MESSAGE("this CPU has no AVX2: its checksum path is not run");
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq"))
+    paths.emplace_back("avx512", dc::detail::checksum_whole_words_avx512);
+  else
+    MESSAGE("this CPU has no AVX-512F/DQ: its checksum path is not run");
+#endif
+  const std::uint64_t firsts[] = {0, 8, (std::uint64_t{1} << 40) + 3, ~std::uint64_t{0} - 5};
+  std::vector<std::size_t> sizes;
+  for (std::size_t n = 0; n <= 300; ++n) sizes.push_back(n);
+  for (std::size_t n : {4095, 4096, 4097, 65535, 65536, 65537}) sizes.push_back(n);
+  for (const std::size_t offset : {0, 1, 3, 8, 13})
+    for (const std::size_t n : sizes)
+      for (const std::uint64_t first : firsts) {
+        const std::byte* p = data.data() + offset;
+        const std::uint64_t want = reference_word_sum(p, n, first);
+        REQUIRE(dc::checksum_words(p, n, first) == want);
+        const std::uint64_t whole = reference_word_sum(p, n / 8 * 8, first);
+        for (const auto& path : paths) {
+          INFO(path.first, ": ", n, " bytes at offset ", offset, ", first word ", first);
+          REQUIRE(path.second(p, n / 8, first) == whole);
+        }
+      }
+}
+
+namespace {
+
+using scan_codec = cp::blockwise_codec<dc::int8, 32, cp::round_nearest>;
+
+// nblocks whole int8 blocks of 32 (valid encodings of varied values) and their block list.
+struct block_payload {
+  std::vector<std::byte> bytes;
+  std::vector<cp::block_ref> blocks;
+};
+
+block_payload make_blocks(std::size_t nblocks) {
+  block_payload p;
+  p.bytes.resize(nblocks * scan_codec::stride());
+  std::vector<float> v(32), dq(32);
+  for (std::size_t b = 0; b < nblocks; ++b) {
+    for (std::size_t j = 0; j < 32; ++j) v[j] = static_cast<float>((b * 37 + j * 11) % 101) - 50.0f;
+    scan_codec{}.encode(v.data(), 32, p.bytes.data() + b * scan_codec::stride(), dq.data(), 0, 0);
+    p.blocks.push_back({0, 32, b * 32});
+  }
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("a payload's checksum and structure check in one pass on the executor's threads give the two passes' answers") {
+  dc::exec::host ex(2);
+  const scan_codec c{};
+  const std::size_t stride = scan_codec::stride();
+  // 1824 blocks of 36 bytes make a piece (about 64 KiB, a multiple of 8
+  // blocks): no piece, one, one and a block, several.
+  for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{1825}, std::size_t{5 * 1824 + 3}}) {
+    INFO(n, " blocks");
+    auto p = make_blocks(n);
+    const auto clean = cp::scan_payload(ex, c, p.bytes.data(), p.blocks.data(), n, true);
+    CHECK(clean.sum == reference_word_sum(p.bytes.data(), n * stride, wire::header_bytes / 8));
+    CHECK(clean.bad.index == n);
+    CHECK(cp::scan_payload(ex, c, p.bytes.data(), p.blocks.data(), n, false).sum == clean.sum);
+    if (n < 5 * 1824) continue;
+    // Two malformed blocks in different pieces: the first is named, with
+    // first_bad_block's words, and the sum counts the changed bytes.
+    const std::size_t later = 4 * 1824 + 100, earlier = 1824 + 7;
+    p.bytes[later * stride + 4 + 5] = std::byte{0x80};
+    CHECK(cp::scan_payload(ex, c, p.bytes.data(), p.blocks.data(), n, true).bad.index == later);
+    p.bytes[earlier * stride + 4 + 31] = std::byte{0x80};
+    const auto bad = cp::scan_payload(ex, c, p.bytes.data(), p.blocks.data(), n, true);
+    const auto serial = cp::first_bad_block(c, p.bytes.data(), p.blocks.data(), n);
+    CHECK(bad.bad.index == earlier);
+    CHECK(serial.index == earlier);
+    CHECK(std::string(bad.bad.problem) == serial.problem);
+    CHECK(bad.sum == reference_word_sum(p.bytes.data(), n * stride, wire::header_bytes / 8));
+    CHECK(cp::scan_payload(ex, c, p.bytes.data(), p.blocks.data(), n, false).bad.index == n);  // not looked for
+  }
+  // The parallel word sum alone, over sizes around its 64 KiB pieces.
+  const auto data = random_bytes(3 * 65536 + 5, 11);
+  for (const std::size_t n : {0, 1, 65535, 65536, 65537, 2 * 65536, 3 * 65536 + 5})
+    CHECK(cp::payload_words_sum(ex, data.data(), n) == reference_word_sum(data.data(), n, wire::header_bytes / 8));
+}
+
+TEST_CASE("validate_segment on the executor's threads gives the serial one's header and errors") {
+  dc::exec::host ex(2);
+  const scan_codec c{};
+  const std::size_t n = 3 * 1824 + 5, stride = scan_codec::stride();
+  const auto p = make_blocks(n);
+  std::vector<std::byte> seg(wire::header_bytes + p.bytes.size());
+  std::memcpy(seg.data() + wire::header_bytes, p.bytes.data(), p.bytes.size());
+  wire::header h;
+  h.codec = cp::codec_id::int8;
+  h.block_size = 32;
+  h.sender = 1;
+  h.elements = n * 32;
+  h.payload_bytes = n * stride;
+  h.round = 4;
+  h.norm = 2.5f;
+  wire::write_header(seg.data(), h);
+  const wire::expectation want = wire::expectation::of(h);
+  // The error each validation gives (empty: none) and the header it read.
+  auto outcome = [&](const std::vector<std::byte>& s, bool parallel) {
+    try {
+      const auto got = parallel ? cp::validate_segment(ex, c, s, want, p.blocks.data(), n, "test", false, 2)
+                                : cp::validate_segment(c, s, want, p.blocks.data(), n, "test", false, 2);
+      CHECK(got.norm == 2.5f);
+      return std::string();
+    } catch (const dc::format_error& e) {
+      return std::string(e.what());
+    }
+  };
+  CHECK(outcome(seg, true).empty());
+  CHECK(outcome(seg, false).empty());
+  // A changed payload byte: the checksum names it, before the block it makes malformed.
+  auto flipped = seg;
+  flipped[wire::header_bytes + 2000 * stride + 9] = std::byte{0x80};
+  CHECK(outcome(flipped, true).find("checksum") != std::string::npos);
+  CHECK(outcome(flipped, true) == outcome(flipped, false));
+  // The same byte under a checksum that covers it: the malformed block, named the same way.
+  wire::write_header(flipped.data(), h);
+  CHECK(outcome(flipped, true).find("block 2000: quantized value out of range") != std::string::npos);
+  CHECK(outcome(flipped, true) == outcome(flipped, false));
+  // A header whose length disagrees takes the serial path's error.
+  auto short_len = seg;
+  wire::header h2 = h;
+  h2.payload_bytes -= 8;
+  wire::write_header(short_len.data(), h2);
+  CHECK(outcome(short_len, true).find("payload length") != std::string::npos);
+  CHECK(outcome(short_len, true) == outcome(short_len, false));
+}

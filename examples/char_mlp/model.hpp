@@ -21,7 +21,7 @@
 #include <span>
 #include <vector>
 
-#include <diloco/codec/host_cpu.hpp>
+#include <diloco/core/host_cpu.hpp>
 
 // The model's loops as a second copy compiled for AVX2 (see above), and
 // the one body both copies inline.

@@ -12,7 +12,7 @@
 #include "diloco/core/macros.hpp"
 #include "diloco/codec/grids.hpp"
 #include "diloco/codec/group_bytes.hpp"
-#include "diloco/codec/host_cpu.hpp"
+#include "diloco/core/host_cpu.hpp"
 #include "diloco/codec/quantize.hpp"
 #include "diloco/core/random.hpp"
 
@@ -290,7 +290,7 @@ struct blockwise_codec {
     return whole_blocks_clean_loop(first, count);
   }
 #if defined(DILOCO_HOST_SIMD_X86)
-  /// whole_blocks_clean's loop compiled for AVX2 (chosen at run time, codec/host_cpu.hpp).
+  /// whole_blocks_clean's loop compiled for AVX2 (chosen at run time, core/host_cpu.hpp).
   __attribute__((target("avx2"))) static bool whole_blocks_clean_avx2(const std::byte* first, std::size_t count) {
     return whole_blocks_clean_loop(first, count);
   }

@@ -103,9 +103,11 @@ class ops<Codec, host_space> {
         kernels::reduce_shard<Codec>{codec, layout.blocks() + layout.first_block(rank), offset_.data(),
                                      received_.data(), world, a.reduced + wire::header_bytes, codec.stride(), stream}));
   }
-  // Header `h` (with its payload checksum) into slot k of `slots`.
-  void header(std::byte* slots, std::size_t slot, std::size_t k, const wire::header& h) {
-    wire::write_header(slots + k * slot, h);
+  // Header `h` (with its payload checksum, summed on exec's threads) into slot k of `slots`.
+  template <class Exec>
+  void header(Exec& exec, std::byte* slots, std::size_t slot, std::size_t k, const wire::header& h) {
+    std::byte* seg = slots + k * slot;
+    wire::write_header(seg, h, payload_words_sum(exec, seg + wire::header_bytes, h.payload_bytes));
   }
   // The first n headers written are in place already.
   template <class Exec>
@@ -120,12 +122,13 @@ class ops<Codec, host_space> {
   void inspect_received(Exec&, std::byte*) {}
   template <class Exec>
   void inspect_gathered(Exec&, std::byte*) {}
-  // validate_segment for segment k of `slots`, carrying shard `shard`.
+  // validate_segment for segment k of `slots`, carrying shard `shard`: its
+  // checksum and structure check in one pass on exec's threads.
   template <class Exec>
-  wire::header check(Exec&, const Codec& codec, std::size_t k, const std::byte* slots, std::size_t slot,
+  wire::header check(Exec& exec, const Codec& codec, std::size_t k, const std::byte* slots, std::size_t slot,
                      const wire::expectation& want, const block_layout& layout, int shard, const char* where,
                      bool allow_status, int world) {
-    return validate_segment(codec, std::span<const std::byte>(slots + k * slot, slot), want,
+    return validate_segment(exec, codec, std::span<const std::byte>(slots + k * slot, slot), want,
                             layout.blocks() + layout.first_block(shard), layout.blocks_in(shard), where, allow_status,
                             world);
   }
@@ -263,7 +266,8 @@ class ops<Codec, Space> {
   // Header `h` for slot k, written on the host with the payload checksum the
   // last checksum run found for segment k (none for a status without a
   // payload); put_headers() puts the first n into the slots.
-  void header(std::byte*, std::size_t, std::size_t k, const wire::header& h) {
+  template <class Exec>
+  void header(Exec&, std::byte*, std::size_t, std::size_t k, const wire::header& h) {
     wire::write_header(segments_.host_header(k), h, h.status != 0 ? std::uint64_t{0} : segments_.checksum(k));
   }
   template <class Exec>
@@ -407,7 +411,7 @@ class compressed_mean : public diloco::detail::feedback<Compressor, Space>,
     out.error_norm = std::sqrt(sums.b);
     for (int s = 0; s < world_; ++s) {
       const std::size_t payload = layout_.blocks_in(s) * stride_;
-      ops_.header(send_.data(), slot_, static_cast<std::size_t>(s),
+      ops_.header(exec, send_.data(), slot_, static_cast<std::size_t>(s),
                   {codec_type::id, flags(), static_cast<std::uint32_t>(codec_type::block),
                    static_cast<std::uint32_t>(rank_), layout_.elements_in(s), payload, round,
                    static_cast<float>(out.delta_norm), 0, fragment_});
@@ -450,7 +454,7 @@ class compressed_mean : public diloco::detail::feedback<Compressor, Space>,
       const std::uint64_t stream2 = kernels::make_stream(seed_, round_, static_cast<std::uint64_t>(rank_), 2);
       reduced_norm = ops_.reduce(exec, codec_, layout_, rank_, world_, areas(), stream2);
     }
-    ops_.header(reduced_.data(), slot_, 0,
+    ops_.header(exec, reduced_.data(), slot_, 0,
                 {codec_type::id, flags(), static_cast<std::uint32_t>(codec_type::block),
                  static_cast<std::uint32_t>(rank_), layout_.elements_in(rank_), status == 0 ? my_payload : 0, round_,
                  static_cast<float>(reduced_norm), status, fragment_});

@@ -79,10 +79,10 @@ class ops<Codec, host_space> {
                                                                         next_residual, payload, codec.stride(), stream,
                                                                         decay});
   }
-  // Writes `h` (and its payload checksum) into the segment at `seg`.
+  // Writes `h` (and its payload checksum, summed on exec's threads) into the segment at `seg`.
   template <class Exec>
-  void seal(Exec&, std::byte* seg, const wire::header& h) {
-    wire::write_header(seg, h);
+  void seal(Exec& exec, std::byte* seg, const wire::header& h) {
+    wire::write_header(seg, h, payload_words_sum(exec, seg + wire::header_bytes, h.payload_bytes));
   }
   template <class Exec>
   void copy(Exec&, std::byte* dst, const std::byte* src, std::size_t bytes) {
@@ -91,12 +91,13 @@ class ops<Codec, host_space> {
   // Before the segments are checked one by one: nothing to bring over.
   template <class Exec>
   void inspect(Exec&, std::byte*) {}
-  // validate_segment for rank k's segment in `gathered`; the decode reads its payload.
+  // validate_segment for rank k's segment in `gathered` (checksum and
+  // structure check in one pass on exec's threads); the decode reads its payload.
   template <class Exec>
-  wire::header check(Exec&, const Codec& codec, std::size_t k, const std::byte* gathered, std::size_t slot,
+  wire::header check(Exec& exec, const Codec& codec, std::size_t k, const std::byte* gathered, std::size_t slot,
                      const wire::expectation& want, const block_layout& layout, const char* where, int world) {
     const std::byte* seg = gathered + k * slot;
-    const auto h = validate_segment(codec, std::span<const std::byte>(seg, slot), want, layout.blocks(),
+    const auto h = validate_segment(exec, codec, std::span<const std::byte>(seg, slot), want, layout.blocks(),
                                     layout.block_count(), where, false, world);
     payloads_[k] = seg + wire::header_bytes;
     return h;

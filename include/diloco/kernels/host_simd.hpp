@@ -46,14 +46,14 @@
 #include "diloco/codec/packed_codes.hpp"
 #include "diloco/codec/quantize.hpp"
 #include "diloco/codec/formats.hpp"
-#include "diloco/codec/host_cpu.hpp"
+#include "diloco/core/host_cpu.hpp"
 #include "diloco/core/macros.hpp"
 
 DILOCO_EXACT_FP_BEGIN
 
 namespace diloco::kernels::host_simd {
 
-// enabled() and DILOCO_HOST_SIMD_X86: codec/host_cpu.hpp.
+// enabled() and DILOCO_HOST_SIMD_X86: core/host_cpu.hpp.
 
 /// The most ranks whose blocks reduce_block sums (its scales live on the
 /// stack); larger groups take the portable pass.

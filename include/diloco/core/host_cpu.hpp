@@ -6,8 +6,9 @@
 // loop that gains from AVX2 is compiled a second time with
 // __attribute__((target("avx2"))) (no FMA: the same IEEE operations, the
 // same bits) and called when enabled() says the CPU runs it. Used by the
-// codecs' host loops (codec/blockwise.hpp's structure check) and by
-// kernels/host_simd.hpp (the compressed round's block passes), which
+// wire and checkpoint checksum (core/checksum.hpp, which also asks
+// avx512()), the codecs' host loops (codec/blockwise.hpp's structure check)
+// and kernels/host_simd.hpp (the compressed round's block passes), which
 // includes it; tensor/low_precision.hpp's mirror loops ask the same.
 
 #include <cstdlib>
@@ -32,6 +33,24 @@ inline bool enabled() {
     if (env && (std::strcmp(env, "0") == 0 || std::strcmp(env, "off") == 0)) return false;
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") != 0;
+  }();
+  return on;
+#else
+  return false;
+#endif
+}
+
+/// Whether the passes that have an AVX-512 form (the checksum's 64-bit
+/// multiplies, core/checksum.hpp) run it: enabled(), the CPU has AVX-512F
+/// and AVX-512DQ, and DILOCO_HOST_SIMD is not "avx2" (which keeps every
+/// pass at AVX2; read once).
+inline bool avx512() {
+#if defined(DILOCO_HOST_SIMD_X86)
+  static const bool on = [] {
+    if (!enabled()) return false;
+    const char* env = std::getenv("DILOCO_HOST_SIMD");
+    if (env && std::strcmp(env, "avx2") == 0) return false;
+    return __builtin_cpu_supports("avx512f") != 0 && __builtin_cpu_supports("avx512dq") != 0;
   }();
   return on;
 #else
