@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <diloco/diloco.hpp>
 #include <random>
@@ -108,4 +109,103 @@ TEST_CASE("transform_reduce gives the same bits whatever the thread count") {
   double ref = 0.0;
   for (float v : x) ref += static_cast<double>(v) * static_cast<double>(v) * 1.0000001;
   CHECK(a == doctest::Approx(ref).epsilon(1e-12));
+}
+
+namespace {
+// A codec-like pass with few calls (4096: chunk_topk's chunks of 4096 over
+// 2^24 parameters, one reduction chunk): each call's term and thread.
+struct few_heavy_calls {
+  static constexpr std::size_t elements_per_call = 4096;
+  const double* term;
+  int* thread_of;
+  double operator()(std::size_t i) const {
+    thread_of[i] = thread_number();
+    return term[i];
+  }
+};
+// The same terms computed eight calls at a time, as reduce_shard::batch.
+struct few_heavy_batches {
+  static constexpr std::size_t elements_per_call = 4096;
+  const double* term;
+  int* thread_of;
+  int* misaligned;
+  double operator()(std::size_t i) const { return term[i]; }
+  void batch(std::size_t i, std::size_t n, double* r) const {
+    if (i % host::reduce_lanes != 0 || n > host::reduce_lanes) *misaligned = 1;
+    for (std::size_t j = 0; j < n; ++j) {
+      thread_of[i + j] = thread_number();
+      r[j] = term[i + j];
+    }
+  }
+};
+struct two_sums {
+  double a = 0, b = 0;
+  two_sums& operator+=(const two_sums& o) {
+    a += o.a;
+    b += o.b;
+    return *this;
+  }
+};
+struct few_heavy_pairs {
+  static constexpr std::size_t elements_per_call = 4096;
+  const double* term;
+  two_sums operator()(std::size_t i) const { return {term[i], term[i] * 3.0}; }
+};
+// transform_reduce's documented order over [0, n) within one chunk: lane l
+// adds the terms at indices congruent to l modulo 8 in index order, then
+// the lanes are added pairwise (l += l + 4, then + 2, then + 1).
+double documented_chunk_sum(const std::vector<double>& t) {
+  double lane[8] = {};
+  for (std::size_t i = 0; i < t.size(); ++i) lane[i % 8] += t[i];
+  for (std::size_t w = 4; w > 0; w /= 2)
+    for (std::size_t l = 0; l < w; ++l) lane[l] += lane[l + w];
+  return lane[0];
+}
+}  // namespace
+
+TEST_CASE("transform_reduce shares fewer heavy calls than a chunk over the threads, with the chunk's own sum") {
+  // Terms of mixed magnitudes and signs, so that any other order of the
+  // additions gives other bits.
+  std::mt19937_64 rng(3);
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  for (const std::size_t n : {std::size_t{4096}, std::size_t{4093}, host::reduce_chunk}) {
+    CAPTURE(n);
+    std::vector<double> term(n);
+    for (std::size_t i = 0; i < n; ++i) term[i] = u(rng) * std::ldexp(1.0, static_cast<int>(i % 61) - 30);
+    const double want = documented_chunk_sum(term);
+    host one(1), two(2);
+    std::vector<int> t1(n, -1), t2(n, -1), tb(n, -1);
+    const double a = one.transform_reduce(n, few_heavy_calls{term.data(), t1.data()});
+    const double b = two.transform_reduce(n, few_heavy_calls{term.data(), t2.data()});
+    int misaligned = 0;
+    const double c = two.transform_reduce(n, few_heavy_batches{term.data(), tb.data(), &misaligned});
+    CHECK(std::memcmp(&a, &want, sizeof a) == 0);
+    CHECK(std::memcmp(&b, &want, sizeof b) == 0);
+    CHECK(std::memcmp(&c, &want, sizeof c) == 0);
+    CHECK(misaligned == 0);
+    CHECK_FALSE(has(t2, -1));  // every call made
+    const two_sums p = two.transform_reduce(n, few_heavy_pairs{term.data()});
+    std::vector<double> tripled(term);
+    for (double& x : tripled) x *= 3.0;
+    const double want_b = documented_chunk_sum(tripled);
+    CHECK(std::memcmp(&p.a, &want, sizeof want) == 0);
+    CHECK(std::memcmp(&p.b, &want_b, sizeof want_b) == 0);
+    if (two.threads() < 2) {
+      MESSAGE("SKIPPED (sharing): built without OpenMP, every pass runs on the calling thread");
+      continue;
+    }
+    // Both threads made calls, by operator() and by batch().
+    CHECK(has(t2, 0));
+    CHECK(has(t2, 1));
+    CHECK(has(tb, 0));
+    CHECK(has(tb, 1));
+  }
+  // Light calls stay on the caller: 4096 plain calls are below the threshold.
+  host two(2);
+  std::vector<int> light(4096, -1);
+  two.transform_reduce(light.size(), [&](std::size_t i) {
+    light[i] = thread_number();
+    return 1.0;
+  });
+  CHECK_FALSE(has(light, 1));
 }
