@@ -98,7 +98,12 @@ void run(const char* name, std::size_t n, int world, int reps, Triad&& triad) {
   const std::size_t stride = c.stride();
   const double enc = static_cast<double>(layout.block_count() * stride) / static_cast<double>(n);  // encoded B/param
   round_buffers b(n);
-  auto& [global, residual, next, momentum] = b.flat;
+  // Plain references, not a structured binding: Clang before 16 cannot
+  // capture a binding in the lambdas below.
+  std::vector<float>& global = b.flat.global;
+  std::vector<float>& residual = b.flat.residual;
+  std::vector<float>& next = b.flat.next;
+  std::vector<float>& momentum = b.flat.momentum;
   const dc::kernels::tensor_table table = b.table();
   const std::vector<std::size_t>& offsets = b.offsets;
   std::vector<std::byte> payload(layout.block_count() * stride);
@@ -181,9 +186,9 @@ void run(const char* name, std::size_t n, int world, int reps, Triad&& triad) {
   // The hand-vectorised passes against the portable code they stand in for
   // (the same bits: test_host_simd), in alternation, in the same run.
   if constexpr (dc::kernels::host_simd::supports<codec>::value) {
-    auto encode_portable = [&] { ex.transform_reduce(layout.block_count(), portable_only{encode_pass}); };
-    auto reduce_portable = [&] { ex.transform_reduce(shard_blocks, portable_only{reduce_pass}); };
-    auto reduce_single = [&] { ex.transform_reduce(shard_blocks, block_by_block{reduce_pass}); };
+    auto encode_portable = [&] { ex.transform_reduce(layout.block_count(), portable_only<decltype(encode_pass)>{encode_pass}); };
+    auto reduce_portable = [&] { ex.transform_reduce(shard_blocks, portable_only<decltype(reduce_pass)>{reduce_pass}); };
+    auto reduce_single = [&] { ex.transform_reduce(shard_blocks, block_by_block<decltype(reduce_pass)>{reduce_pass}); };
     const auto v = bench::interleaved_medians(reps, encode, encode_portable, reduce, reduce_portable, reduce_single);
     bench::print(std::string(name) + ".encode_simd_vs_portable", v[1] / v[0]);
     bench::print(std::string(name) + ".reduce_simd_vs_portable", v[3] / v[2]);
@@ -232,7 +237,12 @@ void run_gathered(const char* name, std::size_t n, int world, int reps, Triad&& 
   const std::size_t stride = c.stride();
   const double enc = static_cast<double>(layout.block_count() * stride) / static_cast<double>(n);
   round_buffers b(n);
-  auto& [global, residual, next, momentum] = b.flat;
+  // Plain references, not a structured binding: Clang before 16 cannot
+  // capture a binding in the lambdas below.
+  std::vector<float>& global = b.flat.global;
+  std::vector<float>& residual = b.flat.residual;
+  std::vector<float>& next = b.flat.next;
+  std::vector<float>& momentum = b.flat.momentum;
   const dc::kernels::tensor_table table = b.table();
   std::vector<std::byte> payload(layout.block_count() * stride);
   dc::exec::host ex(bench::threads());
