@@ -44,6 +44,7 @@ bool has(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end()
 TEST_CASE("a functor's elements_per_call weighs n against the parallel threshold") {
   auto plain = [](std::size_t) {};
   static_assert(host::elements_per_call<block_pass>() == 4096);
+  static_assert(host::elements_per_call<block_sum>() == 4096);
   static_assert(host::elements_per_call<decltype(plain)>() == 1);
   static_assert(host::elements_per_call<diloco::kernels::reduce_shard<
                     diloco::compress::blockwise_codec<diloco::int8, 128, diloco::compress::round_nearest>>>() == 128);
@@ -164,6 +165,9 @@ double documented_chunk_sum(const std::vector<double>& t) {
 }  // namespace
 
 TEST_CASE("transform_reduce shares fewer heavy calls than a chunk over the threads, with the chunk's own sum") {
+  static_assert(host::elements_per_call<few_heavy_calls>() == 4096 &&
+                host::elements_per_call<few_heavy_batches>() == 4096 &&
+                host::elements_per_call<few_heavy_pairs>() == 4096);
   // Terms of mixed magnitudes and signs, so that any other order of the
   // additions gives other bits.
   std::mt19937_64 rng(3);
