@@ -120,9 +120,12 @@ class host {
     // pass over a few thousand blocks, such as chunk_topk's 4096-element
     // chunks): the calls run on the team, their results kept, and are then
     // summed in the fixed order on this thread, so the same sum.
-    if (const int team = threads(); team > 1 && chunks < static_cast<std::size_t>(team) &&
-                                    n * elements_per_call<F>() >= parallel_threshold)
-      return sum_of_calls(n, f, team);
+    // (Only functors that stand for several elements a call: the codec
+    // passes; a plain one's range is shared by chunks below.)
+    if constexpr (elements_per_call<F>() > 1)
+      if (const int team = threads(); team > 1 && chunks < static_cast<std::size_t>(team) &&
+                                      n * elements_per_call<F>() >= parallel_threshold)
+        return sum_of_calls(n, f, team);
 #endif
     if (n <= reduce_chunk) return chunk_sum(0, n, f);
     std::vector<R> local;
@@ -230,19 +233,16 @@ class host {
   /// runs of reduce_lanes from a multiple of it, by f.batch where F has it,
   /// as chunk_sum calls it), then each chunk of r summed by chunk_sum in
   /// chunk order, the same terms in the same order as chunk_sum over f.
+#if defined(_OPENMP)
   template <class F>
   static sum_type<F> sum_of_calls(std::size_t n, const F& f, int team) {
     using R = sum_type<F>;
     std::vector<R> r(n);
     const auto runs = static_cast<std::ptrdiff_t>((n + reduce_lanes - 1) / reduce_lanes);
-#if defined(_OPENMP)
 #pragma omp parallel num_threads(team)
-#endif
     {
       const F mine = f;  // per thread, as in for_each
-#if defined(_OPENMP)
 #pragma omp for schedule(static)
-#endif
       for (std::ptrdiff_t g = 0; g < runs; ++g) {
         const std::size_t i = static_cast<std::size_t>(g) * reduce_lanes;
         const std::size_t count = std::min(reduce_lanes, n - i);
@@ -261,6 +261,7 @@ class host {
     for (std::size_t lo = 0; lo < n; lo += reduce_chunk) total += chunk_sum(lo, std::min(n, lo + reduce_chunk), stored{r.data()});
     return total;
   }
+#endif
 
   /// The fixed-order sum of f over [lo, hi): lane l accumulates the indices
   /// congruent to l modulo reduce_lanes, then the lanes are added pairwise.
