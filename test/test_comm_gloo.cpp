@@ -940,8 +940,9 @@ TEST_CASE("two processes claiming the same rank: comm_error, not a hang") {
     MESSAGE("process ", i, ": ", msg);
     messages += msg;
   }
-  // One finds the other's registration (or, if both checked at once, its
-  // key file); the other waits for rank 1 until the timeout.
+  // Exactly one creates rank 0's registration (the store's atomic create);
+  // the other is told that the store already holds it, and the first waits
+  // for rank 1 until the timeout.
   CHECK(messages.find("already") != std::string::npos);
 }
 

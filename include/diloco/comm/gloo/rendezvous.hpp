@@ -149,7 +149,6 @@ std::vector<int> poll_keys(rendezvous_store& rs, const std::vector<int>& ranks, 
 // Returns each rank's host name.
 inline std::vector<std::string> join(rendezvous_store& rs, const options& o, startup_clock::time_point deadline,
                                      const std::string& where) {
-  auto& kv = rs.store();
   std::vector<std::string> hosts(static_cast<std::size_t>(o.size));
   try {
     const std::string mine = join_key(o.rank);
@@ -164,14 +163,11 @@ inline std::vector<std::string> join(rendezvous_store& rs, const options& o, sta
     const std::string payload =
         diloco::detail::concat(o.size, " ", hosts[static_cast<std::size_t>(o.rank)], " pid ",
                                static_cast<long long>(getpid()));
-    try {
-      kv.set(mine, std::vector<char>(payload.begin(), payload.end()));
-    } catch (const std::exception&) {
-      // Two processes registering as one rank at the same moment: Gloo's
-      // stores fail the second write in their own words.
-      if (rs.has({mine})) taken();
-      throw;
-    }
+    // Created, not set: of two processes registering as one rank at the
+    // same moment (both past the check above), exactly one creates the key
+    // and the other is told. Gloo's FileStore::set checks and then renames
+    // over, so both could succeed and then wait for a rank that never comes.
+    if (!rs.create(mine, std::vector<char>(payload.begin(), payload.end()))) taken();
 
     std::vector<int> others;
     for (int k = 0; k < o.size; ++k)
