@@ -140,10 +140,7 @@ payload_scan scan_payload(Exec& exec, const Codec& codec, const std::byte* paylo
   const std::size_t pieces = (nblocks + piece_blocks - 1) / piece_blocks;
   std::vector<payload_scan> found(pieces);
   const detail_segment::scan_piece<Codec> piece{&codec, payload, blocks, nblocks, piece_blocks, check, found.data()};
-  if (pieces > 1)
-    exec.for_each(pieces, piece);
-  else if (pieces == 1)
-    piece(0);
+  exec.for_each(pieces, piece);  // on this thread below four pieces (scan_piece::elements_per_call)
   payload_scan total;
   total.bad = {nblocks, nullptr};
   for (const payload_scan& f : found) {
