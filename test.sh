@@ -64,10 +64,40 @@ gcc_params="--param=ggc-min-expand=1000 --param=ggc-min-heapsize=4000000"
 # docs/performance.md does.
 release_flags="-Og -DNDEBUG"
 cuda_release_flags="-O1 -DNDEBUG"
+# The ASan + UBSan stage's tree and tests (configured with the release tree,
+# below, which needs their names).
+configure_asan() {
+  cmake -S . -B build-asan $(generator build-asan) -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug -DDILOCO_WARNINGS_AS_ERRORS=ON \
+    -DCMAKE_CXX_FLAGS_DEBUG=-gline-tables-only \
+    -DDILOCO_SANITIZE=address,undefined -DDILOCO_ENABLE_CUDA=OFF -DDILOCO_ENABLE_TORCH=OFF -DDILOCO_BUILD_BENCHMARKS=OFF
+}
+# Not the docs' and the README's programs (labels docs, readme): drivers of
+# the library's public calls, which the unit tests here run; the release
+# stage runs them as written, and TSan the threaded ones. They were 71 of
+# this build's 682 CPU seconds (2026-11-30).
+asan_tests=(-L "unit|asan" -LE "slow|packaging|compile|codegen|demo|docs|readme")
+
 stage "release build, all tests"
-cmake -S . -B build $(generator build) -DCMAKE_BUILD_TYPE=Release -DDILOCO_WARNINGS_AS_ERRORS=ON \
-  -DCMAKE_CXX_FLAGS="$gcc_params" -DCMAKE_CUDA_FLAGS="-Xcompiler=${gcc_params// /,}" \
-  -DCMAKE_CXX_FLAGS_RELEASE="$release_flags" -DCMAKE_CUDA_FLAGS_RELEASE="$cuda_release_flags"
+release_config=(-DCMAKE_BUILD_TYPE=Release -DDILOCO_WARNINGS_AS_ERRORS=ON
+  -DCMAKE_CXX_FLAGS="$gcc_params" -DCMAKE_CUDA_FLAGS="-Xcompiler=${gcc_params// /,}"
+  -DCMAKE_CXX_FLAGS_RELEASE="$release_flags" -DCMAKE_CUDA_FLAGS_RELEASE="$cuda_release_flags")
+cmake -S . -B build $(generator build) "${release_config[@]}"
+# The unit tests that the ASan + UBSan stage builds and runs (with clang++,
+# under both sanitizers) are compiled here by g++ with -fsyntax-only, not
+# built and run twice: every file still goes through g++'s front end with
+# -Werror (its diagnostics, every template the test instantiates), and code
+# generation, about three quarters of g++'s time on them, is left to clang++
+# (scripts/compile-only.py, test/CMakeLists.txt's DILOCO_COMPILE_ONLY_TARGETS;
+# 39 programs, 44 tests on this machine, 2026-11-30). g++ still builds and
+# runs, besides everything else, the tests of code that compilers translate
+# differently: the host codec passes' vector paths and checksum (fast paths,
+# SIMD, wire format, small formats, codecs, decode-apply) and exec::host
+# (libgomp, not Clang's runtime).
+gcc_run_tests='^(test_exec_host|test_host_simd|test_codec_fast_paths|test_wire_format|test_compress_codecs|test_small_formats|test_decode_apply)$'
+configure_asan > /dev/null
+{ read -r compile_only_targets; read -r compile_only_tests; } < <(scripts/compile-only.py build build-asan "$gcc_run_tests" "${asan_tests[@]}")
+cmake -S . -B build "${release_config[@]}" -DDILOCO_COMPILE_ONLY_TARGETS="$compile_only_targets" \
+  -DDILOCO_COMPILE_ONLY_TESTS="$compile_only_tests" > /dev/null
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$ctest_jobs"
 
@@ -90,14 +120,7 @@ CMAKE_BUILD_PARALLEL_LEVEL=$jobs "$py" -m pip install -q --no-build-isolation . 
 (cd python/tests && "../../$py" -m pytest -q -p no:cacheprovider)
 
 stage "ASan + UBSan"
-cmake -S . -B build-asan $(generator build-asan) -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug -DDILOCO_WARNINGS_AS_ERRORS=ON \
-  -DCMAKE_CXX_FLAGS_DEBUG=-gline-tables-only \
-  -DDILOCO_SANITIZE=address,undefined -DDILOCO_ENABLE_CUDA=OFF -DDILOCO_ENABLE_TORCH=OFF -DDILOCO_BUILD_BENCHMARKS=OFF
-# Not the docs' and the README's programs (labels docs, readme): drivers of
-# the library's public calls, which the unit tests here run; the release
-# stage runs them as written, and TSan the threaded ones. They were 71 of
-# this build's 682 CPU seconds (2026-11-30).
-asan_tests=(-L "unit|asan" -LE "slow|packaging|compile|codegen|demo|docs|readme")
+configure_asan
 scripts/build-tested.py build-asan "$jobs" "${asan_tests[@]}"
 ctest --test-dir build-asan --output-on-failure -j"$ctest_jobs" "${asan_tests[@]}"
 

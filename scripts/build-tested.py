@@ -47,19 +47,16 @@ def build(build_dir, jobs, targets):
     return subprocess.call(cmd)
 
 
-def main():
-    if len(sys.argv) < 3:
-        sys.exit("usage: build-tested.py BUILD_DIR JOBS [ctest selection arguments...]")
-    build_dir, jobs, selection = sys.argv[1], sys.argv[2], sys.argv[3:]
-    try:
-        shown = subprocess.run(["ctest", "--test-dir", build_dir, "--show-only=json-v1", *selection],
-                               check=True, capture_output=True, text=True).stdout
-        tests = [t["name"] for t in json.loads(shown)["tests"]]
-        listing = subprocess.run(["cmake", "--build", build_dir, "--target", "help"],
-                                 check=True, capture_output=True, text=True).stdout
-    except (subprocess.CalledProcessError, ValueError, KeyError) as e:
-        print(f"build-tested: cannot list the tests or targets ({e}); building everything", flush=True)
-        sys.exit(build(build_dir, jobs, None))
+def targets_of_tests(build_dir, selection):
+    """{test name: set of target names} for the tests a ctest selection picks:
+    the executables each test's command names that are targets of the tree.
+    Raises subprocess.CalledProcessError, ValueError or KeyError when ctest or
+    the target list cannot be read."""
+    shown = subprocess.run(["ctest", "--test-dir", build_dir, "--show-only=json-v1", *selection],
+                           check=True, capture_output=True, text=True).stdout
+    tests = [t["name"] for t in json.loads(shown)["tests"]]
+    listing = subprocess.run(["cmake", "--build", build_dir, "--target", "help"],
+                             check=True, capture_output=True, text=True).stdout
     # Makefiles and Ninja both list one target per line, as "... name" or "name: phony".
     known = set()
     for line in listing.splitlines():
@@ -69,9 +66,10 @@ def main():
         elif line.endswith(": phony"):
             known.add(line[: -len(": phony")])
     root = os.path.realpath(build_dir)
-    wanted = set()
     commands = test_commands(build_dir)
+    found = {}
     for test in tests:
+        wanted = found.setdefault(test, set())
         for arg in commands.get(test, []):
             # A path alone, NAME=path, or a CMake list (NAME=path;arg;...).
             for path in {arg, *arg.split("=", 1)[-1].split(";")}:
@@ -79,7 +77,20 @@ def main():
                     name = os.path.basename(path)
                     if name in known:
                         wanted.add(name)
-    print(f"build-tested: {len(tests)} tests need {len(wanted)} of the build's targets", flush=True)
+    return found
+
+
+def main():
+    if len(sys.argv) < 3:
+        sys.exit("usage: build-tested.py BUILD_DIR JOBS [ctest selection arguments...]")
+    build_dir, jobs, selection = sys.argv[1], sys.argv[2], sys.argv[3:]
+    try:
+        found = targets_of_tests(build_dir, selection)
+    except (subprocess.CalledProcessError, ValueError, KeyError) as e:
+        print(f"build-tested: cannot list the tests or targets ({e}); building everything", flush=True)
+        sys.exit(build(build_dir, jobs, None))
+    wanted = set().union(*found.values())
+    print(f"build-tested: {len(found)} tests need {len(wanted)} of the build's targets", flush=True)
     if not wanted:
         sys.exit(0)
     sys.exit(build(build_dir, jobs, wanted))
