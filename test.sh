@@ -64,8 +64,8 @@ gcc_params="--param=ggc-min-expand=1000 --param=ggc-min-heapsize=4000000"
 # docs/performance.md does.
 release_flags="-Og -DNDEBUG"
 cuda_release_flags="-O1 -DNDEBUG"
-# The ASan + UBSan stage's tree and tests (configured with the release tree,
-# below, which needs their names).
+# The sanitizer stages' trees and tests; the two ASan trees are configured
+# with the release tree, below, which needs their tests' names.
 configure_asan() {
   cmake -S . -B build-asan $(generator build-asan) -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug -DDILOCO_WARNINGS_AS_ERRORS=ON \
     -DCMAKE_CXX_FLAGS_DEBUG=-gline-tables-only \
@@ -73,29 +73,44 @@ configure_asan() {
 }
 # Not the docs' and the README's programs (labels docs, readme): drivers of
 # the library's public calls, which the unit tests here run; the release
-# stage runs them as written, and TSan the threaded ones. They were 71 of
-# this build's 682 CPU seconds (2026-11-30).
+# stage runs them as written. They were 71 of this build's 682 CPU seconds
+# (2026-11-30).
 asan_tests=(-L "unit|asan" -LE "slow|packaging|compile|codegen|demo|docs|readme")
+# Clang 14 cannot compile libtorch 1.13's headers as C++20 (an incomplete
+# c10::IValue in std::vector), so test_torch and test_external (inner::external
+# driving torch::optim, the user's state in the checkpoint) run under g++'s
+# sanitizers. Without the precompiled headers: the two files build side by
+# side, and a shared header would be built first, alone, on their path.
+configure_torch_asan() {
+  cmake -S . -B build-asan-torch $(generator build-asan-torch) -DCMAKE_CXX_COMPILER=g++ -DCMAKE_BUILD_TYPE=Debug \
+    -DCMAKE_CXX_FLAGS="$gcc_params" \
+    -DDILOCO_WARNINGS_AS_ERRORS=ON -DDILOCO_SANITIZE=address,undefined -DDILOCO_ENABLE_CUDA=OFF -DDILOCO_ENABLE_TORCH=ON \
+    -DDILOCO_BUILD_BENCHMARKS=OFF -DDILOCO_BUILD_EXAMPLES=OFF -DDILOCO_TEST_PCH=OFF
+}
+torch_tests=(-R "^(test_torch|test_external)$")
 
 stage "release build, all tests"
 release_config=(-DCMAKE_BUILD_TYPE=Release -DDILOCO_WARNINGS_AS_ERRORS=ON
   -DCMAKE_CXX_FLAGS="$gcc_params" -DCMAKE_CUDA_FLAGS="-Xcompiler=${gcc_params// /,}"
   -DCMAKE_CXX_FLAGS_RELEASE="$release_flags" -DCMAKE_CUDA_FLAGS_RELEASE="$cuda_release_flags")
 cmake -S . -B build $(generator build) "${release_config[@]}"
-# The unit tests that the ASan + UBSan stage builds and runs (with clang++,
-# under both sanitizers) are compiled here by g++ with -fsyntax-only, not
-# built and run twice: every file still goes through g++'s front end with
-# -Werror (its diagnostics, every template the test instantiates), and code
-# generation, about three quarters of g++'s time on them, is left to clang++
-# (scripts/compile-only.py, test/CMakeLists.txt's DILOCO_COMPILE_ONLY_TARGETS;
-# 39 programs, 44 tests on this machine, 2026-11-30). g++ still builds and
-# runs, besides everything else, the tests of code that compilers translate
-# differently: the host codec passes' vector paths and checksum (fast paths,
-# SIMD, wire format, small formats, codecs, decode-apply) and exec::host
-# (libgomp, not Clang's runtime).
+# The unit tests that the ASan + UBSan stages build and run (the Clang tree's,
+# and the g++ tree's two libtorch tests) are compiled here by g++ with
+# -fsyntax-only, not built and run twice: every file still goes through g++'s
+# front end with -Werror (its diagnostics, every template the test
+# instantiates), and code generation, about three quarters of g++'s time on
+# them, is left to the sanitizer trees (scripts/compile-only.py,
+# test/CMakeLists.txt's DILOCO_COMPILE_ONLY_TARGETS; 41 programs, 46 tests on
+# this machine, 2026-11-30). g++ still builds and runs, besides everything
+# else, the tests of code that compilers translate differently: the host
+# codec passes' vector paths and checksum (fast paths, SIMD, wire format,
+# small formats, codecs, decode-apply) and exec::host (libgomp, not Clang's
+# runtime).
 gcc_run_tests='^(test_exec_host|test_host_simd|test_codec_fast_paths|test_wire_format|test_compress_codecs|test_small_formats|test_decode_apply)$'
 configure_asan > /dev/null
-{ read -r compile_only_targets; read -r compile_only_tests; } < <(scripts/compile-only.py build build-asan "$gcc_run_tests" "${asan_tests[@]}")
+configure_torch_asan > /dev/null
+{ read -r compile_only_targets; read -r compile_only_tests; } < <(scripts/compile-only.py build "$gcc_run_tests" \
+  build-asan "${asan_tests[@]}" -- build-asan-torch "${torch_tests[@]}")
 cmake -S . -B build "${release_config[@]}" -DDILOCO_COMPILE_ONLY_TARGETS="$compile_only_targets" \
   -DDILOCO_COMPILE_ONLY_TESTS="$compile_only_tests" > /dev/null
 cmake --build build -j"$jobs"
@@ -125,16 +140,7 @@ scripts/build-tested.py build-asan "$jobs" "${asan_tests[@]}"
 ctest --test-dir build-asan --output-on-failure -j"$ctest_jobs" "${asan_tests[@]}"
 
 stage "ASan + UBSan (g++): the libtorch adapter and wrapper mode"
-# Clang 14 cannot compile libtorch 1.13's headers as C++20 (an incomplete
-# c10::IValue in std::vector), so test_torch and test_external (inner::external
-# driving torch::optim, the user's state in the checkpoint) run under g++'s
-# sanitizers. Without the precompiled headers: the two files build side by
-# side, and a shared header would be built first, alone, on their path.
-cmake -S . -B build-asan-torch $(generator build-asan-torch) -DCMAKE_CXX_COMPILER=g++ -DCMAKE_BUILD_TYPE=Debug \
-  -DCMAKE_CXX_FLAGS="$gcc_params" \
-  -DDILOCO_WARNINGS_AS_ERRORS=ON -DDILOCO_SANITIZE=address,undefined -DDILOCO_ENABLE_CUDA=OFF -DDILOCO_ENABLE_TORCH=ON \
-  -DDILOCO_BUILD_BENCHMARKS=OFF -DDILOCO_BUILD_EXAMPLES=OFF -DDILOCO_TEST_PCH=OFF
-torch_tests=(-R "^(test_torch|test_external)$")
+configure_torch_asan
 scripts/build-tested.py build-asan-torch "$jobs" "${torch_tests[@]}"
 ctest --test-dir build-asan-torch --output-on-failure "${torch_tests[@]}" --no-tests=error
 
@@ -145,7 +151,10 @@ cmake -S . -B build-tsan $(generator build-tsan) -DCMAKE_CXX_COMPILER=clang++ -D
   -DCMAKE_CXX_FLAGS_DEBUG=-gline-tables-only \
   -DDILOCO_SANITIZE=thread -DDILOCO_ENABLE_CUDA=OFF -DDILOCO_ENABLE_OPENMP=OFF -DDILOCO_ENABLE_TORCH=OFF \
   -DDILOCO_BUILD_BENCHMARKS=OFF
-tsan_tests=(-L "threads|tsan" -LE "slow|codegen|replay")
+# Not the docs' and the README's programs, as in the ASan stage (the unit
+# tests here run the same calls with threads): 33 CPU seconds of this build
+# and 11 of its test time (2026-11-30).
+tsan_tests=(-L "threads|tsan" -LE "slow|codegen|replay|docs|readme")
 scripts/build-tested.py build-tsan "$jobs" "${tsan_tests[@]}"
 ctest --test-dir build-tsan --output-on-failure -j"$ctest_jobs" "${tsan_tests[@]}"
 

@@ -3,13 +3,14 @@
 """Which test programs of one build tree need only be compiled, because
 another tree builds and runs their tests.
 
-    scripts/compile-only.py TREE OTHER_TREE KEEP_REGEX [ctest selection arguments...]
+    scripts/compile-only.py TREE KEEP_REGEX OTHER_TREE [ctest selection...] [-- OTHER_TREE [selection...]]...
 
 ./test.sh's release tree (g++) and its ASan + UBSan tree (clang++) both built
 and ran the unit tests; code generation was about three quarters of g++'s
-time on them. This picks the tests that OTHER_TREE's selection runs and that
-TREE has too (same name), less those whose names match KEEP_REGEX (tests
-TREE must still run itself), and prints two lines, CMake lists:
+time on them. This picks the tests that an OTHER_TREE's selection runs and
+that TREE has too (same name), for each OTHER_TREE given, less those whose
+names match KEEP_REGEX (tests TREE must still run itself), and prints two
+lines, CMake lists:
 
     targets: the programs of TREE that only those tests run (a program that
              any other test of TREE runs is left out: it is built and run);
@@ -38,12 +39,22 @@ def load_build_tested():
 
 def main():
     if len(sys.argv) < 4:
-        sys.exit("usage: compile-only.py TREE OTHER_TREE KEEP_REGEX [ctest selection arguments...]")
-    tree, other, keep, selection = sys.argv[1], sys.argv[2], re.compile(sys.argv[3]), sys.argv[4:]
+        sys.exit("usage: compile-only.py TREE KEEP_REGEX OTHER_TREE [ctest selection...] [-- OTHER_TREE [selection...]]...")
+    tree, keep = sys.argv[1], re.compile(sys.argv[2])
+    others = [[]]
+    for arg in sys.argv[3:]:
+        if arg == "--":
+            others.append([])
+        else:
+            others[-1].append(arg)
     bt = load_build_tested()
     try:
         ours = bt.targets_of_tests(tree, [])
-        theirs = bt.targets_of_tests(other, selection)
+        theirs = set()
+        for other in others:
+            if not other:
+                sys.exit("compile-only: '--' must be followed by a build tree")
+            theirs |= set(bt.targets_of_tests(other[0], other[1:]))
     except (subprocess.CalledProcessError, ValueError, KeyError) as e:
         print(f"compile-only: cannot list the tests ({e}); every test is built and run", file=sys.stderr)
         print()
@@ -55,7 +66,8 @@ def main():
     tests = {t for t in picked if ours[t] and ours[t] <= targets}
     print(";".join(sorted(targets)))
     print(";".join(sorted(tests)))
-    print(f"compile-only: {len(targets)} programs compiled only, {len(tests)} tests run by {other} alone",
+    trees = ", ".join(other[0] for other in others)
+    print(f"compile-only: {len(targets)} programs compiled only, {len(tests)} tests run by {trees} alone",
           file=sys.stderr)
 
 
