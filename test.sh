@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # The whole test suite: a warnings-as-errors release build with every
-# backend that is installed, then the host tests again under ASan+UBSan and
-# the threaded tests under TSan. Exits non-zero on the first failure. The
+# backend that is installed, then the host tests under ASan+UBSan (the
+# release build compiles those with g++'s -fsyntax-only and leaves their runs
+# to that stage) and the threaded tests under TSan. Exits non-zero on the
+# first failure. The
 # sanitizer builds leave out the benchmarks, skip the slow tests (the demo's
 # training runs among them: release only) and the `codegen` one (whether
 # -O3 -mfma changes the bits: release only), and build only the targets of
