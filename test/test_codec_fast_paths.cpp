@@ -548,8 +548,9 @@ std::uint64_t dbits(double x) {
 
 // A path of the compressed round's block passes: block_loops compiled for
 // the baseline ISA or for AVX2, or (for the codecs host_simd::supports)
-// host_simd's AVX2 intrinsics, which the passes run where the CPU has AVX2.
-enum class path { baseline, avx2, intrinsics };
+// host_simd's AVX2 intrinsics, which the passes run where the CPU has AVX2,
+// or their AVX-512 forms (host_simd512.hpp), where it has AVX-512.
+enum class path { baseline, avx2, intrinsics, intrinsics512 };
 
 template <class Codec = void>
 std::vector<path> paths_here() {
@@ -558,8 +559,10 @@ std::vector<path> paths_here() {
   if (dk::host_simd::enabled()) {
     p.push_back(path::avx2);
     if constexpr (!std::is_void_v<Codec>)
-      if constexpr (dk::host_simd::supports<Codec>::value && Codec::block % dk::norm_lanes(Codec::block) == 0)
+      if constexpr (dk::host_simd::supports<Codec>::value && Codec::block % dk::norm_lanes(Codec::block) == 0) {
         p.push_back(path::intrinsics);
+        if (dk::host_simd::avx512()) p.push_back(path::intrinsics512);
+      }
   }
 #endif
   return p;
@@ -569,9 +572,14 @@ template <class Codec, class Loops>
 bool reduce_on(path p, const std::byte* const* in, int world, std::byte* out, double& norm) {
 #if defined(DILOCO_HOST_SIMD_X86)
   if constexpr (dk::host_simd::supports<Codec>::value && Codec::block % dk::norm_lanes(Codec::block) == 0)
+  {
     if (p == path::intrinsics)
       return dk::host_simd::reduce_block<typename dk::host_simd::supports<Codec>::format, Codec::block,
                                          dk::norm_lanes(Codec::block)>(in, world, out, norm);
+    if (p == path::intrinsics512)
+      return dk::host_simd::reduce_blocks_avx512<typename dk::host_simd::supports<Codec>::format, Codec::block,
+                                                 dk::norm_lanes(Codec::block), 1>(in, 0, world, 1u, out, &norm) != 0u;
+  }
   if (p == path::avx2) return Loops::reduce_avx2(in, world, out, norm);
 #endif
   (void)p;
@@ -583,9 +591,14 @@ bool encode_on(path p, const float* g, const float* l, const float* e, float* ne
                double& a, double& b) {
 #if defined(DILOCO_HOST_SIMD_X86)
   if constexpr (dk::host_simd::supports<Codec>::value && Codec::block % dk::norm_lanes(Codec::block) == 0)
+  {
     if (p == path::intrinsics)
       return dk::host_simd::encode_block<typename dk::host_simd::supports<Codec>::format, Codec::block,
                                          dk::norm_lanes(Codec::block)>(g, l, e, next, decay, out, a, b);
+    if (p == path::intrinsics512)
+      return dk::host_simd::encode_block_avx512<typename dk::host_simd::supports<Codec>::format, Codec::block,
+                                                dk::norm_lanes(Codec::block)>(g, l, e, next, decay, out, a, b);
+  }
   if (p == path::avx2) return Loops::encode_avx2(g, l, e, next, decay, out, a, b);
 #endif
   (void)p;
@@ -597,7 +610,7 @@ bool encode_on(path p, const float* g, const float* l, const float* e, float* ne
 // with a multiplier scale * 2^(127 - bias) that overflows, fp4 with a
 // non-finite factor); below 1e4 and finite, none.
 bool intrinsics_must_take(path p, const std::vector<float>& received_amax) {
-  if (p != path::intrinsics) return true;
+  if (p != path::intrinsics && p != path::intrinsics512) return true;
   for (float a : received_amax)
     if (!(std::fabs(a) < 1e4f)) return false;
   return true;

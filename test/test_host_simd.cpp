@@ -139,16 +139,39 @@ std::size_t check_encode(const inputs& in, const cp::block_layout& layout, bool 
     REQUIRE(bits_of(a.a) == bits_of(p.a));
     REQUIRE(bits_of(a.b) == bits_of(p.b));
 #if defined(DILOCO_HOST_SIMD_X86)
+    // Each vector form this CPU runs, called directly: where it takes the
+    // block, the portable code's bytes, residual bits and sums; the AVX2
+    // and AVX-512 forms take the same blocks.
     const cp::block_ref blk = layout.blocks()[b];
     if (blk.len == Codec::block) {
       const std::size_t off = in.offsets[blk.tensor] + blk.start;
-      std::vector<std::byte> scratch(stride);
-      std::vector<float> scratch_next(Codec::block);
-      double x, y;
-      taken += dk::host_simd::encode_block<typename dk::host_simd::supports<Codec>::format, Codec::block,
-                                            dk::norm_lanes(Codec::block)>(
-          in.global.data() + off, in.ptrs[blk.tensor] + blk.start, error_feedback ? in.residual.data() + off : nullptr,
-          scratch_next.data(), decay, scratch.data(), x, y);
+      using format = typename dk::host_simd::supports<Codec>::format;
+      constexpr std::size_t L = dk::norm_lanes(Codec::block);
+      int took[2] = {-1, -1};
+      for (int path = 0; path < 2; ++path) {
+        if (path == 1 && !dk::host_simd::avx512()) continue;
+        CAPTURE(path);
+        std::vector<std::byte> scratch(stride, std::byte{0x11});
+        std::vector<float> scratch_next(Codec::block, -3.0f);
+        double x = -1.0, y = -1.0;
+        const float* e = error_feedback ? in.residual.data() + off : nullptr;
+        float* nx = error_feedback ? scratch_next.data() : nullptr;
+        const bool ok =
+            path == 0 ? dk::host_simd::encode_block<format, Codec::block, L>(in.global.data() + off,
+                                                                            in.ptrs[blk.tensor] + blk.start, e, nx,
+                                                                            decay, scratch.data(), x, y)
+                      : dk::host_simd::encode_block_avx512<format, Codec::block, L>(
+                            in.global.data() + off, in.ptrs[blk.tensor] + blk.start, e, nx, decay, scratch.data(), x, y);
+        took[path] = ok ? 1 : 0;
+        if (!ok) continue;
+        REQUIRE(std::memcmp(scratch.data(), slow.data() + b * stride, stride) == 0);
+        REQUIRE(bits_of(x) == bits_of(p.a));
+        REQUIRE(bits_of(y) == bits_of(p.b));
+        if (error_feedback)
+          REQUIRE(std::memcmp(scratch_next.data(), next_slow.data() + off, Codec::block * sizeof(float)) == 0);
+      }
+      if (took[1] >= 0) REQUIRE(took[0] == took[1]);
+      taken += static_cast<std::size_t>(took[0]);
     }
 #endif
   }
@@ -203,13 +226,29 @@ std::size_t check_reduce(const std::vector<std::size_t>& sizes, int world, unsig
     CAPTURE(b);
     REQUIRE(bits_of(f(b)) == bits_of(s.portable(b)));
 #if defined(DILOCO_HOST_SIMD_X86)
+    // Each vector form this CPU runs, called directly (as encode's above).
     if (layout.blocks()[b].len == Codec::block) {
       std::vector<const std::byte*> in;
       for (int k = 0; k < world; ++k) in.push_back(received[static_cast<std::size_t>(k)] + b * stride);
-      std::vector<std::byte> scratch(stride);
-      double x;
-      taken += dk::host_simd::reduce_block<typename dk::host_simd::supports<Codec>::format, Codec::block,
-                                            dk::norm_lanes(Codec::block)>(in.data(), world, scratch.data(), x);
+      using format = typename dk::host_simd::supports<Codec>::format;
+      constexpr std::size_t L = dk::norm_lanes(Codec::block);
+      int took[2] = {-1, -1};
+      for (int path = 0; path < 2; ++path) {
+        if (path == 1 && !dk::host_simd::avx512()) continue;
+        CAPTURE(path);
+        std::vector<std::byte> scratch(stride, std::byte{0x11});
+        double x = -1.0;
+        const bool ok = path == 0 ? dk::host_simd::reduce_block<format, Codec::block, L>(in.data(), world,
+                                                                                         scratch.data(), x)
+                                  : dk::host_simd::reduce_blocks_avx512<format, Codec::block, L, 1>(
+                                        in.data(), 0, world, 1u, scratch.data(), &x) != 0u;
+        took[path] = ok ? 1 : 0;
+        if (!ok) continue;
+        REQUIRE(std::memcmp(scratch.data(), slow.data() + b * stride, stride) == 0);
+        REQUIRE(bits_of(x) == bits_of(s.portable(b)));
+      }
+      if (took[1] >= 0) REQUIRE(took[0] == took[1]);
+      taken += static_cast<std::size_t>(took[0]);
     }
 #endif
   }
@@ -284,10 +323,15 @@ void check_runs(int world) {
     double norms[8];
     std::vector<const std::byte*> in;
     for (int k = 0; k < world; ++k) in.push_back(received[static_cast<std::size_t>(k)] + 3 * stride);
-    const unsigned done = dk::host_simd::reduce_blocks<typename dk::host_simd::supports<Codec>::format, B,
-                                                       dk::norm_lanes(B), 8>(in.data(), stride, world, 0xffu,
-                                                                             fast.data() + 3 * stride, norms);
+    using format = typename dk::host_simd::supports<Codec>::format;
+    const unsigned done = dk::host_simd::reduce_blocks<format, B, dk::norm_lanes(B), 8>(
+        in.data(), stride, world, 0xffu, fast.data() + 3 * stride, norms);
     CHECK(done == (0xffu & ~(1u << 0 | 1u << 2 | 1u << 3 | 1u << 6)));  // blocks 3, 5, 6, 9
+    if (dk::host_simd::avx512()) {
+      const unsigned wide = dk::host_simd::reduce_blocks_avx512<format, B, dk::norm_lanes(B), 8>(
+          in.data(), stride, world, 0xffu, fast.data() + 3 * stride, norms);
+      CHECK(wide == done);
+    }
   }
 #endif
   const std::size_t blocks = layout.block_count();

@@ -41,16 +41,20 @@ inline bool enabled() {
 }
 
 /// Whether the passes that have an AVX-512 form (the checksum's 64-bit
-/// multiplies, core/checksum.hpp) run it: enabled(), the CPU has AVX-512F
-/// and AVX-512DQ, and DILOCO_HOST_SIMD is not "avx2" (which keeps every
-/// pass at AVX2; read once).
+/// multiplies, core/checksum.hpp; the shard reduction,
+/// kernels/host_simd512.hpp) run it: enabled(), the CPU has AVX-512 F, DQ,
+/// BW and VL and BMI2 (every AVX-512 server CPU since Skylake-SP), and
+/// DILOCO_HOST_SIMD is not "avx2" (which keeps every pass at AVX2; read
+/// once).
 inline bool avx512() {
 #if defined(DILOCO_HOST_SIMD_X86)
   static const bool on = [] {
     if (!enabled()) return false;
     const char* env = std::getenv("DILOCO_HOST_SIMD");
     if (env && std::strcmp(env, "avx2") == 0) return false;
-    return __builtin_cpu_supports("avx512f") != 0 && __builtin_cpu_supports("avx512dq") != 0;
+    return __builtin_cpu_supports("avx512f") != 0 && __builtin_cpu_supports("avx512dq") != 0 &&
+           __builtin_cpu_supports("avx512bw") != 0 && __builtin_cpu_supports("avx512vl") != 0 &&
+           __builtin_cpu_supports("bmi2") != 0;
   }();
   return on;
 #else

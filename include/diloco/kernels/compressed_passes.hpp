@@ -15,6 +15,7 @@
 #include "diloco/kernels/eager_block.hpp"
 #include "diloco/core/exact_float.hpp"
 #include "diloco/kernels/host_simd.hpp"
+#include "diloco/kernels/host_simd512.hpp"
 #include "diloco/kernels/merge.hpp"
 #include "diloco/kernels/sgd_update.hpp"
 
@@ -157,7 +158,7 @@ struct encode_pseudo_gradient {
         // loops' baseline form is compiled for the former.
         if constexpr (host_simd_codec<Codec>) {
           if (host_simd::enabled()) {
-            if (host_simd::encode_block<typename host_simd::supports<Codec>::format, Codec::block,
+            if (host_simd::encode_block_widest<typename host_simd::supports<Codec>::format, Codec::block,
                                         norm_lanes(Codec::block)>(g, l, e, next, decay, out, s.a, s.b))
               return s;
             return portable_avx2(b);
@@ -266,7 +267,7 @@ struct reduce_shard {
         if constexpr (host_simd_codec<Codec>) {
           if (host_simd::enabled()) {
             // A run of one: batch()'s instantiation, so only it is compiled.
-            if (host_simd::reduce_blocks<typename host_simd::supports<Codec>::format, Codec::block,
+            if (host_simd::reduce_blocks_widest<typename host_simd::supports<Codec>::format, Codec::block,
                                          norm_lanes(Codec::block), run_blocks>(in, stride, world, 1u, out, &norm_sq))
               return norm_sq;
           } else if (host_loops<Codec>::reduce_baseline(in, world, out, norm_sq)) {
@@ -307,7 +308,7 @@ struct reduce_shard {
             if (blocks[b + r + j].len == Codec::block) want |= 1u << j;
           for (int k = 0; k < world; ++k) in[k] = received[k] + (b + r) * stride;
           const unsigned done =
-              host_simd::reduce_blocks<typename host_simd::supports<Codec>::format, Codec::block,
+              host_simd::reduce_blocks_widest<typename host_simd::supports<Codec>::format, Codec::block,
                                        norm_lanes(Codec::block), run_blocks>(in, stride, world, want,
                                                                             payload + (b + r) * stride, norm_sq + r);
           // The others by operator(), which tries the block alone and

@@ -32,7 +32,10 @@
 // time when the CPU has AVX2 (__builtin_cpu_supports), on x86-64 with GCC or
 // Clang, outside nvcc's translation units (whose host code runs the
 // portable passes: the same bits). DILOCO_HOST_SIMD=0 in the environment
-// turns them off; defining DILOCO_NO_HOST_SIMD compiles them out.
+// turns them off; defining DILOCO_NO_HOST_SIMD compiles them out. Where
+// the CPU has AVX-512, kernels/host_simd512.hpp's forms of encode_block
+// and reduce_blocks run instead (the same bits; DILOCO_HOST_SIMD=avx2
+// keeps these).
 
 #include <cstddef>
 #include <cstdint>
