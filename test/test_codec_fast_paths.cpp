@@ -173,6 +173,15 @@ std::vector<std::vector<float>> blocks_of(std::size_t B, float levels) {
     for (std::size_t j = 0; j < n; ++j) ties[j] = (j % 2 ? -1.0f : 1.0f) * (0.5f + static_cast<float>(j % 7));
     ties[0] = levels;
     out.push_back(ties);
+    // Binades and their midpoints (amax = L): L * 2^-k and L * 0.75 * 2^-k,
+    // both signs, k = 0, 1, ... (for fp4, the tie at half its smallest
+    // normal and the values between it and the normal; for fp8, the tie at
+    // the top of each binade).
+    std::vector<float> binades(n);
+    for (std::size_t j = 0; j < n; ++j)
+      binades[j] = (j % 2 ? -1.0f : 1.0f) * levels * std::ldexp(j % 4 < 2 ? 0.5f : 0.75f, -static_cast<int>(j / 4));
+    binades[0] = levels;
+    out.push_back(binades);
   }
   return out;
 }

@@ -330,14 +330,16 @@ struct ops<Format> {
     const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(ab, 23), _mm256_set1_epi32(1));
     const __m256i nb = _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(ab, _mm256_set1_epi32(0x3fffff)), odd),
                                         _mm256_set1_epi32(static_cast<int>(0xff800000u)));
+    // Below the smallest normal nb is a/2's binade or the normal's; there
+    // the result is the normal where a > half of it, else 0: so r is
+    // max(nb, normal) where a > half the normal (which every a at or
+    // above the normal is), else +0, and nonzero exactly there.
     const float min_normal = kernels::minifloat_grid<Format>::value_branchless(1);
-    const __m256 sub = _mm256_and_ps(_mm256_cmp_ps(a, _mm256_set1_ps(0.5f * min_normal), _CMP_GT_OQ),
-                                     _mm256_set1_ps(min_normal));
-    const __m256 r = _mm256_blendv_ps(_mm256_castsi256_ps(nb), sub,
-                                      _mm256_cmp_ps(a, _mm256_set1_ps(min_normal), _CMP_LT_OQ));
+    const __m256 kept = _mm256_cmp_ps(a, _mm256_set1_ps(0.5f * min_normal), _CMP_GT_OQ);
+    const __m256 r = _mm256_and_ps(_mm256_max_ps(_mm256_castsi256_ps(nb), _mm256_set1_ps(min_normal)), kept);
     // The magnitude code: the exponent field less 127 - bias, and 0 for r = 0.
     const __m256i rb = _mm256_castps_si256(r);
-    const __m256i nz = _mm256_cmpgt_epi32(rb, _mm256_setzero_si256());
+    const __m256i nz = _mm256_castps_si256(kept);
     const __m256i mag = _mm256_and_si256(_mm256_sub_epi32(_mm256_srli_epi32(rb, 23), _mm256_set1_epi32(127 - bias)), nz);
     const __m256i neg = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(y, _mm256_setzero_ps(), _CMP_LT_OQ)), nz);
     code = _mm256_or_si256(mag, _mm256_and_si256(neg, _mm256_set1_epi32(0x8)));

@@ -214,13 +214,12 @@ struct ops<Format> {
     const __m512i odd = _mm512_and_si512(_mm512_maskz_srli_epi32(all16, ab, 23), _mm512_set1_epi32(1));
     const __m512i nb = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(ab, _mm512_set1_epi32(0x3fffff)), odd),
                                         _mm512_set1_epi32(static_cast<int>(0xff800000u)));
+    // As ops<fp4_e3m0>::round8: max(nb, the smallest normal) where a is
+    // above half of it, else +0 (and nonzero exactly there).
     const float min_normal = kernels::minifloat_grid<Format>::value_branchless(1);
-    const __m512 sub = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a, _mm512_set1_ps(0.5f * min_normal), _CMP_GT_OQ),
-                                           _mm512_set1_ps(min_normal));
-    const __m512 r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, _mm512_set1_ps(min_normal), _CMP_LT_OQ),
-                                          _mm512_castsi512_ps(nb), sub);
-    const __m512i rb = _mm512_castps_si512(r);
-    const __mmask16 nz = _mm512_cmpgt_epi32_mask(rb, _mm512_setzero_si512());
+    const __mmask16 nz = _mm512_cmp_ps_mask(a, _mm512_set1_ps(0.5f * min_normal), _CMP_GT_OQ);
+    const __m512i rb =
+        _mm512_castps_si512(_mm512_maskz_max_ps(nz, _mm512_castsi512_ps(nb), _mm512_set1_ps(min_normal)));
     const __m512i mag =
         _mm512_maskz_sub_epi32(nz, _mm512_maskz_srli_epi32(all16, rb, 23), _mm512_set1_epi32(127 - bias));
     const __mmask16 neg = _mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_LT_OQ) & nz;
