@@ -11,7 +11,9 @@
 // chunk_topk (gathered aggregation) has no shard reduction: its rows are the
 // encode and the pass that decodes M segments, sums them and applies.
 // Where a codec has hand-vectorised host passes (kernels/host_simd.hpp;
-// `host_simd: 1` when they run here), `*_simd_vs_portable` is the portable
+// `host_simd: 1` when they run here, `host_simd_avx512: 1` when their
+// AVX-512 forms do, kernels/host_simd512.hpp; DILOCO_HOST_SIMD=avx2 keeps
+// AVX2), `*_simd_vs_portable` is the portable
 // code's time over theirs, measured in alternation in the same run, and
 // `*.reduce_runs_vs_single_block` the shard reduction called one block at a
 // time over it called a run of blocks at a time (reduce_shard::batch).
@@ -289,6 +291,7 @@ int main(int argc, char** argv) {
   bench::print("threads", bench::threads());
   bench::print("parameters", static_cast<double>(n));
   bench::print("host_simd", dc::kernels::host_simd::enabled() ? 1.0 : 0.0);
+  bench::print("host_simd_avx512", dc::kernels::host_simd::avx512() ? 1.0 : 0.0);
 
   std::vector<float> x(n), y(n), z(n);
   bench::fill(x, 1.0f);
