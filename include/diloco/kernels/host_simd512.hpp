@@ -412,29 +412,13 @@ DILOCO_AVX512 unsigned reduce_blocks_avx512(const std::byte* const* in, std::siz
     if ((want >> j & 1u) && detail512::block_mean_any<Format, B>(in, j * stride, world, mean[j], max_bits[j]))
       done |= 1u << j;
   detail::block_scale s[K];
-  for (std::size_t j = 0; j < K; ++j)
-    if (done >> j & 1u) {
-      s[j] = detail::scale_of(max_bits[j], Format::levels);
-      if (!s[j].common) done &= ~(1u << j);
-    }
-  const float* v[K];
-  const detail::block_scale* sp[K];
-  unsigned char* codes[K];
-  double* norms[K];
-  std::size_t taken = 0;
-  for (std::size_t j = 0; j < K; ++j)
-    if (done >> j & 1u) {
-      std::byte* o = out + j * stride;
-      std::memcpy(o, &s[j].amax, 4);
-      v[taken] = mean[j];
-      sp[taken] = &s[j];
-      codes[taken] = reinterpret_cast<unsigned char*>(o + 4);
-      norms[taken] = &norm_sq[j];
-      ++taken;
-    }
+  detail::run_plan<K> plan;
+  const std::size_t taken = plan.make(done, max_bits, mean, s, Format::levels, out, stride, norm_sq);
   std::size_t i = 0;
-  for (; i + 2 <= taken; i += 2) detail512::quantize_group<Format, B, L, 2>(v + i, sp + i, codes + i, norms + i);
-  for (; i < taken; ++i) detail512::quantize_group<Format, B, L, 1>(v + i, sp + i, codes + i, norms + i);
+  for (; i + 2 <= taken; i += 2)
+    detail512::quantize_group<Format, B, L, 2>(plan.v + i, plan.s + i, plan.codes + i, plan.norms + i);
+  for (; i < taken; ++i)
+    detail512::quantize_group<Format, B, L, 1>(plan.v + i, plan.s + i, plan.codes + i, plan.norms + i);
   return done;
 }
 
