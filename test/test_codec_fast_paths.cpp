@@ -580,8 +580,7 @@ std::vector<path> paths_here() {
 template <class Codec, class Loops>
 bool reduce_on(path p, const std::byte* const* in, int world, std::byte* out, double& norm) {
 #if defined(DILOCO_HOST_SIMD_X86)
-  if constexpr (dk::host_simd::supports<Codec>::value && Codec::block % dk::norm_lanes(Codec::block) == 0)
-  {
+  if constexpr (dk::host_simd::supports<Codec>::value && Codec::block % dk::norm_lanes(Codec::block) == 0) {
     if (p == path::intrinsics)
       return dk::host_simd::reduce_block<typename dk::host_simd::supports<Codec>::format, Codec::block,
                                          dk::norm_lanes(Codec::block)>(in, world, out, norm);
@@ -599,8 +598,7 @@ template <class Codec, class Loops>
 bool encode_on(path p, const float* g, const float* l, const float* e, float* next, float decay, std::byte* out,
                double& a, double& b) {
 #if defined(DILOCO_HOST_SIMD_X86)
-  if constexpr (dk::host_simd::supports<Codec>::value && Codec::block % dk::norm_lanes(Codec::block) == 0)
-  {
+  if constexpr (dk::host_simd::supports<Codec>::value && Codec::block % dk::norm_lanes(Codec::block) == 0) {
     if (p == path::intrinsics)
       return dk::host_simd::encode_block<typename dk::host_simd::supports<Codec>::format, Codec::block,
                                          dk::norm_lanes(Codec::block)>(g, l, e, next, decay, out, a, b);

@@ -34,6 +34,24 @@ std::uint64_t bits_of(double x) {
   return b;
 }
 
+#if defined(DILOCO_HOST_SIMD_X86)
+// Calls form(path) for each vector form of a block pass this CPU runs (0:
+// AVX2; 1: AVX-512, where host_simd::avx512()); it returns whether that
+// form took the block (checking its output where it did). The forms must
+// take the same blocks; returns 1 where they took it, else 0.
+template <class Form>
+std::size_t each_vector_form(Form&& form) {
+  int took[2] = {-1, -1};
+  for (int path = 0; path < 2; ++path) {
+    if (path == 1 && !dk::host_simd::avx512()) continue;
+    CAPTURE(path);
+    took[path] = form(path) ? 1 : 0;
+  }
+  if (took[1] >= 0) REQUIRE(took[0] == took[1]);
+  return static_cast<std::size_t>(took[0]);
+}
+#endif
+
 // Whether the hand-vectorised passes run in this build on this CPU; the
 // tests say so when they cannot (they then compare the portable code with
 // itself, which proves nothing, so they are skipped).
@@ -147,10 +165,7 @@ std::size_t check_encode(const inputs& in, const cp::block_layout& layout, bool 
       const std::size_t off = in.offsets[blk.tensor] + blk.start;
       using format = typename dk::host_simd::supports<Codec>::format;
       constexpr std::size_t L = dk::norm_lanes(Codec::block);
-      int took[2] = {-1, -1};
-      for (int path = 0; path < 2; ++path) {
-        if (path == 1 && !dk::host_simd::avx512()) continue;
-        CAPTURE(path);
+      taken += each_vector_form([&](int path) {
         std::vector<std::byte> scratch(stride, std::byte{0x11});
         std::vector<float> scratch_next(Codec::block, -3.0f);
         double x = -1.0, y = -1.0;
@@ -162,16 +177,14 @@ std::size_t check_encode(const inputs& in, const cp::block_layout& layout, bool 
                                                                             decay, scratch.data(), x, y)
                       : dk::host_simd::encode_block_avx512<format, Codec::block, L>(
                             in.global.data() + off, in.ptrs[blk.tensor] + blk.start, e, nx, decay, scratch.data(), x, y);
-        took[path] = ok ? 1 : 0;
-        if (!ok) continue;
+        if (!ok) return false;
         REQUIRE(std::memcmp(scratch.data(), slow.data() + b * stride, stride) == 0);
         REQUIRE(bits_of(x) == bits_of(p.a));
         REQUIRE(bits_of(y) == bits_of(p.b));
         if (error_feedback)
           REQUIRE(std::memcmp(scratch_next.data(), next_slow.data() + off, Codec::block * sizeof(float)) == 0);
-      }
-      if (took[1] >= 0) REQUIRE(took[0] == took[1]);
-      taken += static_cast<std::size_t>(took[0]);
+        return true;
+      });
     }
 #endif
   }
@@ -232,23 +245,18 @@ std::size_t check_reduce(const std::vector<std::size_t>& sizes, int world, unsig
       for (int k = 0; k < world; ++k) in.push_back(received[static_cast<std::size_t>(k)] + b * stride);
       using format = typename dk::host_simd::supports<Codec>::format;
       constexpr std::size_t L = dk::norm_lanes(Codec::block);
-      int took[2] = {-1, -1};
-      for (int path = 0; path < 2; ++path) {
-        if (path == 1 && !dk::host_simd::avx512()) continue;
-        CAPTURE(path);
+      taken += each_vector_form([&](int path) {
         std::vector<std::byte> scratch(stride, std::byte{0x11});
         double x = -1.0;
         const bool ok = path == 0 ? dk::host_simd::reduce_block<format, Codec::block, L>(in.data(), world,
                                                                                          scratch.data(), x)
                                   : dk::host_simd::reduce_blocks_avx512<format, Codec::block, L, 1>(
                                         in.data(), 0, world, 1u, scratch.data(), &x) != 0u;
-        took[path] = ok ? 1 : 0;
-        if (!ok) continue;
+        if (!ok) return false;
         REQUIRE(std::memcmp(scratch.data(), slow.data() + b * stride, stride) == 0);
         REQUIRE(bits_of(x) == bits_of(s.portable(b)));
-      }
-      if (took[1] >= 0) REQUIRE(took[0] == took[1]);
-      taken += static_cast<std::size_t>(took[0]);
+        return true;
+      });
     }
 #endif
   }

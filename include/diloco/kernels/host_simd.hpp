@@ -544,20 +544,21 @@ DILOCO_AVX2_INLINE void quantize_group(const float* const* v, const block_scale*
 }
 
 /// reduce_blocks' middle phase, the same in every instruction set (no
-/// vectors): each block of `done` gets its scale from its mean's largest
-/// magnitude's bits (max_bits[j]); a block whose scale leaves the common
-/// path is dropped from `done`; the others have their amax written at the
-/// front of their output block (out + j * stride) and are listed in order
-/// (their mean, scale, code bytes and norm slot). Returns how many.
+/// vectors): each block of `done` gets its scale (scale[j]) from its mean's
+/// largest magnitude's bits (max_bits[j]); a block whose scale leaves the
+/// common path is dropped from `done`; the others have their amax written
+/// at the front of their output block (out + j * stride) and are listed in
+/// order (their mean, scale, code bytes and norm slot). Returns how many.
 template <std::size_t K>
 struct run_plan {
+  block_scale scale[K];        ///< block j's scale (blocks of `done`)
   const float* v[K];           ///< the listed blocks' means
   const block_scale* s[K];     ///< their scales
   unsigned char* codes[K];     ///< their code bytes
   double* norms[K];            ///< their norms' slots
   template <std::size_t B>
-  std::size_t make(unsigned& done, const std::int32_t* max_bits, const float (*mean)[B], block_scale* scale,
-                   float levels, std::byte* out, std::size_t stride, double* norm_sq) {
+  std::size_t make(unsigned& done, const std::int32_t* max_bits, const float (*mean)[B], float levels,
+                   std::byte* out, std::size_t stride, double* norm_sq) {
     std::size_t taken = 0;
     for (std::size_t j = 0; j < K; ++j) {
       if (!(done >> j & 1u)) continue;
@@ -605,20 +606,17 @@ DILOCO_AVX2 unsigned reduce_blocks(const std::byte* const* in, std::size_t strid
   for (std::size_t j = 0; j < K; ++j)
     if ((want >> j & 1u) && detail::block_mean<Format, B>(in, j * stride, world, mean[j], max_bits[j]))
       done |= 1u << j;
-  detail::block_scale s[K];
   detail::run_plan<K> plan;
-  const std::size_t taken = plan.make(done, max_bits, mean, s, Format::levels, out, stride, norm_sq);
+  const std::size_t taken = plan.make(done, max_bits, mean, Format::levels, out, stride, norm_sq);
   // The blocks taken, in order, quantized two at a time (their norm chains
   // side by side), then the odd one alone; fp8 and fp4, whose rounding
   // takes more registers, one at a time (pairs measured no faster).
-  const float* const* v = plan.v;
-  const detail::block_scale* const* sp = plan.s;
-  unsigned char* const* codes = plan.codes;
-  double* const* norms = plan.norms;
   std::size_t i = 0;
   if constexpr (std::is_same_v<Format, int8> || std::is_same_v<Format, int4> || std::is_same_v<Format, int2>)
-    for (; i + 2 <= taken; i += 2) detail::quantize_group<Format, B, L, 2>(v + i, sp + i, codes + i, norms + i);
-  for (; i < taken; ++i) detail::quantize_group<Format, B, L, 1>(v + i, sp + i, codes + i, norms + i);
+    for (; i + 2 <= taken; i += 2)
+      detail::quantize_group<Format, B, L, 2>(plan.v + i, plan.s + i, plan.codes + i, plan.norms + i);
+  for (; i < taken; ++i)
+    detail::quantize_group<Format, B, L, 1>(plan.v + i, plan.s + i, plan.codes + i, plan.norms + i);
   return done;
 }
 

@@ -52,20 +52,17 @@ namespace diloco::kernels::host_simd {
 
 namespace detail512 {
 
-/// Every lane of sixteen (the zero-masked shifts and conversions below keep them all).
-inline constexpr __mmask16 all16 = 0xffff;
-
 /// 16 int32 codes (lanes 0..15) as 16 bytes, each its low byte.
-DILOCO_AVX512_INLINE __m128i low_bytes16(__m512i c) { return _mm512_maskz_cvtepi32_epi8(all16, c); }
+DILOCO_AVX512_INLINE __m128i low_bytes16(__m512i c) { return _mm512_cvtepi32_epi8(c); }
 
 /// 16 four-bit codes (the low nibble of each int32 lane) as 8 bytes, element
 /// 2i in the low nibble of byte i.
 DILOCO_AVX512_INLINE void put_nibbles16(unsigned char* out, __m512i c) {
   // Each 64-bit lane holds elements (2i, 2i + 1): the upper one's nibble
   // moved down to bits 4..7 beside the lower one's, then each lane's low byte.
-  const __m512i up = _mm512_maskz_srli_epi64(0xff, c, 28);
+  const __m512i up = _mm512_srli_epi64(c, 28);
   const __m512i byte = _mm512_ternarylogic_epi32(_mm512_set1_epi32(0x0f), c, up, 0xca);  // nibble mask ? c : up
-  _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm512_maskz_cvtepi64_epi8(0xff, byte));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm512_cvtepi64_epi8(byte));
 }
 
 /// The 64-bit word at `in`, lanes 0..7 holding its low 32 bits and 8..15
@@ -153,7 +150,7 @@ struct ops<Format> {
   DILOCO_AVX512_INLINE static __m512 decode16(const unsigned char* in, const rank& r) {
     const __m512i keep = _mm512_set1_epi32(static_cast<int>(0x80000000u | (0x7fu << (23 - M))));
     const __m512i c = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in)));
-    const __m512i b = _mm512_and_si512(_mm512_maskz_slli_epi32(all16, c, 23 - M), keep);
+    const __m512i b = _mm512_and_si512(_mm512_slli_epi32(c, 23 - M), keep);
     return _mm512_mul_ps(_mm512_castsi512_ps(b), r.mult);
   }
   DILOCO_AVX512_INLINE static __m512 round16(__m512 y, code& c) {
@@ -166,12 +163,12 @@ struct ops<Format> {
     const __m512 magic = _mm512_mul_ps(binade, _mm512_set1_ps(static_cast<float>(1u << (23 - M))));
     const __m512 r = _mm512_sub_ps(_mm512_add_ps(a, magic), magic);
     const __m512i mag =
-        _mm512_maskz_srli_epi32(all16, _mm512_castps_si512(_mm512_mul_ps(r, _mm512_set1_ps(avx2::down))), 23 - M);
+        _mm512_srli_epi32(_mm512_castps_si512(_mm512_mul_ps(r, _mm512_set1_ps(avx2::down))), 23 - M);
     // The sign where y < 0, then + 0 (a negative y rounded to zero: +0, code 0).
     const __mmask16 neg = _mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_LT_OQ);
     const __m512i rb = _mm512_mask_or_epi32(_mm512_castps_si512(r), neg, _mm512_castps_si512(r), sign_bit);
     const __m512 rs = _mm512_add_ps(_mm512_castsi512_ps(rb), _mm512_setzero_ps());
-    c = _mm512_or_si512(mag, _mm512_and_si512(_mm512_maskz_srli_epi32(all16, _mm512_castps_si512(rs), 24),
+    c = _mm512_or_si512(mag, _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(rs), 24),
                                               _mm512_set1_epi32(0x80)));
     return rs;
   }
@@ -211,7 +208,7 @@ struct ops<Format> {
     const __m512 a = _mm512_min_ps(_mm512_castsi512_ps(_mm512_andnot_si512(sign_bit, _mm512_castps_si512(y))),
                                    _mm512_set1_ps(Format::levels));
     const __m512i ab = _mm512_castps_si512(a);
-    const __m512i odd = _mm512_and_si512(_mm512_maskz_srli_epi32(all16, ab, 23), _mm512_set1_epi32(1));
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(ab, 23), _mm512_set1_epi32(1));
     const __m512i nb = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(ab, _mm512_set1_epi32(0x3fffff)), odd),
                                         _mm512_set1_epi32(static_cast<int>(0xff800000u)));
     // As ops<fp4_e3m0>::round8: max(nb, the smallest normal) where a is
@@ -221,7 +218,7 @@ struct ops<Format> {
     const __m512i rb =
         _mm512_castps_si512(_mm512_maskz_max_ps(nz, _mm512_castsi512_ps(nb), _mm512_set1_ps(min_normal)));
     const __m512i mag =
-        _mm512_maskz_sub_epi32(nz, _mm512_maskz_srli_epi32(all16, rb, 23), _mm512_set1_epi32(127 - bias));
+        _mm512_maskz_sub_epi32(nz, _mm512_srli_epi32(rb, 23), _mm512_set1_epi32(127 - bias));
     const __mmask16 neg = _mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_LT_OQ) & nz;
     c = _mm512_mask_or_epi32(mag, neg, mag, _mm512_set1_epi32(0x8));
     return _mm512_castsi512_ps(_mm512_mask_or_epi32(rb, neg, rb, sign_bit));
@@ -309,11 +306,7 @@ DILOCO_AVX512_INLINE bool block_mean(const std::byte* const* in, std::size_t at,
   for (std::size_t j = 0; j < B; j += 16) {
     const std::size_t byte = j * Format::bits / 8;
     __m512 acc = fmt::decode16(codes[0] + byte, ranks[0]);
-    if constexpr (W > 0) {
-      for (int k = 1; k < W; ++k) acc = _mm512_add_ps(acc, fmt::decode16(codes[k] + byte, ranks[k]));
-    } else {
-      for (int k = 1; k < ranks_n; ++k) acc = _mm512_add_ps(acc, fmt::decode16(codes[k] + byte, ranks[k]));
-    }
+    for (int k = 1; k < ranks_n; ++k) acc = _mm512_add_ps(acc, fmt::decode16(codes[k] + byte, ranks[k]));
     const __m512 y = pow2 ? _mm512_mul_ps(acc, rcp) : _mm512_div_ps(acc, m);
     _mm512_store_ps(mean + j, y);
     mbits = _mm512_max_epi32(mbits, _mm512_and_si512(_mm512_castps_si512(y), abs_mask));
@@ -411,9 +404,8 @@ DILOCO_AVX512 unsigned reduce_blocks_avx512(const std::byte* const* in, std::siz
   for (std::size_t j = 0; j < K; ++j)
     if ((want >> j & 1u) && detail512::block_mean_any<Format, B>(in, j * stride, world, mean[j], max_bits[j]))
       done |= 1u << j;
-  detail::block_scale s[K];
   detail::run_plan<K> plan;
-  const std::size_t taken = plan.make(done, max_bits, mean, s, Format::levels, out, stride, norm_sq);
+  const std::size_t taken = plan.make(done, max_bits, mean, Format::levels, out, stride, norm_sq);
   std::size_t i = 0;
   for (; i + 2 <= taken; i += 2)
     detail512::quantize_group<Format, B, L, 2>(plan.v + i, plan.s + i, plan.codes + i, plan.norms + i);
@@ -467,6 +459,16 @@ DILOCO_AVX512 bool encode_block_avx512(const float* g, const float* l, const flo
   return true;
 }
 
+/// reduce_blocks by the widest form the CPU runs (call it only where
+/// enabled()): AVX-512 where avx512() says so, else AVX2; the same bits
+/// and blocks either way.
+template <class Format, std::size_t B, std::size_t L, std::size_t K>
+inline unsigned reduce_blocks_widest(const std::byte* const* in, std::size_t stride, int world, unsigned want,
+                                     std::byte* out, double* norm_sq) {
+  if (avx512()) return reduce_blocks_avx512<Format, B, L, K>(in, stride, world, want, out, norm_sq);
+  return reduce_blocks<Format, B, L, K>(in, stride, world, want, out, norm_sq);
+}
+
 /// encode_block by the widest form the CPU runs (call it only where
 /// enabled()): the same bits either way.
 template <class Format, std::size_t B, std::size_t L>
@@ -485,21 +487,6 @@ inline bool encode_block_widest(const float* g, const float* l, const float* e, 
 #endif
 
 #endif  // DILOCO_HOST_SIMD_X86
-
-/// reduce_blocks by the widest form the CPU runs: AVX-512 where avx512()
-/// says so, else AVX2 (call it only where enabled()); the same bits and
-/// blocks either way.
-template <class Format, std::size_t B, std::size_t L, std::size_t K>
-inline unsigned reduce_blocks_widest(const std::byte* const* in, std::size_t stride, int world, unsigned want,
-                                     std::byte* out, double* norm_sq) {
-#if defined(DILOCO_HOST_SIMD_X86)
-  if (avx512()) return reduce_blocks_avx512<Format, B, L, K>(in, stride, world, want, out, norm_sq);
-  return reduce_blocks<Format, B, L, K>(in, stride, world, want, out, norm_sq);
-#else
-  (void)in, (void)stride, (void)world, (void)want, (void)out, (void)norm_sq;
-  return 0;
-#endif
-}
 
 }  // namespace diloco::kernels::host_simd
 
