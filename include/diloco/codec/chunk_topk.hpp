@@ -118,13 +118,28 @@ struct chunk_topk_codec {
   DILOCO_FORCEINLINE void encode(const float* v, std::size_t len, std::byte* out, float* dq, std::uint64_t stream,
                                  std::uint64_t index0) const {
     len = std::min(len, Chunk);
+    std::uint64_t idx[Chunk];
+    float sdq[K];
+    const std::size_t n = encode_entries(v, len, out, idx, sdq, stream, index0);
+    std::fill(dq, dq + len, 0.0f);
+    for (std::size_t e = 0; e < n; ++e) dq[idx[e]] = sdq[e];
+  }
+
+  /// encode() without the dense dq: writes the chunk's bytes to out, the
+  /// n = entries(len) positions it sends (increasing) to idx[0, n) (idx has
+  /// room for Chunk) and their decoded values to sdq[0, n), and returns n.
+  /// encode()'s dq is sdq[e] at idx[e] and zero elsewhere, so a caller that
+  /// wants v - dq subtracts sdq at the n positions and keeps v elsewhere
+  /// (v - 0 is v, -0 and NaN included), as the host's encode pass does
+  /// (kernels/compressed_passes.hpp).
+  DILOCO_FORCEINLINE std::size_t encode_entries(const float* v, std::size_t len, std::byte* out, std::uint64_t* idx,
+                                                float* sdq, std::uint64_t stream, std::uint64_t index0) const {
+    len = std::min(len, Chunk);
     const std::size_t n = entries(len);
     // Selection: the n largest keys (|v| bits, then the lower index), so
     // every tie is decided and the result is the same on every machine.
-    std::uint64_t keys[Chunk];
-    select(v, len, n, keys);
-    const std::uint64_t* idx = keys;
-    float sel[K], q[K], sdq[K];
+    select(v, len, n, idx);
+    float sel[K], q[K];
     for (std::size_t e = 0; e < n; ++e) sel[e] = v[idx[e]];
     const float amax = kernels::block_amax(sel, n);
     constexpr auto g = kernels::grid<Values>();
@@ -134,12 +149,11 @@ struct chunk_topk_codec {
       kernels::quantize_block<false>(sel, n, amax, g, q, sdq, detail_bits::no_draw{});
     std::memset(out, 0, stride());
     std::memcpy(out, &amax, 4);
-    std::fill(dq, dq + len, 0.0f);
     for (std::size_t e = 0; e < n; ++e) {
       detail_bits::or_field(out + 4, e, value_bits, g.code(q[e]));
       detail_bits::or_field(out + 4 + value_bytes, e, index_bits, static_cast<unsigned>(idx[e]));
-      dq[idx[e]] = sdq[e];
     }
+    return n;
   }
 
   /// The positions of the n largest keys of v[0, len) (key: |v| bits, then
@@ -170,19 +184,23 @@ struct chunk_topk_codec {
   /// fewer than n groups (those whose largest exceeds it). Each n-th largest
   /// is built bit by bit (nth_largest), in counting passes that vectorize,
   /// where a selection's comparisons branch on the data; passes skip the
-  /// groups whose largest is below what they look for.
+  /// groups whose largest is below what they look for. The groups are the
+  /// columns of the chunk seen as 8 rows of G = len / 8 (group g holds
+  /// elements g, g + G, ..., g + 7G): any partition into groups of 8 bounds
+  /// t the same way, and the columns' largest are an element-wise maximum
+  /// of the rows, which vectorizes where a maximum within 8 neighbours
+  /// does not. The last pass walks the rows in order and each row's warm
+  /// columns in order, which is position order.
   DILOCO_FORCEINLINE static void select_bounded(const float* v, std::size_t len, std::size_t n, std::uint64_t* idx) {
     auto magnitude = [v](std::size_t j) { return kernels::float_bits(v[j]) & 0x7fffffffu; };
     constexpr std::size_t most = Chunk / 8 > 0 ? Chunk / 8 : 1;
     const std::size_t groups = len / 8;
     std::uint32_t top[most];
+    for (std::size_t g = 0; g < groups; ++g) top[g] = magnitude(g);
+    for (std::size_t i = 1; i < 8; ++i)
+      for (std::size_t g = 0; g < groups; ++g) top[g] = magnitude(i * groups + g) > top[g] ? magnitude(i * groups + g) : top[g];
     std::uint32_t hi = 0;
-    for (std::size_t g = 0; g < groups; ++g) {
-      std::uint32_t m = 0;
-      for (std::size_t i = 0; i < 8; ++i) m = magnitude(8 * g + i) > m ? magnitude(8 * g + i) : m;
-      top[g] = m;
-      hi = m > hi ? m : hi;
-    }
+    for (std::size_t g = 0; g < groups; ++g) hi = top[g] > hi ? top[g] : hi;
     // A lower bound to start from: with n runs of 8 groups or more, the
     // smallest of the runs' largest (n of `top`, one per run, are at least
     // it), else 0. A chunk of equal magnitudes has it equal to hi.
@@ -209,51 +227,50 @@ struct chunk_topk_codec {
       }
       t = nth_largest(in_range, c, n, lo, hi);
     }
-    // The groups whose largest exceeds t (hot) and those whose largest is
-    // at least t (warm, where the selection is), in order, listed in one
-    // pass without branches (which they are follows the data).
-    std::uint16_t hot[most], warm[most];
-    std::size_t h = 0, w = 0;
+    // The groups whose largest is at least t (warm: every element at least
+    // t lies in one), in order, listed without branches (which they are
+    // follows the data).
+    std::uint16_t warm[most];
+    std::size_t w = 0;
     for (std::size_t g = 0; g < groups; ++g) {
-      hot[h] = warm[w] = static_cast<std::uint16_t>(g);
-      h += top[g] > t;
+      warm[w] = static_cast<std::uint16_t>(g);
       w += top[g] >= t;
     }
-    std::size_t above = 0;
-    for (std::size_t q = 0; q < h; ++q)
-      for (std::size_t i = 0; i < 8; ++i) above += magnitude(8 * std::size_t{hot[q]} + i) > t;
-    if (above >= n) {
-      // t is the n-th largest of the elements above the bound, all in the
-      // hot groups: gathered without branches, then searched; the warm
-      // groups of the new t are among the hot ones.
-      std::uint32_t over[Chunk];
-      std::size_t c = 0;
-      for (std::size_t q = 0; q < h; ++q)
-        for (std::size_t i = 0; i < 8; ++i) {
-          over[c] = magnitude(8 * std::size_t{hot[q]} + i);
-          c += over[c] > t;
-        }
-      t = nth_largest(over, c, n, t + 1, hi);
-      above = 0;
-      for (std::size_t j = 0; j < c; ++j) above += over[j] > t;
-      w = 0;
-      for (std::size_t q = 0; q < h; ++q) {
-        warm[w] = hot[q];
-        w += top[hot[q]] >= t;
-      }
-    }
-    std::size_t ties = n - above;  // of the magnitudes equal to t, the first ones
     std::size_t e = 0;
-    for (std::size_t q = 0; q < w && e < n; ++q) {
-      const std::size_t g = warm[q];
-      for (std::size_t i = 0; i < 8; ++i) {
-        const std::size_t j = 8 * g + i;
-        const std::uint32_t m = magnitude(j);
-        const bool tie = m == t && ties != 0;
-        idx[e] = j;
-        e += static_cast<std::size_t>(m > t) | static_cast<std::size_t>(tie);
-        ties -= static_cast<std::size_t>(tie);
+    if (t == hi) {
+      // Nothing exceeds the bound: the first n of the elements equal to it,
+      // in position order (rows in order, each row's warm columns in order).
+      for (std::size_t i = 0; i < 8 && e < n; ++i)
+        for (std::size_t q = 0; q < w; ++q) {
+          const std::size_t j = i * groups + warm[q];
+          idx[e] = j;
+          e += static_cast<std::size_t>(magnitude(j) == t) & static_cast<std::size_t>(e < n);
+        }
+      return;
+    }
+    // Every element at least the bound (n or more of them, t's among them),
+    // its magnitude and position, gathered in position order without
+    // branches; t is the n-th largest of their magnitudes, and the
+    // selection those above it and the first of those equal to it,
+    // filtered in place (the e-th kept is at or after the e-th gathered).
+    std::uint32_t cm[Chunk];
+    std::size_t c = 0;
+    for (std::size_t i = 0; i < 8; ++i)
+      for (std::size_t q = 0; q < w; ++q) {
+        const std::size_t j = i * groups + warm[q];
+        cm[c] = magnitude(j);
+        idx[c] = j;
+        c += cm[c] >= t;
       }
+    if (c > n) t = nth_largest(cm, c, n, t, hi);
+    std::size_t above = 0;
+    for (std::size_t k = 0; k < c; ++k) above += cm[k] > t;
+    std::size_t ties = n - above;  // of the magnitudes equal to t, the first ones
+    for (std::size_t k = 0; k < c; ++k) {
+      const bool tie = cm[k] == t && ties != 0;
+      idx[e] = idx[k];
+      e += static_cast<std::size_t>(cm[k] > t) | static_cast<std::size_t>(tie);
+      ties -= static_cast<std::size_t>(tie);
     }
   }
 

@@ -6,6 +6,7 @@
 // block's elements straight from the parameter tensors and writes straight
 // into wire segments, so no fp32 copy of the pseudo-gradient is ever made.
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -65,6 +66,14 @@ DILOCO_HD DILOCO_FORCEINLINE double lane_squares(std::size_t len, F&& f) {
   }
   return static_cast<double>(lane_tree<Lanes>(acc));
 }
+
+/// Whether Codec encodes a block as a few entries with encode_entries (the
+/// sent positions and their decoded values; zero elsewhere), as chunk_topk
+/// does: the encode pass then forms the error without a dense decoded block.
+template <class Codec>
+concept sparse_codec = requires(const Codec& c, const float* v, std::byte* out, std::uint64_t* idx, float* sdq) {
+  { c.encode_entries(v, std::size_t{}, out, idx, sdq, std::uint64_t{}, std::uint64_t{}) } -> std::same_as<std::size_t>;
+};
 
 #if defined(DILOCO_HOST_SIMD_X86)
 /// Whether Codec's whole blocks can take kernels/host_simd.hpp's passes: a
@@ -193,7 +202,6 @@ struct encode_pseudo_gradient {
     const std::size_t off = tensors.offset[blk.tensor] + blk.start;
     const float* DILOCO_RESTRICT local = tensors.local[blk.tensor] + blk.start;
     float v[Codec::block];
-    float dq[Codec::block];
     const float* DILOCO_RESTRICT g = global + off;
     double delta_sq;
     if (residual) {
@@ -210,19 +218,36 @@ struct encode_pseudo_gradient {
         return d;
       });
     }
-    codec.encode(v, blk.len, payload + b * stride, dq, stream, off);
-    // The error v - dq replaces dq in place (local arrays only, so the lane
-    // sums vectorize), then travels to the residual in one copy.
-    const double error_sq = lane_squares<norm_lanes(Codec::block)>(blk.len, [&](std::size_t j) {
-      dq[j] = v[j] - dq[j];
-      return dq[j];
-    });
-    if (new_residual) {
+    // The new residual: decay * the error, in one copy.
+    auto keep = [&](const float* DILOCO_RESTRICT x) {
+      if (!new_residual) return;
       float* DILOCO_RESTRICT e = new_residual + off;
       if (decay == 1.0f)
-        for (std::size_t j = 0; j < blk.len; ++j) e[j] = dq[j];
+        for (std::size_t j = 0; j < blk.len; ++j) e[j] = x[j];
       else
-        for (std::size_t j = 0; j < blk.len; ++j) e[j] = decay * dq[j];
+        for (std::size_t j = 0; j < blk.len; ++j) e[j] = decay * x[j];
+    };
+    double error_sq;
+    if constexpr (sparse_codec<Codec>) {
+      // A codec that sends a few entries (chunk_topk) decodes to zero
+      // elsewhere, where v - dq is v: the error is v with its n sent
+      // entries' decoded values subtracted in place.
+      std::uint64_t idx[Codec::block];
+      float sdq[Codec::k];
+      const std::size_t n = codec.encode_entries(v, blk.len, payload + b * stride, idx, sdq, stream, off);
+      for (std::size_t e = 0; e < n; ++e) v[idx[e]] = v[idx[e]] - sdq[e];
+      error_sq = lane_squares<norm_lanes(Codec::block)>(blk.len, [&](std::size_t j) { return v[j]; });
+      keep(v);
+    } else {
+      float dq[Codec::block];
+      codec.encode(v, blk.len, payload + b * stride, dq, stream, off);
+      // The error v - dq replaces dq in place (local arrays only, so the lane
+      // sums vectorize).
+      error_sq = lane_squares<norm_lanes(Codec::block)>(blk.len, [&](std::size_t j) {
+        dq[j] = v[j] - dq[j];
+        return dq[j];
+      });
+      keep(dq);
     }
     return {delta_sq, error_sq};
   }
