@@ -19,6 +19,9 @@
 /// Defined where the hand-vectorised host passes are compiled in (x86-64,
 /// GCC or Clang, not nvcc, DILOCO_NO_HOST_SIMD not defined).
 #define DILOCO_HOST_SIMD_X86 1
+/// The target of the AVX-512 forms (`__attribute__((target(...)))`): the
+/// features host_simd::avx512() asks the CPU for.
+#define DILOCO_HOST_AVX512_TARGET "avx512f,avx512dq,avx512bw,avx512vl,bmi2"
 #include <immintrin.h>
 #endif
 
@@ -41,8 +44,9 @@ inline bool enabled() {
 }
 
 /// Whether the passes that have an AVX-512 form (the checksum's 64-bit
-/// multiplies, core/checksum.hpp; the shard reduction,
-/// kernels/host_simd512.hpp) run it: enabled(), the CPU has AVX-512 F, DQ,
+/// multiplies, core/checksum.hpp; the block codecs' passes,
+/// kernels/host_simd512.hpp; chunk_topk's encode, kernels/compressed_passes.hpp)
+/// run it: enabled(), the CPU has AVX-512 F, DQ,
 /// BW and VL and BMI2 (every AVX-512 server CPU since Skylake-SP), and
 /// DILOCO_HOST_SIMD is not "avx2" (which keeps every pass at AVX2; read
 /// once).

@@ -182,7 +182,11 @@ struct encode_pseudo_gradient {
     }
 #endif
 #if defined(DILOCO_HOST_SIMD_X86)
-    if (host_simd::enabled()) return portable_avx2(b);
+    if (host_simd::enabled()) {
+      if constexpr (sparse_codec<Codec>)
+        if (host_simd::avx512()) return portable_avx512(b);
+      return portable_avx2(b);
+    }
 #endif
     return portable(b);
   }
@@ -195,6 +199,16 @@ struct encode_pseudo_gradient {
   /// stochastic codecs, partial blocks; the same operations, no FMA, the
   /// same bits).
   __attribute__((target("avx2"))) sums2 portable_avx2(std::size_t b) const { return portable_body(b); }
+  /// The portable code compiled for AVX-512 (the features
+  /// host_simd::avx512() asks for), which operator() runs for the sparse codecs (chunk_topk)
+  /// where host_simd::avx512(): the compiler vectorizes their selection's
+  /// counting passes and column maxima 16 lanes wide. The same operations
+  /// (no FMA: fp-contract off, add_rn and mul_rn), the same bits.
+  __attribute__((target(DILOCO_HOST_AVX512_TARGET))) sums2 portable_avx512(std::size_t b) const
+    requires sparse_codec<Codec>
+  {
+    return portable_body(b);
+  }
 #endif
   /// The portable code's body.
   DILOCO_HD DILOCO_FORCEINLINE sums2 portable_body(std::size_t b) const {

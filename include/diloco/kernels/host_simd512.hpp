@@ -46,9 +46,8 @@ namespace diloco::kernels::host_simd {
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
-#define DILOCO_AVX512_TARGET "avx512f,avx512dq,avx512bw,avx512vl,bmi2"
-#define DILOCO_AVX512_INLINE __attribute__((target(DILOCO_AVX512_TARGET), always_inline)) inline
-#define DILOCO_AVX512 __attribute__((target(DILOCO_AVX512_TARGET))) inline
+#define DILOCO_AVX512_INLINE __attribute__((target(DILOCO_HOST_AVX512_TARGET), always_inline)) inline
+#define DILOCO_AVX512 __attribute__((target(DILOCO_HOST_AVX512_TARGET))) inline
 
 namespace detail512 {
 
@@ -480,7 +479,6 @@ inline bool encode_block_widest(const float* g, const float* l, const float* e, 
 
 #undef DILOCO_AVX512
 #undef DILOCO_AVX512_INLINE
-#undef DILOCO_AVX512_TARGET
 
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
