@@ -203,38 +203,47 @@ struct chunk_topk_codec {
     for (std::size_t g = 0; g < groups; ++g) hi = top[g] > hi ? top[g] : hi;
     // A lower bound to start from: with n runs of 8 groups or more, the
     // smallest of the runs' largest (n of `top`, one per run, are at least
-    // it), else 0. A chunk of equal magnitudes has it equal to hi.
+    // it), else 0. A chunk of equal magnitudes has it equal to hi. The runs
+    // are the columns of `top` seen as 8 rows, as the groups are the
+    // chunk's.
     std::uint32_t lo = 0;
     if constexpr (most >= 8) {  // a smaller chunk has no run of 8 groups
-      if (groups / 8 >= n) {
+      if (const std::size_t runs = groups / 8; runs >= n) {
+        std::uint32_t run_top[most / 8];
+        for (std::size_t r = 0; r < runs; ++r) run_top[r] = top[r];
+        for (std::size_t i = 1; i < 8; ++i)
+          for (std::size_t r = 0; r < runs; ++r) run_top[r] = top[i * runs + r] > run_top[r] ? top[i * runs + r] : run_top[r];
         lo = hi;
-        for (std::size_t r = 0; r < groups / 8; ++r) {
-          std::uint32_t m = 0;
-          for (std::size_t i = 0; i < 8; ++i) m = top[8 * r + i] > m ? top[8 * r + i] : m;
-          lo = m < lo ? m : lo;
-        }
+        for (std::size_t r = 0; r < runs; ++r) lo = run_top[r] < lo ? run_top[r] : lo;
       }
-    }
-    // Only the values of `top` in [lo, hi] decide it: gathered without
-    // branches first.
-    std::uint32_t t = lo;
-    if (lo != hi) {
-      std::uint32_t in_range[most];
-      std::size_t c = 0;
-      for (std::size_t g = 0; g < groups; ++g) {
-        in_range[c] = top[g];
-        c += top[g] >= lo;
-      }
-      t = nth_largest(in_range, c, n, lo, hi);
     }
     // The groups whose largest is at least t (warm: every element at least
     // t lies in one), in order, listed without branches (which they are
     // follows the data).
+    std::uint32_t t = lo;
     std::uint16_t warm[most];
     std::size_t w = 0;
-    for (std::size_t g = 0; g < groups; ++g) {
-      warm[w] = static_cast<std::uint16_t>(g);
-      w += top[g] >= t;
+    if (lo != hi) {
+      // Only the groups whose largest is in [lo, hi] decide t: gathered
+      // without branches first, and the warm ones listed from them.
+      std::uint32_t in_range[most];
+      std::uint16_t in_group[most];
+      std::size_t c = 0;
+      for (std::size_t g = 0; g < groups; ++g) {
+        in_range[c] = top[g];
+        in_group[c] = static_cast<std::uint16_t>(g);
+        c += top[g] >= lo;
+      }
+      t = nth_largest(in_range, c, n, lo, hi);
+      for (std::size_t k = 0; k < c; ++k) {
+        warm[w] = in_group[k];
+        w += in_range[k] >= t;
+      }
+    } else {
+      for (std::size_t g = 0; g < groups; ++g) {
+        warm[w] = static_cast<std::uint16_t>(g);
+        w += top[g] >= t;
+      }
     }
     std::size_t e = 0;
     if (t == hi) {
