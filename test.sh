@@ -6,8 +6,9 @@
 # to that stage) and the threaded tests under TSan. Exits non-zero on the
 # first failure. The
 # sanitizer builds leave out the benchmarks, skip the slow tests (the demo's
-# training runs among them: release only) and the `codegen` one (whether
-# -O3 -mfma changes the bits: release only), and build only the targets of
+# training runs among them: release only) and the `codegen` ones (whether
+# -O3 -mfma changes the bits; chunk_topk's encode vectorized at -O3:
+# release only), and build only the targets of
 # the tests they run (scripts/build-tested.py). Which stage runs which tests,
 # and why: test/README.md. Clang
 # compiles the sanitizer builds: less than half GCC's time at -O0 with ASan
