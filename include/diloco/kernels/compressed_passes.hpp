@@ -159,6 +159,12 @@ struct encode_pseudo_gradient {
         const float* e = residual ? residual + off : nullptr;
         float* next = new_residual ? new_residual + off : nullptr;
         std::byte* out = payload + b * stride;
+        // The streams this block reads, prefetch_distance ahead (where the
+        // next blocks of the tensor are).
+        constexpr std::size_t block_bytes = Codec::block * sizeof(float);
+        host_simd::prefetch_ahead(g, host_simd::prefetch_distance, block_bytes);
+        host_simd::prefetch_ahead(l, host_simd::prefetch_distance, block_bytes);
+        if (e) host_simd::prefetch_ahead(e, host_simd::prefetch_distance, block_bytes);
         sums2 s;
 #if defined(DILOCO_HOST_SIMD_X86)
         // With AVX2, the codecs host_simd::supports take its intrinsics
