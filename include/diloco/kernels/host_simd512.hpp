@@ -73,9 +73,19 @@ DILOCO_AVX512_INLINE __m512i halves16(const unsigned char* in) {
                                   _mm512_castsi128_si512(_mm_cvtsi64_si128(static_cast<long long>(w))));
 }
 
+/// 32 four-bit codes (16 bytes, element 2i in the low nibble of byte i)
+/// looked up in a 16-entry table: the even elements' values into `even`,
+/// the odd ones' into `odd` (lane i: element 2i, 2i + 1).
+DILOCO_AVX512_INLINE void nibbles32(const unsigned char* in, __m512 table, __m512& even, __m512& odd) {
+  const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in)));
+  even = _mm512_permutexvar_ps(bytes, table);  // by the low four bits
+  odd = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
+}
+
 /// A format's operations, as host_simd's detail::ops but 16 elements at a
 /// time: `rank` and make_rank (the same refusals), decode16(codes, rank)
-/// (value(q) * scale of elements 0..15 of `codes`), round16(y, code) (the
+/// (value(q) * scale of elements 0..15 of `codes`; the four-bit formats
+/// also decode32, elements 0..31 as their even and odd ones), round16(y, code) (the
 /// grid value nearest y, as ops::round8, and its code in the format's
 /// `code` form) and put32(out, code[2]) (32 codes into the block's bytes).
 template <class Format>
@@ -111,6 +121,11 @@ struct ops<Format> {
       const __m512i down = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
       return _mm512_permutexvar_ps(_mm512_srlv_epi32(halves16(in), down), r.scale);  // by the low four bits
     }
+  }
+  DILOCO_AVX512_INLINE static void decode32(const unsigned char* in, const rank& r, __m512& even, __m512& odd)
+    requires(bits == 4)
+  {
+    nibbles32(in, r.scale, even, odd);
   }
   DILOCO_AVX512_INLINE static __m512 round16(__m512 y, code& c) {
     c = _mm512_cvtps_epi32(_mm512_max_ps(_mm512_min_ps(y, _mm512_set1_ps(Format::levels)),
@@ -201,6 +216,9 @@ struct ops<Format> {
   DILOCO_AVX512_INLINE static __m512 decode16(const unsigned char* in, const rank& r) {
     const __m512i down = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
     return _mm512_permutexvar_ps(_mm512_srlv_epi32(halves16(in), down), r.table);  // by the low four bits
+  }
+  DILOCO_AVX512_INLINE static void decode32(const unsigned char* in, const rank& r, __m512& even, __m512& odd) {
+    nibbles32(in, r.table, even, odd);
   }
   DILOCO_AVX512_INLINE static __m512 round16(__m512 y, code& c) {
     const __m512i sign_bit = _mm512_set1_epi32(static_cast<int>(0x80000000u));
@@ -302,6 +320,33 @@ DILOCO_AVX512_INLINE bool block_mean(const std::byte* const* in, std::size_t at,
   const __m512 rcp = _mm512_set1_ps(1.0f / static_cast<float>(ranks_n));
   __m512i mbits = _mm512_setzero_si512();
   const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
+  if constexpr (requires(const unsigned char* p, __m512& x) { fmt::decode32(p, ranks[0], x, x); }) {
+    // Four-bit codes, 32 elements a step: each rank's 16 bytes looked up
+    // as its even and odd elements, summed so, and interleaved back into
+    // element order for the store (the same sums: each element's ranks in
+    // rank order).
+    const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    for (std::size_t j = 0; j < B; j += 32) {
+      const std::size_t byte = j / 2;
+      __m512 even, odd;
+      fmt::decode32(codes[0] + byte, ranks[0], even, odd);
+      for (int k = 1; k < ranks_n; ++k) {
+        __m512 e, o;
+        fmt::decode32(codes[k] + byte, ranks[k], e, o);
+        even = _mm512_add_ps(even, e);
+        odd = _mm512_add_ps(odd, o);
+      }
+      even = pow2 ? _mm512_mul_ps(even, rcp) : _mm512_div_ps(even, m);
+      odd = pow2 ? _mm512_mul_ps(odd, rcp) : _mm512_div_ps(odd, m);
+      _mm512_store_ps(mean + j, _mm512_permutex2var_ps(even, lo, odd));
+      _mm512_store_ps(mean + j + 16, _mm512_permutex2var_ps(even, hi, odd));
+      mbits = _mm512_max_epi32(mbits, _mm512_and_si512(_mm512_castps_si512(even), abs_mask));
+      mbits = _mm512_max_epi32(mbits, _mm512_and_si512(_mm512_castps_si512(odd), abs_mask));
+    }
+    max_bits = _mm512_reduce_max_epi32(mbits);
+    return true;
+  }
   for (std::size_t j = 0; j < B; j += 16) {
     const std::size_t byte = j * Format::bits / 8;
     __m512 acc = fmt::decode16(codes[0] + byte, ranks[0]);
