@@ -235,9 +235,9 @@ struct chunk_topk_codec {
         c += top[g] >= lo;
       }
       t = nth_largest(in_range, c, n, lo, hi);
-      for (std::size_t k = 0; k < c; ++k) {
-        warm[w] = in_group[k];
-        w += in_range[k] >= t;
+      for (std::size_t u = 0; u < c; ++u) {
+        warm[w] = in_group[u];
+        w += in_range[u] >= t;
       }
     } else {
       for (std::size_t g = 0; g < groups; ++g) {
@@ -273,12 +273,12 @@ struct chunk_topk_codec {
       }
     if (c > n) t = nth_largest(cm, c, n, t, hi);
     std::size_t above = 0;
-    for (std::size_t k = 0; k < c; ++k) above += cm[k] > t;
+    for (std::size_t u = 0; u < c; ++u) above += cm[u] > t;
     std::size_t ties = n - above;  // of the magnitudes equal to t, the first ones
-    for (std::size_t k = 0; k < c; ++k) {
-      const bool tie = cm[k] == t && ties != 0;
-      idx[e] = idx[k];
-      e += static_cast<std::size_t>(cm[k] > t) | static_cast<std::size_t>(tie);
+    for (std::size_t u = 0; u < c; ++u) {
+      const bool tie = cm[u] == t && ties != 0;
+      idx[e] = idx[u];
+      e += static_cast<std::size_t>(cm[u] > t) | static_cast<std::size_t>(tie);
       ties -= static_cast<std::size_t>(tie);
     }
   }
