@@ -64,15 +64,6 @@ DILOCO_AVX512_INLINE void put_nibbles16(unsigned char* out, __m512i c) {
   _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm512_cvtepi64_epi8(byte));
 }
 
-/// The 64-bit word at `in`, lanes 0..7 holding its low 32 bits and 8..15
-/// its high ones.
-DILOCO_AVX512_INLINE __m512i halves16(const unsigned char* in) {
-  std::uint64_t w;
-  std::memcpy(&w, in, 8);
-  return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
-                                  _mm512_castsi128_si512(_mm_cvtsi64_si128(static_cast<long long>(w))));
-}
-
 /// 32 four-bit codes (16 bytes, element 2i in the low nibble of byte i)
 /// looked up in a 16-entry table: the even elements' values into `even`,
 /// the odd ones' into `odd` (lane i: element 2i, 2i + 1).
@@ -85,7 +76,8 @@ DILOCO_AVX512_INLINE void nibbles32(const unsigned char* in, __m512 table, __m51
 /// A format's operations, as host_simd's detail::ops but 16 elements at a
 /// time: `rank` and make_rank (the same refusals), decode16(codes, rank)
 /// (value(q) * scale of elements 0..15 of `codes`; the four-bit formats
-/// also decode32, elements 0..31 as their even and odd ones), round16(y, code) (the
+/// have decode32 instead, elements 0..31 as their even and odd ones,
+/// nibbles32), round16(y, code) (the
 /// grid value nearest y, as ops::round8, and its code in the format's
 /// `code` form) and put32(out, code[2]) (32 codes into the block's bytes).
 template <class Format>
@@ -112,15 +104,11 @@ struct ops<Format> {
                               _mm512_set1_ps(scale));
     return true;
   }
-  DILOCO_AVX512_INLINE static __m512 decode16(const unsigned char* in, const rank& r) {
-    if constexpr (bits == 8) {
-      const __m512i c = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in)));
-      return _mm512_mul_ps(_mm512_cvtepi32_ps(c), r.scale);
-    } else {
-      // Element i's nibble (bits 4i of the word) at the bottom of lane i.
-      const __m512i down = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
-      return _mm512_permutexvar_ps(_mm512_srlv_epi32(halves16(in), down), r.scale);  // by the low four bits
-    }
+  DILOCO_AVX512_INLINE static __m512 decode16(const unsigned char* in, const rank& r)
+    requires(bits == 8)
+  {
+    const __m512i c = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in)));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(c), r.scale);
   }
   DILOCO_AVX512_INLINE static void decode32(const unsigned char* in, const rank& r, __m512& even, __m512& odd)
     requires(bits == 4)
@@ -212,10 +200,6 @@ struct ops<Format> {
     r.table = _mm512_castsi512_ps(_mm512_mask_or_epi32(_mm512_castps_si512(both), 0xff00, _mm512_castps_si512(both),
                                                        _mm512_set1_epi32(static_cast<int>(0x80000000u))));
     return ok;
-  }
-  DILOCO_AVX512_INLINE static __m512 decode16(const unsigned char* in, const rank& r) {
-    const __m512i down = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
-    return _mm512_permutexvar_ps(_mm512_srlv_epi32(halves16(in), down), r.table);  // by the low four bits
   }
   DILOCO_AVX512_INLINE static void decode32(const unsigned char* in, const rank& r, __m512& even, __m512& odd) {
     nibbles32(in, r.table, even, odd);
@@ -320,7 +304,7 @@ DILOCO_AVX512_INLINE bool block_mean(const std::byte* const* in, std::size_t at,
   const __m512 rcp = _mm512_set1_ps(1.0f / static_cast<float>(ranks_n));
   __m512i mbits = _mm512_setzero_si512();
   const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
-  if constexpr (requires(const unsigned char* p, __m512& x) { fmt::decode32(p, ranks[0], x, x); }) {
+  if constexpr (Format::bits == 4) {
     // Four-bit codes, 32 elements a step: each rank's 16 bytes looked up
     // as its even and odd elements, summed so, and interleaved back into
     // element order for the store (the same sums: each element's ranks in
@@ -344,16 +328,15 @@ DILOCO_AVX512_INLINE bool block_mean(const std::byte* const* in, std::size_t at,
       mbits = _mm512_max_epi32(mbits, _mm512_and_si512(_mm512_castps_si512(even), abs_mask));
       mbits = _mm512_max_epi32(mbits, _mm512_and_si512(_mm512_castps_si512(odd), abs_mask));
     }
-    max_bits = _mm512_reduce_max_epi32(mbits);
-    return true;
-  }
-  for (std::size_t j = 0; j < B; j += 16) {
-    const std::size_t byte = j * Format::bits / 8;
-    __m512 acc = fmt::decode16(codes[0] + byte, ranks[0]);
-    for (int k = 1; k < ranks_n; ++k) acc = _mm512_add_ps(acc, fmt::decode16(codes[k] + byte, ranks[k]));
-    const __m512 y = pow2 ? _mm512_mul_ps(acc, rcp) : _mm512_div_ps(acc, m);
-    _mm512_store_ps(mean + j, y);
-    mbits = _mm512_max_epi32(mbits, _mm512_and_si512(_mm512_castps_si512(y), abs_mask));
+  } else {
+    for (std::size_t j = 0; j < B; j += 16) {
+      const std::size_t byte = j * Format::bits / 8;
+      __m512 acc = fmt::decode16(codes[0] + byte, ranks[0]);
+      for (int k = 1; k < ranks_n; ++k) acc = _mm512_add_ps(acc, fmt::decode16(codes[k] + byte, ranks[k]));
+      const __m512 y = pow2 ? _mm512_mul_ps(acc, rcp) : _mm512_div_ps(acc, m);
+      _mm512_store_ps(mean + j, y);
+      mbits = _mm512_max_epi32(mbits, _mm512_and_si512(_mm512_castps_si512(y), abs_mask));
+    }
   }
   max_bits = _mm512_reduce_max_epi32(mbits);
   return true;
