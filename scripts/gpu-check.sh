@@ -9,26 +9,28 @@
 #                                       small libraries they need, into
 #                                       build-gpu-pack/
 #   scripts/gpu-check.sh run [OUTDIR]   there: every CUDA test program, the
-#                                       example, compute-sanitizer (memcheck,
-#                                       synccheck, initcheck) on the two
+#                                       example, bench_cuda_kernels, then
+#                                       compute-sanitizer (memcheck,
+#                                       synccheck, initcheck) on the three
 #                                       CUDA test programs (racecheck on
-#                                       test_cuda_kernels), then
-#                                       bench_cuda_kernels; logs in OUTDIR
+#                                       test_cuda_kernels); logs in OUTDIR
 #                                       (default $OUT, else /tmp/gpu-check)
 #   scripts/gpu-check.sh profile [OUTDIR]
 #                                       there: Nsight Compute's speed of
 #                                       light, occupancy and warp stalls for
 #                                       the int8 codec passes of the benchmark
 #
-# NCCL and MPI are not packed (NCCL is over 200 MB): `run` takes the GPU
-# machine's own libnccl.so.2 (a CUDA toolkit's, or PyTorch's nvidia-nccl
-# wheel), and runs test_comm_mpi_cuda with 2 ranks only where it has mpirun.
+# NCCL, cuBLAS and MPI are not packed (NCCL and cuBLAS are hundreds of MB):
+# `run` takes the GPU machine's own libnccl.so.2 and libcublas.so.13 (a CUDA
+# toolkit's, or PyTorch's nvidia wheels), and runs test_comm_mpi_cuda with 2
+# ranks and test_comm_nccl_mpi --gpu with 1 only where it has mpirun.
 # Each step has a time limit, so a hang is reported, not waited on.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 pack=build-gpu-pack
-programs=(test/cuda/test_cuda_kernels test/cuda/test_cuda_algorithm test/test_comm_nccl_gpu
-          examples/cuda_linear_regression bench/bench_cuda_kernels test/test_comm_mpi_cuda)
+programs=(test/cuda/test_cuda_kernels test/cuda/test_cuda_algorithm test/cuda/test_cuda_muon
+          test/test_comm_nccl_gpu test/test_comm_nccl_mpi examples/cuda_linear_regression
+          bench/bench_cuda_kernels test/test_comm_mpi_cuda)
 
 case "${1:-}" in
 pack)
@@ -43,7 +45,7 @@ pack)
   for p in "${programs[@]}"; do cp "$build/$p" "$pack/"; done
   # The non-system libraries they load, but NCCL and the driver.
   for p in "${programs[@]}"; do ldd "$build/$p"; done | awk '/=> \// {print $3}' | sort -u |
-    grep -v -E '/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|libcuda|libnccl|libmpi|libmpi_cxx|libopen-pal|libopen-rte|libhwloc|libevent[a-z_-]*2\.1|libz|libudev)\.so' |
+    grep -v -E '/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|libcuda|libnccl|libcublas|libcublasLt|libmpi|libmpi_cxx|libopen-pal|libopen-rte|libhwloc|libevent[a-z_-]*2\.1|libz|libudev)\.so' |
     while read -r lib; do cp -L "$lib" "$pack/lib/"; done
   du -sh "$pack"
   ;;
@@ -57,10 +59,12 @@ run | profile)
   sanitizer=$(command -v compute-sanitizer ||
     find /usr/local /opt -name compute-sanitizer -type f -perm -u+x 2>/dev/null | head -n 1)
   nccl=$(find /usr/local/cuda*/lib* /usr/lib /opt -name 'libnccl.so.2' 2>/dev/null | head -n 1)
-  export LD_LIBRARY_PATH="$PWD/$pack/lib${nccl:+:$(dirname "$nccl")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  cublas=$(find /usr/local/cuda*/lib* /usr/local/cuda*/targets /usr/lib /opt -name 'libcublas.so.13' 2>/dev/null | head -n 1)
+  export LD_LIBRARY_PATH="$PWD/$pack/lib${nccl:+:$(dirname "$nccl")}${cublas:+:$(dirname "$cublas")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   {
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
     echo "nccl: ${nccl:-none found}"
+    echo "cublas: ${cublas:-none found}"
     echo "compute-sanitizer: ${sanitizer:-not found}"
   } 2>&1 | tee -a "$summary"
   # step NAME LIMIT_S COMMAND...: runs it, its output to the log, one line to the summary.
@@ -93,11 +97,16 @@ run | profile)
   fi
   step test_cuda_kernels 90 "$pack/test_cuda_kernels"
   step test_cuda_algorithm 180 "$pack/test_cuda_algorithm"
+  step test_cuda_muon 120 "$pack/test_cuda_muon"
   step test_comm_nccl_gpu 60 "$pack/test_comm_nccl_gpu"
   step cuda_linear_regression 60 "$pack/cuda_linear_regression"
   if command -v mpirun >/dev/null; then
     step test_comm_mpi_cuda_np2 120 env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
       mpirun --oversubscribe -np 2 -x LD_LIBRARY_PATH "$pack/test_comm_mpi_cuda"
+    # comm::nccl bootstrapped by MPI on one device (a world of one: two
+    # ranks would need two devices, and the test skips them with 77).
+    step test_comm_nccl_mpi_gpu_np1 120 env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+      mpirun -np 1 -x LD_LIBRARY_PATH "$pack/test_comm_nccl_mpi" --gpu
   else
     echo "test_comm_mpi_cuda_np2: no mpirun here, not run" | tee -a "$summary"
   fi
@@ -109,9 +118,9 @@ run | profile)
   # detail::cuda_check, which throws.
   # racecheck on test_cuda_algorithm did not finish its second test case in
   # 170 s on an H100 (2026-11-26): it runs on test_cuda_kernels alone.
-  for program in test_cuda_kernels test_cuda_algorithm; do
+  for program in test_cuda_kernels test_cuda_algorithm test_cuda_muon; do
     for tool in memcheck racecheck synccheck initcheck; do
-      [ "$tool/$program" = racecheck/test_cuda_algorithm ] && continue
+      [ "$tool" = racecheck ] && [ "$program" != test_cuda_kernels ] && continue
       step "${tool}_$program" "${SANITIZER_LIMIT:-120}" "${sanitizer:-compute-sanitizer}" --tool "$tool" \
         --report-api-errors no --error-exitcode 99 "$pack/$program"
     done
@@ -121,7 +130,7 @@ run | profile)
   cat "$summary"
   ;;
 *)
-  sed -n '3,24p' "$0"
+  sed -n '3,26p' "$0"
   exit 2
   ;;
 esac
