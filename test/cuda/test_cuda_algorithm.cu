@@ -476,8 +476,13 @@ TEST_CASE("gpu: outer_state_on_host gives the device-resident outer state's bits
       user_step(b, s);
       on_host.step();
     }
+    // copy_global_to writes tensors in the parameters' memory space (the
+    // device here); the host engine's theta_global is a host view.
+    thrust::device_vector<float> ga_device(n);
+    resident.copy_global_to(ga_device);
     std::vector<float> ga(n);
-    resident.copy_global_to(ga);
+    thrust::copy(ga_device.begin(), ga_device.end(), ga.begin());
+    CHECK_THROWS_AS(resident.copy_global_to(ga), dc::config_error);  // host targets, device parameters
     const auto gb = on_host.global_parameters();
     CHECK(std::memcmp(ga.data(), gb.data(), n * sizeof(float)) == 0);
   }
