@@ -197,8 +197,11 @@ DILOCO_AVX2_INLINE void values32(const unsigned char* in, __m256* v) {
 /// (false when this form cannot decode such a block bit for bit),
 /// decode32(codes, rank, out) (value(q) * scale of 32 elements, in four
 /// registers), round8(y, code) (the grid value nearest y, ties to the even
-/// code, saturating, for finite y, and its code as int32) and
-/// put32(out, codes) (32 codes into the block's code bytes).
+/// code, saturating, for finite y, and its code as int32),
+/// put32(out, codes) (32 codes into the block's code bytes), and for the
+/// reduction's norm `norm`, make_norm(scale) (once a block) and
+/// square8(r, code, norm) ((r * scale)^2: two multiplies, or for fp4 and
+/// int2 a lookup by code in a table of those squares, the same products).
 template <class Format>
 struct ops;
 
@@ -221,6 +224,16 @@ struct ops<Format> {
   }
   DILOCO_AVX2_INLINE static __m256 round8(__m256 y, __m256i& code) {
     return grid_round(y, _mm256_set1_ps(Format::levels), _mm256_set1_ps(-Format::levels), code);
+  }
+  /// The square of the decoding r * scale (the reduction's norm): two
+  /// multiplies.
+  struct norm {
+    __m256 scale;
+  };
+  DILOCO_AVX2_INLINE static norm make_norm(__m256 scale) { return {scale}; }
+  DILOCO_AVX2_INLINE static __m256 square8(__m256 r, __m256i, const norm& n) {
+    const __m256 d = _mm256_mul_ps(r, n.scale);
+    return _mm256_mul_ps(d, d);
   }
   DILOCO_AVX2_INLINE static void put32(unsigned char* out, const __m256i* c) {
     put_codes32<bits>(out, c[0], c[1], c[2], c[3]);
@@ -282,6 +295,16 @@ struct ops<Format> {
     const __m256 rs = _mm256_add_ps(_mm256_or_ps(r, neg), _mm256_setzero_ps());
     code = _mm256_or_si256(mag, _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(rs), 24), _mm256_set1_epi32(0x80)));
     return rs;
+  }
+  /// The square of the decoding r * scale (the reduction's norm): two
+  /// multiplies.
+  struct norm {
+    __m256 scale;
+  };
+  DILOCO_AVX2_INLINE static norm make_norm(__m256 scale) { return {scale}; }
+  DILOCO_AVX2_INLINE static __m256 square8(__m256 r, __m256i, const norm& n) {
+    const __m256 d = _mm256_mul_ps(r, n.scale);
+    return _mm256_mul_ps(d, d);
   }
   DILOCO_AVX2_INLINE static void put32(unsigned char* out, const __m256i* c) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), bytes32<true>(c[0], c[1], c[2], c[3]));
@@ -345,6 +368,24 @@ struct ops<Format> {
     code = _mm256_or_si256(mag, _mm256_and_si256(neg, _mm256_set1_epi32(0x8)));
     return _mm256_or_ps(r, _mm256_castsi256_ps(_mm256_and_si256(neg, sign_bit)));
   }
+  /// The square of the decoding r * scale, looked up by the magnitude's
+  /// code (the sign does not change it) in the eight (value(m) * scale)^2:
+  /// the same two products, made once a block.
+  struct norm {
+    __m256 sq;
+  };
+  DILOCO_AVX2_INLINE static norm make_norm(__m256 scale) {
+    using grid = kernels::minifloat_grid<Format>;
+    const __m256 d = _mm256_mul_ps(_mm256_setr_ps(grid::value_branchless(0), grid::value_branchless(1),
+                                                  grid::value_branchless(2), grid::value_branchless(3),
+                                                  grid::value_branchless(4), grid::value_branchless(5),
+                                                  grid::value_branchless(6), grid::value_branchless(7)),
+                                   scale);
+    return {_mm256_mul_ps(d, d)};
+  }
+  DILOCO_AVX2_INLINE static __m256 square8(__m256, __m256i code, const norm& n) {
+    return _mm256_permutevar8x32_ps(n.sq, code);  // by the low three bits
+  }
   DILOCO_AVX2_INLINE static void put32(unsigned char* out, const __m256i* c) {
     put_codes32<4>(out, c[0], c[1], c[2], c[3]);
   }
@@ -383,6 +424,19 @@ struct ops<Format> {
     const __m256i c = _mm256_castps_si256(_mm256_cmp_ps(y, _mm256_set1_ps(2.0f), _CMP_GT_OQ));
     code = _mm256_sub_epi32(_mm256_sub_epi32(_mm256_sub_epi32(_mm256_setzero_si256(), a), b), c);
     return _mm256_permutevar8x32_ps(_mm256_setr_ps(-3.0f, -1.0f, 1.0f, 3.0f, -3.0f, -1.0f, 1.0f, 3.0f), code);
+  }
+  /// The square of the decoding r * scale, looked up by code in the four
+  /// (value(c) * scale)^2 (twice over): the same two products, made once a
+  /// block.
+  struct norm {
+    __m256 sq;
+  };
+  DILOCO_AVX2_INLINE static norm make_norm(__m256 scale) {
+    const __m256 d = _mm256_mul_ps(_mm256_setr_ps(-3.0f, -1.0f, 1.0f, 3.0f, -3.0f, -1.0f, 1.0f, 3.0f), scale);
+    return {_mm256_mul_ps(d, d)};
+  }
+  DILOCO_AVX2_INLINE static __m256 square8(__m256, __m256i code, const norm& n) {
+    return _mm256_permutevar8x32_ps(n.sq, code);
   }
   DILOCO_AVX2_INLINE static void put32(unsigned char* out, const __m256i* c) {
     // One code a byte, then (b0 + 4 b1) per 16-bit word and (w0 + 16 w1) per 32-bit one:
@@ -528,15 +582,16 @@ DILOCO_AVX2_INLINE void quantize_group(const float* const* v, const block_scale*
   __m256 acc[P][L / 8];
   for (auto& a : acc)
     for (auto& x : a) x = _mm256_setzero_ps();
+  typename ops<Format>::norm nrm[P];
+  for (std::size_t p = 0; p < P; ++p) nrm[p] = ops<Format>::make_norm(_mm256_set1_ps(s[p]->scale));
   for (std::size_t j = 0; j < B; j += 32)
     for (std::size_t p = 0; p < P; ++p) {
-      const __m256 inv = _mm256_set1_ps(s[p]->inv), scale = _mm256_set1_ps(s[p]->scale);
+      const __m256 inv = _mm256_set1_ps(s[p]->inv);
       __m256i q[4];
       for (std::size_t k = 0; k < 4; ++k) {
         const __m256 r = ops<Format>::round8(_mm256_mul_ps(_mm256_loadu_ps(v[p] + j + 8 * k), inv), q[k]);
-        const __m256 n = _mm256_mul_ps(r, scale);
         __m256& a = acc[p][((j + 8 * k) / 8) % (L / 8)];
-        a = _mm256_add_ps(a, _mm256_mul_ps(n, n));
+        a = _mm256_add_ps(a, ops<Format>::square8(r, q[k], nrm[p]));
       }
       ops<Format>::put32(codes[p] + j * Format::bits / 8, q);
     }

@@ -79,7 +79,9 @@ DILOCO_AVX512_INLINE void nibbles32(const unsigned char* in, __m512 table, __m51
 /// have decode32 instead, elements 0..31 as their even and odd ones,
 /// nibbles32), round16(y, code) (the
 /// grid value nearest y, as ops::round8, and its code in the format's
-/// `code` form) and put32(out, code[2]) (32 codes into the block's bytes).
+/// `code` form), put32(out, code[2]) (32 codes into the block's bytes), and
+/// make_norm(scale) and square16(r, code, norm) for the reduction's norm
+/// ((r * scale)^2, as ops::square8; int4 too looks it up, in 16 entries).
 template <class Format>
 struct ops;
 
@@ -119,6 +121,30 @@ struct ops<Format> {
     c = _mm512_cvtps_epi32(_mm512_max_ps(_mm512_min_ps(y, _mm512_set1_ps(Format::levels)),
                                          _mm512_set1_ps(-Format::levels)));
     return _mm512_cvtepi32_ps(c);
+  }
+  /// The squares of the decoded grid values r * scale: int8's by two
+  /// multiplies, int4's looked up by code in a table of value(c) * scale
+  /// squared (the same two products, made once a block).
+  struct norm {
+    __m512 t;
+  };
+  DILOCO_AVX512_INLINE static norm make_norm(__m512 scale) {
+    if constexpr (bits == 8) {
+      return {scale};
+    } else {
+      const __m512 d = _mm512_mul_ps(_mm512_setr_ps(0.0f, 1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f, -8.0f, -7.0f,
+                                                    -6.0f, -5.0f, -4.0f, -3.0f, -2.0f, -1.0f),
+                                     scale);
+      return {_mm512_mul_ps(d, d)};
+    }
+  }
+  DILOCO_AVX512_INLINE static __m512 square16(__m512 r, const code& c, const norm& n) {
+    if constexpr (bits == 8) {
+      const __m512 d = _mm512_mul_ps(r, n.t);
+      return _mm512_mul_ps(d, d);
+    } else {
+      return _mm512_permutexvar_ps(c, n.t);  // by c's low four bits: its two's complement nibble
+    }
   }
   DILOCO_AVX512_INLINE static void put32(unsigned char* out, const code* c) {
     if constexpr (bits == 8) {
@@ -174,6 +200,14 @@ struct ops<Format> {
                                               _mm512_set1_epi32(0x80)));
     return rs;
   }
+  struct norm {
+    __m512 scale;
+  };
+  DILOCO_AVX512_INLINE static norm make_norm(__m512 scale) { return {scale}; }
+  DILOCO_AVX512_INLINE static __m512 square16(__m512 r, const code&, const norm& n) {
+    const __m512 d = _mm512_mul_ps(r, n.scale);
+    return _mm512_mul_ps(d, d);
+  }
   DILOCO_AVX512_INLINE static void put32(unsigned char* out, const code* c) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out), low_bytes16(c[0]));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16), low_bytes16(c[1]));
@@ -224,6 +258,21 @@ struct ops<Format> {
     c = _mm512_mask_or_epi32(mag, neg, mag, _mm512_set1_epi32(0x8));
     return _mm512_castsi512_ps(_mm512_mask_or_epi32(rb, neg, rb, sign_bit));
   }
+  /// The squares of value(c) * scale by code (value(c) is round16's value
+  /// for code c: the same two products, made once a block).
+  struct norm {
+    __m512 sq;
+  };
+  DILOCO_AVX512_INLINE static norm make_norm(__m512 scale) {
+    using grid = kernels::minifloat_grid<Format>;
+    alignas(64) float v[16];
+    for (std::uint32_t c = 0; c < 16; ++c) v[c] = grid::value_branchless(c);
+    const __m512 d = _mm512_mul_ps(_mm512_load_ps(v), scale);
+    return {_mm512_mul_ps(d, d)};
+  }
+  DILOCO_AVX512_INLINE static __m512 square16(__m512, const code& c, const norm& n) {
+    return _mm512_permutexvar_ps(c, n.sq);
+  }
   DILOCO_AVX512_INLINE static void put32(unsigned char* out, const code* c) {
     put_nibbles16(out, c[0]);
     put_nibbles16(out + 8, c[1]);
@@ -240,7 +289,7 @@ template <class Format>
 struct ops<Format> {
   static constexpr int bits = 2;
   struct code {
-    __mmask16 low, high;
+    __mmask16 low, high, outer;  ///< outer: the lanes rounded to -3 or 3
   };
   struct rank {
     __m512 table;
@@ -263,9 +312,22 @@ struct ops<Format> {
     const __mmask16 d = _mm512_cmp_ps_mask(y, _mm512_set1_ps(2.0f), _CMP_GT_OQ);
     c.low = static_cast<__mmask16>(a ^ b ^ d);
     c.high = b;
+    c.outer = static_cast<__mmask16>(~a | d);
     __m512 r = _mm512_mask_mov_ps(_mm512_set1_ps(-3.0f), a, _mm512_set1_ps(-1.0f));
     r = _mm512_mask_mov_ps(r, b, _mm512_set1_ps(1.0f));
     return _mm512_mask_mov_ps(r, d, _mm512_set1_ps(3.0f));
+  }
+  /// The squares of r * scale: (3 * scale)^2 where r is -3 or 3, scale^2
+  /// where it is -1 or 1 (the same two products, made once a block).
+  struct norm {
+    __m512 inner, outer;
+  };
+  DILOCO_AVX512_INLINE static norm make_norm(__m512 scale) {
+    const __m512 three = _mm512_mul_ps(_mm512_set1_ps(3.0f), scale);
+    return {_mm512_mul_ps(scale, scale), _mm512_mul_ps(three, three)};
+  }
+  DILOCO_AVX512_INLINE static __m512 square16(__m512, const code& c, const norm& n) {
+    return _mm512_mask_mov_ps(n.inner, c.outer, n.outer);
   }
   DILOCO_AVX512_INLINE static void put32(unsigned char* out, const code* c) {
     // Element e's code at bits 2e of the 64-bit word: its low bit at 2e, its high bit at 2e + 1.
@@ -369,8 +431,9 @@ struct lanes {
     for (auto& a : acc) a = _mm512_setzero_ps();
   }
   /// The squares of x, elements j .. j + 15 (j a multiple of 16).
-  DILOCO_AVX512_INLINE void add_squares(std::size_t j, __m512 x) {
-    const __m512 sq = _mm512_mul_ps(x, x);
+  DILOCO_AVX512_INLINE void add_squares(std::size_t j, __m512 x) { add_sq(j, _mm512_mul_ps(x, x)); }
+  /// Squares already made, elements j .. j + 15.
+  DILOCO_AVX512_INLINE void add_sq(std::size_t j, __m512 sq) {
     if constexpr (L == 8) {
       acc8 = _mm256_add_ps(acc8, _mm512_castps512_ps256(sq));
       acc8 = _mm256_add_ps(acc8, _mm512_extractf32x8_ps(sq, 1));
@@ -402,13 +465,15 @@ DILOCO_AVX512_INLINE void quantize_group(const float* const* v, const detail::bl
   using fmt = ops<Format>;
   lanes<L> acc[P];
   for (auto& a : acc) a.zero();
+  typename fmt::norm nrm[P];
+  for (std::size_t p = 0; p < P; ++p) nrm[p] = fmt::make_norm(_mm512_set1_ps(s[p]->scale));
   for (std::size_t j = 0; j < B; j += 32)
     for (std::size_t p = 0; p < P; ++p) {
-      const __m512 inv = _mm512_set1_ps(s[p]->inv), scale = _mm512_set1_ps(s[p]->scale);
+      const __m512 inv = _mm512_set1_ps(s[p]->inv);
       typename fmt::code q[2];
       for (std::size_t k = 0; k < 2; ++k) {
         const __m512 r = fmt::round16(_mm512_mul_ps(_mm512_load_ps(v[p] + j + 16 * k), inv), q[k]);
-        acc[p].add_squares(j + 16 * k, _mm512_mul_ps(r, scale));
+        acc[p].add_sq(j + 16 * k, fmt::square16(r, q[k], nrm[p]));
       }
       fmt::put32(codes[p] + j * Format::bits / 8, q);
     }
