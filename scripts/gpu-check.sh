@@ -9,7 +9,8 @@
 #                                       small libraries they need, into
 #                                       build-gpu-pack/
 #   scripts/gpu-check.sh run [OUTDIR]   there: every CUDA test program, the
-#                                       example, bench_cuda_kernels, then
+#                                       example, bench_cuda_kernels and
+#                                       bench_cuda_host_outer, then
 #                                       compute-sanitizer (memcheck,
 #                                       synccheck, initcheck) on the three
 #                                       CUDA test programs (racecheck on
@@ -30,7 +31,7 @@ cd "$(dirname "$0")/.."
 pack=build-gpu-pack
 programs=(test/cuda/test_cuda_kernels test/cuda/test_cuda_algorithm test/cuda/test_cuda_muon
           test/test_comm_nccl_gpu test/test_comm_nccl_mpi examples/cuda_linear_regression
-          bench/bench_cuda_kernels test/test_comm_mpi_cuda)
+          bench/bench_cuda_kernels bench/bench_cuda_host_outer test/test_comm_mpi_cuda)
 
 case "${1:-}" in
 pack)
@@ -112,6 +113,7 @@ run | profile)
   fi
   step bench_smoke 60 "$pack/bench_cuda_kernels" --elements 1048579 --iterations 3
   step bench 120 "$pack/bench_cuda_kernels"
+  step bench_host_outer 120 "$pack/bench_cuda_host_outer"
   # --report-api-errors no: NCCL probes kernels it has no sm_90 image for
   # (cudaFuncGetAttributes answers cudaErrorNoKernelImageForDevice), which
   # memcheck would count as errors; our own CUDA calls are checked by
@@ -127,10 +129,12 @@ run | profile)
   done
   echo "---- bench" >>"$summary"
   awk '/^==== bench: /{on=1; next} /^==== /{on=0} on' "$log" >>"$summary"
+  echo "---- bench_host_outer" >>"$summary"
+  awk '/^==== bench_host_outer: /{on=1; next} /^==== /{on=0} on' "$log" >>"$summary"
   cat "$summary"
   ;;
 *)
-  sed -n '3,26p' "$0"
+  sed -n '3,27p' "$0"
   exit 2
   ;;
 esac
