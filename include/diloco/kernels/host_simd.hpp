@@ -205,11 +205,24 @@ DILOCO_AVX2_INLINE void values32(const unsigned char* in, __m256* v) {
 template <class Format>
 struct ops;
 
+/// The reduction's norm for the formats that multiply: the square of the
+/// decoding r * scale by two multiplies.
+struct multiplied_squares {
+  struct norm {
+    __m256 scale;
+  };
+  DILOCO_AVX2_INLINE static norm make_norm(__m256 scale) { return {scale}; }
+  DILOCO_AVX2_INLINE static __m256 square8(__m256 r, __m256i, const norm& n) {
+    const __m256 d = _mm256_mul_ps(r, n.scale);
+    return _mm256_mul_ps(d, d);
+  }
+};
+
 /// int8 and int4: the grid values by sign extension and a conversion, the
 /// rounding by a conversion to int32 (grid_round).
 template <class Format>
   requires(std::is_same_v<Format, int8> || std::is_same_v<Format, int4>)
-struct ops<Format> {
+struct ops<Format> : multiplied_squares {
   static constexpr int bits = Format::bits;
   struct rank {
     __m256 scale;
@@ -224,16 +237,6 @@ struct ops<Format> {
   }
   DILOCO_AVX2_INLINE static __m256 round8(__m256 y, __m256i& code) {
     return grid_round(y, _mm256_set1_ps(Format::levels), _mm256_set1_ps(-Format::levels), code);
-  }
-  /// The square of the decoding r * scale (the reduction's norm): two
-  /// multiplies.
-  struct norm {
-    __m256 scale;
-  };
-  DILOCO_AVX2_INLINE static norm make_norm(__m256 scale) { return {scale}; }
-  DILOCO_AVX2_INLINE static __m256 square8(__m256 r, __m256i, const norm& n) {
-    const __m256 d = _mm256_mul_ps(r, n.scale);
-    return _mm256_mul_ps(d, d);
   }
   DILOCO_AVX2_INLINE static void put32(unsigned char* out, const __m256i* c) {
     put_codes32<bits>(out, c[0], c[1], c[2], c[3]);
@@ -255,7 +258,7 @@ struct ops<Format> {
 /// added (a negative y that rounds to zero gives +0 and code 0).
 template <class Format>
   requires(std::is_same_v<Format, fp8_e4m3> || std::is_same_v<Format, fp8_e5m2>)
-struct ops<Format> {
+struct ops<Format> : multiplied_squares {
   static constexpr int bits = 8;
   static constexpr int M = Format::mantissa_bits, bias = Format::bias;
   static constexpr float down = static_cast<float>(1.0 / static_cast<double>(1ull << 62) /
@@ -295,16 +298,6 @@ struct ops<Format> {
     const __m256 rs = _mm256_add_ps(_mm256_or_ps(r, neg), _mm256_setzero_ps());
     code = _mm256_or_si256(mag, _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(rs), 24), _mm256_set1_epi32(0x80)));
     return rs;
-  }
-  /// The square of the decoding r * scale (the reduction's norm): two
-  /// multiplies.
-  struct norm {
-    __m256 scale;
-  };
-  DILOCO_AVX2_INLINE static norm make_norm(__m256 scale) { return {scale}; }
-  DILOCO_AVX2_INLINE static __m256 square8(__m256 r, __m256i, const norm& n) {
-    const __m256 d = _mm256_mul_ps(r, n.scale);
-    return _mm256_mul_ps(d, d);
   }
   DILOCO_AVX2_INLINE static void put32(unsigned char* out, const __m256i* c) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), bytes32<true>(c[0], c[1], c[2], c[3]));
