@@ -310,7 +310,8 @@ struct ops<Format> : multiplied_squares {
 /// of |y| (clamped to L) to nearest with ties to the even code: at or above
 /// the smallest normal 2^(1 - bias), on the bit pattern (half an exponent
 /// step less one plus the exponent's lowest bit, which is the code's,
-/// then truncated); below it, 0 or 2^(1 - bias), ties to 0.
+/// then truncated); below it, 0 or 2^(1 - bias), ties to 0 (codes8); the
+/// grid value, and the encode's decoding, looked up by the code.
 template <class Format>
   requires std::is_same_v<Format, fp4_e3m0>
 struct ops<Format> {
@@ -321,11 +322,7 @@ struct ops<Format> {
   };
   DILOCO_AVX2_INLINE static bool make_rank(float amax, float scale, rank& r) {
     // value(m) * scale for m = 0..7: eight products, each rounded once, as the scalar ones.
-    using grid = kernels::minifloat_grid<Format>;
-    r.table = _mm256_mul_ps(_mm256_setr_ps(grid::value_branchless(0), grid::value_branchless(1), grid::value_branchless(2),
-                                           grid::value_branchless(3), grid::value_branchless(4), grid::value_branchless(5),
-                                           grid::value_branchless(6), grid::value_branchless(7)),
-                            _mm256_set1_ps(scale));
+    r.table = _mm256_mul_ps(values8(), _mm256_set1_ps(scale));
     return amax - amax == 0.0f;
   }
   DILOCO_AVX2_INLINE static void decode32(const unsigned char* in, const rank& r, __m256* out) {
@@ -339,27 +336,45 @@ struct ops<Format> {
       out[k] = _mm256_or_ps(mag, _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(c, 28), sign_bit)));
     }
   }
-  DILOCO_AVX2_INLINE static __m256 round8(__m256 y, __m256i& code) {
+  /// The eight magnitudes value(m), m = 0..7.
+  DILOCO_AVX2_INLINE static __m256 values8() {
+    using grid = kernels::minifloat_grid<Format>;
+    return _mm256_setr_ps(grid::value_branchless(0), grid::value_branchless(1), grid::value_branchless(2),
+                          grid::value_branchless(3), grid::value_branchless(4), grid::value_branchless(5),
+                          grid::value_branchless(6), grid::value_branchless(7));
+  }
+  /// The codes of y (returned), their magnitude codes `mag` and the lanes
+  /// whose sign is set (`neg`, all ones). |y| clamped to L, with its
+  /// exponent field rounded to nearest on the bit pattern (half an exponent
+  /// step less one plus the exponent's lowest bit, the code's, then
+  /// truncated) less 127 - bias is the code where |y| is normal; below the
+  /// smallest normal that is at most 0, and the code is 1 (the normal)
+  /// where |y| exceeds half of it, else 0: so max(code, 1) where |y| > half
+  /// the normal (which every normal |y| is), else 0. The sign where y < 0
+  /// and the code is not 0 (so -NaN, as round(), saturates to +L).
+  DILOCO_AVX2_INLINE static __m256i codes8(__m256 y, __m256i& mag, __m256i& neg) {
     const __m256i sign_bit = _mm256_set1_epi32(static_cast<int>(0x80000000u));
     const __m256 a = _mm256_min_ps(_mm256_andnot_ps(_mm256_castsi256_ps(sign_bit), y), _mm256_set1_ps(Format::levels));
     const __m256i ab = _mm256_castps_si256(a);
     const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(ab, 23), _mm256_set1_epi32(1));
-    const __m256i nb = _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(ab, _mm256_set1_epi32(0x3fffff)), odd),
-                                        _mm256_set1_epi32(static_cast<int>(0xff800000u)));
-    // Below the smallest normal nb is a/2's binade or the normal's; there
-    // the result is the normal where a > half of it, else 0: so r is
-    // max(nb, normal) where a > half the normal (which every a at or
-    // above the normal is), else +0, and nonzero exactly there.
+    const __m256i e = _mm256_sub_epi32(
+        _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(ab, _mm256_set1_epi32(0x3fffff)), odd), 23),
+        _mm256_set1_epi32(127 - bias));
     const float min_normal = kernels::minifloat_grid<Format>::value_branchless(1);
-    const __m256 kept = _mm256_cmp_ps(a, _mm256_set1_ps(0.5f * min_normal), _CMP_GT_OQ);
-    const __m256 r = _mm256_and_ps(_mm256_max_ps(_mm256_castsi256_ps(nb), _mm256_set1_ps(min_normal)), kept);
-    // The magnitude code: the exponent field less 127 - bias, and 0 for r = 0.
-    const __m256i rb = _mm256_castps_si256(r);
-    const __m256i nz = _mm256_castps_si256(kept);
-    const __m256i mag = _mm256_and_si256(_mm256_sub_epi32(_mm256_srli_epi32(rb, 23), _mm256_set1_epi32(127 - bias)), nz);
-    const __m256i neg = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(y, _mm256_setzero_ps(), _CMP_LT_OQ)), nz);
-    code = _mm256_or_si256(mag, _mm256_and_si256(neg, _mm256_set1_epi32(0x8)));
-    return _mm256_or_ps(r, _mm256_castsi256_ps(_mm256_and_si256(neg, sign_bit)));
+    const __m256i nz = _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(0.5f * min_normal), _CMP_GT_OQ));
+    mag = _mm256_and_si256(_mm256_max_epi32(e, _mm256_set1_epi32(1)), nz);
+    neg = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(y, _mm256_setzero_ps(), _CMP_LT_OQ)), nz);
+    return _mm256_or_si256(mag, _mm256_and_si256(neg, _mm256_set1_epi32(0x8)));
+  }
+  /// table[mag] with the sign of `neg` ORed in.
+  DILOCO_AVX2_INLINE static __m256 signed_lookup(__m256 table, __m256i mag, __m256i neg) {
+    return _mm256_or_ps(_mm256_permutevar8x32_ps(table, mag),
+                        _mm256_castsi256_ps(_mm256_and_si256(neg, _mm256_set1_epi32(static_cast<int>(0x80000000u)))));
+  }
+  DILOCO_AVX2_INLINE static __m256 round8(__m256 y, __m256i& code) {
+    __m256i mag, neg;
+    code = codes8(y, mag, neg);
+    return signed_lookup(values8(), mag, neg);
   }
   /// The square of the decoding r * scale, looked up by the magnitude's
   /// code (the sign does not change it) in the eight (value(m) * scale)^2:
@@ -368,16 +383,24 @@ struct ops<Format> {
     __m256 sq;
   };
   DILOCO_AVX2_INLINE static norm make_norm(__m256 scale) {
-    using grid = kernels::minifloat_grid<Format>;
-    const __m256 d = _mm256_mul_ps(_mm256_setr_ps(grid::value_branchless(0), grid::value_branchless(1),
-                                                  grid::value_branchless(2), grid::value_branchless(3),
-                                                  grid::value_branchless(4), grid::value_branchless(5),
-                                                  grid::value_branchless(6), grid::value_branchless(7)),
-                                   scale);
+    const __m256 d = _mm256_mul_ps(values8(), scale);
     return {_mm256_mul_ps(d, d)};
   }
   DILOCO_AVX2_INLINE static __m256 square8(__m256, __m256i code, const norm& n) {
     return _mm256_permutevar8x32_ps(n.sq, code);  // by the low three bits
+  }
+  /// The encode's rounding with the decoding dq = r * scale looked up by
+  /// the magnitude's code in the eight value(m) * scale (`products`, made
+  /// once a block: the same products), the sign ORed in; the codes as
+  /// round8's.
+  struct products {
+    __m256 t;
+  };
+  DILOCO_AVX2_INLINE static products make_products(__m256 scale) { return {_mm256_mul_ps(values8(), scale)}; }
+  DILOCO_AVX2_INLINE static __m256 round_dq8(__m256 y, __m256i& code, const products& p) {
+    __m256i mag, neg;
+    code = codes8(y, mag, neg);
+    return signed_lookup(p.t, mag, neg);
   }
   DILOCO_AVX2_INLINE static void put32(unsigned char* out, const __m256i* c) {
     put_codes32<4>(out, c[0], c[1], c[2], c[3]);
@@ -470,12 +493,23 @@ DILOCO_AVX2_INLINE double quantize_into(const float* v, const block_scale& s, un
   __m256 acc[L / 8];
   for (auto& a : acc) a = _mm256_setzero_ps();
   const __m256 inv = _mm256_set1_ps(s.inv), scale = _mm256_set1_ps(s.scale);
+  constexpr bool looked_up = requires { ops<Format>::make_products(scale); };
+  [[maybe_unused]] const auto products = [&] {
+    if constexpr (looked_up)
+      return ops<Format>::make_products(scale);
+    else
+      return 0;
+  }();
   for (std::size_t j = 0; j < B; j += 32) {
     __m256i q[4];
     for (std::size_t k = 0; k < 4; ++k) {
       const __m256 x = _mm256_loadu_ps(v + j + 8 * k);
-      const __m256 r = ops<Format>::round8(_mm256_mul_ps(x, inv), q[k]);
-      const __m256 n = sink(j + 8 * k, x, _mm256_mul_ps(r, scale));
+      __m256 dq;
+      if constexpr (looked_up)
+        dq = ops<Format>::round_dq8(_mm256_mul_ps(x, inv), q[k], products);
+      else
+        dq = _mm256_mul_ps(ops<Format>::round8(_mm256_mul_ps(x, inv), q[k]), scale);
+      const __m256 n = sink(j + 8 * k, x, dq);
       __m256& a = acc[((j + 8 * k) / 8) % (L / 8)];
       a = _mm256_add_ps(a, _mm256_mul_ps(n, n));
     }

@@ -216,8 +216,8 @@ struct ops<Format> {
 
 /// fp4 e3m0: decoding by one lookup in a 16-entry table indexed by the
 /// whole code (entries 8..15 the first eight with the sign bit ORed in, as
-/// ops<fp4_e3m0> ORs it); rounding as ops<fp4_e3m0>::round8, the sign by a
-/// mask.
+/// ops<fp4_e3m0> ORs it); the codes as ops<fp4_e3m0>::codes8, the sign by
+/// a mask; the grid value, and the encode's decoding, looked up by code.
 template <class Format>
   requires std::is_same_v<Format, fp4_e3m0>
 struct ops<Format> {
@@ -238,25 +238,35 @@ struct ops<Format> {
   DILOCO_AVX512_INLINE static void decode32(const unsigned char* in, const rank& r, __m512& even, __m512& odd) {
     nibbles32(in, r.table, even, odd);
   }
-  DILOCO_AVX512_INLINE static __m512 round16(__m512 y, code& c) {
+  /// The sixteen values value(c), the sign's codes included.
+  DILOCO_AVX512_INLINE static __m512 values16() {
+    using grid = kernels::minifloat_grid<Format>;
+    alignas(64) float v[16];
+    for (std::uint32_t c = 0; c < 16; ++c) v[c] = grid::value_branchless(c);
+    return _mm512_load_ps(v);
+  }
+  /// The codes of y, as ops<fp4_e3m0>::codes8: the exponent field rounded
+  /// on the bit pattern, less 127 - bias, at least 1 where |y| exceeds
+  /// half the smallest normal, else 0; the sign where y < 0 and the code
+  /// is not 0.
+  DILOCO_AVX512_INLINE static __m512i codes16(__m512 y) {
     const __m512i sign_bit = _mm512_set1_epi32(static_cast<int>(0x80000000u));
     const __m512 a = _mm512_min_ps(_mm512_castsi512_ps(_mm512_andnot_si512(sign_bit, _mm512_castps_si512(y))),
                                    _mm512_set1_ps(Format::levels));
     const __m512i ab = _mm512_castps_si512(a);
     const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(ab, 23), _mm512_set1_epi32(1));
-    const __m512i nb = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(ab, _mm512_set1_epi32(0x3fffff)), odd),
-                                        _mm512_set1_epi32(static_cast<int>(0xff800000u)));
-    // As ops<fp4_e3m0>::round8: max(nb, the smallest normal) where a is
-    // above half of it, else +0 (and nonzero exactly there).
+    const __m512i e = _mm512_sub_epi32(
+        _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(ab, _mm512_set1_epi32(0x3fffff)), odd), 23),
+        _mm512_set1_epi32(127 - bias));
     const float min_normal = kernels::minifloat_grid<Format>::value_branchless(1);
     const __mmask16 nz = _mm512_cmp_ps_mask(a, _mm512_set1_ps(0.5f * min_normal), _CMP_GT_OQ);
-    const __m512i rb =
-        _mm512_castps_si512(_mm512_maskz_max_ps(nz, _mm512_castsi512_ps(nb), _mm512_set1_ps(min_normal)));
-    const __m512i mag =
-        _mm512_maskz_sub_epi32(nz, _mm512_srli_epi32(rb, 23), _mm512_set1_epi32(127 - bias));
+    const __m512i mag = _mm512_maskz_max_epi32(nz, e, _mm512_set1_epi32(1));
     const __mmask16 neg = _mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_LT_OQ) & nz;
-    c = _mm512_mask_or_epi32(mag, neg, mag, _mm512_set1_epi32(0x8));
-    return _mm512_castsi512_ps(_mm512_mask_or_epi32(rb, neg, rb, sign_bit));
+    return _mm512_mask_or_epi32(mag, neg, mag, _mm512_set1_epi32(0x8));
+  }
+  DILOCO_AVX512_INLINE static __m512 round16(__m512 y, code& c) {
+    c = codes16(y);
+    return _mm512_permutexvar_ps(c, values16());
   }
   /// The squares of value(c) * scale by code (value(c) is round16's value
   /// for code c: the same two products, made once a block).
@@ -264,14 +274,22 @@ struct ops<Format> {
     __m512 sq;
   };
   DILOCO_AVX512_INLINE static norm make_norm(__m512 scale) {
-    using grid = kernels::minifloat_grid<Format>;
-    alignas(64) float v[16];
-    for (std::uint32_t c = 0; c < 16; ++c) v[c] = grid::value_branchless(c);
-    const __m512 d = _mm512_mul_ps(_mm512_load_ps(v), scale);
+    const __m512 d = _mm512_mul_ps(values16(), scale);
     return {_mm512_mul_ps(d, d)};
   }
   DILOCO_AVX512_INLINE static __m512 square16(__m512, const code& c, const norm& n) {
     return _mm512_permutexvar_ps(c, n.sq);
+  }
+  /// The encode's rounding with the decoding dq = r * scale looked up by
+  /// code in the sixteen value(c) * scale (`products`, made once a block:
+  /// the same products, the sign's in the table); the codes as round16's.
+  struct products {
+    __m512 t;
+  };
+  DILOCO_AVX512_INLINE static products make_products(__m512 scale) { return {_mm512_mul_ps(values16(), scale)}; }
+  DILOCO_AVX512_INLINE static __m512 round_dq16(__m512 y, code& c, const products& p) {
+    c = codes16(y);
+    return _mm512_permutexvar_ps(c, p.t);
   }
   DILOCO_AVX512_INLINE static void put32(unsigned char* out, const code* c) {
     put_nibbles16(out, c[0]);
@@ -536,12 +554,23 @@ DILOCO_AVX512 bool encode_block_avx512(const float* g, const float* l, const flo
   const bool scaled = decay != 1.0f;
   detail512::lanes<L> error;
   error.zero();
+  constexpr bool looked_up = requires { fmt::make_products(scale); };
+  [[maybe_unused]] const auto products = [&] {
+    if constexpr (looked_up)
+      return fmt::make_products(scale);
+    else
+      return 0;
+  }();
   for (std::size_t j = 0; j < B; j += 32) {
     typename fmt::code q[2];
     for (std::size_t k = 0; k < 2; ++k) {
       const __m512 x = _mm512_load_ps(v + j + 16 * k);
-      const __m512 r = fmt::round16(_mm512_mul_ps(x, inv), q[k]);
-      const __m512 err = _mm512_sub_ps(x, _mm512_mul_ps(r, scale));
+      __m512 dq;
+      if constexpr (looked_up)
+        dq = fmt::round_dq16(_mm512_mul_ps(x, inv), q[k], products);
+      else
+        dq = _mm512_mul_ps(fmt::round16(_mm512_mul_ps(x, inv), q[k]), scale);
+      const __m512 err = _mm512_sub_ps(x, dq);
       if (next) _mm512_storeu_ps(next + j + 16 * k, scaled ? _mm512_mul_ps(dec, err) : err);
       error.add_squares(j + 16 * k, err);
     }
