@@ -471,6 +471,18 @@ struct ops<Format> {
   }
 };
 
+/// A format's `products` (the table its encode looks its decoding up in),
+/// or int where it multiplies instead.
+template <class O>
+struct products_of {
+  using type = int;
+};
+template <class O>
+  requires requires { typename O::products; }
+struct products_of<O> {
+  using type = typename O::products;
+};
+
 /// What quantize_into does with each element's dq in the encode pass: it
 /// writes the residual decay * (v - dq) (when it keeps one) and sums the
 /// squares of v - dq (the reduction's quantize_group sums those of dq).
@@ -493,13 +505,10 @@ DILOCO_AVX2_INLINE double quantize_into(const float* v, const block_scale& s, un
   __m256 acc[L / 8];
   for (auto& a : acc) a = _mm256_setzero_ps();
   const __m256 inv = _mm256_set1_ps(s.inv), scale = _mm256_set1_ps(s.scale);
+  // (No lambda here: Clang compiles a lambda without its function's target.)
   constexpr bool looked_up = requires { ops<Format>::make_products(scale); };
-  [[maybe_unused]] const auto products = [&] {
-    if constexpr (looked_up)
-      return ops<Format>::make_products(scale);
-    else
-      return 0;
-  }();
+  [[maybe_unused]] typename products_of<ops<Format>>::type products{};
+  if constexpr (looked_up) products = ops<Format>::make_products(scale);
   for (std::size_t j = 0; j < B; j += 32) {
     __m256i q[4];
     for (std::size_t k = 0; k < 4; ++k) {

@@ -554,13 +554,10 @@ DILOCO_AVX512 bool encode_block_avx512(const float* g, const float* l, const flo
   const bool scaled = decay != 1.0f;
   detail512::lanes<L> error;
   error.zero();
+  // (No lambda here: Clang compiles a lambda without its function's target.)
   constexpr bool looked_up = requires { fmt::make_products(scale); };
-  [[maybe_unused]] const auto products = [&] {
-    if constexpr (looked_up)
-      return fmt::make_products(scale);
-    else
-      return 0;
-  }();
+  [[maybe_unused]] typename detail::products_of<fmt>::type products{};
+  if constexpr (looked_up) products = fmt::make_products(scale);
   for (std::size_t j = 0; j < B; j += 32) {
     typename fmt::code q[2];
     for (std::size_t k = 0; k < 2; ++k) {
