@@ -463,3 +463,34 @@ TEST_CASE("host SIMD passes take the codecs they claim and no others") {
   CHECK_FALSE(supports<cp::blockwise_codec<dc::fp8_e4m3, 40, cp::round_nearest>>::value);  // not whole 32-steps
   CHECK_FALSE(supports<cp::blockwise_codec<dc::int2, 128, cp::stochastic_rounding>>::value);
 }
+
+// The integer grids' vector rounding (host_simd's grid_round, and its
+// AVX-512 twin) converts y = x * inv to the nearest integer without the
+// portable code's clamp to [-L, L]: on a block on the common path inv is
+// L / amax rounded once and |x| <= amax, so the largest |y| is that of
+// x = amax, and rounding is monotone. Checked here for every amax of the
+// binade [1, 2) (2^23 values, each L / amax and amax * inv rounded as the
+// passes round them): the product rounds to L itself, never past it. Away
+// from the binade's ends of the exponent range (where the common path
+// refuses the scale) both quotient and product only shift their exponent
+// with amax's, so this binade stands for every normal one.
+TEST_CASE("the integer grids' rounding needs no clamp: amax * (L / amax) rounds to L") {
+  for (const float levels : {dc::int8::levels, dc::int4::levels}) {
+    CAPTURE(levels);
+    std::uint32_t wrong = 0, above = 0, first_wrong = 0;
+    for (std::uint32_t m = 0; m < (1u << 23); ++m) {
+      const std::uint32_t bits = 0x3f800000u | m;  // 1 + m 2^-23
+      float amax;
+      std::memcpy(&amax, &bits, 4);
+      volatile float inv = levels / amax;  // rounded to float, as scale_of's
+      const volatile float y = amax * inv;  // rounded to float, as the passes' multiply
+      if (y > levels) ++above;
+      if (std::nearbyint(y) != levels && wrong++ == 0) first_wrong = bits;
+      if (std::nearbyint(-y) != -levels) ++wrong;
+    }
+    CAPTURE(first_wrong);
+    CHECK(wrong == 0);
+    // The case the clamp would have caught, were it needed: y past L.
+    CHECK(above > 0);
+  }
+}

@@ -64,6 +64,15 @@ DILOCO_AVX512_INLINE void put_nibbles16(unsigned char* out, __m512i c) {
   _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm512_cvtepi64_epi8(byte));
 }
 
+/// 32 four-bit codes given as the even elements' (`even`, lane i: element
+/// 2i) and the odd ones' (`odd`, lane i: element 2i + 1), each the low
+/// nibble of its int32 lane, as 16 bytes: byte i holds element 2i in its
+/// low nibble, 2i + 1 in its high one.
+DILOCO_AVX512_INLINE void put_pairs32(unsigned char* out, __m512i even, __m512i odd) {
+  const __m512i byte = _mm512_ternarylogic_epi32(_mm512_set1_epi32(0x0f), even, _mm512_slli_epi32(odd, 4), 0xca);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(byte));  // each lane's low byte
+}
+
 /// 32 four-bit codes (16 bytes, element 2i in the low nibble of byte i)
 /// looked up in a 16-entry table: the even elements' values into `even`,
 /// the odd ones' into `odd` (lane i: element 2i, 2i + 1).
@@ -88,7 +97,7 @@ struct ops;
 /// int8 and int4: int8's codes by sign extension and a conversion, int4's
 /// by one lookup in a 16-entry table of value(c) * scale (c's two's
 /// complement times the scale, each product rounded once, as the
-/// conversion's); grid_round's clamp and conversion to int32.
+/// conversion's); grid_round's conversion to int32.
 template <class Format>
   requires(std::is_same_v<Format, int8> || std::is_same_v<Format, int4>)
 struct ops<Format> {
@@ -117,9 +126,10 @@ struct ops<Format> {
   {
     nibbles32(in, r.scale, even, odd);
   }
+  /// round_even(y), as int32 in c, and back: grid_round's (no clamp to
+  /// [-L, L], which cannot act on the blocks round16 is called on).
   DILOCO_AVX512_INLINE static __m512 round16(__m512 y, code& c) {
-    c = _mm512_cvtps_epi32(_mm512_max_ps(_mm512_min_ps(y, _mm512_set1_ps(Format::levels)),
-                                         _mm512_set1_ps(-Format::levels)));
+    c = _mm512_cvtps_epi32(y);
     return _mm512_cvtepi32_ps(c);
   }
   /// The squares of the decoded grid values r * scale: int8's by two
@@ -386,11 +396,10 @@ DILOCO_AVX512_INLINE bool block_mean(const std::byte* const* in, std::size_t at,
   const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
   if constexpr (Format::bits == 4) {
     // Four-bit codes, 32 elements a step: each rank's 16 bytes looked up
-    // as its even and odd elements, summed so, and interleaved back into
-    // element order for the store (the same sums: each element's ranks in
-    // rank order).
-    const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    // as its even and odd elements, summed so (the same sums: each
+    // element's ranks in rank order), and stored so: the step's even
+    // elements at mean + j, its odd ones at mean + j + 16 (pairs order,
+    // which quantize_group reads).
     for (std::size_t j = 0; j < B; j += 32) {
       const std::size_t byte = j / 2;
       __m512 even, odd;
@@ -403,8 +412,8 @@ DILOCO_AVX512_INLINE bool block_mean(const std::byte* const* in, std::size_t at,
       }
       even = pow2 ? _mm512_mul_ps(even, rcp) : _mm512_div_ps(even, m);
       odd = pow2 ? _mm512_mul_ps(odd, rcp) : _mm512_div_ps(odd, m);
-      _mm512_store_ps(mean + j, _mm512_permutex2var_ps(even, lo, odd));
-      _mm512_store_ps(mean + j + 16, _mm512_permutex2var_ps(even, hi, odd));
+      _mm512_store_ps(mean + j, even);
+      _mm512_store_ps(mean + j + 16, odd);
       mbits = _mm512_max_epi32(mbits, _mm512_and_si512(_mm512_castps_si512(even), abs_mask));
       mbits = _mm512_max_epi32(mbits, _mm512_and_si512(_mm512_castps_si512(odd), abs_mask));
     }
@@ -489,11 +498,26 @@ DILOCO_AVX512_INLINE void quantize_group(const float* const* v, const detail::bl
     for (std::size_t p = 0; p < P; ++p) {
       const __m512 inv = _mm512_set1_ps(s[p]->inv);
       typename fmt::code q[2];
-      for (std::size_t k = 0; k < 2; ++k) {
-        const __m512 r = fmt::round16(_mm512_mul_ps(_mm512_load_ps(v[p] + j + 16 * k), inv), q[k]);
-        acc[p].add_sq(j + 16 * k, fmt::square16(r, q[k], nrm[p]));
+      if constexpr (Format::bits == 4) {
+        // The means in pairs order (block_mean): q[0] the step's even
+        // elements, q[1] its odd ones; their squares interleaved back into
+        // element order for the norm's lanes, the codes packed a pair a byte.
+        const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+        const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+        __m512 sq[2];
+        for (std::size_t k = 0; k < 2; ++k)
+          sq[k] = fmt::square16(fmt::round16(_mm512_mul_ps(_mm512_load_ps(v[p] + j + 16 * k), inv), q[k]), q[k],
+                                nrm[p]);
+        acc[p].add_sq(j, _mm512_permutex2var_ps(sq[0], lo, sq[1]));
+        acc[p].add_sq(j + 16, _mm512_permutex2var_ps(sq[0], hi, sq[1]));
+        put_pairs32(codes[p] + j / 2, q[0], q[1]);
+      } else {
+        for (std::size_t k = 0; k < 2; ++k) {
+          const __m512 r = fmt::round16(_mm512_mul_ps(_mm512_load_ps(v[p] + j + 16 * k), inv), q[k]);
+          acc[p].add_sq(j + 16 * k, fmt::square16(r, q[k], nrm[p]));
+        }
+        fmt::put32(codes[p] + j * Format::bits / 8, q);
       }
-      fmt::put32(codes[p] + j * Format::bits / 8, q);
     }
   for (std::size_t p = 0; p < P; ++p) *norm[p] = acc[p].tree();
 }
