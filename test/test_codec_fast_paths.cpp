@@ -456,17 +456,20 @@ std::vector<float> rounding_inputs() {
 
 template <class Format>
 void intrinsics_against_grid() {
-  // Rounding: every input against round<false> and code(). The integer
-  // grids' rounding takes only what the passes can hand it (no clamp:
-  // host_simd's grid_round; test_host_simd checks that amax * (L / amax)
-  // rounds to L), so their inputs are those within L + 1/2 (the grid
-  // points, the ties between them, their neighbours, L's upper neighbour);
-  // the others take every input.
+  // Rounding: every input against round<false> and code(). The roundings
+  // of the integer grids and the small floats take only what the passes
+  // can hand them, unclamped (test_host_simd: |y| is at most L's upper
+  // neighbour, and finite), so their inputs here are those within L + 1/2
+  // for the integer grids (the grid points, the ties between them, their
+  // neighbours) and within L's upper neighbour for the small floats; int2's
+  // comparisons take every input.
   auto ys = rounding_inputs<Format>();
-  if constexpr (std::is_same_v<Format, dc::int8> || std::is_same_v<Format, dc::int4>) {
+  if constexpr (!std::is_same_v<Format, dc::int2>) {
+    constexpr bool integer = std::is_same_v<Format, dc::int8> || std::is_same_v<Format, dc::int4>;
+    const float bound = integer ? Format::levels + 0.5f : std::nextafter(Format::levels, 1e30f);
     std::vector<float> within;
     for (const float y : ys)
-      if (std::fabs(y) < Format::levels + 0.5f) within.push_back(y);
+      if (integer ? std::fabs(y) < bound : std::fabs(y) <= bound) within.push_back(y);
     while (within.size() % 8 != 0) within.push_back(0.5f);
     REQUIRE(within.size() > ys.size() / 2);
     ys = within;

@@ -464,20 +464,24 @@ TEST_CASE("host SIMD passes take the codecs they claim and no others") {
   CHECK_FALSE(supports<cp::blockwise_codec<dc::int2, 128, cp::stochastic_rounding>>::value);
 }
 
-// The integer grids' vector rounding (host_simd's grid_round, and its
-// AVX-512 twin) converts y = x * inv to the nearest integer without the
-// portable code's clamp to [-L, L]: on a block on the common path inv is
-// L / amax rounded once and |x| <= amax, so the largest |y| is that of
-// x = amax, and rounding is monotone. Checked here for every amax of the
-// binade [1, 2) (2^23 values, each L / amax and amax * inv rounded as the
-// passes round them): the product rounds to L itself, never past it. Away
-// from the binade's ends of the exponent range (where the common path
-// refuses the scale) both quotient and product only shift their exponent
+// The vector roundings (host_simd's grid_round and the small floats'
+// round8 and codes8, and their AVX-512 twins) take |y| unclamped, where the
+// portable code clamps it to L: on a block on the common path y = x * inv
+// with inv = L / amax rounded once and |x| <= amax, so the largest |y| is
+// that of x = amax (rounding is monotone), and that must be L or one of its
+// two neighbours, which every grid rounds to L (test_codec_fast_paths
+// checks the roundings on inputs up to L's upper neighbour against the
+// grids' definitions). Checked here for every amax of the binade [1, 2)
+// (2^23 values, L / amax and amax * inv each rounded to float as the passes
+// round them). Away from the ends of the exponent range, where the common
+// path refuses the scale, quotient and product only shift their exponents
 // with amax's, so this binade stands for every normal one.
-TEST_CASE("the integer grids' rounding needs no clamp: amax * (L / amax) rounds to L") {
-  for (const float levels : {dc::int8::levels, dc::int4::levels}) {
+TEST_CASE("the roundings need no clamp: amax * (L / amax) is L or a neighbour of L") {
+  for (const float levels : {dc::int8::levels, dc::int4::levels, dc::fp8_e4m3::levels, dc::fp8_e5m2::levels,
+                             dc::fp4_e3m0::levels}) {
     CAPTURE(levels);
-    std::uint32_t wrong = 0, above = 0, first_wrong = 0;
+    const float below = std::nextafter(levels, 0.0f), above_l = std::nextafter(levels, 1e30f);
+    std::uint32_t outside = 0, above = 0, first_outside = 0;
     for (std::uint32_t m = 0; m < (1u << 23); ++m) {
       const std::uint32_t bits = 0x3f800000u | m;  // 1 + m 2^-23
       float amax;
@@ -485,12 +489,11 @@ TEST_CASE("the integer grids' rounding needs no clamp: amax * (L / amax) rounds 
       volatile float inv = levels / amax;  // rounded to float, as scale_of's
       const volatile float y = amax * inv;  // rounded to float, as the passes' multiply
       if (y > levels) ++above;
-      if (std::nearbyint(y) != levels && wrong++ == 0) first_wrong = bits;
-      if (std::nearbyint(-y) != -levels) ++wrong;
+      if ((y < below || y > above_l) && outside++ == 0) first_outside = bits;
     }
-    CAPTURE(first_wrong);
-    CHECK(wrong == 0);
-    // The case the clamp would have caught, were it needed: y past L.
-    CHECK(above > 0);
+    CAPTURE(first_outside);
+    CHECK(outside == 0);
+    // The case a clamp would have acted on: y past L (for some L only).
+    if (levels == dc::int8::levels || levels == dc::int4::levels) CHECK(above > 0);
   }
 }

@@ -287,7 +287,10 @@ struct ops<Format> : multiplied_squares {
   }
   DILOCO_AVX2_INLINE static __m256 round8(__m256 y, __m256i& code) {
     const __m256 sign_bit = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0x80000000u)));
-    const __m256 a = _mm256_min_ps(_mm256_andnot_ps(sign_bit, y), _mm256_set1_ps(Format::levels));
+    // |y|, unclamped: on the blocks round8 takes |y| <= L (1 + 2^-24)^2,
+    // which rounds to L (grid_round's bound; L is a grid value far more
+    // than that below the next binade's midpoint), and y is finite.
+    const __m256 a = _mm256_andnot_ps(sign_bit, y);
     // 2^e of a's binade (its exponent field alone), at least the smallest
     // normal's 2^(1 - bias) (which zero and the subnormals take), times
     // 2^(23 - M): an exact power of two whose ulp is the format's spacing.
@@ -296,8 +299,8 @@ struct ops<Format> : multiplied_squares {
     const __m256 magic = _mm256_mul_ps(binade, _mm256_set1_ps(static_cast<float>(1u << (23 - M))));
     const __m256 r = _mm256_sub_ps(_mm256_add_ps(a, magic), magic);
     const __m256i mag = _mm256_srli_epi32(_mm256_castps_si256(_mm256_mul_ps(r, _mm256_set1_ps(down))), 23 - M);
-    // The sign where y < 0 (so -NaN, as round(), saturates to +L), then
-    // + 0: -0 (y < 0 rounded to zero) becomes +0, code 0.
+    // The sign where y < 0, then + 0: -0 (y < 0 rounded to zero) becomes
+    // +0, code 0.
     const __m256 neg = _mm256_and_ps(_mm256_cmp_ps(y, _mm256_setzero_ps(), _CMP_LT_OQ), sign_bit);
     const __m256 rs = _mm256_add_ps(_mm256_or_ps(r, neg), _mm256_setzero_ps());
     code = _mm256_or_si256(mag, _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(rs), 24), _mm256_set1_epi32(0x80)));
@@ -311,7 +314,7 @@ struct ops<Format> : multiplied_squares {
 /// fp4 e3m0: decoding looks each magnitude up in a table of the eight
 /// value(m) * scale (vpermps), the sign ORed in (so make_rank refuses a
 /// non-finite amax, whose NaN products would keep their own sign). Rounding
-/// of |y| (clamped to L) to nearest with ties to the even code: at or above
+/// of |y| to nearest with ties to the even code: at or above
 /// the smallest normal 2^(1 - bias), on the bit pattern (half an exponent
 /// step less one plus the exponent's lowest bit, which is the code's,
 /// then truncated); below it, 0 or 2^(1 - bias), ties to 0 (codes8); the
@@ -348,17 +351,19 @@ struct ops<Format> {
                           grid::value_branchless(6), grid::value_branchless(7));
   }
   /// The codes of y (returned), their magnitude codes `mag` and the lanes
-  /// whose sign is set (`neg`, all ones). |y| clamped to L, with its
+  /// whose sign is set (`neg`, all ones). |y| (unclamped: on the blocks
+  /// codes8 takes, |y| <= L (1 + 2^-24)^2, whose exponent field is L's,
+  /// a power of two, and y is finite), with its
   /// exponent field rounded to nearest on the bit pattern (half an exponent
   /// step less one plus the exponent's lowest bit, the code's, then
   /// truncated) less 127 - bias is the code where |y| is normal; below the
   /// smallest normal that is at most 0, and the code is 1 (the normal)
   /// where |y| exceeds half of it, else 0: so max(code, 1) where |y| > half
   /// the normal (which every normal |y| is), else 0. The sign where y < 0
-  /// and the code is not 0 (so -NaN, as round(), saturates to +L).
+  /// and the code is not 0.
   DILOCO_AVX2_INLINE static __m256i codes8(__m256 y, __m256i& mag, __m256i& neg) {
     const __m256i sign_bit = _mm256_set1_epi32(static_cast<int>(0x80000000u));
-    const __m256 a = _mm256_min_ps(_mm256_andnot_ps(_mm256_castsi256_ps(sign_bit), y), _mm256_set1_ps(Format::levels));
+    const __m256 a = _mm256_andnot_ps(_mm256_castsi256_ps(sign_bit), y);
     const __m256i ab = _mm256_castps_si256(a);
     const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(ab, 23), _mm256_set1_epi32(1));
     const __m256i e = _mm256_sub_epi32(

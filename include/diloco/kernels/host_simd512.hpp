@@ -193,8 +193,8 @@ struct ops<Format> {
   }
   DILOCO_AVX512_INLINE static __m512 round16(__m512 y, code& c) {
     const __m512i sign_bit = _mm512_set1_epi32(static_cast<int>(0x80000000u));
-    const __m512 a = _mm512_min_ps(_mm512_castsi512_ps(_mm512_andnot_si512(sign_bit, _mm512_castps_si512(y))),
-                                   _mm512_set1_ps(Format::levels));
+    // |y|, unclamped, as ops<Format>::round8's.
+    const __m512 a = _mm512_castsi512_ps(_mm512_andnot_si512(sign_bit, _mm512_castps_si512(y)));
     const __m512 binade =
         _mm512_max_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32(0x7f800000))),
                       _mm512_set1_ps(kernels::minifloat_grid<Format>::value_branchless(1u << M)));
@@ -261,8 +261,8 @@ struct ops<Format> {
   /// is not 0.
   DILOCO_AVX512_INLINE static __m512i codes16(__m512 y) {
     const __m512i sign_bit = _mm512_set1_epi32(static_cast<int>(0x80000000u));
-    const __m512 a = _mm512_min_ps(_mm512_castsi512_ps(_mm512_andnot_si512(sign_bit, _mm512_castps_si512(y))),
-                                   _mm512_set1_ps(Format::levels));
+    // |y|, unclamped, as ops<fp4_e3m0>::codes8's.
+    const __m512 a = _mm512_castsi512_ps(_mm512_andnot_si512(sign_bit, _mm512_castps_si512(y)));
     const __m512i ab = _mm512_castps_si512(a);
     const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(ab, 23), _mm512_set1_epi32(1));
     const __m512i e = _mm512_sub_epi32(
