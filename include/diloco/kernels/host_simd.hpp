@@ -366,9 +366,10 @@ struct ops<Format> {
     const __m256 a = _mm256_andnot_ps(_mm256_castsi256_ps(sign_bit), y);
     const __m256i ab = _mm256_castps_si256(a);
     const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(ab, 23), _mm256_set1_epi32(1));
-    const __m256i e = _mm256_sub_epi32(
-        _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(ab, _mm256_set1_epi32(0x3fffff)), odd), 23),
-        _mm256_set1_epi32(127 - bias));
+    // ((ab + 0x3fffff + odd) >> 23) - (127 - bias), the subtraction moved
+    // under an arithmetic shift (which floors: the same integer).
+    const __m256i e = _mm256_srai_epi32(
+        _mm256_add_epi32(_mm256_add_epi32(ab, _mm256_set1_epi32(0x3fffff - ((127 - bias) << 23))), odd), 23);
     const float min_normal = kernels::minifloat_grid<Format>::value_branchless(1);
     const __m256i nz = _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(0.5f * min_normal), _CMP_GT_OQ));
     mag = _mm256_and_si256(_mm256_max_epi32(e, _mm256_set1_epi32(1)), nz);

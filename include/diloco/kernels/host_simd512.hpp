@@ -265,9 +265,8 @@ struct ops<Format> {
     const __m512 a = _mm512_castsi512_ps(_mm512_andnot_si512(sign_bit, _mm512_castps_si512(y)));
     const __m512i ab = _mm512_castps_si512(a);
     const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(ab, 23), _mm512_set1_epi32(1));
-    const __m512i e = _mm512_sub_epi32(
-        _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(ab, _mm512_set1_epi32(0x3fffff)), odd), 23),
-        _mm512_set1_epi32(127 - bias));
+    const __m512i e = _mm512_srai_epi32(  // as codes8's
+        _mm512_add_epi32(_mm512_add_epi32(ab, _mm512_set1_epi32(0x3fffff - ((127 - bias) << 23))), odd), 23);
     const float min_normal = kernels::minifloat_grid<Format>::value_branchless(1);
     const __mmask16 nz = _mm512_cmp_ps_mask(a, _mm512_set1_ps(0.5f * min_normal), _CMP_GT_OQ);
     const __m512i mag = _mm512_maskz_max_epi32(nz, e, _mm512_set1_epi32(1));
