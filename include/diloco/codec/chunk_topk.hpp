@@ -248,12 +248,13 @@ struct chunk_topk_codec {
     std::size_t e = 0;
     if (t == hi) {
       // Nothing exceeds the bound: the first n of the elements equal to it,
-      // in position order (rows in order, each row's warm columns in order).
+      // in position order (rows in order, each row's warm columns in order),
+      // stopping at the n-th (a flat chunk has it early in its first row).
       for (std::size_t i = 0; i < 8 && e < n; ++i)
-        for (std::size_t q = 0; q < w; ++q) {
+        for (std::size_t q = 0; q < w && e < n; ++q) {
           const std::size_t j = i * groups + warm[q];
           idx[e] = j;
-          e += static_cast<std::size_t>(magnitude(j) == t) & static_cast<std::size_t>(e < n);
+          e += static_cast<std::size_t>(magnitude(j) == t);
         }
       return;
     }
