@@ -254,7 +254,7 @@ struct ops<Format> : multiplied_squares {
 /// ones, the spacing matching); one multiply by scale * 2^(127 - bias) is
 /// then value(q) * scale, one rounding of the same real product (make_rank
 /// refuses a scale whose multiplier overflows, from amax ~1e5 for e4m3).
-/// Rounding: |y| clamped to L, added to and subtracted from 2^(e - M + 23),
+/// Rounding: |y| (at most L's upper neighbour: round8), added to and subtracted from 2^(e - M + 23),
 /// 2^e its binade (its exponent field alone, at least the smallest
 /// normal's), which rounds it to the format's spacing there, ties to the
 /// even multiple (the even code); the magnitude code is the bits of
