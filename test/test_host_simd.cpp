@@ -473,9 +473,11 @@ TEST_CASE("host SIMD passes take the codecs they claim and no others") {
 // checks the roundings on inputs up to L's upper neighbour against the
 // grids' definitions). Checked here for every amax of the binade [1, 2)
 // (2^23 values, L / amax and amax * inv each rounded to float as the passes
-// round them). Away from the ends of the exponent range, where the common
-// path refuses the scale, quotient and product only shift their exponents
-// with amax's, so this binade stands for every normal one.
+// round them). For every finite amax the common path takes, L / amax and
+// the product stay normal (L >= 3 keeps the quotient above 2^-126 for every
+// finite amax; a quotient that overflows, or a subnormal scale, leaves the
+// path), so both only shift their exponents with amax's, and this binade
+// stands for every one.
 TEST_CASE("the roundings need no clamp: amax * (L / amax) is L or a neighbour of L") {
   for (const float levels : {dc::int8::levels, dc::int4::levels, dc::fp8_e4m3::levels, dc::fp8_e5m2::levels,
                              dc::fp4_e3m0::levels}) {
