@@ -350,8 +350,8 @@ struct ops<Format> {
                           grid::value_branchless(3), grid::value_branchless(4), grid::value_branchless(5),
                           grid::value_branchless(6), grid::value_branchless(7));
   }
-  /// The codes of y (returned), their magnitude codes `mag` and the lanes
-  /// whose sign is set (`neg`, all ones). |y| (unclamped: on the blocks
+  /// The codes of y (returned), their magnitude codes `mag` and their sign
+  /// (`sign`: fp32's sign bit where it is set). |y| (unclamped: on the blocks
   /// codes8 takes, |y| <= L (1 + 2^-24)^2, whose exponent field is L's,
   /// a power of two, and y is finite), with its
   /// exponent field rounded to nearest on the bit pattern (half an exponent
@@ -361,7 +361,7 @@ struct ops<Format> {
   /// where |y| exceeds half of it, else 0: so max(code, 1) where |y| > half
   /// the normal (which every normal |y| is), else 0. The sign where y < 0
   /// and the code is not 0.
-  DILOCO_AVX2_INLINE static __m256i codes8(__m256 y, __m256i& mag, __m256i& neg) {
+  DILOCO_AVX2_INLINE static __m256i codes8(__m256 y, __m256i& mag, __m256i& sign) {
     const __m256i sign_bit = _mm256_set1_epi32(static_cast<int>(0x80000000u));
     const __m256 a = _mm256_andnot_ps(_mm256_castsi256_ps(sign_bit), y);
     const __m256i ab = _mm256_castps_si256(a);
@@ -373,18 +373,19 @@ struct ops<Format> {
     const float min_normal = kernels::minifloat_grid<Format>::value_branchless(1);
     const __m256i nz = _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(0.5f * min_normal), _CMP_GT_OQ));
     mag = _mm256_and_si256(_mm256_max_epi32(e, _mm256_set1_epi32(1)), nz);
-    neg = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(y, _mm256_setzero_ps(), _CMP_LT_OQ)), nz);
-    return _mm256_or_si256(mag, _mm256_and_si256(neg, _mm256_set1_epi32(0x8)));
+    // y's sign bit where the code is not 0 (y < 0 there: -0 has code 0),
+    // moved down to the code's bit 3.
+    sign = _mm256_and_si256(_mm256_and_si256(_mm256_castps_si256(y), nz), sign_bit);
+    return _mm256_or_si256(mag, _mm256_srli_epi32(sign, 28));
   }
-  /// table[mag] with the sign of `neg` ORed in.
-  DILOCO_AVX2_INLINE static __m256 signed_lookup(__m256 table, __m256i mag, __m256i neg) {
-    return _mm256_or_ps(_mm256_permutevar8x32_ps(table, mag),
-                        _mm256_castsi256_ps(_mm256_and_si256(neg, _mm256_set1_epi32(static_cast<int>(0x80000000u)))));
+  /// table[mag] with `sign` ORed in.
+  DILOCO_AVX2_INLINE static __m256 signed_lookup(__m256 table, __m256i mag, __m256i sign) {
+    return _mm256_or_ps(_mm256_permutevar8x32_ps(table, mag), _mm256_castsi256_ps(sign));
   }
   DILOCO_AVX2_INLINE static __m256 round8(__m256 y, __m256i& code) {
-    __m256i mag, neg;
-    code = codes8(y, mag, neg);
-    return signed_lookup(values8(), mag, neg);
+    __m256i mag, sign;
+    code = codes8(y, mag, sign);
+    return signed_lookup(values8(), mag, sign);
   }
   /// The square of the decoding r * scale, looked up by the magnitude's
   /// code (the sign does not change it) in the eight (value(m) * scale)^2:
@@ -408,9 +409,9 @@ struct ops<Format> {
   };
   DILOCO_AVX2_INLINE static products make_products(__m256 scale) { return {_mm256_mul_ps(values8(), scale)}; }
   DILOCO_AVX2_INLINE static __m256 round_dq8(__m256 y, __m256i& code, const products& p) {
-    __m256i mag, neg;
-    code = codes8(y, mag, neg);
-    return signed_lookup(p.t, mag, neg);
+    __m256i mag, sign;
+    code = codes8(y, mag, sign);
+    return signed_lookup(p.t, mag, sign);
   }
   DILOCO_AVX2_INLINE static void put32(unsigned char* out, const __m256i* c) {
     put_codes32<4>(out, c[0], c[1], c[2], c[3]);
