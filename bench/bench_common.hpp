@@ -7,6 +7,8 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +16,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "diloco/core/mix64.hpp"
 
 #if defined(__unix__)
 #include <sys/wait.h>
@@ -169,6 +173,24 @@ inline void fill(std::span<float> v, float base) {
   const auto n = static_cast<std::ptrdiff_t>(v.size());
 #pragma omp parallel for schedule(static)
   for (std::ptrdiff_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = base + 1e-7f * static_cast<float>(i % 1000);
+}
+
+// Normal draws of mean `mean` and deviation `sd` (Box-Muller on two
+// uniforms hashed from `seed` and the index: the same values whatever the
+// thread count), added to v where `add`, else written; parallel first touch
+// as fill's.
+inline void fill_normal(std::span<float> v, double mean, double sd, std::uint64_t seed, bool add = false) {
+  const auto n = static_cast<std::ptrdiff_t>(v.size());
+  const double two_pi = 6.283185307179586;
+#pragma omp parallel for schedule(static)
+  for (std::ptrdiff_t i = 0; i < n; ++i) {
+    const std::uint64_t h = diloco::detail::mix64(seed * 0x9e3779b97f4a7c15ULL + static_cast<std::uint64_t>(i));
+    const double u1 = (static_cast<double>(h >> 40) + 0.5) / 16777216.0;  // (0, 1): 24 bits
+    const double u2 = static_cast<double>((h >> 16) & 0xffffffu) / 16777216.0;
+    const auto x = static_cast<float>(mean + sd * std::sqrt(-2.0 * std::log(u1)) * std::cos(two_pi * u2));
+    float& at = v[static_cast<std::size_t>(i)];
+    at = add ? at + x : x;
+  }
 }
 
 }  // namespace bench

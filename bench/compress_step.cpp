@@ -32,26 +32,40 @@ namespace cp = diloco::compress;
 
 namespace {
 
-// One worker's round over one tensor of n parameters: theta_global, the
-// error-feedback residual and its successor, the outer momentum (flat), the
-// replica the encode reads and the one the outer step writes. They are two:
-// with one, the first outer step's copy-back makes the replica equal
-// theta_global, and every later encode would time all-zero pseudo-gradients
-// (without error feedback), a special case rather than the round's work.
+// One worker's round over one tensor of n parameters: theta_global as the
+// encode reads it and as the outer step writes it, the error-feedback
+// residual and its successor, the outer momentum (flat), the replica the
+// encode reads and the one the outer step writes. The encode's inputs are
+// not written by any pass: with one theta_global or one replica the outer
+// steps would move theta_global towards the replica (its copy-back makes
+// them equal), and every later encode would time a pseudo-gradient that
+// shrinks round by round to a few ulps of the parameters (nearly constant:
+// what this benchmark timed before 2026-12-01, when every pseudo-gradient
+// was one value plus a ramp), a special case rather than the round's work.
+// The replica holds normal draws of deviation 0.02 (initialised weights)
+// and theta_global that plus normal draws of deviation 1e-3 (a phase's
+// progress), so each block's pseudo-gradient spreads as a real one does:
+// the magnitudes chunk_topk selects among, the codes of every grid value.
 struct round_buffers {
   struct flat_buffers {
-    std::vector<float> global, residual, next, momentum;
+    std::vector<float> global, stepped, residual, next, momentum;
   } flat;
   std::vector<float> local, applied;
   std::vector<float*> ptrs, applied_ptrs;
   std::vector<std::size_t> offsets{0};
   explicit round_buffers(std::size_t n)
-      : flat{std::vector<float>(n), std::vector<float>(n), std::vector<float>(n), std::vector<float>(n)},
+      : flat{std::vector<float>(n), std::vector<float>(n), std::vector<float>(n), std::vector<float>(n),
+             std::vector<float>(n)},
         local(n),
         applied(n) {
-    bench::fill(flat.global, 1.0f);
-    bench::fill(local, 0.999f);
-    bench::fill(applied, 0.999f);
+    bench::fill_normal(local, 0.0, 0.02, 1);
+    bench::fill(flat.global, 0.0f);
+    for (std::size_t i = 0; i < n; ++i) flat.global[i] = local[i];
+    bench::fill_normal(flat.global, 0.0, 1e-3, 2, true);
+    bench::fill(flat.stepped, 0.0f);
+    for (std::size_t i = 0; i < n; ++i) flat.stepped[i] = flat.global[i];
+    bench::fill(applied, 0.0f);
+    for (std::size_t i = 0; i < n; ++i) applied[i] = local[i];
     bench::fill(flat.residual, 0.0f);
     bench::fill(flat.next, 0.0f);
     bench::fill(flat.momentum, 0.0f);
@@ -103,6 +117,7 @@ void run(const char* name, std::size_t n, int world, int reps, Triad&& triad) {
   // Plain references, not a structured binding: Clang before 16 cannot
   // capture a binding in the lambdas below.
   std::vector<float>& global = b.flat.global;
+  std::vector<float>& stepped = b.flat.stepped;
   std::vector<float>& residual = b.flat.residual;
   std::vector<float>& next = b.flat.next;
   std::vector<float>& momentum = b.flat.momentum;
@@ -122,25 +137,35 @@ void run(const char* name, std::size_t n, int world, int reps, Triad&& triad) {
   const double encode_bytes = (ef ? 16.0 : 8.0) + enc;
 
   // Stages 3+4 for one shard: read M encodings of the shard, write one.
+  // The M received segments lie in M buffers, as in a receiver's M slots
+  // (each a copy of this encode's shard: the same bytes), so the pass reads
+  // M streams; until 2026-12-01 all M pointed at one buffer, which the
+  // pass read M times, mostly from cache.
   const int shard = 0;
   const std::size_t shard_blocks = layout.blocks_in(shard);
   std::vector<std::byte> out(shard_blocks * stride);
-  std::vector<const std::byte*> received(static_cast<std::size_t>(world), payload.data());
+  encode();
+  std::vector<std::vector<std::byte>> slots(static_cast<std::size_t>(world),
+                                            std::vector<std::byte>(payload.begin(),
+                                                                   payload.begin() + static_cast<std::ptrdiff_t>(shard_blocks * stride)));
+  std::vector<const std::byte*> received;
+  for (const auto& slot : slots) received.push_back(slot.data());
   const dc::kernels::reduce_shard<codec> reduce_pass{c,   layout.blocks(), offsets.data(), received.data(),
                                                      world, out.data(),     stride,         2};
   auto reduce = [&] { ex.transform_reduce(shard_blocks, reduce_pass); };
   const double shard_elements = static_cast<double>(layout.elements_in(shard));
   const double reduce_bytes = (world + 1) * enc;
 
-  // Stage 7 over all shards: read the mean's encoding, momentum and global,
-  // write momentum, global and local.
+  // Stage 7 over all shards: read the mean's encoding, momentum and
+  // theta_global, write momentum, theta_global and the replica (`stepped`
+  // and `applied`: not the encode's inputs, round_buffers says why).
   const auto nesterov = dc::outer::nesterov::make_update({}, 2);
   auto apply_with = [&](auto merge) {
     for (int s = 0; s < world; ++s)
       ex.for_each(layout.blocks_in(s),
                   dc::kernels::decode_apply<codec, dc::kernels::sgd_update, decltype(merge)>{
                       c, nesterov, layout.blocks() + layout.first_block(s), b.applied_table(),
-                      payload.data() + layout.first_block(s) * stride, stride, global.data(), momentum.data(), n,
+                      payload.data() + layout.first_block(s) * stride, stride, stepped.data(), momentum.data(), n,
                       merge});
   };
   auto apply = [&] { apply_with(dc::kernels::merge::overwrite{}); };
@@ -257,12 +282,16 @@ void run_gathered(const char* name, std::size_t n, int world, int reps, Triad&& 
                                                                    0.95f});
   };
   const double encode_bytes = (ef ? 16.0 : 8.0) + enc;
-  std::vector<const std::byte*> payloads(static_cast<std::size_t>(world), payload.data());
+  // The M gathered segments in M buffers (copies of this encode's), as run()'s reduction reads them.
+  encode();
+  std::vector<std::vector<std::byte>> slots(static_cast<std::size_t>(world), payload);
+  std::vector<const std::byte*> payloads;
+  for (const auto& slot : slots) payloads.push_back(slot.data());
   const auto nesterov = dc::outer::nesterov::make_update({}, 2);
   auto aggregate = [&] {
     ex.for_each(layout.block_count(),
                 dc::kernels::gathered_decode_apply<codec, dc::kernels::sgd_update>{
-                    c, nesterov, layout.blocks(), b.applied_table(), payloads.data(), world, stride, global.data(),
+                    c, nesterov, layout.blocks(), b.applied_table(), payloads.data(), world, stride, b.flat.stepped.data(),
                     momentum.data(), n});
   };
   const double aggregate_bytes = world * enc + 20.0;
