@@ -45,6 +45,29 @@ inline void or_field(std::byte* p, std::size_t i, int bits, unsigned v) {
   for (std::size_t b = bit / 8; w != 0; ++b, w >>= 8) p[b] |= static_cast<std::byte>(w & 0xffu);
 }
 
+// Fields 0 .. n - 1 of `bits` bits (1 <= bits <= 32), field e the value
+// v(e) (below 2^bits), as the first ceil(n bits / 8) bytes of the
+// little-endian bit stream at p, the last byte's unused high bits zero:
+// the bytes or_field gives field by field on a zeroed stream, written 32
+// bits at a time (as four bytes, lowest first) instead of a byte loop per
+// field.
+template <class Field>
+inline void pack_fields(std::byte* p, std::size_t n, int bits, Field&& v) {
+  std::uint64_t acc = 0;  // the stream's bits not yet written, from its lowest
+  int filled = 0;         // how many: below 32 between fields
+  for (std::size_t e = 0; e < n; ++e) {
+    acc |= static_cast<std::uint64_t>(v(e)) << filled;
+    filled += bits;
+    if (filled >= 32) {
+      for (int b = 0; b < 4; ++b) p[b] = static_cast<std::byte>((acc >> (8 * b)) & 0xffu);
+      p += 4;
+      acc >>= 32;
+      filled -= 32;
+    }
+  }
+  for (; filled > 0; filled -= 8, acc >>= 8) *p++ = static_cast<std::byte>(acc & 0xffu);
+}
+
 // Stochastic rounding's draw for selected entry e (element index0 +
 // idx[e]), and none: functors rather than lambdas, which nvcc would make
 // host-only inside this host function.
@@ -149,10 +172,8 @@ struct chunk_topk_codec {
       kernels::quantize_block<false>(sel, n, amax, g, q, sdq, detail_bits::no_draw{});
     std::memset(out, 0, stride());
     std::memcpy(out, &amax, 4);
-    for (std::size_t e = 0; e < n; ++e) {
-      detail_bits::or_field(out + 4, e, value_bits, g.code(q[e]));
-      detail_bits::or_field(out + 4 + value_bytes, e, index_bits, static_cast<unsigned>(idx[e]));
-    }
+    detail_bits::pack_fields(out + 4, n, value_bits, [&](std::size_t e) { return g.code(q[e]); });
+    detail_bits::pack_fields(out + 4 + value_bytes, n, index_bits, [&](std::size_t e) { return static_cast<unsigned>(idx[e]); });
     return n;
   }
 
