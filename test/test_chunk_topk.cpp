@@ -98,13 +98,20 @@ TEST_CASE("chunk_topk selects exactly the K largest magnitudes, ties to the lowe
 // in the tie pass, either search or the bound fails this case), against
 // the reference sort; 300 random chunks with heavy ties besides.
 TEST_CASE("chunk_topk's bounded selection: every way through it equals a full sort") {
+  // Both forms: the portable one, and where the CPU has AVX-512 the one
+  // whose compactions and searches run in it (select<true>).
   auto check = [](auto codec, const std::vector<float>& v) {
     using C = decltype(codec);
-    std::vector<std::uint64_t> got(C::block, ~0ULL);
-    C::select(v.data(), v.size(), C::k, got.data());
     const auto want = reference_topk(v, C::k);
     REQUIRE(want.size() == C::k);
+    std::vector<std::uint64_t> got(C::block, ~0ULL);
+    C::select(v.data(), v.size(), C::k, got.data());
     for (std::size_t e = 0; e < C::k; ++e) REQUIRE(got[e] == want[e]);
+    if (dc::kernels::host_simd::avx512()) {
+      std::vector<std::uint64_t> wide(C::block, ~0ULL);
+      C::template select<true>(v.data(), v.size(), C::k, wide.data());
+      for (std::size_t e = 0; e < C::k; ++e) REQUIRE(wide[e] == want[e]);
+    }
   };
   using S = cp::chunk_topk_codec<4096, 64, dc::int2, cp::round_nearest>;
   auto tiny = random_normals(4096, 11, 1e-6f);

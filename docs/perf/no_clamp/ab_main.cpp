@@ -4,16 +4,20 @@
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
+#include <string>
 extern "C" double run_old(const char*, int, std::vector<unsigned char>*);
 extern "C" double run_new(const char*, int, std::vector<unsigned char>*);
 extern "C" double run_old_enc(const char*, int, std::vector<unsigned char>*);
 extern "C" double run_new_enc(const char*, int, std::vector<unsigned char>*);
+extern "C" double run_old_ct(const char*, int, std::vector<unsigned char>*);
+extern "C" double run_new_ct(const char*, int, std::vector<unsigned char>*);
 int main(int argc, char** argv) {
   const char* f = argc > 1 ? argv[1] : "int4";
   int which = argc > 2 ? std::atoi(argv[2]) : 0;
   int n = argc > 3 ? std::atoi(argv[3]) : 10;
   const bool enc = argc > 4;
-  auto fo = enc ? run_old_enc : run_old; auto fn = enc ? run_new_enc : run_new;
+  const bool ct = std::string(f) == "ct";
+  auto fo = ct ? run_old_ct : enc ? run_old_enc : run_old; auto fn = ct ? run_new_ct : enc ? run_new_enc : run_new;
   std::vector<double> a, b;
   std::vector<unsigned char> oa, ob;
   for (int i = 0; i < n; ++i) { a.push_back(fo(f, which, &oa)); b.push_back(fn(f, which, &ob)); }

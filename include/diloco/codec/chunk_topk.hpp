@@ -12,6 +12,7 @@
 #include "diloco/codec/float_formats.hpp"
 #include "diloco/codec/formats.hpp"
 #include "diloco/core/error.hpp"
+#include "diloco/core/host_cpu.hpp"
 #include "diloco/core/macros.hpp"
 #include "diloco/codec/grids.hpp"
 #include "diloco/codec/quantize.hpp"
@@ -81,6 +82,142 @@ struct no_draw {
 };
 
 }  // namespace detail_bits
+
+#if defined(DILOCO_HOST_SIMD_X86)
+/// The bounded selection's compactions in AVX-512 (chunk_topk_codec::
+/// select<true>, which runs them where kernels::host_simd::avx512()): 16
+/// lanes compared at once and the ones kept packed by a compress, where the
+/// portable loops store every element and move on by one compare each. The
+/// same elements in the same order.
+namespace detail_topk512 {
+
+/// The lanes of [0, count) still inside the arrays, as a mask.
+__attribute__((target(DILOCO_HOST_AVX512_TARGET), always_inline)) inline __mmask16 live(std::size_t i, std::size_t count) {
+  return count - i >= 16 ? static_cast<__mmask16>(0xffffu) : static_cast<__mmask16>((1u << (count - i)) - 1u);
+}
+
+/// Each i in [0, count) with key[i] >= bound, in order: key[i] into
+/// out_key (unless null) and val[i] (i where val is null) into out_val;
+/// returns how many. The outputs have room for count + 16 (each step
+/// stores 16 lanes).
+__attribute__((target(DILOCO_HOST_AVX512_TARGET))) inline std::size_t compact_at_least(
+    const std::uint32_t* key, const std::uint32_t* val, std::size_t count, std::uint32_t bound,
+    std::uint32_t* out_key, std::uint32_t* out_val) {
+  const __m512i b = _mm512_set1_epi32(static_cast<int>(bound));
+  __m512i index = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i step = _mm512_set1_epi32(16);
+  std::size_t c = 0;
+  for (std::size_t i = 0; i < count; i += 16) {
+    const __mmask16 in = live(i, count);
+    const __m512i k = _mm512_maskz_loadu_epi32(in, key + i);
+    const __mmask16 keep = _mm512_mask_cmpge_epu32_mask(in, k, b);
+    if (out_key) _mm512_storeu_si512(out_key + c, _mm512_maskz_compress_epi32(keep, k));
+    const __m512i v = val ? _mm512_maskz_loadu_epi32(in, val + i) : index;
+    _mm512_storeu_si512(out_val + c, _mm512_maskz_compress_epi32(keep, v));
+    c += static_cast<std::size_t>(__builtin_popcount(keep));
+    index = _mm512_add_epi32(index, step);
+  }
+  return c;
+}
+
+/// The elements of v at i * groups + warm[q] (rows i = 0..7 in order, each
+/// row's q < w in order) whose magnitude (|v| bits) is at least t: their
+/// magnitudes into cm and positions into pos, in that order; returns how
+/// many. cm and pos have room for 8 w + 16.
+__attribute__((target(DILOCO_HOST_AVX512_TARGET))) inline std::size_t gather_at_least(
+    const float* v, std::size_t groups, const std::uint32_t* warm, std::size_t w, std::uint32_t t, std::uint32_t* cm,
+    std::uint32_t* pos) {
+  const __m512i bound = _mm512_set1_epi32(static_cast<int>(t));
+  const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
+  std::size_t c = 0;
+  for (std::size_t i = 0; i < 8; ++i) {
+    const __m512i row = _mm512_set1_epi32(static_cast<int>(i * groups));
+    for (std::size_t q = 0; q < w; q += 16) {
+      const __mmask16 in = live(q, w);
+      const __m512i j = _mm512_add_epi32(_mm512_maskz_loadu_epi32(in, warm + q), row);
+      const __m512i m =
+          _mm512_and_si512(_mm512_mask_i32gather_epi32(_mm512_setzero_si512(), in, j, v, 4), magnitude);
+      const __mmask16 keep = _mm512_mask_cmpge_epu32_mask(in, m, bound);
+      _mm512_storeu_si512(cm + c, _mm512_maskz_compress_epi32(keep, m));
+      _mm512_storeu_si512(pos + c, _mm512_maskz_compress_epi32(keep, j));
+      c += static_cast<std::size_t>(__builtin_popcount(keep));
+    }
+  }
+  return c;
+}
+
+/// How many of x[0, count) are at least y.
+__attribute__((target(DILOCO_HOST_AVX512_TARGET), always_inline)) inline std::size_t count_at_least(
+    const std::uint32_t* x, std::size_t count, std::uint32_t y) {
+  const __m512i b = _mm512_set1_epi32(static_cast<int>(y));
+  std::size_t c = 0;
+  for (std::size_t i = 0; i < count; i += 16) {
+    const __mmask16 in = live(i, count);
+    c += static_cast<std::size_t>(
+        __builtin_popcount(_mm512_mask_cmpge_epu32_mask(in, _mm512_maskz_loadu_epi32(in, x + i), b)));
+  }
+  return c;
+}
+
+/// chunk_topk_codec::nth_largest (the n-th largest of x[0, count), given
+/// that it lies in [lo, hi], which holds all of x) with the candidates
+/// narrowed as its bits are decided: after each bit only the values that
+/// can still be it are kept (compacted into `scratch`, which has room for
+/// count + 16), those above them counted out of n; the largest or the
+/// smallest left, where n comes down to 1 or to all of them. The same
+/// value, in passes over fewer values each time.
+__attribute__((target(DILOCO_HOST_AVX512_TARGET))) inline std::uint32_t nth_largest(
+    const std::uint32_t* x, std::size_t count, std::size_t n, std::uint32_t lo, std::uint32_t hi,
+    std::uint32_t* scratch) {
+  if (lo == hi) return lo;
+  int bit = 31;
+  while (((lo ^ hi) >> bit) == 0) --bit;  // the highest bit where they differ
+  // Every value in cur lies in [t, t + 2^(bit + 1)); the answer is the
+  // need-th largest of them.
+  std::uint32_t t = hi & ~static_cast<std::uint32_t>((std::uint64_t{2} << bit) - 1u);
+  const std::uint32_t* cur = x;
+  std::size_t m = count, need = n;
+  for (;; --bit) {
+    if (need == 1 || need == m) {  // the largest, or the smallest, of cur
+      __m512i r = _mm512_set1_epi32(need == 1 ? 0 : -1);
+      for (std::size_t i = 0; i < m; i += 16) {
+        const __mmask16 in = live(i, m);
+        r = need == 1 ? _mm512_mask_max_epu32(r, in, r, _mm512_maskz_loadu_epi32(in, cur + i))
+                      : _mm512_mask_min_epu32(r, in, r, _mm512_maskz_loadu_epi32(in, cur + i));
+      }
+      alignas(64) std::uint32_t lanes[16];
+      _mm512_store_si512(lanes, r);
+      std::uint32_t a = lanes[0];
+      for (const std::uint32_t l : lanes) a = (need == 1) == (l > a) ? l : a;
+      return a;
+    }
+    const std::uint32_t y = t | (1u << bit);
+    const std::size_t above = count_at_least(cur, m, y);
+    const bool upper = above >= need;  // the answer is at least y
+    if (upper)
+      t = y;
+    else
+      need -= above;
+    if (bit == 0) return t;
+    // Keep the half the answer is in (in place once cur is scratch: the
+    // e-th kept is at or before the e-th read).
+    const __m512i b = _mm512_set1_epi32(static_cast<int>(y));
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < m; i += 16) {
+      const __mmask16 in = live(i, m);
+      const __m512i v = _mm512_maskz_loadu_epi32(in, cur + i);
+      const __mmask16 ge = _mm512_mask_cmpge_epu32_mask(in, v, b);
+      const __mmask16 keep = upper ? ge : static_cast<__mmask16>(in & ~ge);
+      _mm512_storeu_si512(scratch + kept, _mm512_maskz_compress_epi32(keep, v));
+      kept += static_cast<std::size_t>(__builtin_popcount(keep));
+    }
+    cur = scratch;
+    m = kept;
+  }
+}
+
+}  // namespace detail_topk512
+#endif
 
 /// SparseLoCo's compressor (arXiv 2508.15706): per chunk of `Chunk`
 /// consecutive elements keep the K largest magnitudes, their values
@@ -155,13 +292,16 @@ struct chunk_topk_codec {
   /// wants v - dq subtracts sdq at the n positions and keeps v elsewhere
   /// (v - 0 is v, -0 and NaN included), as the host's encode pass does
   /// (kernels/compressed_passes.hpp).
+  /// With Wide, the selection's compactions run in AVX-512 (select<true>:
+  /// only where kernels::host_simd::avx512()); the same bytes.
+  template <bool Wide = false>
   DILOCO_FORCEINLINE std::size_t encode_entries(const float* v, std::size_t len, std::byte* out, std::uint64_t* idx,
                                                 float* sdq, std::uint64_t stream, std::uint64_t index0) const {
     len = std::min(len, Chunk);
     const std::size_t n = entries(len);
     // Selection: the n largest keys (|v| bits, then the lower index), so
     // every tie is decided and the result is the same on every machine.
-    select(v, len, n, idx);
+    select<Wide>(v, len, n, idx);
     float sel[K], q[K];
     for (std::size_t e = 0; e < n; ++e) sel[e] = v[idx[e]];
     const float amax = kernels::block_amax(sel, n);
@@ -182,14 +322,17 @@ struct chunk_topk_codec {
   /// top n of a total order are one set however they are found: where the
   /// chunk has at least 2n groups of 8 by the n-th largest magnitude, which
   /// the groups' largest bound (select_bounded), otherwise by a histogram
-  /// of the magnitudes (select_binned).
+  /// of the magnitudes (select_binned). With Wide (call it only where
+  /// kernels::host_simd::avx512()), select_bounded's compactions run in
+  /// AVX-512 (detail_topk512): the same positions.
+  template <bool Wide = false>
   DILOCO_FORCEINLINE static void select(const float* v, std::size_t len, std::size_t n, std::uint64_t* idx) {
     if (n >= len) {
       for (std::size_t j = 0; j < len; ++j) idx[j] = j;
       return;
     }
     if (len % 8 == 0 && len / 8 >= 2 * n)
-      select_bounded(v, len, n, idx);
+      select_bounded<Wide>(v, len, n, idx);
     else
       select_binned(v, len, n, idx);
   }
@@ -211,8 +354,18 @@ struct chunk_topk_codec {
   /// t the same way, and the columns' largest are an element-wise maximum
   /// of the rows, which vectorizes where a maximum within 8 neighbours
   /// does not. The last pass walks the rows in order and each row's warm
-  /// columns in order, which is position order.
+  /// columns in order, which is position order. With Wide the lists are
+  /// compacted 16 lanes at a time, the last pass gathers, and each n-th
+  /// largest narrows its candidates as it decides their bits
+  /// (detail_topk512): on a chunk whose magnitudes spread those were most
+  /// of the time, in loops a compiler does not vectorize.
+  template <bool Wide = false>
   DILOCO_FORCEINLINE static void select_bounded(const float* v, std::size_t len, std::size_t n, std::uint64_t* idx) {
+#if defined(DILOCO_HOST_SIMD_X86)
+    constexpr bool wide = Wide;
+#else
+    constexpr bool wide = false;
+#endif
     auto magnitude = [v](std::size_t j) { return kernels::float_bits(v[j]) & 0x7fffffffu; };
     constexpr std::size_t most = Chunk / 8 > 0 ? Chunk / 8 : 1;
     const std::size_t groups = len / 8;
@@ -240,30 +393,56 @@ struct chunk_topk_codec {
     }
     // The groups whose largest is at least t (warm: every element at least
     // t lies in one), in order, listed without branches (which they are
-    // follows the data).
+    // follows the data). The arrays have 16 more entries than they can
+    // hold: detail_topk512's compactions store 16 lanes a step.
     std::uint32_t t = lo;
-    std::uint16_t warm[most];
+    std::uint32_t warm[most + 16];
     std::size_t w = 0;
     if (lo != hi) {
       // Only the groups whose largest is in [lo, hi] decide t: gathered
       // without branches first, and the warm ones listed from them.
-      std::uint32_t in_range[most];
-      std::uint16_t in_group[most];
+      std::uint32_t in_range[most + 16];
+      std::uint32_t in_group[most + 16];
       std::size_t c = 0;
-      for (std::size_t g = 0; g < groups; ++g) {
-        in_range[c] = top[g];
-        in_group[c] = static_cast<std::uint16_t>(g);
-        c += top[g] >= lo;
+      if constexpr (wide) {
+#if defined(DILOCO_HOST_SIMD_X86)
+        c = detail_topk512::compact_at_least(top, nullptr, groups, lo, in_range, in_group);
+#endif
+      } else {
+        for (std::size_t g = 0; g < groups; ++g) {
+          in_range[c] = top[g];
+          in_group[c] = static_cast<std::uint32_t>(g);
+          c += top[g] >= lo;
+        }
       }
-      t = nth_largest(in_range, c, n, lo, hi);
-      for (std::size_t u = 0; u < c; ++u) {
-        warm[w] = in_group[u];
-        w += in_range[u] >= t;
+      if constexpr (wide) {
+#if defined(DILOCO_HOST_SIMD_X86)
+        std::uint32_t scratch[most + 16];
+        t = detail_topk512::nth_largest(in_range, c, n, lo, hi, scratch);
+#endif
+      } else {
+        t = nth_largest(in_range, c, n, lo, hi);
+      }
+      if constexpr (wide) {
+#if defined(DILOCO_HOST_SIMD_X86)
+        w = detail_topk512::compact_at_least(in_range, in_group, c, t, nullptr, warm);
+#endif
+      } else {
+        for (std::size_t u = 0; u < c; ++u) {
+          warm[w] = in_group[u];
+          w += in_range[u] >= t;
+        }
       }
     } else {
-      for (std::size_t g = 0; g < groups; ++g) {
-        warm[w] = static_cast<std::uint16_t>(g);
-        w += top[g] >= t;
+      if constexpr (wide) {
+#if defined(DILOCO_HOST_SIMD_X86)
+        w = detail_topk512::compact_at_least(top, nullptr, groups, t, nullptr, warm);
+#endif
+      } else {
+        for (std::size_t g = 0; g < groups; ++g) {
+          warm[w] = static_cast<std::uint32_t>(g);
+          w += top[g] >= t;
+        }
       }
     }
     std::size_t e = 0;
@@ -284,22 +463,43 @@ struct chunk_topk_codec {
     // branches; t is the n-th largest of their magnitudes, and the
     // selection those above it and the first of those equal to it,
     // filtered in place (the e-th kept is at or after the e-th gathered).
-    std::uint32_t cm[Chunk];
+    // The wide form gathers positions into pos (32 bits) and the filter
+    // widens the ones it keeps.
+    std::uint32_t cm[Chunk + 16];
+    [[maybe_unused]] std::uint32_t pos[wide ? Chunk + 16 : 1];
     std::size_t c = 0;
-    for (std::size_t i = 0; i < 8; ++i)
-      for (std::size_t q = 0; q < w; ++q) {
-        const std::size_t j = i * groups + warm[q];
-        cm[c] = magnitude(j);
-        idx[c] = j;
-        c += cm[c] >= t;
+    if constexpr (wide) {
+#if defined(DILOCO_HOST_SIMD_X86)
+      c = detail_topk512::gather_at_least(v, groups, warm, w, t, cm, pos);
+#endif
+    } else {
+      for (std::size_t i = 0; i < 8; ++i)
+        for (std::size_t q = 0; q < w; ++q) {
+          const std::size_t j = i * groups + warm[q];
+          cm[c] = magnitude(j);
+          idx[c] = j;
+          c += cm[c] >= t;
+        }
+    }
+    if (c > n) {
+      if constexpr (wide) {
+#if defined(DILOCO_HOST_SIMD_X86)
+        std::uint32_t scratch[Chunk + 16];
+        t = detail_topk512::nth_largest(cm, c, n, t, hi, scratch);
+#endif
+      } else {
+        t = nth_largest(cm, c, n, t, hi);
       }
-    if (c > n) t = nth_largest(cm, c, n, t, hi);
+    }
     std::size_t above = 0;
     for (std::size_t u = 0; u < c; ++u) above += cm[u] > t;
     std::size_t ties = n - above;  // of the magnitudes equal to t, the first ones
     for (std::size_t u = 0; u < c; ++u) {
       const bool tie = cm[u] == t && ties != 0;
-      idx[e] = idx[u];
+      if constexpr (wide)
+        idx[e] = pos[u];
+      else
+        idx[e] = idx[u];
       e += static_cast<std::size_t>(cm[u] > t) | static_cast<std::size_t>(tie);
       ties -= static_cast<std::size_t>(tie);
     }

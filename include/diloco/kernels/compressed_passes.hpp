@@ -207,16 +207,21 @@ struct encode_pseudo_gradient {
   __attribute__((target("avx2"))) sums2 portable_avx2(std::size_t b) const { return portable_body(b); }
   /// The portable code compiled for AVX-512 (the features
   /// host_simd::avx512() asks for), which operator() runs for the sparse codecs (chunk_topk)
-  /// where host_simd::avx512(): the compiler vectorizes their selection's
-  /// counting passes and column maxima 16 lanes wide. The same operations
-  /// (no FMA: fp-contract off, add_rn and mul_rn), the same bits.
+  /// where host_simd::avx512(): the compiler vectorizes the element loops
+  /// and the selection's column maxima 16 lanes wide, and chunk_topk's
+  /// selection compacts and searches its candidates in AVX-512
+  /// (encode_entries<true>). The same operations (no FMA: fp-contract off,
+  /// add_rn and mul_rn), the same bits and bytes.
   __attribute__((target(DILOCO_HOST_AVX512_TARGET))) sums2 portable_avx512(std::size_t b) const
     requires sparse_codec<Codec>
   {
-    return portable_body(b);
+    return portable_body<true>(b);
   }
 #endif
-  /// The portable code's body.
+  /// The portable code's body; with Wide (AVX-512, portable_avx512), a
+  /// sparse codec's encode_entries<true> where it has one (chunk_topk's
+  /// selection compacts in AVX-512: the same bytes).
+  template <bool Wide = false>
   DILOCO_HD DILOCO_FORCEINLINE sums2 portable_body(std::size_t b) const {
     const compress::block_ref blk = blocks[b];
     const std::size_t off = tensors.offset[blk.tensor] + blk.start;
@@ -254,7 +259,11 @@ struct encode_pseudo_gradient {
       // entries' decoded values subtracted in place.
       std::uint64_t idx[Codec::block];
       float sdq[Codec::k];
-      const std::size_t n = codec.encode_entries(v, blk.len, payload + b * stride, idx, sdq, stream, off);
+      std::size_t n;
+      if constexpr (Wide && requires { codec.template encode_entries<true>(v, blk.len, payload, idx, sdq, stream, off); })
+        n = codec.template encode_entries<true>(v, blk.len, payload + b * stride, idx, sdq, stream, off);
+      else
+        n = codec.encode_entries(v, blk.len, payload + b * stride, idx, sdq, stream, off);
       for (std::size_t e = 0; e < n; ++e) v[idx[e]] = v[idx[e]] - sdq[e];
       error_sq = lane_squares<norm_lanes(Codec::block)>(blk.len, [&](std::size_t j) { return v[j]; });
       keep(v);
