@@ -16,6 +16,7 @@
 #include <numeric>
 #include <random>
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -98,8 +99,9 @@ TEST_CASE("chunk_topk selects exactly the K largest magnitudes, ties to the lowe
 // in the tie pass, either search or the bound fails this case), against
 // the reference sort; 300 random chunks with heavy ties besides.
 TEST_CASE("chunk_topk's bounded selection: every way through it equals a full sort") {
-  // Both forms: the portable one, and where the CPU has AVX-512 the one
-  // whose compactions and searches run in it (select<true>).
+  // Every form: the portable one, and where the CPU has AVX2 and AVX-512
+  // the ones whose compactions and searches run in them (select<256>,
+  // select<512>).
   auto check = [](auto codec, const std::vector<float>& v) {
     using C = decltype(codec);
     const auto want = reference_topk(v, C::k);
@@ -107,11 +109,13 @@ TEST_CASE("chunk_topk's bounded selection: every way through it equals a full so
     std::vector<std::uint64_t> got(C::block, ~0ULL);
     C::select(v.data(), v.size(), C::k, got.data());
     for (std::size_t e = 0; e < C::k; ++e) REQUIRE(got[e] == want[e]);
-    if (dc::kernels::host_simd::avx512()) {
-      std::vector<std::uint64_t> wide(C::block, ~0ULL);
-      C::template select<true>(v.data(), v.size(), C::k, wide.data());
-      for (std::size_t e = 0; e < C::k; ++e) REQUIRE(wide[e] == want[e]);
-    }
+    auto wide = [&](auto width) {
+      std::vector<std::uint64_t> got_wide(C::block, ~0ULL);
+      C::template select<decltype(width)::value>(v.data(), v.size(), C::k, got_wide.data());
+      for (std::size_t e = 0; e < C::k; ++e) REQUIRE(got_wide[e] == want[e]);
+    };
+    if (dc::kernels::host_simd::enabled()) wide(std::integral_constant<int, 256>{});
+    if (dc::kernels::host_simd::avx512()) wide(std::integral_constant<int, 512>{});
   };
   using S = cp::chunk_topk_codec<4096, 64, dc::int2, cp::round_nearest>;
   auto tiny = random_normals(4096, 11, 1e-6f);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "diloco/codec/blockwise.hpp"
 #include "diloco/codec/block_codec.hpp"
@@ -85,7 +86,7 @@ struct no_draw {
 
 #if defined(DILOCO_HOST_SIMD_X86)
 /// The bounded selection's compactions in AVX-512 (chunk_topk_codec::
-/// select<true>, which runs them where kernels::host_simd::avx512()): 16
+/// select<512>, which runs them where kernels::host_simd::avx512()): 16
 /// lanes compared at once and the ones kept packed by a compress, where the
 /// portable loops store every element and move on by one compare each. The
 /// same elements in the same order.
@@ -217,6 +218,193 @@ __attribute__((target(DILOCO_HOST_AVX512_TARGET))) inline std::uint32_t nth_larg
 }
 
 }  // namespace detail_topk512
+
+/// detail_topk512's compactions, gather and search in AVX2 (select<256>,
+/// where kernels::host_simd::enabled()): eight lanes a step, the kept lanes
+/// packed by a permutation looked up by their mask (AVX2 has no compress),
+/// the comparisons signed (every key is a magnitude below 2^31). The same
+/// elements in the same order, the same n-th largest.
+namespace detail_topk256 {
+
+/// For each 8-bit mask, the lanes it keeps in order, 3 bits each.
+struct compress_table {
+  std::uint32_t packed[256];
+  constexpr compress_table() : packed{} {
+    for (unsigned m = 0; m < 256; ++m) {
+      unsigned k = 0;
+      for (unsigned i = 0; i < 8; ++i)
+        if (m >> i & 1u) packed[m] |= i << (3 * k++);
+    }
+  }
+};
+inline constexpr compress_table compress_lanes{};
+
+/// The lanes of v that mask m keeps, moved to the low lanes in order.
+__attribute__((target("avx2"), always_inline)) inline __m256i compress8(__m256i v, unsigned m) {
+  const __m256i at = _mm256_and_si256(
+      _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(compress_lanes.packed[m])),
+                        _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21)),
+      _mm256_set1_epi32(7));
+  return _mm256_permutevar8x32_epi32(v, at);
+}
+
+/// The lanes of [0, count) still inside the arrays, as a lane mask.
+__attribute__((target("avx2"), always_inline)) inline __m256i live(std::size_t i, std::size_t count) {
+  const std::size_t left = count - i < 8 ? count - i : 8;
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/// The live lanes of x that are at least b, as a lane mask.
+__attribute__((target("avx2"), always_inline)) inline __m256i at_least(__m256i x, __m256i b, __m256i in) {
+  return _mm256_andnot_si256(_mm256_cmpgt_epi32(b, x), in);
+}
+
+/// A lane mask's bits.
+__attribute__((target("avx2"), always_inline)) inline unsigned bits(__m256i m) {
+  return static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(m)));
+}
+
+/// detail_topk512::compact_at_least: room for count + 8 in the outputs.
+__attribute__((target("avx2"))) inline std::size_t compact_at_least(const std::uint32_t* key, const std::uint32_t* val,
+                                                                    std::size_t count, std::uint32_t bound,
+                                                                    std::uint32_t* out_key, std::uint32_t* out_val) {
+  const __m256i b = _mm256_set1_epi32(static_cast<int>(bound));
+  __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  std::size_t c = 0;
+  for (std::size_t i = 0; i < count; i += 8) {
+    const __m256i in = live(i, count);
+    const __m256i k = _mm256_maskload_epi32(reinterpret_cast<const int*>(key + i), in);
+    const unsigned keep = bits(at_least(k, b, in));
+    if (out_key) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out_key + c), compress8(k, keep));
+    const __m256i v = val ? _mm256_maskload_epi32(reinterpret_cast<const int*>(val + i), in) : index;
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out_val + c), compress8(v, keep));
+    c += static_cast<std::size_t>(__builtin_popcount(keep));
+    index = _mm256_add_epi32(index, _mm256_set1_epi32(8));
+  }
+  return c;
+}
+
+/// detail_topk512::gather_at_least: room for 8 w + 8 in cm and pos.
+__attribute__((target("avx2"))) inline std::size_t gather_at_least(const float* v, std::size_t groups,
+                                                                   const std::uint32_t* warm, std::size_t w,
+                                                                   std::uint32_t t, std::uint32_t* cm,
+                                                                   std::uint32_t* pos) {
+  const __m256i bound = _mm256_set1_epi32(static_cast<int>(t));
+  const __m256i magnitude = _mm256_set1_epi32(0x7fffffff);
+  std::size_t c = 0;
+  for (std::size_t i = 0; i < 8; ++i) {
+    const __m256i row = _mm256_set1_epi32(static_cast<int>(i * groups));
+    for (std::size_t q = 0; q < w; q += 8) {
+      const __m256i in = live(q, w);
+      const __m256i j = _mm256_add_epi32(_mm256_maskload_epi32(reinterpret_cast<const int*>(warm + q), in), row);
+      const __m256i m = _mm256_and_si256(
+          _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), reinterpret_cast<const int*>(v), j, in, 4), magnitude);
+      const unsigned keep = bits(at_least(m, bound, in));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(cm + c), compress8(m, keep));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pos + c), compress8(j, keep));
+      c += static_cast<std::size_t>(__builtin_popcount(keep));
+    }
+  }
+  return c;
+}
+
+/// How many of x[0, count) are at least y.
+__attribute__((target("avx2"), always_inline)) inline std::size_t count_at_least(const std::uint32_t* x,
+                                                                                 std::size_t count, std::uint32_t y) {
+  const __m256i b = _mm256_set1_epi32(static_cast<int>(y));
+  std::size_t c = 0;
+  for (std::size_t i = 0; i < count; i += 8) {
+    const __m256i in = live(i, count);
+    c += static_cast<std::size_t>(
+        __builtin_popcount(bits(at_least(_mm256_maskload_epi32(reinterpret_cast<const int*>(x + i), in), b, in))));
+  }
+  return c;
+}
+
+/// detail_topk512::nth_largest: room for count + 8 in scratch.
+__attribute__((target("avx2"))) inline std::uint32_t nth_largest(const std::uint32_t* x, std::size_t count,
+                                                                std::size_t n, std::uint32_t lo, std::uint32_t hi,
+                                                                std::uint32_t* scratch) {
+  if (lo == hi) return lo;
+  int bit = 31;
+  while (((lo ^ hi) >> bit) == 0) --bit;  // the highest bit where they differ
+  std::uint32_t t = hi & ~static_cast<std::uint32_t>((std::uint64_t{2} << bit) - 1u);
+  const std::uint32_t* cur = x;
+  std::size_t m = count, need = n;
+  for (;; --bit) {
+    if (need == 1 || need == m) {  // the largest, or the smallest, of cur
+      const bool largest = need == 1;
+      __m256i r = _mm256_set1_epi32(largest ? 0 : -1);
+      for (std::size_t i = 0; i < m; i += 8) {
+        const __m256i in = live(i, m);
+        const __m256i v = _mm256_maskload_epi32(reinterpret_cast<const int*>(cur + i), in);  // 0 where not live
+        r = largest ? _mm256_max_epu32(r, v) : _mm256_min_epu32(r, _mm256_or_si256(v, _mm256_andnot_si256(in, _mm256_set1_epi32(-1))));
+      }
+      alignas(32) std::uint32_t lanes[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), r);
+      std::uint32_t a = lanes[0];
+      for (const std::uint32_t l : lanes) a = largest == (l > a) ? l : a;
+      return a;
+    }
+    const std::uint32_t y = t | (1u << bit);
+    const std::size_t above = count_at_least(cur, m, y);
+    const bool upper = above >= need;  // the answer is at least y
+    if (upper)
+      t = y;
+    else
+      need -= above;
+    if (bit == 0) return t;
+    const __m256i b = _mm256_set1_epi32(static_cast<int>(y));
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < m; i += 8) {
+      const __m256i in = live(i, m);
+      const __m256i v = _mm256_maskload_epi32(reinterpret_cast<const int*>(cur + i), in);
+      const unsigned ge = bits(at_least(v, b, in));
+      const unsigned keep = upper ? ge : bits(in) & ~ge;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(scratch + kept), compress8(v, keep));
+      kept += static_cast<std::size_t>(__builtin_popcount(keep));
+    }
+    cur = scratch;
+    m = kept;
+  }
+}
+
+}  // namespace detail_topk256
+
+/// The selection's wide helpers by vector width (select<Width>): 512
+/// detail_topk512, 256 detail_topk256.
+template <int Width>
+struct topk_wide;
+template <>
+struct topk_wide<512> {
+  static std::size_t compact_at_least(const std::uint32_t* key, const std::uint32_t* val, std::size_t count,
+                                      std::uint32_t bound, std::uint32_t* out_key, std::uint32_t* out_val) {
+    return detail_topk512::compact_at_least(key, val, count, bound, out_key, out_val);
+  }
+  static std::size_t gather_at_least(const float* v, std::size_t groups, const std::uint32_t* warm, std::size_t w,
+                                     std::uint32_t t, std::uint32_t* cm, std::uint32_t* pos) {
+    return detail_topk512::gather_at_least(v, groups, warm, w, t, cm, pos);
+  }
+  static std::uint32_t nth_largest(const std::uint32_t* x, std::size_t count, std::size_t n, std::uint32_t lo,
+                                   std::uint32_t hi, std::uint32_t* scratch) {
+    return detail_topk512::nth_largest(x, count, n, lo, hi, scratch);
+  }
+};
+template <>
+struct topk_wide<256> {
+  static std::size_t compact_at_least(const std::uint32_t* key, const std::uint32_t* val, std::size_t count,
+                                      std::uint32_t bound, std::uint32_t* out_key, std::uint32_t* out_val) {
+    return detail_topk256::compact_at_least(key, val, count, bound, out_key, out_val);
+  }
+  static std::size_t gather_at_least(const float* v, std::size_t groups, const std::uint32_t* warm, std::size_t w,
+                                     std::uint32_t t, std::uint32_t* cm, std::uint32_t* pos) {
+    return detail_topk256::gather_at_least(v, groups, warm, w, t, cm, pos);
+  }
+  static std::uint32_t nth_largest(const std::uint32_t* x, std::size_t count, std::size_t n, std::uint32_t lo,
+                                   std::uint32_t hi, std::uint32_t* scratch) {
+    return detail_topk256::nth_largest(x, count, n, lo, hi, scratch);
+  }
+};
 #endif
 
 /// SparseLoCo's compressor (arXiv 2508.15706): per chunk of `Chunk`
@@ -292,16 +480,17 @@ struct chunk_topk_codec {
   /// wants v - dq subtracts sdq at the n positions and keeps v elsewhere
   /// (v - 0 is v, -0 and NaN included), as the host's encode pass does
   /// (kernels/compressed_passes.hpp).
-  /// With Wide, the selection's compactions run in AVX-512 (select<true>:
-  /// only where kernels::host_simd::avx512()); the same bytes.
-  template <bool Wide = false>
+  /// With Width 512 or 256, the selection's compactions and searches run
+  /// in AVX-512 or AVX2 (select<Width>: only where
+  /// kernels::host_simd::avx512(), enabled()); the same bytes.
+  template <int Width = 0>
   DILOCO_FORCEINLINE std::size_t encode_entries(const float* v, std::size_t len, std::byte* out, std::uint64_t* idx,
                                                 float* sdq, std::uint64_t stream, std::uint64_t index0) const {
     len = std::min(len, Chunk);
     const std::size_t n = entries(len);
     // Selection: the n largest keys (|v| bits, then the lower index), so
     // every tie is decided and the result is the same on every machine.
-    select<Wide>(v, len, n, idx);
+    select<Width>(v, len, n, idx);
     float sel[K], q[K];
     for (std::size_t e = 0; e < n; ++e) sel[e] = v[idx[e]];
     const float amax = kernels::block_amax(sel, n);
@@ -322,17 +511,18 @@ struct chunk_topk_codec {
   /// top n of a total order are one set however they are found: where the
   /// chunk has at least 2n groups of 8 by the n-th largest magnitude, which
   /// the groups' largest bound (select_bounded), otherwise by a histogram
-  /// of the magnitudes (select_binned). With Wide (call it only where
-  /// kernels::host_simd::avx512()), select_bounded's compactions run in
-  /// AVX-512 (detail_topk512): the same positions.
-  template <bool Wide = false>
+  /// of the magnitudes (select_binned). With Width 512 (call it only where
+  /// kernels::host_simd::avx512()) or 256 (where enabled()),
+  /// select_bounded's compactions and searches run in AVX-512
+  /// (detail_topk512) or AVX2 (detail_topk256): the same positions.
+  template <int Width = 0>
   DILOCO_FORCEINLINE static void select(const float* v, std::size_t len, std::size_t n, std::uint64_t* idx) {
     if (n >= len) {
       for (std::size_t j = 0; j < len; ++j) idx[j] = j;
       return;
     }
     if (len % 8 == 0 && len / 8 >= 2 * n)
-      select_bounded<Wide>(v, len, n, idx);
+      select_bounded<Width>(v, len, n, idx);
     else
       select_binned(v, len, n, idx);
   }
@@ -354,15 +544,16 @@ struct chunk_topk_codec {
   /// t the same way, and the columns' largest are an element-wise maximum
   /// of the rows, which vectorizes where a maximum within 8 neighbours
   /// does not. The last pass walks the rows in order and each row's warm
-  /// columns in order, which is position order. With Wide the lists are
-  /// compacted 16 lanes at a time, the last pass gathers, and each n-th
+  /// columns in order, which is position order. With a Width the lists are
+  /// compacted a vector at a time, the last pass gathers, and each n-th
   /// largest narrows its candidates as it decides their bits
-  /// (detail_topk512): on a chunk whose magnitudes spread those were most
-  /// of the time, in loops a compiler does not vectorize.
-  template <bool Wide = false>
+  /// (topk_wide<Width>): on a chunk whose magnitudes spread those were
+  /// most of the time, in loops a compiler does not vectorize.
+  template <int Width = 0>
   DILOCO_FORCEINLINE static void select_bounded(const float* v, std::size_t len, std::size_t n, std::uint64_t* idx) {
 #if defined(DILOCO_HOST_SIMD_X86)
-    constexpr bool wide = Wide;
+    constexpr bool wide = Width == 512 || Width == 256;
+    using ops = std::conditional_t<Width == 512, topk_wide<512>, topk_wide<256>>;
 #else
     constexpr bool wide = false;
 #endif
@@ -406,7 +597,7 @@ struct chunk_topk_codec {
       std::size_t c = 0;
       if constexpr (wide) {
 #if defined(DILOCO_HOST_SIMD_X86)
-        c = detail_topk512::compact_at_least(top, nullptr, groups, lo, in_range, in_group);
+        c = ops::compact_at_least(top, nullptr, groups, lo, in_range, in_group);
 #endif
       } else {
         for (std::size_t g = 0; g < groups; ++g) {
@@ -418,14 +609,14 @@ struct chunk_topk_codec {
       if constexpr (wide) {
 #if defined(DILOCO_HOST_SIMD_X86)
         std::uint32_t scratch[most + 16];
-        t = detail_topk512::nth_largest(in_range, c, n, lo, hi, scratch);
+        t = ops::nth_largest(in_range, c, n, lo, hi, scratch);
 #endif
       } else {
         t = nth_largest(in_range, c, n, lo, hi);
       }
       if constexpr (wide) {
 #if defined(DILOCO_HOST_SIMD_X86)
-        w = detail_topk512::compact_at_least(in_range, in_group, c, t, nullptr, warm);
+        w = ops::compact_at_least(in_range, in_group, c, t, nullptr, warm);
 #endif
       } else {
         for (std::size_t u = 0; u < c; ++u) {
@@ -436,7 +627,7 @@ struct chunk_topk_codec {
     } else {
       if constexpr (wide) {
 #if defined(DILOCO_HOST_SIMD_X86)
-        w = detail_topk512::compact_at_least(top, nullptr, groups, t, nullptr, warm);
+        w = ops::compact_at_least(top, nullptr, groups, t, nullptr, warm);
 #endif
       } else {
         for (std::size_t g = 0; g < groups; ++g) {
@@ -470,7 +661,7 @@ struct chunk_topk_codec {
     std::size_t c = 0;
     if constexpr (wide) {
 #if defined(DILOCO_HOST_SIMD_X86)
-      c = detail_topk512::gather_at_least(v, groups, warm, w, t, cm, pos);
+      c = ops::gather_at_least(v, groups, warm, w, t, cm, pos);
 #endif
     } else {
       for (std::size_t i = 0; i < 8; ++i)
@@ -485,7 +676,7 @@ struct chunk_topk_codec {
       if constexpr (wide) {
 #if defined(DILOCO_HOST_SIMD_X86)
         std::uint32_t scratch[Chunk + 16];
-        t = detail_topk512::nth_largest(cm, c, n, t, hi, scratch);
+        t = ops::nth_largest(cm, c, n, t, hi, scratch);
 #endif
       } else {
         t = nth_largest(cm, c, n, t, hi);

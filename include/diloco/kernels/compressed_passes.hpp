@@ -204,24 +204,25 @@ struct encode_pseudo_gradient {
   /// other form takes the block and the CPU has it: chunk_topk, fp16, the
   /// stochastic codecs, partial blocks; the same operations, no FMA, the
   /// same bits).
-  __attribute__((target("avx2"))) sums2 portable_avx2(std::size_t b) const { return portable_body(b); }
+  __attribute__((target("avx2"))) sums2 portable_avx2(std::size_t b) const { return portable_body<256>(b); }
   /// The portable code compiled for AVX-512 (the features
   /// host_simd::avx512() asks for), which operator() runs for the sparse codecs (chunk_topk)
   /// where host_simd::avx512(): the compiler vectorizes the element loops
   /// and the selection's column maxima 16 lanes wide, and chunk_topk's
   /// selection compacts and searches its candidates in AVX-512
-  /// (encode_entries<true>). The same operations (no FMA: fp-contract off,
+  /// (encode_entries<512>). The same operations (no FMA: fp-contract off,
   /// add_rn and mul_rn), the same bits and bytes.
   __attribute__((target(DILOCO_HOST_AVX512_TARGET))) sums2 portable_avx512(std::size_t b) const
     requires sparse_codec<Codec>
   {
-    return portable_body<true>(b);
+    return portable_body<512>(b);
   }
 #endif
-  /// The portable code's body; with Wide (AVX-512, portable_avx512), a
-  /// sparse codec's encode_entries<true> where it has one (chunk_topk's
-  /// selection compacts in AVX-512: the same bytes).
-  template <bool Wide = false>
+  /// The portable code's body; with Width 512 or 256 (portable_avx512,
+  /// portable_avx2), a sparse codec's encode_entries<Width> where it has
+  /// one (chunk_topk's selection compacts in AVX-512 or AVX2: the same
+  /// bytes).
+  template <int Width = 0>
   DILOCO_HD DILOCO_FORCEINLINE sums2 portable_body(std::size_t b) const {
     const compress::block_ref blk = blocks[b];
     const std::size_t off = tensors.offset[blk.tensor] + blk.start;
@@ -260,8 +261,8 @@ struct encode_pseudo_gradient {
       std::uint64_t idx[Codec::block];
       float sdq[Codec::k];
       std::size_t n;
-      if constexpr (Wide && requires { codec.template encode_entries<true>(v, blk.len, payload, idx, sdq, stream, off); })
-        n = codec.template encode_entries<true>(v, blk.len, payload + b * stride, idx, sdq, stream, off);
+      if constexpr (Width != 0 && requires { codec.template encode_entries<Width>(v, blk.len, payload, idx, sdq, stream, off); })
+        n = codec.template encode_entries<Width>(v, blk.len, payload + b * stride, idx, sdq, stream, off);
       else
         n = codec.encode_entries(v, blk.len, payload + b * stride, idx, sdq, stream, off);
       for (std::size_t e = 0; e < n; ++e) v[idx[e]] = v[idx[e]] - sdq[e];
