@@ -148,8 +148,9 @@ __attribute__((target(DILOCO_HOST_AVX512_TARGET))) inline std::size_t gather_at_
 }
 
 /// How many of x[0, count) are at least y.
-__attribute__((target(DILOCO_HOST_AVX512_TARGET), always_inline)) inline std::size_t count_at_least(
-    const std::uint32_t* x, std::size_t count, std::uint32_t y) {
+__attribute__((target(DILOCO_HOST_AVX512_TARGET))) inline std::size_t count_at_least(const std::uint32_t* x,
+                                                                                    std::size_t count,
+                                                                                    std::uint32_t y) {
   const __m512i b = _mm512_set1_epi32(static_cast<int>(y));
   std::size_t c = 0;
   for (std::size_t i = 0; i < count; i += 16) {
@@ -160,61 +161,39 @@ __attribute__((target(DILOCO_HOST_AVX512_TARGET), always_inline)) inline std::si
   return c;
 }
 
-/// chunk_topk_codec::nth_largest (the n-th largest of x[0, count), given
-/// that it lies in [lo, hi], which holds all of x) with the candidates
-/// narrowed as its bits are decided: after each bit only the values that
-/// can still be it are kept (compacted into `scratch`, which has room for
-/// count + 16), those above them counted out of n; the largest or the
-/// smallest left, where n comes down to 1 or to all of them. The same
-/// value, in passes over fewer values each time.
-__attribute__((target(DILOCO_HOST_AVX512_TARGET))) inline std::uint32_t nth_largest(
-    const std::uint32_t* x, std::size_t count, std::size_t n, std::uint32_t lo, std::uint32_t hi,
-    std::uint32_t* scratch) {
-  if (lo == hi) return lo;
-  int bit = 31;
-  while (((lo ^ hi) >> bit) == 0) --bit;  // the highest bit where they differ
-  // Every value in cur lies in [t, t + 2^(bit + 1)); the answer is the
-  // need-th largest of them.
-  std::uint32_t t = hi & ~static_cast<std::uint32_t>((std::uint64_t{2} << bit) - 1u);
-  const std::uint32_t* cur = x;
-  std::size_t m = count, need = n;
-  for (;; --bit) {
-    if (need == 1 || need == m) {  // the largest, or the smallest, of cur
-      __m512i r = _mm512_set1_epi32(need == 1 ? 0 : -1);
-      for (std::size_t i = 0; i < m; i += 16) {
-        const __mmask16 in = live(i, m);
-        r = need == 1 ? _mm512_mask_max_epu32(r, in, r, _mm512_maskz_loadu_epi32(in, cur + i))
-                      : _mm512_mask_min_epu32(r, in, r, _mm512_maskz_loadu_epi32(in, cur + i));
-      }
-      alignas(64) std::uint32_t lanes[16];
-      _mm512_store_si512(lanes, r);
-      std::uint32_t a = lanes[0];
-      for (const std::uint32_t l : lanes) a = (need == 1) == (l > a) ? l : a;
-      return a;
-    }
-    const std::uint32_t y = t | (1u << bit);
-    const std::size_t above = count_at_least(cur, m, y);
-    const bool upper = above >= need;  // the answer is at least y
-    if (upper)
-      t = y;
-    else
-      need -= above;
-    if (bit == 0) return t;
-    // Keep the half the answer is in (in place once cur is scratch: the
-    // e-th kept is at or before the e-th read).
-    const __m512i b = _mm512_set1_epi32(static_cast<int>(y));
-    std::size_t kept = 0;
-    for (std::size_t i = 0; i < m; i += 16) {
-      const __mmask16 in = live(i, m);
-      const __m512i v = _mm512_maskz_loadu_epi32(in, cur + i);
-      const __mmask16 ge = _mm512_mask_cmpge_epu32_mask(in, v, b);
-      const __mmask16 keep = upper ? ge : static_cast<__mmask16>(in & ~ge);
-      _mm512_storeu_si512(scratch + kept, _mm512_maskz_compress_epi32(keep, v));
-      kept += static_cast<std::size_t>(__builtin_popcount(keep));
-    }
-    cur = scratch;
-    m = kept;
+/// The largest (or, with !largest, the smallest) of x[0, count), count >= 1.
+__attribute__((target(DILOCO_HOST_AVX512_TARGET))) inline std::uint32_t extreme(const std::uint32_t* x,
+                                                                               std::size_t count, bool largest) {
+  __m512i r = _mm512_set1_epi32(largest ? 0 : -1);
+  for (std::size_t i = 0; i < count; i += 16) {
+    const __mmask16 in = live(i, count);
+    r = largest ? _mm512_mask_max_epu32(r, in, r, _mm512_maskz_loadu_epi32(in, x + i))
+                : _mm512_mask_min_epu32(r, in, r, _mm512_maskz_loadu_epi32(in, x + i));
   }
+  alignas(64) std::uint32_t lanes[16];
+  _mm512_store_si512(lanes, r);
+  std::uint32_t a = lanes[0];
+  for (const std::uint32_t l : lanes) a = largest == (l > a) ? l : a;
+  return a;
+}
+
+/// The values of x[0, count) at least y (upper) or below it (!upper), in
+/// order, into out (room for count + 16; out may be x: the e-th kept is
+/// at or before the e-th read); returns how many.
+__attribute__((target(DILOCO_HOST_AVX512_TARGET))) inline std::size_t keep_half(const std::uint32_t* x,
+                                                                               std::size_t count, std::uint32_t y,
+                                                                               bool upper, std::uint32_t* out) {
+  const __m512i b = _mm512_set1_epi32(static_cast<int>(y));
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < count; i += 16) {
+    const __mmask16 in = live(i, count);
+    const __m512i v = _mm512_maskz_loadu_epi32(in, x + i);
+    const __mmask16 ge = _mm512_mask_cmpge_epu32_mask(in, v, b);
+    const __mmask16 keep = upper ? ge : static_cast<__mmask16>(in & ~ge);
+    _mm512_storeu_si512(out + kept, _mm512_maskz_compress_epi32(keep, v));
+    kept += static_cast<std::size_t>(__builtin_popcount(keep));
+  }
+  return kept;
 }
 
 }  // namespace detail_topk512
@@ -308,9 +287,9 @@ __attribute__((target("avx2"))) inline std::size_t gather_at_least(const float* 
   return c;
 }
 
-/// How many of x[0, count) are at least y.
-__attribute__((target("avx2"), always_inline)) inline std::size_t count_at_least(const std::uint32_t* x,
-                                                                                 std::size_t count, std::uint32_t y) {
+/// detail_topk512::count_at_least.
+__attribute__((target("avx2"))) inline std::size_t count_at_least(const std::uint32_t* x, std::size_t count,
+                                                                  std::uint32_t y) {
   const __m256i b = _mm256_set1_epi32(static_cast<int>(y));
   std::size_t c = 0;
   for (std::size_t i = 0; i < count; i += 8) {
@@ -321,88 +300,103 @@ __attribute__((target("avx2"), always_inline)) inline std::size_t count_at_least
   return c;
 }
 
-/// detail_topk512::nth_largest: room for count + 8 in scratch.
-__attribute__((target("avx2"))) inline std::uint32_t nth_largest(const std::uint32_t* x, std::size_t count,
-                                                                std::size_t n, std::uint32_t lo, std::uint32_t hi,
-                                                                std::uint32_t* scratch) {
+/// detail_topk512::extreme.
+__attribute__((target("avx2"))) inline std::uint32_t extreme(const std::uint32_t* x, std::size_t count, bool largest) {
+  __m256i r = _mm256_set1_epi32(largest ? 0 : -1);
+  for (std::size_t i = 0; i < count; i += 8) {
+    const __m256i in = live(i, count);
+    const __m256i v = _mm256_maskload_epi32(reinterpret_cast<const int*>(x + i), in);  // 0 where not live
+    r = largest ? _mm256_max_epu32(r, v)
+                : _mm256_min_epu32(r, _mm256_or_si256(v, _mm256_andnot_si256(in, _mm256_set1_epi32(-1))));
+  }
+  alignas(32) std::uint32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), r);
+  std::uint32_t a = lanes[0];
+  for (const std::uint32_t l : lanes) a = largest == (l > a) ? l : a;
+  return a;
+}
+
+/// detail_topk512::keep_half: room for count + 8 in out.
+__attribute__((target("avx2"))) inline std::size_t keep_half(const std::uint32_t* x, std::size_t count,
+                                                             std::uint32_t y, bool upper, std::uint32_t* out) {
+  const __m256i b = _mm256_set1_epi32(static_cast<int>(y));
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < count; i += 8) {
+    const __m256i in = live(i, count);
+    const __m256i v = _mm256_maskload_epi32(reinterpret_cast<const int*>(x + i), in);
+    const unsigned ge = bits(at_least(v, b, in));
+    const unsigned keep = upper ? ge : bits(in) & ~ge;
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + kept), compress8(v, keep));
+    kept += static_cast<std::size_t>(__builtin_popcount(keep));
+  }
+  return kept;
+}
+
+}  // namespace detail_topk256
+
+/// chunk_topk_codec::nth_largest (the n-th largest of x[0, count), given
+/// that it lies in [lo, hi], which holds all of x) with the candidates
+/// narrowed as its bits are decided: after each bit only the values that
+/// can still be it are kept (Ops::keep_half, into `scratch`, which has
+/// room for count + 16), those above them counted out of n; the largest or
+/// the smallest left (Ops::extreme), where n comes down to 1 or to all of
+/// them. The same value, in passes over fewer values each time.
+template <class Ops>
+std::uint32_t narrowing_nth_largest(const std::uint32_t* x, std::size_t count, std::size_t n, std::uint32_t lo,
+                                    std::uint32_t hi, std::uint32_t* scratch) {
   if (lo == hi) return lo;
   int bit = 31;
   while (((lo ^ hi) >> bit) == 0) --bit;  // the highest bit where they differ
+  // Every value in cur lies in [t, t + 2^(bit + 1)); the answer is the
+  // need-th largest of them.
   std::uint32_t t = hi & ~static_cast<std::uint32_t>((std::uint64_t{2} << bit) - 1u);
   const std::uint32_t* cur = x;
   std::size_t m = count, need = n;
   for (;; --bit) {
-    if (need == 1 || need == m) {  // the largest, or the smallest, of cur
-      const bool largest = need == 1;
-      __m256i r = _mm256_set1_epi32(largest ? 0 : -1);
-      for (std::size_t i = 0; i < m; i += 8) {
-        const __m256i in = live(i, m);
-        const __m256i v = _mm256_maskload_epi32(reinterpret_cast<const int*>(cur + i), in);  // 0 where not live
-        r = largest ? _mm256_max_epu32(r, v) : _mm256_min_epu32(r, _mm256_or_si256(v, _mm256_andnot_si256(in, _mm256_set1_epi32(-1))));
-      }
-      alignas(32) std::uint32_t lanes[8];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), r);
-      std::uint32_t a = lanes[0];
-      for (const std::uint32_t l : lanes) a = largest == (l > a) ? l : a;
-      return a;
-    }
+    if (need == 1 || need == m) return Ops::extreme(cur, m, need == 1);
     const std::uint32_t y = t | (1u << bit);
-    const std::size_t above = count_at_least(cur, m, y);
+    const std::size_t above = Ops::count_at_least(cur, m, y);
     const bool upper = above >= need;  // the answer is at least y
     if (upper)
       t = y;
     else
       need -= above;
     if (bit == 0) return t;
-    const __m256i b = _mm256_set1_epi32(static_cast<int>(y));
-    std::size_t kept = 0;
-    for (std::size_t i = 0; i < m; i += 8) {
-      const __m256i in = live(i, m);
-      const __m256i v = _mm256_maskload_epi32(reinterpret_cast<const int*>(cur + i), in);
-      const unsigned ge = bits(at_least(v, b, in));
-      const unsigned keep = upper ? ge : bits(in) & ~ge;
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(scratch + kept), compress8(v, keep));
-      kept += static_cast<std::size_t>(__builtin_popcount(keep));
-    }
+    m = Ops::keep_half(cur, m, y, upper, scratch);  // the half the answer is in
     cur = scratch;
-    m = kept;
   }
 }
-
-}  // namespace detail_topk256
 
 /// The selection's wide helpers by vector width (select<Width>): 512
 /// detail_topk512, 256 detail_topk256.
 template <int Width>
-struct topk_wide;
-template <>
-struct topk_wide<512> {
+struct topk_wide {
   static std::size_t compact_at_least(const std::uint32_t* key, const std::uint32_t* val, std::size_t count,
                                       std::uint32_t bound, std::uint32_t* out_key, std::uint32_t* out_val) {
-    return detail_topk512::compact_at_least(key, val, count, bound, out_key, out_val);
+    if constexpr (Width == 512) return detail_topk512::compact_at_least(key, val, count, bound, out_key, out_val);
+    else return detail_topk256::compact_at_least(key, val, count, bound, out_key, out_val);
   }
   static std::size_t gather_at_least(const float* v, std::size_t groups, const std::uint32_t* warm, std::size_t w,
                                      std::uint32_t t, std::uint32_t* cm, std::uint32_t* pos) {
-    return detail_topk512::gather_at_least(v, groups, warm, w, t, cm, pos);
+    if constexpr (Width == 512) return detail_topk512::gather_at_least(v, groups, warm, w, t, cm, pos);
+    else return detail_topk256::gather_at_least(v, groups, warm, w, t, cm, pos);
+  }
+  static std::size_t count_at_least(const std::uint32_t* x, std::size_t count, std::uint32_t y) {
+    if constexpr (Width == 512) return detail_topk512::count_at_least(x, count, y);
+    else return detail_topk256::count_at_least(x, count, y);
+  }
+  static std::uint32_t extreme(const std::uint32_t* x, std::size_t count, bool largest) {
+    if constexpr (Width == 512) return detail_topk512::extreme(x, count, largest);
+    else return detail_topk256::extreme(x, count, largest);
+  }
+  static std::size_t keep_half(const std::uint32_t* x, std::size_t count, std::uint32_t y, bool upper,
+                               std::uint32_t* out) {
+    if constexpr (Width == 512) return detail_topk512::keep_half(x, count, y, upper, out);
+    else return detail_topk256::keep_half(x, count, y, upper, out);
   }
   static std::uint32_t nth_largest(const std::uint32_t* x, std::size_t count, std::size_t n, std::uint32_t lo,
                                    std::uint32_t hi, std::uint32_t* scratch) {
-    return detail_topk512::nth_largest(x, count, n, lo, hi, scratch);
-  }
-};
-template <>
-struct topk_wide<256> {
-  static std::size_t compact_at_least(const std::uint32_t* key, const std::uint32_t* val, std::size_t count,
-                                      std::uint32_t bound, std::uint32_t* out_key, std::uint32_t* out_val) {
-    return detail_topk256::compact_at_least(key, val, count, bound, out_key, out_val);
-  }
-  static std::size_t gather_at_least(const float* v, std::size_t groups, const std::uint32_t* warm, std::size_t w,
-                                     std::uint32_t t, std::uint32_t* cm, std::uint32_t* pos) {
-    return detail_topk256::gather_at_least(v, groups, warm, w, t, cm, pos);
-  }
-  static std::uint32_t nth_largest(const std::uint32_t* x, std::size_t count, std::size_t n, std::uint32_t lo,
-                                   std::uint32_t hi, std::uint32_t* scratch) {
-    return detail_topk256::nth_largest(x, count, n, lo, hi, scratch);
+    return narrowing_nth_largest<topk_wide>(x, count, n, lo, hi, scratch);
   }
 };
 #endif
