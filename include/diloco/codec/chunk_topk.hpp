@@ -334,6 +334,8 @@ __attribute__((target("avx2"))) inline std::size_t keep_half(const std::uint32_t
 
 }  // namespace detail_topk256
 
+namespace detail_topk {
+
 /// chunk_topk_codec::nth_largest (the n-th largest of x[0, count), given
 /// that it lies in [lo, hi], which holds all of x) with the candidates
 /// narrowed as its bits are decided: after each bit only the values that
@@ -399,6 +401,7 @@ struct topk_wide {
     return narrowing_nth_largest<topk_wide>(x, count, n, lo, hi, scratch);
   }
 };
+}  // namespace detail_topk
 #endif
 
 /// SparseLoCo's compressor (arXiv 2508.15706): per chunk of `Chunk`
@@ -541,13 +544,13 @@ struct chunk_topk_codec {
   /// columns in order, which is position order. With a Width the lists are
   /// compacted a vector at a time, the last pass gathers, and each n-th
   /// largest narrows its candidates as it decides their bits
-  /// (topk_wide<Width>): on a chunk whose magnitudes spread those were
+  /// (detail_topk::topk_wide<Width>): on a chunk whose magnitudes spread those were
   /// most of the time, in loops a compiler does not vectorize.
   template <int Width = 0>
   DILOCO_FORCEINLINE static void select_bounded(const float* v, std::size_t len, std::size_t n, std::uint64_t* idx) {
 #if defined(DILOCO_HOST_SIMD_X86)
     constexpr bool wide = Width == 512 || Width == 256;
-    using ops = std::conditional_t<Width == 512, topk_wide<512>, topk_wide<256>>;
+    using ops = std::conditional_t<Width == 512, detail_topk::topk_wide<512>, detail_topk::topk_wide<256>>;
 #else
     constexpr bool wide = false;
 #endif
