@@ -58,14 +58,14 @@ struct round_buffers {
              std::vector<float>(n)},
         local(n),
         applied(n) {
-    bench::fill_normal(local, 0.0, 0.02, 1);
-    bench::fill(flat.global, 0.0f);
-    for (std::size_t i = 0; i < n; ++i) flat.global[i] = local[i];
-    bench::fill_normal(flat.global, 0.0, 1e-3, 2, true);
-    bench::fill(flat.stepped, 0.0f);
-    for (std::size_t i = 0; i < n; ++i) flat.stepped[i] = flat.global[i];
-    bench::fill(applied, 0.0f);
-    for (std::size_t i = 0; i < n; ++i) applied[i] = local[i];
+    // Each buffer drawn where it is first touched (fill_normal's draws are
+    // a function of seed and index): the replicas from seed 1, theta_global
+    // those plus seed 2's.
+    for (std::vector<float>* replica : {&local, &applied}) bench::fill_normal(*replica, 0.0, 0.02, 1);
+    for (std::vector<float>* theta : {&flat.global, &flat.stepped}) {
+      bench::fill_normal(*theta, 0.0, 0.02, 1);
+      bench::fill_normal(*theta, 0.0, 1e-3, 2, true);
+    }
     bench::fill(flat.residual, 0.0f);
     bench::fill(flat.next, 0.0f);
     bench::fill(flat.momentum, 0.0f);
