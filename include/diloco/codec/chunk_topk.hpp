@@ -84,257 +84,19 @@ struct no_draw {
 
 }  // namespace detail_bits
 
-#if defined(DILOCO_HOST_SIMD_X86)
-/// The bounded selection's compactions in AVX-512 (chunk_topk_codec::
-/// select<512>, which runs them where kernels::host_simd::avx512()): 16
-/// lanes compared at once and the ones kept packed by a compress, where the
-/// portable loops store every element and move on by one compare each. The
-/// same elements in the same order.
-namespace detail_topk512 {
-
-/// The lanes of [0, count) still inside the arrays, as a mask.
-__attribute__((target(DILOCO_HOST_AVX512_TARGET), always_inline)) inline __mmask16 live(std::size_t i, std::size_t count) {
-  return count - i >= 16 ? static_cast<__mmask16>(0xffffu) : static_cast<__mmask16>((1u << (count - i)) - 1u);
-}
-
-/// Each i in [0, count) with key[i] >= bound, in order: key[i] into
-/// out_key (unless null) and val[i] (i where val is null) into out_val;
-/// returns how many. The outputs have room for count + 16 (each step
-/// stores 16 lanes).
-__attribute__((target(DILOCO_HOST_AVX512_TARGET))) inline std::size_t compact_at_least(
-    const std::uint32_t* key, const std::uint32_t* val, std::size_t count, std::uint32_t bound,
-    std::uint32_t* out_key, std::uint32_t* out_val) {
-  const __m512i b = _mm512_set1_epi32(static_cast<int>(bound));
-  __m512i index = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  const __m512i step = _mm512_set1_epi32(16);
-  std::size_t c = 0;
-  for (std::size_t i = 0; i < count; i += 16) {
-    const __mmask16 in = live(i, count);
-    const __m512i k = _mm512_maskz_loadu_epi32(in, key + i);
-    const __mmask16 keep = _mm512_mask_cmpge_epu32_mask(in, k, b);
-    if (out_key) _mm512_storeu_si512(out_key + c, _mm512_maskz_compress_epi32(keep, k));
-    const __m512i v = val ? _mm512_maskz_loadu_epi32(in, val + i) : index;
-    _mm512_storeu_si512(out_val + c, _mm512_maskz_compress_epi32(keep, v));
-    c += static_cast<std::size_t>(__builtin_popcount(keep));
-    index = _mm512_add_epi32(index, step);
-  }
-  return c;
-}
-
-/// The elements of v at i * groups + warm[q] (rows i = 0..7 in order, each
-/// row's q < w in order) whose magnitude (|v| bits) is at least t: their
-/// magnitudes into cm and positions into pos, in that order; returns how
-/// many. cm and pos have room for 8 w + 16.
-__attribute__((target(DILOCO_HOST_AVX512_TARGET))) inline std::size_t gather_at_least(
-    const float* v, std::size_t groups, const std::uint32_t* warm, std::size_t w, std::uint32_t t, std::uint32_t* cm,
-    std::uint32_t* pos) {
-  const __m512i bound = _mm512_set1_epi32(static_cast<int>(t));
-  const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
-  std::size_t c = 0;
-  for (std::size_t i = 0; i < 8; ++i) {
-    const __m512i row = _mm512_set1_epi32(static_cast<int>(i * groups));
-    for (std::size_t q = 0; q < w; q += 16) {
-      const __mmask16 in = live(q, w);
-      const __m512i j = _mm512_add_epi32(_mm512_maskz_loadu_epi32(in, warm + q), row);
-      const __m512i m =
-          _mm512_and_si512(_mm512_mask_i32gather_epi32(_mm512_setzero_si512(), in, j, v, 4), magnitude);
-      const __mmask16 keep = _mm512_mask_cmpge_epu32_mask(in, m, bound);
-      _mm512_storeu_si512(cm + c, _mm512_maskz_compress_epi32(keep, m));
-      _mm512_storeu_si512(pos + c, _mm512_maskz_compress_epi32(keep, j));
-      c += static_cast<std::size_t>(__builtin_popcount(keep));
-    }
-  }
-  return c;
-}
-
-/// How many of x[0, count) are at least y.
-__attribute__((target(DILOCO_HOST_AVX512_TARGET))) inline std::size_t count_at_least(const std::uint32_t* x,
-                                                                                    std::size_t count,
-                                                                                    std::uint32_t y) {
-  const __m512i b = _mm512_set1_epi32(static_cast<int>(y));
-  std::size_t c = 0;
-  for (std::size_t i = 0; i < count; i += 16) {
-    const __mmask16 in = live(i, count);
-    c += static_cast<std::size_t>(
-        __builtin_popcount(_mm512_mask_cmpge_epu32_mask(in, _mm512_maskz_loadu_epi32(in, x + i), b)));
-  }
-  return c;
-}
-
-/// The largest (or, with !largest, the smallest) of x[0, count), count >= 1.
-__attribute__((target(DILOCO_HOST_AVX512_TARGET))) inline std::uint32_t extreme(const std::uint32_t* x,
-                                                                               std::size_t count, bool largest) {
-  __m512i r = _mm512_set1_epi32(largest ? 0 : -1);
-  for (std::size_t i = 0; i < count; i += 16) {
-    const __mmask16 in = live(i, count);
-    r = largest ? _mm512_mask_max_epu32(r, in, r, _mm512_maskz_loadu_epi32(in, x + i))
-                : _mm512_mask_min_epu32(r, in, r, _mm512_maskz_loadu_epi32(in, x + i));
-  }
-  alignas(64) std::uint32_t lanes[16];
-  _mm512_store_si512(lanes, r);
-  std::uint32_t a = lanes[0];
-  for (const std::uint32_t l : lanes) a = largest == (l > a) ? l : a;
-  return a;
-}
-
-/// The values of x[0, count) at least y (upper) or below it (!upper), in
-/// order, into out (room for count + 16; out may be x: the e-th kept is
-/// at or before the e-th read); returns how many.
-__attribute__((target(DILOCO_HOST_AVX512_TARGET))) inline std::size_t keep_half(const std::uint32_t* x,
-                                                                               std::size_t count, std::uint32_t y,
-                                                                               bool upper, std::uint32_t* out) {
-  const __m512i b = _mm512_set1_epi32(static_cast<int>(y));
-  std::size_t kept = 0;
-  for (std::size_t i = 0; i < count; i += 16) {
-    const __mmask16 in = live(i, count);
-    const __m512i v = _mm512_maskz_loadu_epi32(in, x + i);
-    const __mmask16 ge = _mm512_mask_cmpge_epu32_mask(in, v, b);
-    const __mmask16 keep = upper ? ge : static_cast<__mmask16>(in & ~ge);
-    _mm512_storeu_si512(out + kept, _mm512_maskz_compress_epi32(keep, v));
-    kept += static_cast<std::size_t>(__builtin_popcount(keep));
-  }
-  return kept;
-}
-
-}  // namespace detail_topk512
-
-/// detail_topk512's compactions, gather and search in AVX2 (select<256>,
-/// where kernels::host_simd::enabled()): eight lanes a step, the kept lanes
-/// packed by a permutation looked up by their mask (AVX2 has no compress),
-/// the comparisons signed (every key is a magnitude below 2^31). The same
-/// elements in the same order, the same n-th largest.
-namespace detail_topk256 {
-
-/// For each 8-bit mask, the lanes it keeps in order, 3 bits each.
-struct compress_table {
-  std::uint32_t packed[256];
-  constexpr compress_table() : packed{} {
-    for (unsigned m = 0; m < 256; ++m) {
-      unsigned k = 0;
-      for (unsigned i = 0; i < 8; ++i)
-        if (m >> i & 1u) packed[m] |= i << (3 * k++);
-    }
-  }
-};
-inline constexpr compress_table compress_lanes{};
-
-/// The lanes of v that mask m keeps, moved to the low lanes in order.
-__attribute__((target("avx2"), always_inline)) inline __m256i compress8(__m256i v, unsigned m) {
-  const __m256i at = _mm256_and_si256(
-      _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(compress_lanes.packed[m])),
-                        _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21)),
-      _mm256_set1_epi32(7));
-  return _mm256_permutevar8x32_epi32(v, at);
-}
-
-/// The lanes of [0, count) still inside the arrays, as a lane mask.
-__attribute__((target("avx2"), always_inline)) inline __m256i live(std::size_t i, std::size_t count) {
-  const std::size_t left = count - i < 8 ? count - i : 8;
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
-/// The live lanes of x that are at least b, as a lane mask.
-__attribute__((target("avx2"), always_inline)) inline __m256i at_least(__m256i x, __m256i b, __m256i in) {
-  return _mm256_andnot_si256(_mm256_cmpgt_epi32(b, x), in);
-}
-
-/// A lane mask's bits.
-__attribute__((target("avx2"), always_inline)) inline unsigned bits(__m256i m) {
-  return static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(m)));
-}
-
-/// detail_topk512::compact_at_least: room for count + 8 in the outputs.
-__attribute__((target("avx2"))) inline std::size_t compact_at_least(const std::uint32_t* key, const std::uint32_t* val,
-                                                                    std::size_t count, std::uint32_t bound,
-                                                                    std::uint32_t* out_key, std::uint32_t* out_val) {
-  const __m256i b = _mm256_set1_epi32(static_cast<int>(bound));
-  __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  std::size_t c = 0;
-  for (std::size_t i = 0; i < count; i += 8) {
-    const __m256i in = live(i, count);
-    const __m256i k = _mm256_maskload_epi32(reinterpret_cast<const int*>(key + i), in);
-    const unsigned keep = bits(at_least(k, b, in));
-    if (out_key) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out_key + c), compress8(k, keep));
-    const __m256i v = val ? _mm256_maskload_epi32(reinterpret_cast<const int*>(val + i), in) : index;
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out_val + c), compress8(v, keep));
-    c += static_cast<std::size_t>(__builtin_popcount(keep));
-    index = _mm256_add_epi32(index, _mm256_set1_epi32(8));
-  }
-  return c;
-}
-
-/// detail_topk512::gather_at_least: room for 8 w + 8 in cm and pos.
-__attribute__((target("avx2"))) inline std::size_t gather_at_least(const float* v, std::size_t groups,
-                                                                   const std::uint32_t* warm, std::size_t w,
-                                                                   std::uint32_t t, std::uint32_t* cm,
-                                                                   std::uint32_t* pos) {
-  const __m256i bound = _mm256_set1_epi32(static_cast<int>(t));
-  const __m256i magnitude = _mm256_set1_epi32(0x7fffffff);
-  std::size_t c = 0;
-  for (std::size_t i = 0; i < 8; ++i) {
-    const __m256i row = _mm256_set1_epi32(static_cast<int>(i * groups));
-    for (std::size_t q = 0; q < w; q += 8) {
-      const __m256i in = live(q, w);
-      const __m256i j = _mm256_add_epi32(_mm256_maskload_epi32(reinterpret_cast<const int*>(warm + q), in), row);
-      const __m256i m = _mm256_and_si256(
-          _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), reinterpret_cast<const int*>(v), j, in, 4), magnitude);
-      const unsigned keep = bits(at_least(m, bound, in));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(cm + c), compress8(m, keep));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pos + c), compress8(j, keep));
-      c += static_cast<std::size_t>(__builtin_popcount(keep));
-    }
-  }
-  return c;
-}
-
-/// detail_topk512::count_at_least.
-__attribute__((target("avx2"))) inline std::size_t count_at_least(const std::uint32_t* x, std::size_t count,
-                                                                  std::uint32_t y) {
-  const __m256i b = _mm256_set1_epi32(static_cast<int>(y));
-  std::size_t c = 0;
-  for (std::size_t i = 0; i < count; i += 8) {
-    const __m256i in = live(i, count);
-    c += static_cast<std::size_t>(
-        __builtin_popcount(bits(at_least(_mm256_maskload_epi32(reinterpret_cast<const int*>(x + i), in), b, in))));
-  }
-  return c;
-}
-
-/// detail_topk512::extreme.
-__attribute__((target("avx2"))) inline std::uint32_t extreme(const std::uint32_t* x, std::size_t count, bool largest) {
-  __m256i r = _mm256_set1_epi32(largest ? 0 : -1);
-  for (std::size_t i = 0; i < count; i += 8) {
-    const __m256i in = live(i, count);
-    const __m256i v = _mm256_maskload_epi32(reinterpret_cast<const int*>(x + i), in);  // 0 where not live
-    r = largest ? _mm256_max_epu32(r, v)
-                : _mm256_min_epu32(r, _mm256_or_si256(v, _mm256_andnot_si256(in, _mm256_set1_epi32(-1))));
-  }
-  alignas(32) std::uint32_t lanes[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), r);
-  std::uint32_t a = lanes[0];
-  for (const std::uint32_t l : lanes) a = largest == (l > a) ? l : a;
-  return a;
-}
-
-/// detail_topk512::keep_half: room for count + 8 in out.
-__attribute__((target("avx2"))) inline std::size_t keep_half(const std::uint32_t* x, std::size_t count,
-                                                             std::uint32_t y, bool upper, std::uint32_t* out) {
-  const __m256i b = _mm256_set1_epi32(static_cast<int>(y));
-  std::size_t kept = 0;
-  for (std::size_t i = 0; i < count; i += 8) {
-    const __m256i in = live(i, count);
-    const __m256i v = _mm256_maskload_epi32(reinterpret_cast<const int*>(x + i), in);
-    const unsigned ge = bits(at_least(v, b, in));
-    const unsigned keep = upper ? ge : bits(in) & ~ge;
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + kept), compress8(v, keep));
-    kept += static_cast<std::size_t>(__builtin_popcount(keep));
-  }
-  return kept;
-}
-
-}  // namespace detail_topk256
-
 namespace detail_topk {
+
+/// Whether the wide forms below are compiled (x86-64, GCC or Clang, not
+/// nvcc: kernels::host_simd's condition); select<Width> falls back to
+/// the portable loops elsewhere.
+#if defined(DILOCO_HOST_SIMD_X86)
+inline constexpr bool compiled = true;
+#else
+inline constexpr bool compiled = false;
+#endif
+
+struct avx512;
+struct avx2;
 
 /// chunk_topk_codec::nth_largest (the n-th largest of x[0, count), given
 /// that it lies in [lo, hi], which holds all of x) with the candidates
@@ -369,40 +131,255 @@ std::uint32_t narrowing_nth_largest(const std::uint32_t* x, std::size_t count, s
   }
 }
 
-/// The selection's wide helpers by vector width (select<Width>): 512
-/// detail_topk512, 256 detail_topk256.
-template <int Width>
-struct topk_wide {
-  static std::size_t compact_at_least(const std::uint32_t* key, const std::uint32_t* val, std::size_t count,
-                                      std::uint32_t bound, std::uint32_t* out_key, std::uint32_t* out_val) {
-    if constexpr (Width == 512) return detail_topk512::compact_at_least(key, val, count, bound, out_key, out_val);
-    else return detail_topk256::compact_at_least(key, val, count, bound, out_key, out_val);
+#if defined(DILOCO_HOST_SIMD_X86)
+/// The bounded selection's compactions in AVX-512 (chunk_topk_codec::
+/// select<512>, which runs them where kernels::host_simd::avx512()): 16
+/// lanes compared at once and the ones kept packed by a compress, where the
+/// portable loops store every element and move on by one compare each. The
+/// same elements in the same order.
+struct avx512 {
+  /// The lanes of [0, count) still inside the arrays, as a mask.
+  __attribute__((target(DILOCO_HOST_AVX512_TARGET), always_inline)) static __mmask16 live(std::size_t i,
+                                                                                        std::size_t count) {
+    return count - i >= 16 ? static_cast<__mmask16>(0xffffu) : static_cast<__mmask16>((1u << (count - i)) - 1u);
   }
-  static std::size_t gather_at_least(const float* v, std::size_t groups, const std::uint32_t* warm, std::size_t w,
-                                     std::uint32_t t, std::uint32_t* cm, std::uint32_t* pos) {
-    if constexpr (Width == 512) return detail_topk512::gather_at_least(v, groups, warm, w, t, cm, pos);
-    else return detail_topk256::gather_at_least(v, groups, warm, w, t, cm, pos);
+
+  /// Each i in [0, count) with key[i] >= bound, in order: key[i] into
+  /// out_key (unless null) and val[i] (i where val is null) into out_val;
+  /// returns how many. The outputs have room for count + 16 (each step
+  /// stores 16 lanes).
+  __attribute__((target(DILOCO_HOST_AVX512_TARGET))) static std::size_t compact_at_least(
+      const std::uint32_t* key, const std::uint32_t* val, std::size_t count, std::uint32_t bound,
+      std::uint32_t* out_key, std::uint32_t* out_val) {
+    const __m512i b = _mm512_set1_epi32(static_cast<int>(bound));
+    __m512i index = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i step = _mm512_set1_epi32(16);
+    std::size_t c = 0;
+    for (std::size_t i = 0; i < count; i += 16) {
+      const __mmask16 in = live(i, count);
+      const __m512i k = _mm512_maskz_loadu_epi32(in, key + i);
+      const __mmask16 keep = _mm512_mask_cmpge_epu32_mask(in, k, b);
+      if (out_key) _mm512_storeu_si512(out_key + c, _mm512_maskz_compress_epi32(keep, k));
+      const __m512i v = val ? _mm512_maskz_loadu_epi32(in, val + i) : index;
+      _mm512_storeu_si512(out_val + c, _mm512_maskz_compress_epi32(keep, v));
+      c += static_cast<std::size_t>(__builtin_popcount(keep));
+      index = _mm512_add_epi32(index, step);
+    }
+    return c;
   }
-  static std::size_t count_at_least(const std::uint32_t* x, std::size_t count, std::uint32_t y) {
-    if constexpr (Width == 512) return detail_topk512::count_at_least(x, count, y);
-    else return detail_topk256::count_at_least(x, count, y);
+
+  /// The elements of v at i * groups + warm[q] (rows i = 0..7 in order, each
+  /// row's q < w in order) whose magnitude (|v| bits) is at least t: their
+  /// magnitudes into cm and positions into pos, in that order; returns how
+  /// many. cm and pos have room for 8 w + 16.
+  __attribute__((target(DILOCO_HOST_AVX512_TARGET))) static std::size_t gather_at_least(
+      const float* v, std::size_t groups, const std::uint32_t* warm, std::size_t w, std::uint32_t t, std::uint32_t* cm,
+      std::uint32_t* pos) {
+    const __m512i bound = _mm512_set1_epi32(static_cast<int>(t));
+    const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
+    std::size_t c = 0;
+    for (std::size_t i = 0; i < 8; ++i) {
+      const __m512i row = _mm512_set1_epi32(static_cast<int>(i * groups));
+      for (std::size_t q = 0; q < w; q += 16) {
+        const __mmask16 in = live(q, w);
+        const __m512i j = _mm512_add_epi32(_mm512_maskz_loadu_epi32(in, warm + q), row);
+        const __m512i m =
+            _mm512_and_si512(_mm512_mask_i32gather_epi32(_mm512_setzero_si512(), in, j, v, 4), magnitude);
+        const __mmask16 keep = _mm512_mask_cmpge_epu32_mask(in, m, bound);
+        _mm512_storeu_si512(cm + c, _mm512_maskz_compress_epi32(keep, m));
+        _mm512_storeu_si512(pos + c, _mm512_maskz_compress_epi32(keep, j));
+        c += static_cast<std::size_t>(__builtin_popcount(keep));
+      }
+    }
+    return c;
   }
-  static std::uint32_t extreme(const std::uint32_t* x, std::size_t count, bool largest) {
-    if constexpr (Width == 512) return detail_topk512::extreme(x, count, largest);
-    else return detail_topk256::extreme(x, count, largest);
+
+  /// How many of x[0, count) are at least y.
+  __attribute__((target(DILOCO_HOST_AVX512_TARGET))) static std::size_t count_at_least(const std::uint32_t* x,
+                                                                                      std::size_t count,
+                                                                                      std::uint32_t y) {
+    const __m512i b = _mm512_set1_epi32(static_cast<int>(y));
+    std::size_t c = 0;
+    for (std::size_t i = 0; i < count; i += 16) {
+      const __mmask16 in = live(i, count);
+      c += static_cast<std::size_t>(
+          __builtin_popcount(_mm512_mask_cmpge_epu32_mask(in, _mm512_maskz_loadu_epi32(in, x + i), b)));
+    }
+    return c;
   }
-  static std::size_t keep_half(const std::uint32_t* x, std::size_t count, std::uint32_t y, bool upper,
-                               std::uint32_t* out) {
-    if constexpr (Width == 512) return detail_topk512::keep_half(x, count, y, upper, out);
-    else return detail_topk256::keep_half(x, count, y, upper, out);
+
+  /// The largest (or, with !largest, the smallest) of x[0, count), count >= 1.
+  __attribute__((target(DILOCO_HOST_AVX512_TARGET))) static std::uint32_t extreme(const std::uint32_t* x,
+                                                                                 std::size_t count, bool largest) {
+    __m512i r = _mm512_set1_epi32(largest ? 0 : -1);
+    for (std::size_t i = 0; i < count; i += 16) {
+      const __mmask16 in = live(i, count);
+      r = largest ? _mm512_mask_max_epu32(r, in, r, _mm512_maskz_loadu_epi32(in, x + i))
+                  : _mm512_mask_min_epu32(r, in, r, _mm512_maskz_loadu_epi32(in, x + i));
+    }
+    alignas(64) std::uint32_t lanes[16];
+    _mm512_store_si512(lanes, r);
+    std::uint32_t a = lanes[0];
+    for (const std::uint32_t l : lanes) a = largest == (l > a) ? l : a;
+    return a;
   }
-  static std::uint32_t nth_largest(const std::uint32_t* x, std::size_t count, std::size_t n, std::uint32_t lo,
-                                   std::uint32_t hi, std::uint32_t* scratch) {
-    return narrowing_nth_largest<topk_wide>(x, count, n, lo, hi, scratch);
+
+  /// The values of x[0, count) at least y (upper) or below it (!upper), in
+  /// order, into out (room for count + 16; out may be x: the e-th kept is
+  /// at or before the e-th read); returns how many.
+  __attribute__((target(DILOCO_HOST_AVX512_TARGET))) static std::size_t keep_half(const std::uint32_t* x,
+                                                                                 std::size_t count, std::uint32_t y,
+                                                                                 bool upper, std::uint32_t* out) {
+    const __m512i b = _mm512_set1_epi32(static_cast<int>(y));
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < count; i += 16) {
+      const __mmask16 in = live(i, count);
+      const __m512i v = _mm512_maskz_loadu_epi32(in, x + i);
+      const __mmask16 ge = _mm512_mask_cmpge_epu32_mask(in, v, b);
+      const __mmask16 keep = upper ? ge : static_cast<__mmask16>(in & ~ge);
+      _mm512_storeu_si512(out + kept, _mm512_maskz_compress_epi32(keep, v));
+      kept += static_cast<std::size_t>(__builtin_popcount(keep));
+    }
+    return kept;
   }
 };
-}  // namespace detail_topk
+
+/// For each 8-bit mask, the lanes it keeps in order, 3 bits each.
+struct compress_table {
+  std::uint32_t packed[256];
+  constexpr compress_table() : packed{} {
+    for (unsigned m = 0; m < 256; ++m) {
+      unsigned k = 0;
+      for (unsigned i = 0; i < 8; ++i)
+        if (m >> i & 1u) packed[m] |= i << (3 * k++);
+    }
+  }
+};
+inline constexpr compress_table compress_lanes{};
+
+/// avx512's compactions, gather and search in AVX2 (select<256>,
+/// where kernels::host_simd::enabled()): eight lanes a step, the kept lanes
+/// packed by a permutation looked up by their mask (AVX2 has no compress),
+/// the comparisons signed (every key is a magnitude below 2^31). The same
+/// elements in the same order, the same n-th largest.
+struct avx2 {
+  /// The lanes of v that mask m keeps, moved to the low lanes in order.
+  __attribute__((target("avx2"), always_inline)) static __m256i compress8(__m256i v, unsigned m) {
+    const __m256i at = _mm256_and_si256(
+        _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(compress_lanes.packed[m])),
+                          _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21)),
+        _mm256_set1_epi32(7));
+    return _mm256_permutevar8x32_epi32(v, at);
+  }
+
+  /// The lanes of [0, count) still inside the arrays, as a lane mask.
+  __attribute__((target("avx2"), always_inline)) static __m256i live(std::size_t i, std::size_t count) {
+    const std::size_t left = count - i < 8 ? count - i : 8;
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+
+  /// The live lanes of x that are at least b, as a lane mask.
+  __attribute__((target("avx2"), always_inline)) static __m256i at_least(__m256i x, __m256i b, __m256i in) {
+    return _mm256_andnot_si256(_mm256_cmpgt_epi32(b, x), in);
+  }
+
+  /// A lane mask's bits.
+  __attribute__((target("avx2"), always_inline)) static unsigned bits(__m256i m) {
+    return static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(m)));
+  }
+
+  /// avx512::compact_at_least: room for count + 8 in the outputs.
+  __attribute__((target("avx2"))) static std::size_t compact_at_least(const std::uint32_t* key, const std::uint32_t* val,
+                                                                      std::size_t count, std::uint32_t bound,
+                                                                      std::uint32_t* out_key, std::uint32_t* out_val) {
+    const __m256i b = _mm256_set1_epi32(static_cast<int>(bound));
+    __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    std::size_t c = 0;
+    for (std::size_t i = 0; i < count; i += 8) {
+      const __m256i in = live(i, count);
+      const __m256i k = _mm256_maskload_epi32(reinterpret_cast<const int*>(key + i), in);
+      const unsigned keep = bits(at_least(k, b, in));
+      if (out_key) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out_key + c), compress8(k, keep));
+      const __m256i v = val ? _mm256_maskload_epi32(reinterpret_cast<const int*>(val + i), in) : index;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out_val + c), compress8(v, keep));
+      c += static_cast<std::size_t>(__builtin_popcount(keep));
+      index = _mm256_add_epi32(index, _mm256_set1_epi32(8));
+    }
+    return c;
+  }
+
+  /// avx512::gather_at_least: room for 8 w + 8 in cm and pos.
+  __attribute__((target("avx2"))) static std::size_t gather_at_least(const float* v, std::size_t groups,
+                                                                     const std::uint32_t* warm, std::size_t w,
+                                                                     std::uint32_t t, std::uint32_t* cm,
+                                                                     std::uint32_t* pos) {
+    const __m256i bound = _mm256_set1_epi32(static_cast<int>(t));
+    const __m256i magnitude = _mm256_set1_epi32(0x7fffffff);
+    std::size_t c = 0;
+    for (std::size_t i = 0; i < 8; ++i) {
+      const __m256i row = _mm256_set1_epi32(static_cast<int>(i * groups));
+      for (std::size_t q = 0; q < w; q += 8) {
+        const __m256i in = live(q, w);
+        const __m256i j = _mm256_add_epi32(_mm256_maskload_epi32(reinterpret_cast<const int*>(warm + q), in), row);
+        const __m256i m = _mm256_and_si256(
+            _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), reinterpret_cast<const int*>(v), j, in, 4), magnitude);
+        const unsigned keep = bits(at_least(m, bound, in));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(cm + c), compress8(m, keep));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(pos + c), compress8(j, keep));
+        c += static_cast<std::size_t>(__builtin_popcount(keep));
+      }
+    }
+    return c;
+  }
+
+  /// avx512::count_at_least.
+  __attribute__((target("avx2"))) static std::size_t count_at_least(const std::uint32_t* x, std::size_t count,
+                                                                    std::uint32_t y) {
+    const __m256i b = _mm256_set1_epi32(static_cast<int>(y));
+    std::size_t c = 0;
+    for (std::size_t i = 0; i < count; i += 8) {
+      const __m256i in = live(i, count);
+      c += static_cast<std::size_t>(
+          __builtin_popcount(bits(at_least(_mm256_maskload_epi32(reinterpret_cast<const int*>(x + i), in), b, in))));
+    }
+    return c;
+  }
+
+  /// avx512::extreme.
+  __attribute__((target("avx2"))) static std::uint32_t extreme(const std::uint32_t* x, std::size_t count, bool largest) {
+    __m256i r = _mm256_set1_epi32(largest ? 0 : -1);
+    for (std::size_t i = 0; i < count; i += 8) {
+      const __m256i in = live(i, count);
+      const __m256i v = _mm256_maskload_epi32(reinterpret_cast<const int*>(x + i), in);  // 0 where not live
+      r = largest ? _mm256_max_epu32(r, v)
+                  : _mm256_min_epu32(r, _mm256_or_si256(v, _mm256_andnot_si256(in, _mm256_set1_epi32(-1))));
+    }
+    alignas(32) std::uint32_t lanes[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), r);
+    std::uint32_t a = lanes[0];
+    for (const std::uint32_t l : lanes) a = largest == (l > a) ? l : a;
+    return a;
+  }
+
+  /// avx512::keep_half: room for count + 8 in out.
+  __attribute__((target("avx2"))) static std::size_t keep_half(const std::uint32_t* x, std::size_t count,
+                                                               std::uint32_t y, bool upper, std::uint32_t* out) {
+    const __m256i b = _mm256_set1_epi32(static_cast<int>(y));
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < count; i += 8) {
+      const __m256i in = live(i, count);
+      const __m256i v = _mm256_maskload_epi32(reinterpret_cast<const int*>(x + i), in);
+      const unsigned ge = bits(at_least(v, b, in));
+      const unsigned keep = upper ? ge : bits(in) & ~ge;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + kept), compress8(v, keep));
+      kept += static_cast<std::size_t>(__builtin_popcount(keep));
+    }
+    return kept;
+  }
+};
 #endif
+
+}  // namespace detail_topk
 
 /// SparseLoCo's compressor (arXiv 2508.15706): per chunk of `Chunk`
 /// consecutive elements keep the K largest magnitudes, their values
@@ -511,7 +488,7 @@ struct chunk_topk_codec {
   /// of the magnitudes (select_binned). With Width 512 (call it only where
   /// kernels::host_simd::avx512()) or 256 (where enabled()),
   /// select_bounded's compactions and searches run in AVX-512
-  /// (detail_topk512) or AVX2 (detail_topk256): the same positions.
+  /// (detail_topk::avx512) or AVX2 (detail_topk::avx2): the same positions.
   template <int Width = 0>
   DILOCO_FORCEINLINE static void select(const float* v, std::size_t len, std::size_t n, std::uint64_t* idx) {
     if (n >= len) {
@@ -544,16 +521,12 @@ struct chunk_topk_codec {
   /// columns in order, which is position order. With a Width the lists are
   /// compacted a vector at a time, the last pass gathers, and each n-th
   /// largest narrows its candidates as it decides their bits
-  /// (detail_topk::topk_wide<Width>): on a chunk whose magnitudes spread those were
-  /// most of the time, in loops a compiler does not vectorize.
+  /// (detail_topk::avx512, avx2): on a chunk whose magnitudes spread those
+  /// were most of the time, in loops a compiler does not vectorize.
   template <int Width = 0>
   DILOCO_FORCEINLINE static void select_bounded(const float* v, std::size_t len, std::size_t n, std::uint64_t* idx) {
-#if defined(DILOCO_HOST_SIMD_X86)
-    constexpr bool wide = Width == 512 || Width == 256;
-    using ops = std::conditional_t<Width == 512, detail_topk::topk_wide<512>, detail_topk::topk_wide<256>>;
-#else
-    constexpr bool wide = false;
-#endif
+    constexpr bool wide = detail_topk::compiled && (Width == 512 || Width == 256);
+    using ops = std::conditional_t<Width == 512, detail_topk::avx512, detail_topk::avx2>;
     auto magnitude = [v](std::size_t j) { return kernels::float_bits(v[j]) & 0x7fffffffu; };
     constexpr std::size_t most = Chunk / 8 > 0 ? Chunk / 8 : 1;
     const std::size_t groups = len / 8;
@@ -582,7 +555,7 @@ struct chunk_topk_codec {
     // The groups whose largest is at least t (warm: every element at least
     // t lies in one), in order, listed without branches (which they are
     // follows the data). The arrays have 16 more entries than they can
-    // hold: detail_topk512's compactions store 16 lanes a step.
+    // hold: detail_topk::avx512's compactions store 16 lanes a step.
     std::uint32_t t = lo;
     std::uint32_t warm[most + 16];
     std::size_t w = 0;
@@ -593,9 +566,7 @@ struct chunk_topk_codec {
       std::uint32_t in_group[most + 16];
       std::size_t c = 0;
       if constexpr (wide) {
-#if defined(DILOCO_HOST_SIMD_X86)
         c = ops::compact_at_least(top, nullptr, groups, lo, in_range, in_group);
-#endif
       } else {
         for (std::size_t g = 0; g < groups; ++g) {
           in_range[c] = top[g];
@@ -604,17 +575,13 @@ struct chunk_topk_codec {
         }
       }
       if constexpr (wide) {
-#if defined(DILOCO_HOST_SIMD_X86)
         std::uint32_t scratch[most + 16];
-        t = ops::nth_largest(in_range, c, n, lo, hi, scratch);
-#endif
+        t = detail_topk::narrowing_nth_largest<ops>(in_range, c, n, lo, hi, scratch);
       } else {
         t = nth_largest(in_range, c, n, lo, hi);
       }
       if constexpr (wide) {
-#if defined(DILOCO_HOST_SIMD_X86)
         w = ops::compact_at_least(in_range, in_group, c, t, nullptr, warm);
-#endif
       } else {
         for (std::size_t u = 0; u < c; ++u) {
           warm[w] = in_group[u];
@@ -623,9 +590,7 @@ struct chunk_topk_codec {
       }
     } else {
       if constexpr (wide) {
-#if defined(DILOCO_HOST_SIMD_X86)
         w = ops::compact_at_least(top, nullptr, groups, t, nullptr, warm);
-#endif
       } else {
         for (std::size_t g = 0; g < groups; ++g) {
           warm[w] = static_cast<std::uint32_t>(g);
@@ -657,9 +622,7 @@ struct chunk_topk_codec {
     [[maybe_unused]] std::uint32_t pos[wide ? Chunk + 16 : 1];
     std::size_t c = 0;
     if constexpr (wide) {
-#if defined(DILOCO_HOST_SIMD_X86)
       c = ops::gather_at_least(v, groups, warm, w, t, cm, pos);
-#endif
     } else {
       for (std::size_t i = 0; i < 8; ++i)
         for (std::size_t q = 0; q < w; ++q) {
@@ -671,10 +634,8 @@ struct chunk_topk_codec {
     }
     if (c > n) {
       if constexpr (wide) {
-#if defined(DILOCO_HOST_SIMD_X86)
         std::uint32_t scratch[Chunk + 16];
-        t = ops::nth_largest(cm, c, n, t, hi, scratch);
-#endif
+        t = detail_topk::narrowing_nth_largest<ops>(cm, c, n, t, hi, scratch);
       } else {
         t = nth_largest(cm, c, n, t, hi);
       }

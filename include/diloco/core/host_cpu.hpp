@@ -7,9 +7,9 @@
 // __attribute__((target("avx2"))) (no FMA: the same IEEE operations, the
 // same bits) and called when enabled() says the CPU runs it. Used by the
 // wire and checkpoint checksum (core/checksum.hpp, which also asks
-// avx512()), the codecs' host loops (codec/blockwise.hpp's structure check)
-// and kernels/host_simd.hpp (the compressed round's block passes), which
-// includes it; tensor/low_precision.hpp's mirror loops ask the same.
+// avx512()), the codecs' host loops (codec/blockwise.hpp's structure check,
+// codec/chunk_topk.hpp's selection) and kernels/host_simd.hpp (the
+// compressed round's block passes), which includes it; tensor/low_precision.hpp's mirror loops ask the same.
 
 #include <cstdlib>
 #include <cstring>
